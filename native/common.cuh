@@ -1,0 +1,109 @@
+// Shared by opfacade's NVRTC kernels: raw pointers only, no framework or CUDA headers (NVRTC
+// programs here include nothing but these files), so every kernel compiles anywhere NVRTC runs.
+#pragma once
+
+typedef long long i64;
+typedef unsigned short u16;
+
+// Half-precision storage types as plain 16-bit payloads; arithmetic happens in float.
+struct f16_t { u16 bits; };
+struct bf16_t { u16 bits; };
+
+// Math<T>: the type arithmetic on T is done in, and the two conversions at the edges.
+template <typename T> struct Math;
+
+template <> struct Math<double> {
+    typedef double compute;
+    static __device__ __forceinline__ double up(double x) { return x; }
+    static __device__ __forceinline__ double down(double x) { return x; }
+};
+
+template <> struct Math<float> {
+    typedef float compute;
+    static __device__ __forceinline__ float up(float x) { return x; }
+    static __device__ __forceinline__ float down(float x) { return x; }
+};
+
+template <> struct Math<f16_t> {
+    typedef float compute;
+    static __device__ __forceinline__ float up(f16_t x) {
+        float r;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x.bits));
+        return r;
+    }
+    static __device__ __forceinline__ f16_t down(float x) {
+        f16_t r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+        return r;
+    }
+};
+
+template <> struct Math<bf16_t> {
+    typedef float compute;
+    static __device__ __forceinline__ float up(bf16_t x) {
+        return __uint_as_float(((unsigned)x.bits) << 16);
+    }
+    static __device__ __forceinline__ bf16_t down(float x) {
+        bf16_t r;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));  // sm_80+
+        return r;
+    }
+};
+
+// Sixteen bytes of T: the widest single load or store a thread can issue.
+template <typename T> struct alignas(16) Pack {
+    static constexpr int N = 16 / sizeof(T);
+    T v[N];
+};
+
+// Loads the pack starting at column j0 of a row of `len` elements. The vector path needs the row
+// 16-byte aligned (checked on the host); the tail and unaligned rows go element by element and
+// fill missing columns with zeros. Either way, element n of the pack is column j0 + n, so code
+// that reduces over packs sums in the same order whichever path loaded them.
+template <typename T>
+__device__ __forceinline__ void load_pack(Pack<T>& out, const T* row, int j0, int len, bool vec) {
+    if (vec && j0 + Pack<T>::N <= len) {
+        *reinterpret_cast<uint4*>(out.v) = *reinterpret_cast<const uint4*>(row + j0);
+    } else {
+#pragma unroll
+        for (int n = 0; n < Pack<T>::N; ++n) {
+            if (j0 + n < len) out.v[n] = row[j0 + n];
+            else out.v[n] = T();
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pack(const Pack<T>& in, T* row, int j0, int len, bool vec) {
+    if (vec && j0 + Pack<T>::N <= len) {
+        *reinterpret_cast<uint4*>(row + j0) = *reinterpret_cast<const uint4*>(in.v);
+    } else {
+#pragma unroll
+        for (int n = 0; n < Pack<T>::N; ++n) {
+            if (j0 + n < len) row[j0 + n] = in.v[n];
+        }
+    }
+}
+
+// Sum over a warp in a fixed butterfly order: the same bits every run.
+template <typename A>
+__device__ __forceinline__ A warp_sum(A x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+
+// Sum over a block of up to 32 warps: warp sums, then warp 0 adds them in warp order.
+// `scratch` holds one A per warp. The result is valid in thread 0 only.
+template <typename A>
+__device__ __forceinline__ A block_sum(A x, A* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    x = warp_sum(x);
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    A total = A(0);
+    if (threadIdx.x == 0) {
+        for (int w = 0; w < warps; ++w) total += scratch[w];
+    }
+    return total;
+}

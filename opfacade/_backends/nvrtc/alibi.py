@@ -1,0 +1,167 @@
+"""ALiBi forward and backward as bespoke NVRTC kernels (native/alibi.cu), one SKU per element."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.tensors import TensorView, expect_aligned
+from ...types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PrecisionGuarantee,
+)
+from .launch import available, get_kernel, launch, pointer
+
+SOURCE = "alibi.cu"
+ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
+THREADS = 256
+WARPS = THREADS // 32
+# The forward walks rows with a grid-stride loop; more blocks than this only adds scheduling.
+MAX_FORWARD_BLOCKS = 16384
+# Elements one backward block reduces: large enough to hide the partials, small enough to give
+# thousands of blocks at training sizes. Fixed, so the reduction order depends on shape alone.
+ELEMENTS_PER_CHUNK = 65536
+MAX_GRID_Y = 65535
+
+
+def accumulator(element: ElementKind) -> ElementKind:
+    """What the kernels compute and accumulate in, and the slopes' element type."""
+    return ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
+
+
+def _forward_bound(element: ElementKind) -> float:
+    # One fma in the accumulator, then one rounding to the output: 2u of the output covers both.
+    return 2 * element.unit_roundoff
+
+
+def _backward_bound(element: ElementKind) -> float:
+    # dA is an exact copy; dslope is a sum of up to ~1e9 terms in the accumulator, in blocks of
+    # 64K, so its error stays near sqrt(terms) roundings, far under 1e-5 (f32) on random inputs.
+    return 1e-13 if element is ElementKind.f64 else 1e-5
+
+
+def _vector_ok(views: list[TensorView], element: ElementKind) -> bool:
+    """16-byte packs need each row start 16-byte aligned: base pointer and row strides."""
+    per_pack = 16 // element.itemsize
+    return all(v.ptr % 16 == 0 and all(s % per_pack == 0 for s in v.strides[:-1]) for v in views)
+
+
+def _sku(op: str, element: ElementKind, bound: float, description: str) -> KernelSku:
+    acc = accumulator(element)
+    return KernelSku(
+        id=f"{op}.nvrtc.{element}",
+        category=OpCategory.positional_bias,
+        op=op,
+        element=element,
+        aux_element=acc,
+        layout="bhqk,k-contiguous",
+        arch=ArchSku.sm80,
+        backend=BackendKind.nvrtc,
+        precision_guarantee=PrecisionGuarantee(
+            math_precision=MathPrecision(acc.value),
+            accumulator=acc,
+            deterministic=True,
+            bit_stable=True,
+            max_rel_error=bound,
+        ),
+        description=description,
+    )
+
+
+class _AlibiNvrtc(SkuImpl):
+    def __init__(self, sku: KernelSku):
+        self.sku = sku
+        self.element = sku.element
+
+    def unfit(self, desc) -> Unfit | None:
+        if desc.element is not self.element:
+            return Unfit(ReasonCode.element_unsupported,
+                         f"serves {self.element}, problem is {desc.element}")
+        if desc.heads > MAX_GRID_Y:
+            return Unfit(ReasonCode.shape_unsupported,
+                         f"heads {desc.heads} exceeds the grid's y extent {MAX_GRID_Y}")
+        return None
+
+    def unavailable(self) -> str | None:
+        return available()
+
+    def check_args(self, desc, args: BoundArgs) -> None:
+        # Element alignment is what the scalar path needs; 16-byte packs are used when possible.
+        for name, view in args.present().items():
+            expect_aligned(view, name, view.element.itemsize)
+
+
+class AlibiForwardNvrtc(_AlibiNvrtc):
+    def __init__(self, element: ElementKind):
+        super().__init__(_sku(
+            "alibi_forward", element, _forward_bound(element),
+            "Y = A + slope[h]*(j - i), one fma in the accumulator type; in place allowed."))
+
+    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+        x, out, slopes = args["input"], args["output"], args["slopes"]
+        rows = desc.batch * desc.heads * desc.query_len
+        blocks = min(-(-rows // WARPS), MAX_FORWARD_BLOCKS)
+        kernel = get_kernel(SOURCE, f"alibi_forward_{self.element}", x.device)
+        launch(kernel, (blocks,), (THREADS,), (
+            pointer(x), pointer(out), pointer(slopes), np.int64(rows), np.int32(desc.heads),
+            np.int32(desc.query_len), np.int32(desc.key_len),
+            *(np.int64(s) for s in x.strides[:3]), *(np.int64(s) for s in out.strides[:3]),
+            np.int32(_vector_ok([x, out], self.element)),
+        ), stream, x.device)
+
+
+def backward_chunking(desc) -> tuple[int, int]:
+    """(rows_per_chunk, chunks) for one head's B*Q rows: a function of the shape alone."""
+    rows_per_head = desc.batch * desc.query_len
+    rows = max(WARPS, -(-ELEMENTS_PER_CHUNK // desc.key_len))
+    rows = -(-rows // WARPS) * WARPS
+    rows = min(rows, rows_per_head)
+    return rows, -(-rows_per_head // rows)
+
+
+class AlibiBackwardNvrtc(_AlibiNvrtc):
+    def __init__(self, element: ElementKind):
+        super().__init__(_sku(
+            "alibi_backward", element, _backward_bound(element),
+            "dA = dY; dslope[h] = sum dY*(j - i) in fixed-order blocks (no atomics), "
+            "then a fixed tree over each head's partials."))
+
+    def workspace_size(self, desc) -> int:
+        if not desc.need_slope_grad:
+            return 0
+        _, chunks = backward_chunking(desc)
+        raw = desc.heads * chunks * accumulator(self.element).itemsize
+        return -(-raw // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+
+    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+        dy, d_in, d_slopes = args["grad_output"], args["grad_input"], args["grad_slopes"]
+        device = dy.device
+        if d_in is not None and d_in.same_layout(dy):
+            d_in = None  # dA aliases dY exactly: dA = dY is already true
+        if d_in is None and d_slopes is None:
+            return
+        rows_per_chunk, chunks = backward_chunking(desc)
+        partials = workspace.ptr if d_slopes is not None else 0
+        din_strides = d_in.strides[:3] if d_in is not None else (0, 0, 0)
+        kernel = get_kernel(SOURCE, f"alibi_backward_partials_{self.element}", device)
+        launch(kernel, (chunks, desc.heads), (THREADS,), (
+            pointer(dy), pointer(d_in), np.uint64(partials), np.int32(desc.query_len),
+            np.int32(desc.key_len), np.int64(desc.batch * desc.query_len),
+            np.int32(rows_per_chunk), *(np.int64(s) for s in dy.strides[:3]),
+            *(np.int64(s) for s in din_strides),
+            np.int32(_vector_ok([v for v in (dy, d_in) if v is not None], self.element)),
+        ), stream, device)
+        if d_slopes is not None:
+            finalize = get_kernel(SOURCE, f"alibi_backward_finalize_{accumulator(self.element)}",
+                                  device)
+            launch(finalize, (desc.heads,), (THREADS,),
+                   (np.uint64(partials), pointer(d_slopes), np.int32(chunks)), stream, device)
+
+
+FORWARD_SKUS = tuple(AlibiForwardNvrtc(e) for e in ELEMENTS)
+BACKWARD_SKUS = tuple(AlibiBackwardNvrtc(e) for e in ELEMENTS)

@@ -1,0 +1,80 @@
+"""Loading NVRTC cubins onto a device and launching their kernels through CuPy.
+
+Modules load lazily, once per (source file, device), under a lock that is checked again after it
+is taken; compilation goes through the disk cache in compiler.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..._internal.device import device_arch
+from ..._internal.streams import cupy_stream
+from ...errors import BackendUnavailable, LaunchFailed
+from .compiler import compile_cubin
+
+__all__ = ["available", "get_kernel", "launch", "pointer"]
+
+_lock = threading.Lock()
+_functions: dict[tuple[str, str, int], object] = {}
+_modules: dict[tuple[str, int], object] = {}
+
+
+def available() -> str | None:
+    """Why NVRTC kernels cannot run in this process, or None."""
+    try:
+        import cupy  # noqa: F401
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError as error:
+        return f"CuPy or cuda-python failed to import: {error}"
+    return None
+
+
+def _module(source: str, device: int):
+    key = (source, device)
+    module = _modules.get(key)
+    if module is None:
+        with _lock:
+            module = _modules.get(key)
+            if module is None:
+                import cupy
+
+                compiled = compile_cubin(source, device_arch(device))
+                with cupy.cuda.Device(device):
+                    module = cupy.cuda.function.Module()
+                    module.load(compiled.cubin)
+                _modules[key] = module
+    return module
+
+
+def get_kernel(source: str, name: str, device: int):
+    """The CuPy Function for kernel ``name`` of native/<source> on ``device``."""
+    key = (source, name, device)
+    function = _functions.get(key)
+    if function is None:
+        try:
+            function = _module(source, device).get_function(name)
+        except Exception as error:
+            raise BackendUnavailable(f"cannot load {name} from {source} on cuda:{device}: "
+                                     f"{error}") from error
+        _functions[key] = function
+    return function
+
+
+def pointer(view) -> np.uint64:
+    """A kernel pointer argument: the address of a view, or null for an absent one."""
+    return np.uint64(0 if view is None else view.ptr)
+
+
+def launch(function, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
+           stream: int, device: int, shared_mem: int = 0) -> None:
+    """Enqueues one kernel on ``stream``; launch errors become LaunchFailed."""
+    import cupy
+
+    try:
+        with cupy.cuda.Device(device):
+            function(grid, block, args, shared_mem=shared_mem, stream=cupy_stream(stream, device))
+    except cupy.cuda.driver.CUDADriverError as error:
+        raise LaunchFailed(f"launch of {grid}x{block} failed on cuda:{device}: {error}") from error

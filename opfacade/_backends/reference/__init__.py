@@ -1,0 +1,39 @@
+"""float64 NumPy oracle; never offered as a GPU SKU.
+
+Every reference here computes in float64 whatever the inputs' dtype, so that a kernel's error can
+be measured against it. Each is tested against an independent formula (explicit loops, central
+finite differences) in ``tests/test_reference_*.py``.
+"""
+
+from .alibi import alibi_backward, alibi_distance, alibi_forward
+from .attention import CAUSAL_MODES, sdpa_backward, sdpa_forward, sdpa_mask
+from .decode import decode_forward, gather_kv
+from .gemm import (
+    ACTIVATIONS,
+    WEIGHT_LAYOUTS,
+    activation,
+    activation_grad,
+    gemm_backward,
+    gemm_forward,
+)
+from .varlen import varlen_backward, varlen_forward
+
+__all__ = [
+    "ACTIVATIONS",
+    "CAUSAL_MODES",
+    "WEIGHT_LAYOUTS",
+    "activation",
+    "activation_grad",
+    "alibi_backward",
+    "alibi_distance",
+    "alibi_forward",
+    "decode_forward",
+    "gather_kv",
+    "gemm_backward",
+    "gemm_forward",
+    "sdpa_backward",
+    "sdpa_forward",
+    "sdpa_mask",
+    "varlen_backward",
+    "varlen_forward",
+]

@@ -1,0 +1,1 @@
+"""Internals: tensor wrapping, streams, devices, caches. Nothing here is public API."""

@@ -1,0 +1,103 @@
+"""Scratch and output memory, taken from the allocator of the package that owns the tensors.
+
+torch tensors get torch's caching allocator, everything else CuPy's memory pool (CuPy is a
+dependency of opfacade; torch is not). Either way the memory is allocated with the run's stream
+current, so the pool ties the block to that stream: when the owner dies the block returns to that
+stream's pool and is reused only by work ordered after the run on the same stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from ..errors import InvalidArgument, Unsupported
+from ..types import ElementKind
+from .streams import cupy_stream
+from .tensors import dtype_name, numpy_dtype
+
+__all__ = ["allocate_bytes", "allocate_like"]
+
+# CuPy (numpy's dtypes) cannot hold bfloat16 or fp8.
+_CUPY_ELEMENTS = frozenset({ElementKind.f64, ElementKind.f32, ElementKind.tf32, ElementKind.f16,
+                            ElementKind.i32, ElementKind.i64, ElementKind.u8})
+
+
+@functools.lru_cache(maxsize=128)
+def _torch_external_stream(handle: int, device: int):
+    import torch
+
+    return torch.cuda.ExternalStream(handle, device=torch.device("cuda", device))
+
+
+def _on_torch_stream(torch, stream: int, device: int) -> contextlib.AbstractContextManager:
+    """Makes ``stream`` torch's current stream on ``device`` unless it already is."""
+    if torch.cuda.current_stream(device).cuda_stream == stream:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(_torch_external_stream(stream, device))
+
+
+def allocate_bytes(nbytes: int, device: int, package: str, stream: int) -> tuple[int, object]:
+    """``nbytes`` of device memory usable on ``stream``.
+
+    Returns:
+        ``(pointer, owner)``; the memory lives as long as ``owner`` does. ``(0, None)`` for 0 bytes.
+
+    Raises:
+        InvalidArgument: ``nbytes`` is negative.
+    """
+    if nbytes < 0:
+        raise InvalidArgument(f"nbytes must be non-negative, got {nbytes}", argument="nbytes")
+    if nbytes == 0:
+        return 0, None
+    if package == "torch":
+        import torch
+
+        with torch.cuda.device(device), _on_torch_stream(torch, stream, device):
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        return int(buffer.data_ptr()), buffer
+    import cupy
+
+    with cupy.cuda.Device(device), cupy_stream(stream, device):
+        memory = cupy.cuda.alloc(nbytes)
+    return int(memory.ptr), memory
+
+
+def allocate_like(
+    shape: tuple[int, ...],
+    element: ElementKind,
+    device: int | None,
+    package: str,
+    stream: int,
+) -> object:
+    """An uninitialised array for an output: a torch tensor for torch, else a CuPy array.
+
+    ``device=None`` (host memory) gives a CPU torch tensor for torch, else a NumPy array
+    (bf16/fp8 through ml_dtypes); ``stream`` is then ignored.
+
+    Raises:
+        Unsupported: bf16 or fp8 requested from CuPy (or from NumPy without ml_dtypes).
+    """
+    element = ElementKind(element)
+    shape = tuple(shape)
+    if package == "torch":
+        import torch
+
+        dtype = getattr(torch, dtype_name(element))
+        if device is None:
+            return torch.empty(shape, dtype=dtype)
+        with torch.cuda.device(device), _on_torch_stream(torch, stream, device):
+            return torch.empty(shape, dtype=dtype, device=f"cuda:{device}")
+    if device is None:
+        import numpy as np
+
+        return np.empty(shape, dtype=numpy_dtype(element))
+    if element not in _CUPY_ELEMENTS:
+        raise Unsupported(
+            f"CuPy cannot hold {element.value} arrays, so opfacade cannot allocate a "
+            f"{element.value} output for {package} inputs; pass torch tensors or an output array"
+        )
+    import cupy
+
+    with cupy.cuda.Device(device), cupy_stream(stream, device):
+        return cupy.empty(shape, dtype=dtype_name(element))

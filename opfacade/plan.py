@@ -1,0 +1,479 @@
+"""Select-then-run, shared by every op: selection, explain, checks, workspaces, streams, caching.
+
+    plan = Plan.select(desc, PlanPreference(deterministic=True), device=0)
+    plan.workspace_size; plan.can_implement(args); plan.run(args, workspace=ws, stream=s)
+    Plan.explain(desc, pref, arch="sm90")   # works without a GPU
+
+Selection never runs a kernel. Candidates are the op's SKUs in the order the op lists them (its
+documented preference, fastest first); ``select`` drops those that cannot serve the problem on the
+target or that miss the preference, then keeps the first survivor (with ``objective="memory"``,
+the smallest workspace first). ``explain`` returns every candidate with a reason code.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ._internal import registry
+from ._internal.device import check_ordinal, current_device, device_arch, device_count
+from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, SkuImpl, Unfit, Workspace
+from ._internal.streams import owning_package, resolve_stream
+from ._internal.tensors import TensorView, wrap
+from .errors import (
+    BackendUnavailable,
+    BufferTooSmall,
+    DeviceMismatch,
+    InvalidProblem,
+    LayoutMismatch,
+    NoKernelSku,
+    PlanFreed,
+)
+from .types import ArchSku, BackendKind, KernelSku, PlanPreference, PrecisionGuarantee
+
+__all__ = ["ExplainReport", "Plan", "Target", "Verdict"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a plan will run: a GPU architecture (and maybe a fixed device), or the host."""
+
+    arch: ArchSku | None
+    device: int | None = None
+
+    @property
+    def is_host(self) -> bool:
+        return self.arch is None
+
+    def __str__(self) -> str:
+        if self.is_host:
+            return "host"
+        return f"cuda:{self.device} ({self.arch})" if self.device is not None else str(self.arch)
+
+    @classmethod
+    def resolve(cls, device: int | str | None, arch: str | ArchSku | None) -> Target:
+        """device='cpu' is the host (reference oracle); arch alone selects without a GPU."""
+        if device == "cpu":
+            if arch is not None:
+                raise InvalidProblem("give either device='cpu' or arch, not both", field="arch")
+            return cls(None)
+        if device is not None and isinstance(device, str):
+            raise InvalidProblem(f"device must be an int ordinal or 'cpu', got {device!r}",
+                                 field="device")
+        if device is None and arch is not None:
+            return cls(ArchSku.parse(arch))
+        if device is None:
+            if device_count() == 0:
+                raise BackendUnavailable(
+                    "no CUDA device is visible: pass arch='sm90' (say) to select without a GPU, "
+                    "or device='cpu' for the float64 reference"
+                )
+            device = current_device()
+        check_ordinal(device)
+        actual = device_arch(device)
+        if arch is not None and ArchSku.parse(arch) != actual:
+            raise InvalidProblem(f"arch {arch} does not match cuda:{device}, which is {actual}",
+                                 field="arch")
+        return cls(actual, device)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One candidate SKU's fate in a selection."""
+
+    sku: KernelSku
+    code: ReasonCode
+    detail: str
+    workspace_size: int | None
+
+    @property
+    def chosen(self) -> bool:
+        return self.code is ReasonCode.chosen
+
+    @property
+    def viable(self) -> bool:
+        return self.code in (ReasonCode.chosen, ReasonCode.ranked_lower)
+
+    def to_dict(self) -> dict:
+        return {"sku": self.sku.id, "backend": self.sku.backend.value, "code": self.code.value,
+                "detail": self.detail, "workspace_size": self.workspace_size}
+
+
+@dataclass(frozen=True)
+class ExplainReport:
+    """Every candidate for a problem, chosen or rejected, with the reason: data first, then text."""
+
+    op: str
+    descriptor: Descriptor
+    preference: PlanPreference
+    target: Target
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def chosen(self) -> Verdict | None:
+        return next((v for v in self.verdicts if v.chosen), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "op": self.op,
+            "descriptor": self.descriptor.model_dump(mode="json"),
+            "preference": self.preference.model_dump(mode="json"),
+            "target": str(self.target),
+            "candidates": [v.to_dict() for v in self.verdicts],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def table(self) -> str:
+        header = f"{self.op} on {self.target}: {self.descriptor!r}"
+        rows = [("sku", "backend", "verdict", "workspace", "why")]
+        for v in self.verdicts:
+            ws = "-" if v.workspace_size is None else str(v.workspace_size)
+            rows.append((v.sku.id, v.sku.backend.value, v.code.value, ws, v.detail))
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = [header]
+        for row in rows:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
+                         + "  " + row[4])
+        return "\n".join(lines)
+
+    __str__ = table
+
+
+def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Target) -> Verdict:
+    """The first reason ``impl`` cannot serve (desc, pref) on ``target``, as a verdict."""
+    sku = impl.sku
+    workspace = None
+
+    def reject(code: ReasonCode, detail: str) -> Verdict:
+        return Verdict(sku, code, detail, workspace)
+
+    if pref.sku is not None and sku.id != pref.sku:
+        return reject(ReasonCode.not_requested, f"preference pins {pref.sku}")
+    if pref.backends is not None and sku.backend not in pref.backends:
+        allowed = ", ".join(sorted(b.value for b in pref.backends))
+        return reject(ReasonCode.backend_not_allowed, f"preference allows only {allowed}")
+    if sku.backend is BackendKind.reference and not target.is_host:
+        return reject(ReasonCode.reference_is_oracle,
+                      "the float64 reference is the test oracle; select it with device='cpu'")
+    if sku.backend is not BackendKind.reference and target.is_host:
+        return reject(ReasonCode.needs_gpu, "runs on a GPU; the target is the host")
+    if sku.arch is not None and not target.arch.covers(sku.arch):
+        return reject(ReasonCode.arch_too_old,
+                      f"needs {sku.arch} or newer, target is {target.arch}")
+    unfit: Unfit | None = impl.unfit(desc)
+    if unfit is not None:
+        return reject(unfit.code, unfit.detail)
+    guarantee = sku.precision_guarantee
+    if pref.deterministic and not guarantee.deterministic:
+        return reject(ReasonCode.not_deterministic,
+                      "not bitwise repeatable; preference requires it")
+    if pref.bit_stable and not guarantee.bit_stable:
+        return reject(ReasonCode.not_bit_stable,
+                      "reduction order not fixed; preference requires it")
+    if pref.min_math_precision and not guarantee.math_precision.at_least(pref.min_math_precision):
+        return reject(ReasonCode.precision_below_minimum,
+                      f"math in {guarantee.math_precision}, preference needs at least "
+                      f"{pref.min_math_precision}")
+    if pref.max_rel_error is not None and guarantee.max_rel_error > pref.max_rel_error:
+        return reject(ReasonCode.error_bound_too_loose,
+                      f"declares max_rel_error {guarantee.max_rel_error:g} > preference "
+                      f"{pref.max_rel_error:g}")
+    workspace = impl.workspace_size(desc)
+    if pref.workspace_limit is not None and workspace > pref.workspace_limit:
+        return reject(ReasonCode.workspace_over_limit,
+                      f"needs {workspace} bytes of workspace, limit is {pref.workspace_limit}")
+    missing = impl.unavailable()
+    if missing is not None:
+        return reject(ReasonCode.backend_unavailable, missing)
+    return Verdict(sku, ReasonCode.ranked_lower, "", workspace)
+
+
+def _rank(op: OpSpec, desc: Descriptor, pref: PlanPreference, target: Target):
+    """Screens every candidate and marks the winner; returns (report, winning impl or None)."""
+    screened = [(impl, _screen(impl, desc, pref, target)) for impl in op.skus]
+    viable = [(impl, v) for impl, v in screened if v.viable]
+    if pref.objective == "memory":
+        viable.sort(key=lambda pair: pair[1].workspace_size)  # stable: ties keep the op's order
+    winner = viable[0][0] if viable else None
+    verdicts = []
+    for impl, v in screened:
+        if impl is winner:
+            v = Verdict(v.sku, ReasonCode.chosen, f"first of {len(viable)} viable "
+                        f"({'smallest workspace' if pref.objective == 'memory' else 'op order'})",
+                        v.workspace_size)
+        elif v.viable:
+            v = Verdict(v.sku, ReasonCode.ranked_lower, f"viable; ranked below {winner.sku.id}",
+                        v.workspace_size)
+        verdicts.append(v)
+    return ExplainReport(op.name, desc, pref, target, tuple(verdicts)), winner
+
+
+class _PlanCache:
+    """Process-wide plans keyed by (op, descriptor, preference, target); thread-safe LRU."""
+
+    def __init__(self, capacity: int = 512):
+        self._capacity = capacity
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, build) -> Plan:
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None and not plan.freed:
+                self._plans.move_to_end(key)
+                return plan
+        built = build()  # outside the lock: selection may compile or build graphs
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is None or plan.freed:  # check again: another thread may have won
+                plan = self._plans[key] = built
+                while len(self._plans) > self._capacity:
+                    self._plans.popitem(last=False)
+            return plan
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+PLAN_CACHE = _PlanCache()
+
+
+class Plan:
+    """A selected SKU bound to one descriptor: reusable across tensors, streams and threads."""
+
+    op: ClassVar[OpSpec | None] = None  # op-specific subclasses pin their family
+
+    def __init__(self, op: OpSpec, desc: Descriptor, pref: PlanPreference, target: Target,
+                 impl: SkuImpl, report: ExplainReport):
+        self._op = op
+        self._descriptor = desc
+        self._preference = pref
+        self._target = target
+        self._impl: SkuImpl | None = impl
+        self._report = report
+        self._workspace_size = report.chosen.workspace_size or 0
+
+    # -- selection ---------------------------------------------------------------------------
+    @classmethod
+    def _op_for(cls, desc: Descriptor) -> OpSpec:
+        op = registry.op_for(desc)
+        if cls.op is not None and op is not cls.op:
+            raise InvalidProblem(
+                f"{cls.__name__} takes a {cls.op.descriptor.__name__}, got {type(desc).__name__}",
+                field="descriptor")
+        return op
+
+    @classmethod
+    def explain(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,
+                device: int | str | None = None, arch: str | ArchSku | None = None
+                ) -> ExplainReport:
+        """Every candidate SKU with its reason code; works without a GPU when ``arch`` is given."""
+        report, _ = _rank(cls._op_for(desc), desc, PlanPreference.coerce(pref),
+                          Target.resolve(device, arch))
+        return report
+
+    @classmethod
+    def select(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,
+               device: int | str | None = None, arch: str | ArchSku | None = None) -> Plan:
+        """The best SKU for ``desc`` on the target, or NoKernelSku carrying the explain report.
+
+        ``device``: a CUDA ordinal (default: the current device), or 'cpu' for the float64
+        reference. ``arch``: select for an architecture without a GPU; the plan then runs on
+        whatever device its tensors live on, if that device covers the SKU's arch.
+        """
+        op = cls._op_for(desc)
+        pref = PlanPreference.coerce(pref)
+        report, impl = _rank(op, desc, pref, Target.resolve(device, arch))
+        if impl is None:
+            raise NoKernelSku(f"no SKU serves {op.name} for this problem:\n{report.table()}",
+                              report)
+        plan_class = cls if cls.op is not None else _PLAN_CLASSES.get(op.name, Plan)
+        return plan_class(op, desc, pref, report.target, impl, report)
+
+    @classmethod
+    def cached(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,
+               device: int | str | None = None) -> Plan:
+        """Like select, from a thread-safe process-wide cache; do not free the plan it returns."""
+        pref = PlanPreference.coerce(pref)
+        target = Target.resolve(device, None)
+        key = (cls._op_for(desc).name, desc, pref, target)
+        return PLAN_CACHE.get(key, lambda: cls.select(desc, pref, device=device))
+
+    # -- what was chosen ---------------------------------------------------------------------
+    @property
+    def descriptor(self) -> Descriptor:
+        return self._descriptor
+
+    @property
+    def preference(self) -> PlanPreference:
+        return self._preference
+
+    @property
+    def target(self) -> Target:
+        return self._target
+
+    @property
+    def sku(self) -> KernelSku:
+        return self._report.chosen.sku
+
+    @property
+    def precision_guarantee(self) -> PrecisionGuarantee:
+        return self.sku.precision_guarantee
+
+    @property
+    def workspace_size(self) -> int:
+        """Bytes of workspace run() needs; known at selection, before anything runs."""
+        return self._workspace_size
+
+    @property
+    def report(self) -> ExplainReport:
+        return self._report
+
+    @property
+    def freed(self) -> bool:
+        return self._impl is None
+
+    def __repr__(self) -> str:
+        state = "freed" if self.freed else f"workspace_size={self.workspace_size}"
+        return f"<{type(self).__name__} {self.sku.id} on {self._target}, {state}>"
+
+    # -- running -----------------------------------------------------------------------------
+    def _live_impl(self) -> SkuImpl:
+        if self._impl is None:
+            raise PlanFreed(f"this {self._op.name} plan was freed; select a new one")
+        return self._impl
+
+    def _bind(self, args: Any) -> BoundArgs:
+        impl = self._live_impl()
+        bound = self._op.bind(self._descriptor, args)
+        self._check_placement(bound)
+        impl.check_args(self._descriptor, bound)
+        return bound
+
+    def _check_placement(self, bound: BoundArgs) -> None:
+        """All tensors on the host for a host plan, else all on one GPU that covers the SKU."""
+        views = bound.present()
+        if self._target.is_host:
+            for name, view in views.items():
+                if view.device is not None:
+                    raise DeviceMismatch(
+                        f"{name} is on cuda:{view.device}; this plan is the host reference and "
+                        "takes NumPy arrays", argument=name)
+            return
+        first_name, first = next(iter(views.items()))
+        for name, view in views.items():
+            if view.device is None:
+                raise DeviceMismatch(
+                    f"{name} is in host memory; this plan runs on a GPU ({self._target})",
+                    argument=name)
+            if view.device != first.device:
+                raise DeviceMismatch(
+                    f"{name} is on cuda:{view.device}, but {first_name} is on cuda:{first.device}",
+                    argument=name)
+        if self._target.device is not None and first.device != self._target.device:
+            raise DeviceMismatch(
+                f"{first_name} is on cuda:{first.device}; this plan was selected for "
+                f"cuda:{self._target.device}", argument=first_name)
+        actual = device_arch(first.device)
+        if self.sku.arch is not None and not actual.covers(self.sku.arch):
+            raise DeviceMismatch(
+                f"{first_name} is on cuda:{first.device} ({actual}); {self.sku.id} needs "
+                f"{self.sku.arch}", argument=first_name)
+        for name in bound.outputs:
+            view = bound.views.get(name)
+            if view is not None and view.readonly:
+                raise LayoutMismatch(f"{name} is read-only; outputs must be writable",
+                                     argument=name)
+
+    def can_implement(self, args: Any, workspace: Any = None) -> None:
+        """Raises the typed error run() would raise for these args; returns None when fine."""
+        bound = self._bind(args)
+        if workspace is not None:
+            self._user_workspace(workspace, bound)
+
+    def _device_of(self, bound: BoundArgs) -> int | None:
+        return None if self._target.is_host else next(iter(bound.present().values())).device
+
+    def _user_workspace(self, workspace: Any, bound: BoundArgs) -> Workspace:
+        if isinstance(workspace, Workspace):
+            ws = workspace
+        else:
+            view: TensorView = wrap(workspace, "workspace")
+            if not view.is_contiguous:
+                raise LayoutMismatch("workspace must be a contiguous buffer", argument="workspace")
+            ws = Workspace(view.ptr, view.nbytes, view.device, workspace)
+        need = self._workspace_size
+        if ws.size < need:
+            raise BufferTooSmall(
+                f"workspace has {ws.size} bytes; this plan needs {need} (plan.workspace_size)",
+                argument="workspace")
+        if need and ws.device != self._device_of(bound):
+            where = "host memory" if ws.device is None else f"cuda:{ws.device}"
+            raise DeviceMismatch(f"workspace is in {where}; the tensors are on "
+                                 f"cuda:{self._device_of(bound)}", argument="workspace")
+        if need and ws.ptr % Workspace.ALIGNMENT:
+            raise LayoutMismatch(
+                f"workspace must be {Workspace.ALIGNMENT}-byte aligned, got address {ws.ptr:#x}",
+                argument="workspace")
+        return ws
+
+    def run(self, args: Any, workspace: Any = None, stream: Any = None) -> None:
+        """Enqueues the op on ``stream`` and returns without waiting.
+
+        ``workspace``: a Workspace or any contiguous device buffer of at least
+        ``workspace_size`` bytes; None allocates from the tensors' framework (stream-ordered).
+        ``stream``: None for the current stream of the package that owns the tensors, an int
+        handle, a CuPy or torch stream, or an object with ``__cuda_stream__``.
+        """
+        bound = self._bind(args)
+        impl = self._impl
+        if self._target.is_host:
+            impl.launch(self._descriptor, bound, Workspace.empty(), None)
+            return
+        device = self._device_of(bound)
+        views = bound.present().values()
+        owner = owning_package(views, stream)
+        handle = resolve_stream(stream, owner, device)
+        if workspace is not None:
+            ws = self._user_workspace(workspace, bound)
+        elif self._workspace_size:
+            from ._internal.memory import allocate_bytes
+
+            ptr, keep = allocate_bytes(self._workspace_size, device, owner, handle)
+            ws = Workspace(ptr, self._workspace_size, device, keep)
+        else:
+            ws = Workspace.empty()
+        impl.launch(self._descriptor, bound, ws, handle)
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def free(self) -> None:
+        """Releases the plan's hold on its kernels; safe to call twice. Later use raises."""
+        self._impl = None
+
+    def __enter__(self) -> Plan:
+        self._live_impl()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.free()
+
+
+_PLAN_CLASSES: dict[str, type[Plan]] = {}
+
+
+def plan_class(op: OpSpec) -> type[Plan]:
+    """A Plan subclass pinned to ``op`` (AlibiForwardPlan, ...), for typing and isinstance."""
+    name = "".join(part.title() for part in op.name.split("_")) + "Plan"
+    cls = type(name, (Plan,), {"op": op, "__doc__": f"Plan for {op.name}: {op.summary}",
+                               "__module__": "opfacade"})
+    _PLAN_CLASSES[op.name] = cls
+    return cls

@@ -1,0 +1,195 @@
+"""Checks of a plan's promises on a GPU, for opfacade's own tests, `opfacade verify`, and users'
+reproducibility tests.
+
+    result = verify_plan(plan)          # fresh random inputs, float64 reference, N runs
+    assert result.passed, result.summary()
+
+Inputs are drawn uniformly from [-1, 1) and rounded to each argument's element type; the
+reference runs in float64 on exactly those rounded values. Outputs are poisoned (all bits set:
+NaN in every float format) before each run, so an unwritten element cannot pass. Each run gets a
+new stream and a workspace at a different address; bitwise equality over the runs is what
+``deterministic`` promises.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._internal.registry import op_for
+from ._internal.sku import Descriptor, TensorSpec, Workspace
+from ._internal.tensors import TensorView
+from .plan import Plan
+from .types import ElementKind, PlanPreference
+
+__all__ = ["VerificationResult", "relative_error", "verify_plan", "random_inputs"]
+
+_STORAGE = {
+    ElementKind.f64: np.float64, ElementKind.f32: np.float32, ElementKind.f16: np.float16,
+    ElementKind.bf16: np.uint16,  # bit patterns; NumPy has no bfloat16
+}
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (Frobenius norms); NaN anywhere gives inf."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if not (np.isfinite(out).all() and np.isfinite(ref).all()):
+        return float("inf")
+    scale = np.linalg.norm(ref)
+    diff = np.linalg.norm(out - ref)
+    return float(diff / scale) if scale > 0 else float(diff)
+
+
+def _to_bits(values: np.ndarray, element: ElementKind) -> np.ndarray:
+    """float64 values to the element's storage, rounding to nearest even."""
+    if element is ElementKind.bf16:
+        bits = values.astype(np.float32).view(np.uint32)
+        rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
+        return (rounded >> 16).astype(np.uint16)
+    return values.astype(_STORAGE[element])
+
+
+def _from_bits(bits: np.ndarray, element: ElementKind) -> np.ndarray:
+    if element is ElementKind.bf16:
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return bits.astype(np.float64)
+
+
+def random_inputs(signature: dict[str, TensorSpec], rng: np.random.Generator
+                  ) -> dict[str, np.ndarray]:
+    """Uniform [-1, 1) values already rounded to each input's element type, as float64."""
+    inputs = {}
+    for name, spec in signature.items():
+        if spec.role == "out":
+            continue
+        raw = rng.uniform(-1.0, 1.0, size=spec.shape)
+        inputs[name] = _from_bits(_to_bits(raw, spec.element), spec.element)
+    return inputs
+
+
+def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> TensorView:
+    """A CuPy buffer holding ``values`` (or poison) described by a TensorView of spec.element."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        if values is None:
+            array = cupy.empty(spec.shape, dtype=_STORAGE[spec.element])
+            array.view(cupy.uint8).fill(0xFF)
+        else:
+            array = cupy.asarray(_to_bits(values, spec.element))
+    strides = tuple(s // array.itemsize for s in array.strides)
+    return TensorView(array.data.ptr, tuple(spec.shape), strides, spec.element, device, "cupy",
+                      array)
+
+
+def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The float64 reference SKU of the plan's op, run on the host on ``inputs``."""
+    op = op_for(plan.descriptor)
+    reference = type(plan).select(plan.descriptor, PlanPreference(backends={"reference"}),
+                                  device="cpu")
+    arrays = {}
+    for name, spec in op.signature(plan.descriptor).items():
+        arrays[name] = inputs[name].copy() if name in inputs else np.empty(spec.shape)
+    reference.run(op.args(**arrays))
+    return {name: arrays[name] for name, spec in op.signature(plan.descriptor).items()
+            if spec.role in ("out", "inout")}
+
+
+@dataclass
+class VerificationResult:
+    """What one plan did against the reference over ``runs`` runs on fresh inputs."""
+
+    sku: str
+    descriptor: dict
+    runs: int
+    max_rel_error: float
+    rel_errors: dict[str, float]
+    bitwise_equal: bool
+    deterministic_declared: bool
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def within_bound(self) -> bool:
+        return all(err <= self.max_rel_error for err in self.rel_errors.values())
+
+    @property
+    def passed(self) -> bool:
+        return self.within_bound and (self.bitwise_equal or not self.deterministic_declared)
+
+    def summary(self) -> str:
+        errors = ", ".join(f"{k} {v:.3g}" for k, v in self.rel_errors.items())
+        verdict = "PASS" if self.passed else "FAIL"
+        return (f"{verdict} {self.sku} {self.descriptor}: rel errors [{errors}] vs bound "
+                f"{self.max_rel_error:.3g}; bitwise equal over {self.runs} runs: "
+                f"{self.bitwise_equal} (declared deterministic: {self.deterministic_declared})")
+
+    def to_dict(self) -> dict:
+        return {"sku": self.sku, "descriptor": self.descriptor, "runs": self.runs,
+                "declared_max_rel_error": self.max_rel_error, "rel_errors": self.rel_errors,
+                "bitwise_equal": self.bitwise_equal,
+                "declared_deterministic": self.deterministic_declared,
+                "passed": self.passed, "seconds": round(self.seconds, 4)}
+
+
+def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
+                device: int | None = None) -> VerificationResult:
+    """Runs ``plan`` ``runs`` times on one set of fresh random inputs and checks its guarantee.
+
+    Every run uses a new CuPy stream and a workspace at a different address; outputs are
+    poisoned before each run and compared bitwise across runs and, in float64, to the reference.
+    """
+    import cupy
+
+    if plan.target.is_host:
+        raise ValueError("verify_plan checks GPU plans; the host plan is the reference itself")
+    start = time.perf_counter()
+    device = plan.target.device if device is None else device
+    device = cupy.cuda.runtime.getDevice() if device is None else device
+    op = op_for(plan.descriptor)
+    signature = op.signature(plan.descriptor)
+    rng = np.random.default_rng(seed)
+    inputs = random_inputs(signature, rng)
+    expected = reference_outputs(plan, inputs)
+    results: list[dict[str, np.ndarray]] = []
+    with cupy.cuda.Device(device):
+        pool = cupy.empty(plan.workspace_size + runs * Workspace.ALIGNMENT + Workspace.ALIGNMENT,
+                          dtype=cupy.uint8)
+        base = -(-pool.data.ptr // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+        for run in range(runs):
+            views = {name: _device_tensor(spec, device, inputs.get(name) if spec.role != "out"
+                                          else None)
+                     for name, spec in signature.items()}
+            workspace = Workspace(base + run * Workspace.ALIGNMENT, plan.workspace_size, device,
+                                  pool)
+            stream = cupy.cuda.Stream(non_blocking=True)
+            plan.run(op.args(**views), workspace=workspace, stream=stream.ptr)
+            stream.synchronize()
+            results.append({name: views[name].obj.get() for name in expected})  # raw bits
+    rel_errors = {name: relative_error(_from_bits(results[0][name], signature[name].element), ref)
+                  for name, ref in expected.items()}
+    bitwise = all(r[name].tobytes() == results[0][name].tobytes()
+                  for r in results[1:] for name in expected)
+    guarantee = plan.precision_guarantee
+    return VerificationResult(
+        sku=plan.sku.id, descriptor=plan.descriptor.model_dump(mode="json"), runs=runs,
+        max_rel_error=guarantee.max_rel_error, rel_errors=rel_errors, bitwise_equal=bitwise,
+        deterministic_declared=guarantee.deterministic, seconds=time.perf_counter() - start)
+
+
+def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: int | None = None
+               ) -> list[VerificationResult]:
+    """verify_plan over every sample problem of the SKU's op that the SKU serves."""
+    from ._internal.registry import all_ops
+
+    for op in all_ops():
+        for impl in op.skus:
+            if impl.sku.id == sku_id:
+                problems: list[Descriptor] = [d for d in op.sample_problems(impl.sku.element)
+                                              if impl.unfit(d) is None]
+                return [verify_plan(Plan.select(d, PlanPreference(sku=sku_id), device=device),
+                                    runs=runs, seed=seed, device=device) for d in problems]
+    raise KeyError(sku_id)

@@ -1,0 +1,228 @@
+"""The type vocabulary shared by every op: elements, precision, architectures, SKUs, preferences."""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import InvalidProblem
+
+__all__ = [
+    "ElementKind",
+    "MathPrecision",
+    "PrecisionGuarantee",
+    "ArchSku",
+    "BackendKind",
+    "OpCategory",
+    "KernelSku",
+    "PlanPreference",
+]
+
+
+class ElementKind(enum.StrEnum):
+    """Element types of tensors (storage), named the way cuDNN and cuBLASLt users say them."""
+
+    f64 = "f64"
+    f32 = "f32"
+    tf32 = "tf32"
+    f16 = "f16"
+    bf16 = "bf16"
+    fp8_e4m3 = "fp8_e4m3"
+    fp8_e5m2 = "fp8_e5m2"
+    i32 = "i32"
+    i64 = "i64"
+    u8 = "u8"
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+    @property
+    def is_float(self) -> bool:
+        return self not in (ElementKind.i32, ElementKind.i64, ElementKind.u8)
+
+    @property
+    def unit_roundoff(self) -> float:
+        """Half the spacing of the format at 1.0: the relative error of one rounding."""
+        return 2.0 ** -_SIGNIFICAND_BITS[self]
+
+
+_ITEMSIZE = {
+    ElementKind.f64: 8, ElementKind.f32: 4, ElementKind.tf32: 4, ElementKind.f16: 2,
+    ElementKind.bf16: 2, ElementKind.fp8_e4m3: 1, ElementKind.fp8_e5m2: 1,
+    ElementKind.i32: 4, ElementKind.i64: 8, ElementKind.u8: 1,
+}
+# Significand bits including the implicit one; integers are exact.
+_SIGNIFICAND_BITS = {
+    ElementKind.f64: 53, ElementKind.f32: 24, ElementKind.tf32: 11, ElementKind.f16: 11,
+    ElementKind.bf16: 8, ElementKind.fp8_e4m3: 4, ElementKind.fp8_e5m2: 3,
+    ElementKind.i32: 64, ElementKind.i64: 64, ElementKind.u8: 64,
+}
+
+
+class MathPrecision(enum.StrEnum):
+    """The precision of the arithmetic a kernel does (products and sums), ordered by bits."""
+
+    fp8 = "fp8"
+    bf16 = "bf16"
+    f16 = "f16"
+    tf32 = "tf32"
+    f32 = "f32"
+    f64 = "f64"
+
+    @property
+    def rank(self) -> int:
+        return list(MathPrecision).index(self)
+
+    def at_least(self, other: MathPrecision) -> bool:
+        return self.rank >= other.rank
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PrecisionGuarantee(_Frozen):
+    """What a SKU promises about its numbers; each field is checked on a GPU by the tests.
+
+    ``max_rel_error`` bounds ``‖out − ref‖ / ‖ref‖`` (Frobenius norms) for every output, against
+    the float64 reference run on the same (already rounded) inputs, for inputs drawn uniformly
+    from [-1, 1). ``deterministic``: bitwise-equal outputs run after run on the same device and
+    configuration, whatever the workspace address or stream. ``bit_stable``: the order of every
+    reduction is fixed by the descriptor alone (not the device's size, the alignment of the
+    tensors or the workspace), so results also agree across GPUs of the same architecture.
+    ``capture_safe``: run() does no host sync, no allocation when given a workspace, and no host
+    read of device data, so it may be captured in a CUDA graph.
+    """
+
+    math_precision: MathPrecision
+    accumulator: ElementKind
+    deterministic: bool
+    bit_stable: bool
+    max_rel_error: float = Field(gt=0.0)
+    capture_safe: bool = True
+
+    @model_validator(mode="after")
+    def _bit_stable_implies_deterministic(self) -> PrecisionGuarantee:
+        if self.bit_stable and not self.deterministic:
+            raise ValueError("a bit_stable guarantee must also be deterministic")
+        return self
+
+
+class ArchSku(enum.StrEnum):
+    """GPU architectures by compute capability; a SKU names the oldest one it runs on."""
+
+    sm80 = "sm80"
+    sm86 = "sm86"
+    sm89 = "sm89"
+    sm90 = "sm90"
+    sm100 = "sm100"
+    sm120 = "sm120"
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        digits = self.value[2:]
+        return int(digits[:-1]), int(digits[-1])
+
+    @property
+    def nvrtc_arch(self) -> str:
+        """The ``-arch`` value NVRTC takes to emit a cubin for this architecture."""
+        return "sm_" + self.value[2:]
+
+    @classmethod
+    def parse(cls, text: str | ArchSku | tuple[int, int]) -> ArchSku:
+        """Accepts ``sm90``, ``sm_90``, ``9.0``, ``90`` or ``(9, 0)``."""
+        if isinstance(text, ArchSku):
+            return text
+        if isinstance(text, tuple):
+            major, minor = text
+            digits = f"{major}{minor}"
+        else:
+            raw = str(text).strip().lower().removeprefix("sm").lstrip("_")
+            digits = raw.replace(".", "")
+        if not digits.isdigit():
+            raise InvalidProblem(f"arch must look like 'sm90' or '9.0', got {text!r}", field="arch")
+        value = cls._value2member_map_.get("sm" + digits)
+        if value is None:
+            known = ", ".join(a.value for a in cls)
+            raise InvalidProblem(f"arch must be one of {known}, got {text!r}", field="arch")
+        return value  # type: ignore[return-value]
+
+    def covers(self, required: ArchSku) -> bool:
+        """True when a device of this arch can run a SKU that needs ``required``."""
+        return self.compute_capability >= required.compute_capability
+
+
+class BackendKind(enum.StrEnum):
+    cudnn = "cudnn"
+    cublaslt = "cublaslt"
+    nvrtc = "nvrtc"
+    reference = "reference"
+
+
+class OpCategory(enum.StrEnum):
+    attention = "attention"
+    varlen_attention = "varlen_attention"
+    decode_attention = "decode_attention"
+    gemm = "gemm"
+    positional_bias = "positional_bias"
+
+
+class KernelSku(_Frozen):
+    """One kernel offering: what it computes, on what, where it runs and what it guarantees."""
+
+    id: str
+    category: OpCategory
+    op: str
+    element: ElementKind
+    aux_element: ElementKind | None = None
+    layout: str
+    epilogue: str | None = None
+    arch: ArchSku | None  # None: runs on the host (the reference backend)
+    backend: BackendKind
+    precision_guarantee: PrecisionGuarantee
+    description: str = ""
+
+    def catalog_row(self) -> dict:
+        """The JSON object ``opfacade catalog --json`` prints for this SKU."""
+        return self.model_dump(mode="json")
+
+
+class PlanPreference(_Frozen):
+    """What the caller requires (filters) and prefers (ranking) among the candidate SKUs."""
+
+    deterministic: bool = False
+    bit_stable: bool = False
+    min_math_precision: MathPrecision | None = None
+    max_rel_error: float | None = Field(default=None, gt=0.0)
+    backends: frozenset[BackendKind] | None = None
+    workspace_limit: int | None = Field(default=None, ge=0)
+    objective: Literal["speed", "memory"] = "speed"
+    sku: str | None = None  # pin one SKU by id (verification, bisecting a numerical issue)
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _accept_any_iterable(cls, value):
+        if value is None or isinstance(value, frozenset):
+            return value
+        if isinstance(value, str):
+            value = [value]
+        return frozenset(BackendKind(v) for v in value)
+
+    @classmethod
+    def coerce(cls, value: PlanPreference | dict | None) -> PlanPreference:
+        """Options accept ``None``, a dict or the model."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            from ._internal.validation import validated
+
+            return validated(cls, value)
+        raise InvalidProblem(
+            f"pref must be a PlanPreference, a dict or None, got {type(value).__name__}",
+            field="pref",
+        )

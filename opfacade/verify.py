@@ -1,0 +1,93 @@
+"""`opfacade verify`: every GPU SKU against the float64 reference, recorded per GPU model."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import re
+from pathlib import Path
+
+from ._internal.device import current_device, device_arch, device_name
+from ._internal.registry import all_ops
+from .errors import NoKernelSku
+from .testing import verify_sku
+from .types import BackendKind
+
+__all__ = ["verify_all"]
+
+
+def _versions() -> dict[str, str]:
+    import cupy
+
+    from . import __version__
+    from ._backends.nvrtc.compiler import nvrtc_version
+
+    runtime = cupy.cuda.runtime
+    return {
+        "opfacade": __version__,
+        "python": platform.python_version(),
+        "cupy": cupy.__version__,
+        "cuda_driver": str(runtime.driverGetVersion()),
+        "cuda_runtime": str(runtime.runtimeGetVersion()),
+        "nvrtc": "{}.{}".format(*nvrtc_version()),
+    }
+
+
+def record_path(out_dir: str | Path, gpu: str) -> Path:
+    return Path(out_dir) / (re.sub(r"[^A-Za-z0-9._-]+", "_", gpu).strip("_") + ".json")
+
+
+def verify_all(*, op: str | None = None, runs: int = 3, out_dir: str | Path | None = None,
+               seed: int | None = None, echo=print) -> dict:
+    """Verifies every GPU SKU (of ``op``) on the current device; writes and returns the record."""
+    device = current_device()
+    gpu = device_name(device)
+    entries, passed = [], True
+    for spec in all_ops():
+        if op not in (None, spec.name):
+            continue
+        for impl in spec.skus:
+            if impl.sku.backend is BackendKind.reference:
+                continue  # the oracle itself
+            try:
+                results = verify_sku(impl.sku.id, runs=runs, seed=seed, device=device)
+            except NoKernelSku as error:  # e.g. arch too old for this SKU
+                entries.append({"sku": impl.sku.id, "skipped": str(error).splitlines()[0]})
+                echo(f"SKIP {impl.sku.id}: not servable on {gpu}")
+                continue
+            worst = max((max(r.rel_errors.values(), default=0.0) for r in results), default=0.0)
+            ok = all(r.passed for r in results)
+            passed &= ok
+            entries.append({
+                "sku": impl.sku.id,
+                "passed": ok,
+                "problems": len(results),
+                "declared_max_rel_error": impl.sku.precision_guarantee.max_rel_error,
+                "measured_max_rel_error": worst,
+                "declared_deterministic": impl.sku.precision_guarantee.deterministic,
+                "bitwise_repeatable": all(r.bitwise_equal for r in results),
+                "runs_per_problem": runs,
+                "results": [r.to_dict() for r in results],
+            })
+            echo(f"{'PASS' if ok else 'FAIL'} {impl.sku.id}: {len(results)} problems, "
+                 f"worst rel error {worst:.3g} (bound "
+                 f"{impl.sku.precision_guarantee.max_rel_error:.3g}), bitwise "
+                 f"{entries[-1]['bitwise_repeatable']}")
+            for r in results:
+                if not r.passed:
+                    echo("  " + r.summary())
+    record = {
+        "gpu": gpu,
+        "arch": device_arch(device).value,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "versions": _versions(),
+        "passed": passed,
+        "skus": entries,
+    }
+    if out_dir is not None:
+        path = record_path(out_dir, gpu)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        echo(f"wrote {path}")
+    return record

@@ -1,0 +1,166 @@
+"""Plan machinery without a GPU: selection for an arch, explain, host plans, lifetime, cache."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from opfacade import (
+    AlibiBackwardArgs,
+    AlibiBackwardDescriptor,
+    AlibiBackwardPlan,
+    AlibiForwardArgs,
+    AlibiForwardDescriptor,
+    AlibiForwardPlan,
+    ArchSku,
+    DeviceMismatch,
+    InvalidArgument,
+    InvalidProblem,
+    NoKernelSku,
+    Plan,
+    PlanFreed,
+    PlanPreference,
+    ReasonCode,
+)
+from opfacade.plan import PLAN_CACHE
+
+SHAPE = dict(batch=2, heads=4, query_len=16, key_len=16)
+
+
+def backward(element="f32", **kw):
+    return AlibiBackwardDescriptor(**SHAPE, element=element, **kw)
+
+
+def codes(report):
+    return {v.sku.id: v.code for v in report.verdicts}
+
+
+def test_select_for_an_arch_needs_no_gpu():
+    plan = Plan.select(backward(), arch="sm90")
+    assert isinstance(plan, AlibiBackwardPlan)
+    assert plan.sku.id == "alibi_backward.nvrtc.f32"
+    assert plan.target.arch is ArchSku.sm90 and plan.target.device is None
+    assert plan.precision_guarantee.deterministic and plan.precision_guarantee.bit_stable
+    assert plan.workspace_size > 0 and plan.workspace_size % 256 == 0
+
+
+def test_explain_gives_every_candidate_a_reason():
+    report = Plan.explain(backward("bf16"), arch="sm90")
+    found = codes(report)
+    assert found["alibi_backward.nvrtc.bf16"] is ReasonCode.chosen
+    assert found["alibi_backward.nvrtc.f32"] is ReasonCode.element_unsupported
+    assert found["alibi_backward.reference"] is ReasonCode.reference_is_oracle
+    assert len(found) == len(AlibiBackwardPlan.op.skus)
+    text = report.table()
+    assert "element_unsupported" in text and "chosen" in text
+    assert report.to_dict()["candidates"][0]["code"] == "element_unsupported"
+
+
+def test_preferences_filter_with_their_own_reason():
+    report = Plan.explain(backward(), {"backends": ["cudnn"]}, arch="sm90")
+    assert set(codes(report).values()) == {ReasonCode.backend_not_allowed}
+    limited = Plan.explain(backward(), {"workspace_limit": 0}, arch="sm90")
+    assert codes(limited)["alibi_backward.nvrtc.f32"] is ReasonCode.workspace_over_limit
+    pinned = Plan.explain(backward(), {"sku": "alibi_backward.nvrtc.f64"}, arch="sm90")
+    assert codes(pinned)["alibi_backward.nvrtc.f32"] is ReasonCode.not_requested
+    stricter = Plan.explain(backward(), {"max_rel_error": 1e-9}, arch="sm90")
+    assert codes(stricter)["alibi_backward.nvrtc.f32"] is ReasonCode.error_bound_too_loose
+    # Without the dslope reduction there is no workspace, so a zero limit is fine.
+    plan = Plan.select(backward(need_slope_grad=False), {"workspace_limit": 0}, arch="sm90")
+    assert plan.workspace_size == 0
+
+
+def test_no_sku_raises_with_the_report():
+    with pytest.raises(NoKernelSku) as caught:
+        Plan.select(backward(), {"backends": ["cublaslt"]}, arch="sm90")
+    assert caught.value.report is not None
+    assert "backend_not_allowed" in str(caught.value)
+
+
+def test_unsupported_element_is_no_kernel_sku_not_invalid():
+    desc = AlibiForwardDescriptor(**SHAPE, element="fp8_e4m3")
+    with pytest.raises(NoKernelSku):
+        Plan.select(desc, arch="sm90")
+
+
+def test_plan_class_checks_its_descriptor():
+    with pytest.raises(InvalidProblem, match="AlibiForwardDescriptor"):
+        AlibiForwardPlan.select(backward(), arch="sm90")
+    with pytest.raises(InvalidProblem, match="descriptor"):
+        Plan.select(object(), arch="sm90")
+
+
+def test_target_arguments_are_checked():
+    with pytest.raises(InvalidProblem, match="arch"):
+        Plan.select(backward(), arch="sm12")
+    with pytest.raises(InvalidProblem, match="device"):
+        Plan.select(backward(), device="gpu0")
+    with pytest.raises(InvalidProblem, match="arch"):
+        Plan.select(backward(), device="cpu", arch="sm90")
+
+
+def test_gpu_plan_rejects_host_arrays_by_name():
+    plan = Plan.select(backward(), arch="sm90")
+    dy = np.ones((2, 4, 16, 16), np.float32)
+    args = AlibiBackwardArgs(dy, np.empty_like(dy), np.empty(4, np.float32))
+    with pytest.raises(DeviceMismatch, match="grad_output is in host memory"):
+        plan.can_implement(args)
+
+
+def test_host_plan_runs_the_reference():
+    rng = np.random.default_rng(1)
+    dy = rng.uniform(-1, 1, (2, 4, 16, 16))
+    d_in, d_slopes = np.empty_like(dy), np.empty(4)
+    with Plan.select(backward("f64"), device="cpu") as plan:
+        assert plan.sku.id == "alibi_backward.reference"
+        plan.run(AlibiBackwardArgs(dy, d_in, d_slopes))
+    distance = np.arange(16)[None, :] - np.arange(16)[:, None]
+    np.testing.assert_array_equal(d_in, dy)
+    np.testing.assert_allclose(d_slopes, (dy * distance).sum(axis=(0, 2, 3)), rtol=1e-12)
+
+
+def test_freed_plan_raises_and_free_is_idempotent():
+    plan = Plan.select(backward(), device="cpu")
+    plan.free()
+    plan.free()
+    assert plan.freed and "freed" in repr(plan)
+    dy = np.ones((2, 4, 16, 16))
+    with pytest.raises(PlanFreed):
+        plan.run(AlibiBackwardArgs(dy, np.empty_like(dy), np.empty(4)))
+    with pytest.raises(PlanFreed), plan:
+        pass
+
+
+def test_args_of_the_wrong_op_are_named():
+    plan = Plan.select(backward(), device="cpu")
+    with pytest.raises(InvalidArgument, match="args must be AlibiBackwardArgs"):
+        plan.run(AlibiForwardArgs(1, 2, 3))
+
+
+def test_plan_cache_is_shared_across_threads():
+    PLAN_CACHE.clear()
+    desc = backward()
+    pref = PlanPreference(deterministic=True)
+    plans = []
+
+    def worker():
+        plans.append(Plan.cached(desc, pref, device="cpu"))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(p) for p in plans}) == 1
+    plans[0].free()  # a freed cached plan is replaced, not handed out again
+    assert Plan.cached(desc, pref, device="cpu") is not plans[0]
+
+
+def test_descriptor_json_round_trip_and_hash():
+    desc = backward("bf16", need_input_grad=False)
+    again = AlibiBackwardDescriptor.from_json(desc.model_dump_json())
+    assert again == desc and hash(again) == hash(desc)
+    with pytest.raises(InvalidProblem, match="need_input_grad"):
+        backward(need_input_grad=False, need_slope_grad=False)
