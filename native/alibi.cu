@@ -43,9 +43,11 @@ __device__ __forceinline__ void alibi_forward(
             for (int u = 0; u < UNROLL; ++u) {
                 const int p = p0 + 32 * u;
                 if (p >= packs) continue;
+                // One int-to-float per pack; the rest are exact adds (|j - i| < 2^24).
+                const C first = (C)(p * V - i);
 #pragma unroll
                 for (int n = 0; n < V; ++n) {
-                    const C distance = (C)(p * V + n - i);  // exact: |j - i| < 2^24
+                    const C distance = first + (C)n;
                     buf[u].v[n] = Math<T>::down(fma(slope, distance, Math<T>::up(buf[u].v[n])));
                 }
                 store_pack(buf[u], dst, p * V, klen, vec);
@@ -89,10 +91,11 @@ __device__ __forceinline__ void alibi_backward_partials(
                 if (p >= packs) continue;
                 if (dst) store_pack(buf[u], dst, p * V, klen, vec);
                 if (partials) {
+                    const C first = (C)(p * V - i);
 #pragma unroll
                     for (int n = 0; n < V; ++n) {
                         // Columns past klen were zero-filled by load_pack: they add nothing.
-                        acc = fma(Math<T>::up(buf[u].v[n]), (C)(p * V + n - i), acc);
+                        acc = fma(Math<T>::up(buf[u].v[n]), first + (C)n, acc);
                     }
                 }
             }

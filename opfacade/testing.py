@@ -86,15 +86,19 @@ def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> 
 
 
 def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The float64 reference SKU of the plan's op, run on the host on ``inputs``."""
+    """The float64 reference SKU of the plan's op, run on the host on ``inputs``.
+
+    The reference runs the same problem stated in f64: the inputs are already rounded to the
+    plan's element types, so the only difference from the GPU is the arithmetic.
+    """
     op = op_for(plan.descriptor)
-    reference = type(plan).select(plan.descriptor, PlanPreference(backends={"reference"}),
-                                  device="cpu")
-    arrays = {}
-    for name, spec in op.signature(plan.descriptor).items():
-        arrays[name] = inputs[name].copy() if name in inputs else np.empty(spec.shape)
+    desc = plan.descriptor.model_copy(update={"element": ElementKind.f64})
+    reference = type(plan).select(desc, PlanPreference(backends={"reference"}), device="cpu")
+    signature = op.signature(desc)
+    arrays = {name: inputs[name].copy() if name in inputs else np.empty(spec.shape)
+              for name, spec in signature.items()}
     reference.run(op.args(**arrays))
-    return {name: arrays[name] for name, spec in op.signature(plan.descriptor).items()
+    return {name: arrays[name] for name, spec in signature.items()
             if spec.role in ("out", "inout")}
 
 
@@ -165,6 +169,9 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
                      for name, spec in signature.items()}
             workspace = Workspace(base + run * Workspace.ALIGNMENT, plan.workspace_size, device,
                                   pool)
+            # Uploads and poison went to the legacy stream, which a non-blocking stream does not
+            # wait for: finish them before the run.
+            cupy.cuda.runtime.deviceSynchronize()
             stream = cupy.cuda.Stream(non_blocking=True)
             plan.run(op.args(**views), workspace=workspace, stream=stream.ptr)
             stream.synchronize()

@@ -12,12 +12,14 @@ from opfacade import (
     Plan,
 )
 from opfacade._internal.tensors import TensorView
+from opfacade.types import ElementKind
 
 
 def as_view(array, element):
     """CuPy has no bfloat16: describe the raw 16-bit buffer with the element type instead."""
     strides = tuple(s // array.itemsize for s in array.strides)
-    return TensorView(array.data.ptr, array.shape, strides, element, 0, "cupy", array)
+    return TensorView(array.data.ptr, array.shape, strides, ElementKind(element), 0, "cupy",
+                      array)
 
 
 STORAGE = {"f64": cupy.float64, "f32": cupy.float32, "f16": cupy.float16, "bf16": cupy.uint16}

@@ -77,6 +77,7 @@ def test_dslope_bitwise_repeatable_and_independent_of_alignment(element):
                         np.float32)
         pool = cupy.empty(plan.workspace_size + 4096, dtype=cupy.uint8)
         ws = Workspace(-(-pool.data.ptr // 256) * 256 + 256 * run, plan.workspace_size, 0, pool)
+        cupy.cuda.runtime.deviceSynchronize()  # the copies above ran on the legacy stream
         stream = cupy.cuda.Stream(non_blocking=True)
         plan.run(AlibiBackwardArgs(src, None, out), workspace=ws, stream=stream)
         stream.synchronize()
