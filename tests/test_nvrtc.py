@@ -17,6 +17,12 @@ def test_every_native_kernel_compiles(source, arch):
     assert kernel.cubin[:4] == b"\x7fELF"
 
 
+def test_compiling_leaves_python_constants_alone():
+    """Regression: NVRTC once wrote an empty log's NUL into CPython's shared b" " object."""
+    compiler.compile_cubin("alibi.cu", ArchSku.sm90, use_cache=False)
+    assert b" "[0] == 0x20 and " ".encode()[0] == 0x20
+
+
 def test_native_sources_are_found():
     assert "alibi.cu" in compiler.native_sources()
 

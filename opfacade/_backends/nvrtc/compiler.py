@@ -159,16 +159,18 @@ def _nvrtc_compile(name: str, source: str, headers: dict[str, str], options: tup
     )
     try:
         (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
+        # NVRTC writes into these buffers, so they must be fresh mutable memory: `b" " * 1` is
+        # CPython's shared one-byte b" ", and writing a log's NUL into it corrupts the process.
         size = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-        log = b" " * size
+        log = bytearray(size)
         _check(nvrtc.nvrtcGetProgramLog(program, log), "nvrtcGetProgramLog")
-        log_text = log.rstrip(b"\0 ").decode(errors="replace")
+        log_text = bytes(log).rstrip(b"\0 ").decode(errors="replace")
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(name, source, options, log_text or repr(status))
         size = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-        return cubin
+        return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
