@@ -72,7 +72,11 @@ __device__ __forceinline__ void alibi_backward_partials(
     const i64 row_begin = (i64)chunk * rows_per_chunk;
     const i64 row_end = min(row_begin + rows_per_chunk, rows_per_head);
     const int packs = (klen + V - 1) / V;
-    C acc = C(0);
+    // One accumulator per unrolled pack: independent fma chains, so the next loads issue sooner.
+    // They are added in a fixed order at the end, which keeps the sum bit-stable.
+    C acc[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc[u] = C(0);
     for (i64 row = row_begin + warp; row < row_end; row += warps) {
         const i64 b = row / qlen;
         const int i = (int)(row - b * qlen);
@@ -95,14 +99,17 @@ __device__ __forceinline__ void alibi_backward_partials(
 #pragma unroll
                     for (int n = 0; n < V; ++n) {
                         // Columns past klen were zero-filled by load_pack: they add nothing.
-                        acc = fma(Math<T>::up(buf[u].v[n]), first + (C)n, acc);
+                        acc[u] = fma(Math<T>::up(buf[u].v[n]), first + (C)n, acc[u]);
                     }
                 }
             }
         }
     }
     if (partials) {
-        const C total = block_sum(acc, scratch);
+        C sum = acc[0];
+#pragma unroll
+        for (int u = 1; u < UNROLL; ++u) sum += acc[u];
+        const C total = block_sum(sum, scratch);
         if (threadIdx.x == 0) partials[(i64)h * gridDim.x + chunk] = total;
     }
 }

@@ -318,21 +318,40 @@ def _element_from_typestr(typestr: str, obj: object, name: str) -> ElementKind:
 
 
 def _device_ordinal_of_pointer(ptr: int, name: str) -> int:
-    """The CUDA device that owns ``ptr``, asked of the driver (CuPy's runtime as a fallback)."""
+    """The CUDA device that owns ``ptr``, asked of the driver (CuPy's runtime as a fallback).
+
+    Only device or managed allocations count: with HMM the driver also reports a device for
+    plain host addresses, which a kernel could then silently read or write.
+    """
+    reason = "the driver does not know it"
     try:
         from cuda.bindings import driver
 
         driver.cuInit(0)
-        attribute = driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-        status, ordinal = driver.cuPointerGetAttribute(attribute, ptr)
+        attrs = driver.CUpointer_attribute
+        status, kind = driver.cuPointerGetAttribute(attrs.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr)
+        _, managed = driver.cuPointerGetAttribute(attrs.CU_POINTER_ATTRIBUTE_IS_MANAGED, ptr)
         if status == driver.CUresult.CUDA_SUCCESS:
-            return int(ordinal)
+            if int(kind) == int(driver.CUmemorytype.CU_MEMORYTYPE_DEVICE) or bool(managed):
+                status, ordinal = driver.cuPointerGetAttribute(
+                    attrs.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
+                if status == driver.CUresult.CUDA_SUCCESS:
+                    return int(ordinal)
+            reason = "it is not device or managed memory"
+            raise LookupError(reason)
+    except LookupError:
+        raise DeviceMismatch(
+            f"{name} exposes __cuda_array_interface__ but its pointer {ptr:#x} is not CUDA "
+            f"device memory ({reason})", argument=name) from None
     except Exception:  # no cuda-python, no driver: the CuPy fallback below decides
         pass
     try:
         import cupy
 
-        return int(cupy.cuda.runtime.pointerGetAttributes(ptr).device)
+        attributes = cupy.cuda.runtime.pointerGetAttributes(ptr)
+        if int(attributes.type) not in (2, 3):  # cudaMemoryTypeDevice, cudaMemoryTypeManaged
+            raise LookupError("it is not device or managed memory")
+        return int(attributes.device)
     except Exception as error:
         raise DeviceMismatch(
             f"{name} exposes __cuda_array_interface__ but its pointer {ptr:#x} is not CUDA "
