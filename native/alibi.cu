@@ -34,11 +34,7 @@ __device__ __forceinline__ void alibi_forward(
         const C slope = slopes[h];
         for (int p0 = lane; p0 < packs; p0 += 32 * UNROLL) {
             Pack<T> buf[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int p = p0 + 32 * u;
-                if (p < packs) load_pack(buf[u], src, p * V, klen, vec);
-            }
+            load_lane_packs(buf, src, p0, packs, klen, vec);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int p = p0 + 32 * u;
@@ -84,11 +80,7 @@ __device__ __forceinline__ void alibi_backward_partials(
         T* dst = din_base ? din_base + b * din_sb + h * din_sh + i * din_sq : nullptr;
         for (int p0 = lane; p0 < packs; p0 += 32 * UNROLL) {
             Pack<T> buf[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int p = p0 + 32 * u;
-                if (p < packs) load_pack(buf[u], src, p * V, klen, vec);
-            }
+            load_lane_packs(buf, src, p0, packs, klen, vec);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int p = p0 + 32 * u;

@@ -85,6 +85,18 @@ __device__ __forceinline__ void store_pack(const Pack<T>& in, T* row, int j0, in
     }
 }
 
+// A warp's lanes walking a row together: lane l loads packs p0, p0 + 32, ... (U of them, those
+// below `packs`), so each load instruction of the warp covers 512 contiguous bytes.
+template <int U, typename T>
+__device__ __forceinline__ void load_lane_packs(Pack<T> (&buf)[U], const T* row, int p0,
+                                                int packs, int len, bool vec) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int p = p0 + 32 * u;
+        if (p < packs) load_pack(buf[u], row, p * Pack<T>::N, len, vec);
+    }
+}
+
 // Sum over a warp in a fixed butterfly order: the same bits every run.
 template <typename A>
 __device__ __forceinline__ A warp_sum(A x) {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numeric import numeric_grad
 
 from opfacade._backends.reference import (
     alibi_backward,
@@ -13,18 +14,6 @@ from opfacade._backends.reference import (
 )
 
 SHAPES = [(2, 3, 4, 5), (1, 4, 5, 3), (2, 1, 1, 4), (3, 2, 3, 3)]
-
-
-def numeric_grad(loss, x: np.ndarray, step: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``loss`` at ``x``, one element at a time."""
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        bumped = x.copy()
-        bumped[index] = x[index] + step
-        up = loss(bumped)
-        bumped[index] = x[index] - step
-        grad[index] = (up - loss(bumped)) / (2.0 * step)
-    return grad
 
 
 def test_distance_is_key_minus_query():

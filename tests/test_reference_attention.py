@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from numeric import numeric_grad
 
 from opfacade._backends.reference import sdpa_backward, sdpa_forward, sdpa_mask
 
@@ -138,18 +139,6 @@ def loop_sdpa(q, k, v, *, scale=None, causal=None, window=None, alignment=None, 
                         p *= float(dropout_keep[b, h, i, j]) / (1.0 - dropout_p)
                     out[b, h, i] += p * v[b, g, j]
     return out, lse
-
-
-def numeric_grad(loss, x: np.ndarray, step: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``loss`` at ``x``, one element at a time."""
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        bumped = x.copy()
-        bumped[index] = x[index] + step
-        up = loss(bumped)
-        bumped[index] = x[index] - step
-        grad[index] = (up - loss(bumped)) / (2.0 * step)
-    return grad
 
 
 def assert_grad_close(analytic: np.ndarray, numeric: np.ndarray) -> None:

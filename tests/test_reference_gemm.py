@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from numeric import numeric_grad
 
 from opfacade._backends.reference import (
     ACTIVATIONS,
@@ -34,18 +35,6 @@ def scalar_activation(x: float, name: str) -> float:
     if name == "gelu_erf":
         return 0.5 * x * (1 + math.erf(x / math.sqrt(2)))
     return x / (1 + math.exp(-x))  # silu
-
-
-def numeric_grad(loss, x: np.ndarray, step: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``loss`` at ``x``, one element at a time."""
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        bumped = x.copy()
-        bumped[index] = x[index] + step
-        up = loss(bumped)
-        bumped[index] = x[index] - step
-        grad[index] = (up - loss(bumped)) / (2.0 * step)
-    return grad
 
 
 def make_operands(batching: str, layout: str, residual: str, seed: int):

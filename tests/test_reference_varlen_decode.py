@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from numeric import numeric_grad
 
 from opfacade._backends.reference import (
     decode_forward,
@@ -26,18 +27,6 @@ VARLEN_CASES = {
     "empty_keys": ((2, 3), (0, 4), 2, 2),
 }
 CAUSAL = [None, "top_left", "bottom_right"]
-
-
-def numeric_grad(loss, x: np.ndarray, step: float = 1e-6) -> np.ndarray:
-    """Central differences of the scalar ``loss`` at ``x``, one element at a time."""
-    grad = np.zeros_like(x)
-    for index in np.ndindex(x.shape):
-        bumped = x.copy()
-        bumped[index] = x[index] + step
-        up = loss(bumped)
-        bumped[index] = x[index] - step
-        grad[index] = (up - loss(bumped)) / (2.0 * step)
-    return grad
 
 
 def offsets(lengths) -> np.ndarray:
