@@ -1,0 +1,1 @@
+"""Benchmarks behind `opfacade bench`: one module per op family, each returning BenchRows."""
