@@ -238,6 +238,9 @@ ALIBI_FORWARD = register(OpSpec(
     summary="Y = A + slope[h]*(j - i) over [B, H, Q, K]",
     signature=_forward_signature,
     sample_problems=_forward_samples,
+    training_backward=lambda desc: AlibiBackwardDescriptor(
+        batch=desc.batch, heads=desc.heads, query_len=desc.query_len, key_len=desc.key_len,
+        element=desc.element),
 ))
 
 ALIBI_BACKWARD = register(OpSpec(

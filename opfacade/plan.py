@@ -34,7 +34,7 @@ from .errors import (
 )
 from .types import ArchSku, BackendKind, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["ExplainReport", "Plan", "Target", "Verdict"]
+__all__ = ["ExplainReport", "Plan", "Target", "TrainingPair", "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,22 @@ class Plan:
         key = (cls._op_for(desc).name, desc, pref, target)
         return PLAN_CACHE.get(key, lambda: cls.select(desc, pref, device=device))
 
+    @classmethod
+    def select_for_training(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,
+                            device: int | str | None = None,
+                            arch: str | ArchSku | None = None) -> TrainingPair:
+        """A forward plan and the backward plan for its saved tensors, chosen together.
+
+        The backward is selected first, under the same preference: when no backward SKU can
+        serve, no forward is returned either (NoKernelSku carries the backward's report).
+        """
+        op = cls._op_for(desc)
+        if op.training_backward is None:
+            raise InvalidProblem(f"{op.name} has no backward to pair with", field="descriptor")
+        backward = Plan.select(op.training_backward(desc), pref, device=device, arch=arch)
+        forward = cls.select(desc, pref, device=device, arch=arch)
+        return TrainingPair(forward, backward)
+
     # -- what was chosen ---------------------------------------------------------------------
     @property
     def descriptor(self) -> Descriptor:
@@ -465,6 +481,23 @@ class Plan:
 
     def __exit__(self, *exc_info) -> None:
         self.free()
+
+
+@dataclass(frozen=True)
+class TrainingPair:
+    """A forward plan and the backward plan that consumes what the forward saves."""
+
+    forward: Plan
+    backward: Plan
+
+    @property
+    def workspace_size(self) -> int:
+        """The larger of the two: one buffer serves both when they run in sequence."""
+        return max(self.forward.workspace_size, self.backward.workspace_size)
+
+    def free(self) -> None:
+        self.forward.free()
+        self.backward.free()
 
 
 _PLAN_CLASSES: dict[str, type[Plan]] = {}

@@ -164,3 +164,15 @@ def test_descriptor_json_round_trip_and_hash():
     assert again == desc and hash(again) == hash(desc)
     with pytest.raises(InvalidProblem, match="need_input_grad"):
         backward(need_input_grad=False, need_slope_grad=False)
+
+
+def test_training_pair_selects_the_backward_with_the_forward():
+    forward = AlibiForwardDescriptor(**SHAPE, element="bf16")
+    pair = Plan.select_for_training(forward, {"deterministic": True}, arch="sm90")
+    assert pair.forward.sku.id == "alibi_forward.nvrtc.bf16"
+    assert pair.backward.sku.id == "alibi_backward.nvrtc.bf16"
+    assert pair.workspace_size == pair.backward.workspace_size
+    with pytest.raises(NoKernelSku):  # no backward fits in no workspace: no forward either
+        Plan.select_for_training(forward, {"workspace_limit": 0}, arch="sm90")
+    with pytest.raises(InvalidProblem, match="no backward"):
+        Plan.select_for_training(backward(), arch="sm90")

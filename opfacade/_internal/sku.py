@@ -161,3 +161,6 @@ class OpSpec:
     signature: Callable[[Any], dict[str, TensorSpec]]
     # Small standard problems for one element type, used by `opfacade verify` and the GPU tests.
     sample_problems: Callable[[ElementKind], list[Any]]
+    # For a forward op used in training: the backward problem its saved tensors feed. Selecting
+    # for training selects that backward too, so no forward is chosen whose backward cannot run.
+    training_backward: Callable[[Any], Any] | None = None
