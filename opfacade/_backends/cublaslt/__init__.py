@@ -1,1 +1,1 @@
-"""cuBLASLt through nvmath-python's thin binding (nvmath.bindings.cublasLt): matmul with epilogues."""
+"""cuBLASLt through nvmath-python's thin binding (nvmath.bindings.cublasLt): matmul epilogues."""
