@@ -129,7 +129,8 @@ class ExplainReport:
         return json.dumps(self.to_dict(), indent=2)
 
     def table(self) -> str:
-        header = f"{self.op} on {self.target}: {self.descriptor!r}"
+        fields = " ".join(f"{k}={v}" for k, v in self.descriptor.model_dump(mode="json").items())
+        header = f"{self.op} on {self.target}: {fields}"
         rows = [("sku", "backend", "verdict", "workspace", "why")]
         for v in self.verdicts:
             ws = "-" if v.workspace_size is None else str(v.workspace_size)

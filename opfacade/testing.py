@@ -24,7 +24,10 @@ from ._internal.tensors import TensorView
 from .plan import Plan
 from .types import ElementKind, PlanPreference
 
-__all__ = ["VerificationResult", "relative_error", "verify_plan", "random_inputs"]
+__all__ = [
+    "RepeatResult", "VerificationResult", "random_inputs", "relative_error", "repeat_runs",
+    "verify_plan", "verify_sku",
+]
 
 _STORAGE = {
     ElementKind.f64: np.float64, ElementKind.f32: np.float32, ElementKind.f16: np.float16,
@@ -200,3 +203,54 @@ def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: i
                 return [verify_plan(Plan.select(d, PlanPreference(sku=sku_id), device=device),
                                     runs=runs, seed=seed, device=device) for d in problems]
     raise KeyError(sku_id)
+
+
+@dataclass
+class RepeatResult:
+    """Whether ``runs`` runs of a plan on the caller's own tensors wrote the same bits."""
+
+    sku: str
+    runs: int
+    bitwise_equal: bool
+    differing_outputs: list[str]
+
+
+def _output_bytes(view: TensorView) -> bytes:
+    """The raw bytes an output spans (its strides included), copied to the host."""
+    import cupy
+
+    lo, hi = view.byte_span()
+    host = np.empty(hi - lo, dtype=np.uint8)
+    if hi > lo:
+        cupy.cuda.runtime.memcpy(host.ctypes.data, lo, hi - lo,
+                                 cupy.cuda.runtime.memcpyDeviceToHost)
+    return host.tobytes()
+
+
+def repeat_runs(plan: Plan, args, *, runs: int = 5) -> RepeatResult:
+    """Runs ``plan`` on ``args`` (the caller's tensors) ``runs`` times, each with a new stream
+    and a workspace at a different address, and compares the outputs bitwise.
+
+    For reproducibility tests of a user's own model: the inputs must not alias the outputs.
+    """
+    import cupy
+
+    op = op_for(plan.descriptor)
+    bound = op.bind(plan.descriptor, args)
+    outputs = {name: bound[name] for name in bound.outputs if bound[name] is not None}
+    device = next(iter(bound.present().values())).device
+    snapshots = []
+    with cupy.cuda.Device(device):
+        cupy.cuda.runtime.deviceSynchronize()  # the caller's producers, on whatever stream
+        pool = cupy.empty(plan.workspace_size + (runs + 1) * Workspace.ALIGNMENT, cupy.uint8)
+        base = -(-pool.data.ptr // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+        for run in range(runs):
+            workspace = Workspace(base + run * Workspace.ALIGNMENT, plan.workspace_size, device,
+                                  pool)
+            stream = cupy.cuda.Stream(non_blocking=True)
+            plan.run(args, workspace=workspace, stream=stream.ptr)
+            stream.synchronize()
+            snapshots.append({name: _output_bytes(view) for name, view in outputs.items()})
+    differing = sorted({name for snap in snapshots[1:] for name in outputs
+                        if snap[name] != snapshots[0][name]})
+    return RepeatResult(plan.sku.id, runs, not differing, differing)

@@ -193,3 +193,15 @@ def test_workspace_size_is_exact_and_enough():
     assert (host[:guard] == 0xA5).all() and (host[guard + plan.workspace_size:] == 0xA5).all()
     _, ref = ref_backward(dy.get())
     assert relative_error(d_s.get(), ref) < 1e-5
+
+
+def test_repeat_runs_on_the_callers_own_tensors():
+    import cupy
+
+    from opfacade.testing import repeat_runs
+
+    desc = AlibiBackwardDescriptor(batch=4, heads=16, query_len=256, key_len=384, element="f32")
+    dy = cupy.random.uniform(-1, 1, desc.shape).astype(cupy.float32)
+    args = AlibiBackwardArgs(dy, cupy.empty_like(dy), cupy.empty(16, dtype=cupy.float32))
+    result = repeat_runs(Plan.select(desc, device=0), args, runs=4)
+    assert result.bitwise_equal and result.differing_outputs == [] and result.runs == 4

@@ -176,3 +176,16 @@ def test_training_pair_selects_the_backward_with_the_forward():
         Plan.select_for_training(forward, {"workspace_limit": 0}, arch="sm90")
     with pytest.raises(InvalidProblem, match="no backward"):
         Plan.select_for_training(backward(), arch="sm90")
+
+
+def test_arrays_on_two_devices_are_named_without_touching_a_gpu():
+    from opfacade._internal.tensors import TensorView
+
+    plan = Plan.select(backward(), arch="sm90")
+    shape = (2, 4, 16, 16)
+    dy = TensorView(0x10000, shape, (1024, 256, 16, 1), "f32", 0, "cupy", None)
+    d_in = TensorView(0x20000, shape, (1024, 256, 16, 1), "f32", 0, "cupy", None)
+    d_s = TensorView(0x30000, (4,), (1,), "f32", 1, "cupy", None)
+    with pytest.raises(DeviceMismatch, match="grad_slopes is on cuda:1, but grad_output is on "
+                                             "cuda:0"):
+        plan.can_implement(AlibiBackwardArgs(dy, d_in, d_s))

@@ -87,6 +87,13 @@ class TensorView:
     obj: object = field(compare=False, repr=False)
     readonly: bool = False
 
+    def __post_init__(self) -> None:
+        # Views are also built by hand (raw buffers, bf16 in CuPy memory): accept "bf16" etc.
+        if not isinstance(self.element, ElementKind):
+            object.__setattr__(self, "element", ElementKind(self.element))
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
