@@ -19,6 +19,17 @@ from .alibi import (
     alibi_backward,
     alibi_forward,
 )
+from .attention import (
+    AttentionArgs,
+    AttentionBackwardArgs,
+    AttentionBackwardDescriptor,
+    AttentionBackwardPlan,
+    AttentionDescriptor,
+    AttentionPlan,
+    SlidingWindow,
+    attention,
+    attention_backward,
+)
 from .errors import (
     BackendUnavailable,
     BufferTooSmall,
@@ -34,7 +45,17 @@ from .errors import (
     ShapeMismatch,
     Unsupported,
 )
-from .plan import ExplainReport, Plan, Target, Verdict
+from .gemm import (
+    LinearArgs,
+    LinearBackwardArgs,
+    LinearBackwardDescriptor,
+    LinearBackwardPlan,
+    LinearDescriptor,
+    LinearForwardPlan,
+    linear,
+    linear_backward,
+)
+from .plan import ExplainReport, Plan, Target, TrainingPair, Verdict
 from .types import (
     ArchSku,
     BackendKind,
@@ -72,6 +93,24 @@ __all__ = [
     "AlibiBackwardPlan",
     "alibi_forward",
     "alibi_backward",
+    "AttentionDescriptor",
+    "AttentionBackwardDescriptor",
+    "AttentionArgs",
+    "AttentionBackwardArgs",
+    "AttentionPlan",
+    "AttentionBackwardPlan",
+    "SlidingWindow",
+    "attention",
+    "attention_backward",
+    "LinearDescriptor",
+    "LinearBackwardDescriptor",
+    "LinearArgs",
+    "LinearBackwardArgs",
+    "LinearForwardPlan",
+    "LinearBackwardPlan",
+    "linear",
+    "linear_backward",
+    "TrainingPair",
     "OpFacadeError",
     "InvalidProblem",
     "InvalidArgument",

@@ -15,9 +15,9 @@ __all__ = ["run_bench"]
 
 
 def _families():
-    from ._bench import alibi
+    from ._bench import alibi, attention, gemm
 
-    return {"alibi": alibi.run}
+    return {"alibi": alibi.run, "gemm": gemm.run, "attention": attention.run}
 
 
 def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] | None = None

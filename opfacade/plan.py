@@ -166,7 +166,7 @@ def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Targe
     if sku.arch is not None and not target.arch.covers(sku.arch):
         return reject(ReasonCode.arch_too_old,
                       f"needs {sku.arch} or newer, target is {target.arch}")
-    unfit: Unfit | None = impl.unfit(desc)
+    unfit: Unfit | None = impl.unfit_on(desc, target)
     if unfit is not None:
         return reject(unfit.code, unfit.detail)
     guarantee = sku.precision_guarantee
@@ -184,14 +184,17 @@ def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Targe
         return reject(ReasonCode.error_bound_too_loose,
                       f"declares max_rel_error {guarantee.max_rel_error:g} > preference "
                       f"{pref.max_rel_error:g}")
-    workspace = impl.workspace_size(desc)
+    planned = impl.plan_for(desc, pref, target)
+    if isinstance(planned, Unfit):
+        return reject(planned.code, planned.detail)
+    workspace, chosen = planned
     if pref.workspace_limit is not None and workspace > pref.workspace_limit:
         return reject(ReasonCode.workspace_over_limit,
                       f"needs {workspace} bytes of workspace, limit is {pref.workspace_limit}")
     missing = impl.unavailable()
     if missing is not None:
         return reject(ReasonCode.backend_unavailable, missing)
-    return Verdict(sku, ReasonCode.ranked_lower, "", workspace)
+    return Verdict(sku, ReasonCode.ranked_lower, chosen, workspace)
 
 
 def _rank(op: OpSpec, desc: Descriptor, pref: PlanPreference, target: Target):
@@ -203,13 +206,14 @@ def _rank(op: OpSpec, desc: Descriptor, pref: PlanPreference, target: Target):
     winner = viable[0][0] if viable else None
     verdicts = []
     for impl, v in screened:
+        inner = f"; {v.detail}" if v.detail else ""  # what the SKU chose inside (an algorithm)
         if impl is winner:
-            v = Verdict(v.sku, ReasonCode.chosen, f"first of {len(viable)} viable "
-                        f"({'smallest workspace' if pref.objective == 'memory' else 'op order'})",
+            rule = "smallest workspace" if pref.objective == "memory" else "op order"
+            v = Verdict(v.sku, ReasonCode.chosen, f"first of {len(viable)} viable ({rule}){inner}",
                         v.workspace_size)
         elif v.viable:
-            v = Verdict(v.sku, ReasonCode.ranked_lower, f"viable; ranked below {winner.sku.id}",
-                        v.workspace_size)
+            v = Verdict(v.sku, ReasonCode.ranked_lower,
+                        f"viable; ranked below {winner.sku.id}{inner}", v.workspace_size)
         verdicts.append(v)
     return ExplainReport(op.name, desc, pref, target, tuple(verdicts)), winner
 

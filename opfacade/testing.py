@@ -32,6 +32,7 @@ __all__ = [
 _STORAGE = {
     ElementKind.f64: np.float64, ElementKind.f32: np.float32, ElementKind.f16: np.float16,
     ElementKind.bf16: np.uint16,  # bit patterns; NumPy has no bfloat16
+    ElementKind.i32: np.int32, ElementKind.i64: np.int64, ElementKind.u8: np.uint8,
 }
 
 
@@ -66,8 +67,8 @@ def random_inputs(signature: dict[str, TensorSpec], rng: np.random.Generator
     """Uniform [-1, 1) values already rounded to each input's element type, as float64."""
     inputs = {}
     for name, spec in signature.items():
-        if spec.role == "out":
-            continue
+        if spec.role == "out" or not spec.element.is_float:
+            continue  # integer inputs (lengths, seeds) come from the op's verification_inputs
         raw = rng.uniform(-1.0, 1.0, size=spec.shape)
         inputs[name] = _from_bits(_to_bits(raw, spec.element), spec.element)
     return inputs
@@ -160,6 +161,8 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     signature = op.signature(plan.descriptor)
     rng = np.random.default_rng(seed)
     inputs = random_inputs(signature, rng)
+    if op.verification_inputs is not None:
+        inputs = op.verification_inputs(plan.descriptor, inputs, rng)
     expected = reference_outputs(plan, inputs)
     results: list[dict[str, np.ndarray]] = []
     with cupy.cuda.Device(device):

@@ -124,6 +124,22 @@ class SkuImpl(abc.ABC):
     def workspace_size(self, desc: Descriptor) -> int:
         return 0
 
+    # Selection calls these two with its Target (arch and maybe device); SKUs whose support or
+    # workspace depends on the target (a cuDNN graph built for one device) override them.
+    def unfit_on(self, desc: Descriptor, target: Any) -> Unfit | None:
+        return self.unfit(desc)
+
+    def workspace_size_on(self, desc: Descriptor, target: Any) -> int:
+        return self.workspace_size(desc)
+
+    def plan_for(self, desc: Descriptor, pref: Any, target: Any) -> tuple[int, str] | Unfit:
+        """(workspace bytes, what was chosen inside the SKU) under the preference, or why not.
+
+        Library-backed SKUs pick an algorithm here (cuBLASLt's heuristic within the workspace
+        limit, say) and describe it for explain; the default is the SKU's fixed workspace.
+        """
+        return self.workspace_size_on(desc, target), ""
+
     def check_args(self, desc: Descriptor, args: BoundArgs) -> None:  # noqa: B027 - optional
         """SKU-specific argument checks beyond the op's (alignment a kernel needs, say)."""
 
@@ -164,3 +180,6 @@ class OpSpec:
     # For a forward op used in training: the backward problem its saved tensors feed. Selecting
     # for training selects that backward too, so no forward is chosen whose backward cannot run.
     training_backward: Callable[[Any], Any] | None = None
+    # Verification inputs that random values cannot be (the saved stats a backward consumes,
+    # valid sequence lengths): (descriptor, random inputs, rng) -> inputs to use instead.
+    verification_inputs: Callable[[Any, dict, Any], dict] | None = None

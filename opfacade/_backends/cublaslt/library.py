@@ -1,0 +1,149 @@
+"""The one place opfacade touches ``nvmath.bindings.cublasLt``: lazy import, handles, errors.
+
+nvmath takes most of a second to import, so nothing here imports it before a GPU plan needs it.
+Handles are per (thread, device), as cuBLASLt recommends; each is created with its device current
+and destroyed when its thread ends. The constants are the C enums' values (the stable cuBLASLt
+ABI), so that tables can be written and tested without importing nvmath;
+``tests/test_gemm.py`` checks them against nvmath's enums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from functools import cache
+
+from ...errors import BackendUnavailable, LaunchFailed, Unsupported
+from ...types import ElementKind
+
+__all__ = [
+    "CUDA_R_16BF", "CUDA_R_16F", "CUDA_R_32F", "COMPUTE_32F", "COMPUTE_32F_FAST_TF32",
+    "NotSupportedStatus", "Types", "available", "binding", "checked", "handle", "on_device",
+    "types_for",
+]
+
+# cudaDataType_t
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
+# cublasComputeType_t
+COMPUTE_32F, COMPUTE_32F_FAST_TF32 = 68, 77
+# cublasStatus_t values that mean "valid, but not served", not "failed"
+_NOT_SUPPORTED, _ARCH_MISMATCH = 15, 8
+
+
+class NotSupportedStatus(Unsupported):
+    """cuBLASLt answered NOT_SUPPORTED or ARCH_MISMATCH for a configuration."""
+
+
+class Types:
+    """Compute type, scale type and the element type of A, B, C and D for one SKU element."""
+
+    __slots__ = ("compute", "scale", "data", "itemsize")
+
+    def __init__(self, compute: int, data: int, itemsize: int):
+        self.compute, self.scale, self.data, self.itemsize = compute, CUDA_R_32F, data, itemsize
+
+
+def types_for(element: ElementKind) -> Types:
+    """bf16/f16 on tensor cores with f32 accumulation; f32 in true f32; tf32 in TF32."""
+    return {
+        ElementKind.bf16: Types(COMPUTE_32F, CUDA_R_16BF, 2),
+        ElementKind.f16: Types(COMPUTE_32F, CUDA_R_16F, 2),
+        ElementKind.f32: Types(COMPUTE_32F, CUDA_R_32F, 4),
+        ElementKind.tf32: Types(COMPUTE_32F_FAST_TF32, CUDA_R_32F, 4),
+    }[element]
+
+
+@cache
+def _import_error() -> str | None:
+    try:
+        import nvmath.bindings.cublasLt  # noqa: F401
+    except Exception as error:  # ImportError, or a broken install raising anything else
+        return f"nvmath-python's cuBLASLt binding failed to import: {error}"
+    return None
+
+
+def available() -> str | None:
+    """Why cuBLASLt cannot be used in this process, or None. Loads nothing on the GPU."""
+    return _import_error()
+
+
+def binding():
+    """The ``nvmath.bindings.cublasLt`` module (imported on first use)."""
+    missing = _import_error()
+    if missing is not None:
+        raise BackendUnavailable(missing)
+    import nvmath.bindings.cublasLt as cublaslt
+
+    return cublaslt
+
+
+def checked(what: str, call, *args):
+    """Runs one binding call; library errors become opfacade's typed errors naming ``what``."""
+    try:
+        return call(*args)
+    except Exception as error:
+        status = getattr(error, "status", None)
+        if type(error).__name__ == "cuBLASLtError":
+            if status in (_NOT_SUPPORTED, _ARCH_MISMATCH) or any(
+                    name in str(error) for name in ("NOT_SUPPORTED", "ARCH_MISMATCH")):
+                raise NotSupportedStatus(f"{what}: cuBLASLt does not support this "
+                                         f"configuration ({error})") from error
+            raise LaunchFailed(f"{what} failed: {error}") from error
+        if type(error).__name__ == "NotSupportedError":  # the library or driver cannot load
+            raise BackendUnavailable(f"{what}: cuBLASLt cannot be loaded ({error})") from error
+        raise
+
+
+@contextlib.contextmanager
+def on_device(device: int):
+    """Makes ``device`` current for the block, and restores the previous one after it."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    previous = runtime.getDevice()
+    if previous == device:
+        yield
+        return
+    runtime.setDevice(device)
+    try:
+        yield
+    finally:
+        runtime.setDevice(previous)
+
+
+def _destroy_all(handles: dict[int, int]) -> None:
+    cublaslt = binding()
+    for device, lt_handle in list(handles.items()):
+        with contextlib.suppress(Exception), on_device(device):
+            cublaslt.destroy(lt_handle)
+    handles.clear()
+
+
+class _ThreadHandles:
+    """One thread's handles; dropped (and so destroyed) with the thread's locals."""
+
+    __slots__ = ("handles", "__weakref__")
+
+    def __init__(self):
+        self.handles: dict[int, int] = {}
+        # Never at interpreter exit, when the driver may already be gone (cublasLtDestroy
+        # synchronises the device).
+        weakref.finalize(self, _destroy_all, self.handles).atexit = False
+
+
+_local = threading.local()
+
+
+def handle(device: int) -> int:
+    """This thread's cuBLASLt handle for ``device``, created on first use."""
+    owner = getattr(_local, "owner", None)
+    if owner is None:
+        owner = _local.owner = _ThreadHandles()
+    lt_handle = owner.handles.get(device)
+    if lt_handle is None:
+        cublaslt = binding()
+        with on_device(device):
+            lt_handle = checked(f"cublasLtCreate on cuda:{device}", cublaslt.create)
+        owner.handles[device] = lt_handle
+    return lt_handle

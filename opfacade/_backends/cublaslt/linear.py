@@ -1,0 +1,628 @@
+"""The linear (GEMM + epilogue) SKUs on cuBLASLt: forward and backward, per element type.
+
+Two SKUs per element type. The plain one takes the heuristic's best algorithm under every
+reduction scheme and declares ``deterministic=False``: cuBLASLt's INPLACE split-K adds the
+partial sums into the output in an order its counters serialise but its documentation does not
+fix, and the bias-gradient epilogues reduce across thread blocks in an undocumented way. The
+``.deterministic`` one restricts the heuristic to the schemes whose partial sums land in their own
+workspace slots and are reduced in a fixed order (NONE, COMPUTE_TYPE, OUTPUT_TYPE), computes
+dbias with a plain GEMM against a vector of ones instead of a BGRAD epilogue, and declares
+``deterministic=True``; ``tests/test_gemm_gpu.py`` checks both claims. Neither is ``bit_stable``:
+the heuristic's choice depends on the device's SM count.
+
+Selection runs the heuristic on the current GPU when there is one (``workspace_size`` is then the
+chosen algorithm's exact need); without a GPU, a plan selected for an ``arch`` reports the
+workspace limit as its workspace and the algorithm is chosen on the first run. Prepared matmuls
+are cached per (descriptor, device, tensor strides); a run given less workspace than the cached
+algorithm needs uses the best algorithm within what it was given.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ..._internal.device import current_device, device_count
+from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.tensors import TensorView, expect_aligned
+from ...errors import BackendUnavailable, LaunchFailed, LayoutMismatch, Unsupported
+from ...types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PrecisionGuarantee,
+)
+from . import library
+from .epilogues import (
+    BGRADA,
+    BGRADB,
+    DEFAULT,
+    backward_epilogue,
+    forward_epilogue,
+    relu_mask_bytes,
+    unsupported,
+)
+from .layouts import (
+    Rows,
+    batch_contiguous,
+    bias_grad_gemv,
+    forward_gemm,
+    input_grad_gemm,
+    pre_grad_gemm,
+    weight_grad_gemm,
+    zero_elements,
+)
+from .matmul import (
+    ALL_SCHEMES,
+    DETERMINISTIC_SCHEMES,
+    MAX_ALIGNMENT,
+    POINTER_ALIGNMENT,
+    Aux,
+    Matmul,
+    NoAlgorithm,
+    round_workspace,
+)
+
+__all__ = ["BACKWARD_SKUS", "FORWARD_SKUS", "WORKSPACE_LIMIT"]
+
+# The heuristic's workspace budget when the preference sets none (what torch gives cuBLASLt on
+# Hopper); a smaller workspace_limit is honoured.
+WORKSPACE_LIMIT = 32 << 20
+ELEMENTS = (ElementKind.bf16, ElementKind.f16, ElementKind.tf32, ElementKind.f32)
+_MATH = {ElementKind.bf16: MathPrecision.bf16, ElementKind.f16: MathPrecision.f16,
+         ElementKind.tf32: MathPrecision.tf32, ElementKind.f32: MathPrecision.f32}
+# ||out - ref|| / ||ref|| on uniform [-1, 1) inputs: bf16/f16 outputs are one rounding of an f32
+# accumulator (2u covers it); f32 sums K products in f32; TF32 rounds the inputs to 10 bits. The
+# backward rounds d_pre to the element type before its two GEMMs, so its bounds are twice these.
+_FORWARD_BOUND = {ElementKind.bf16: 2 * ElementKind.bf16.unit_roundoff,
+                  ElementKind.f16: 2 * ElementKind.f16.unit_roundoff,
+                  ElementKind.tf32: 4e-3, ElementKind.f32: 1e-5}
+_CACHE_CAPACITY = 1024
+
+
+def _rows(view: TensorView) -> Rows:
+    """Row and batch strides of a 2-D or 3-D view."""
+    if view.ndim == 3:
+        return Rows(view.strides[1], view.strides[0])
+    return Rows(view.strides[0])
+
+
+def _contiguous_rows(r: int, c: int, batched: bool, ld: int | None = None) -> Rows:
+    ld = c if ld is None else ld
+    return Rows(ld, r * ld if batched else 0)
+
+
+def _check_matrix(view: TensorView | None, name: str, output: bool) -> None:
+    """16-byte aligned, rows that do not overlap, and (for outputs) batch entries that do not."""
+    if view is None:
+        return
+    if view.ptr % POINTER_ALIGNMENT:
+        expect_aligned(view, name, POINTER_ALIGNMENT)  # raises, naming the argument
+    shape, strides = view.shape, view.strides
+    if len(shape) < 2:
+        return
+    r, c, ld = shape[-2], shape[-1], strides[-2]
+    if r > 1 and ld < c:
+        raise LayoutMismatch(f"{name} must have rows at least {c} elements apart (its row "
+                             f"length), got row stride {ld}", argument=name)
+    if len(shape) == 3 and shape[0] > 1 and (
+            strides[0] < 0 or (output and strides[0] < r * max(ld, c))):
+        raise LayoutMismatch(f"{name} must have batch entries that do not overlap: batch "
+                             f"stride {strides[0]} is less than {r} rows of {max(ld, c)}",
+                             argument=name)
+
+
+def _check_aux(view: TensorView | None, name: str, activation: str) -> None:
+    """cuBLASLt's leading-dimension rules for the aux matrix (see epilogues.py)."""
+    if view is None:
+        return
+    rows = _rows(view)
+    unit = 16 if activation == "relu" else 8
+    what = "bytes (128 mask bits)" if activation == "relu" else "elements"
+    for stride, label in ((rows.ld, "row"), (rows.batch_stride, "batch")):
+        if stride % unit:
+            raise LayoutMismatch(f"{name} must have a {label} stride that is a multiple of {unit} "
+                                 f"{what}, as cuBLASLt requires of its aux matrix, got {stride}; "
+                                 f"allocate the rows padded and pass a view", argument=name)
+
+
+def _check_batch_contiguous(view: TensorView | None, name: str, m: int, why: str) -> None:
+    if view is None or view.ndim != 3 or view.shape[0] == 1:
+        return
+    if not batch_contiguous(_rows(view), m):
+        raise LayoutMismatch(f"{name} must be contiguous across the batch (batch stride = M * row "
+                             f"stride = {m * _rows(view).ld}) {why}, got batch stride "
+                             f"{_rows(view).batch_stride}", argument=name)
+
+
+def _element_unfit(sku_element: ElementKind, desc) -> Unfit | None:
+    if sku_element is ElementKind.tf32:
+        if desc.element is not ElementKind.f32 or not desc.tf32:
+            return Unfit(ReasonCode.element_unsupported,
+                         f"serves f32 with tf32=True; problem is {desc.element.value}"
+                         f"{' with tf32=True' if desc.tf32 else ''}")
+        return None
+    if desc.element is not sku_element:
+        return Unfit(ReasonCode.element_unsupported,
+                     f"serves {sku_element.value}, problem is {desc.element.value}")
+    return None
+
+
+def _gpu_device(target) -> int | None:
+    """The device the heuristic runs on: the target's, else the current one, else None."""
+    if target is not None and target.device is not None:
+        return target.device
+    return current_device() if device_count() > 0 else None
+
+
+class _Recipes:
+    """Prepared work per (descriptor, device, layout, workspace), built once, LRU-bounded; the
+    layout is the tensors' strides and the alignment their pointers share."""
+
+    def __init__(self, build):
+        self._build = build
+        self._items: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
+        self._last: tuple = (None, None, None)  # (desc, key, recipe): a run skips the hashing
+
+    def get(self, desc, device: int, layout: tuple, available: int):
+        last_desc, last_key, recipe = self._last
+        key = (device, layout)
+        if last_desc is not desc or last_key != key:
+            recipe = self._get((desc, key, None), lambda: self._build(desc, device, layout,
+                                                                      None))
+            self._last = (desc, key, recipe)
+        if recipe.workspace_size > available:  # a smaller workspace: the best within it
+            recipe = self._get((desc, key, available),
+                               lambda: self._build(desc, device, layout, available))
+        return recipe
+
+    def _get(self, key: tuple, build):
+        with self._lock:
+            recipe = self._items.get(key)
+            if recipe is not None:
+                self._items.move_to_end(key)
+                return recipe
+        recipe = build()  # outside the lock: the heuristic takes a while
+        with self._lock:
+            recipe = self._items.setdefault(key, recipe)
+            while len(self._items) > _CACHE_CAPACITY:
+                self._items.popitem(last=False)
+        return recipe
+
+
+class _LinearCublasLt(SkuImpl):
+    """What the forward and backward SKUs share: element rules, selection, the recipe cache."""
+
+    op: str
+    fixed_views: tuple[str, ...]
+
+    def __init__(self, sku: KernelSku, element: ElementKind, deterministic: bool):
+        self.sku = sku
+        self.element = element
+        self.deterministic = deterministic
+        self.schemes = DETERMINISTIC_SCHEMES if deterministic else ALL_SCHEMES
+        self._recipes = _Recipes(self._build)
+
+    # -- selection -----------------------------------------------------------------------------
+    def _static_unfit(self, desc) -> Unfit | None:
+        unfit = _element_unfit(self.element, desc)
+        if unfit is not None:
+            return unfit
+        reason = unsupported(desc.activation)
+        return None if reason is None else Unfit(ReasonCode.feature_unsupported, reason)
+
+    def plan_for(self, desc, pref=None, target=None) -> tuple[int, str] | Unfit:
+        """(exact workspace bytes, chosen algorithm) for ``desc`` under ``pref`` on ``target``.
+
+        Runs the heuristic on the target's (or the current) GPU; without one, the workspace is
+        the limit and the algorithm is chosen on the first run.
+        """
+        unfit = self._static_unfit(desc)
+        if unfit is not None:
+            return unfit
+        fixed = self._fixed_bytes(desc)
+        available = fixed + WORKSPACE_LIMIT
+        if pref is not None and pref.workspace_limit is not None:
+            available = min(available, pref.workspace_limit)
+        if available < fixed:
+            return Unfit(ReasonCode.workspace_over_limit,
+                         f"needs {fixed} bytes of workspace for its intermediate buffers, limit "
+                         f"is {available}")
+        device = _gpu_device(target) if library.available() is None else None
+        if device is None:
+            return (fixed + (available - fixed) // 256 * 256,
+                    "algorithm chosen on the first run (no GPU at selection)")
+        try:
+            recipe = self._recipes.get(desc, device, self._canonical(desc), available)
+        except NoAlgorithm as error:
+            return Unfit(ReasonCode.shape_unsupported, str(error))
+        except BackendUnavailable as error:
+            return Unfit(ReasonCode.backend_unavailable, str(error))
+        except (Unsupported, LaunchFailed) as error:
+            return Unfit(ReasonCode.feature_unsupported, f"cuBLASLt rejects it: {error}")
+        return recipe.workspace_size, recipe.describe()
+
+    def unfit(self, desc) -> Unfit | None:
+        return self.unfit_on(desc, None)
+
+    def unfit_on(self, desc, target) -> Unfit | None:
+        """Selection's hook with its Target: the heuristic runs on the target's device."""
+        planned = self.plan_for(desc, None, target)
+        return planned if isinstance(planned, Unfit) else None
+
+    def unavailable(self) -> str | None:
+        return library.available()
+
+    def workspace_size(self, desc) -> int:
+        return self.workspace_size_on(desc, None)
+
+    def workspace_size_on(self, desc, target) -> int:
+        planned = self.plan_for(desc, None, target)
+        return 0 if isinstance(planned, Unfit) else planned[0]
+
+    def algorithm(self, desc, device: int | None = None):
+        """What runs for ``desc`` on ``device`` (default: the current GPU) with contiguous
+        tensors: an AlgoInfo (forward) or {step: AlgoInfo} (backward); None without a GPU."""
+        device = _gpu_device(None) if device is None else device
+        if device is None or self._static_unfit(desc) is not None:
+            return None
+        return self._recipes.get(desc, device, self._canonical(desc),
+                                 self._fixed_bytes(desc) + WORKSPACE_LIMIT).algorithms
+
+    def _canonical(self, desc) -> tuple:
+        """The recipe key of contiguous, 256-byte aligned tensors (what selection assumes)."""
+        return self._canonical_strides(desc), MAX_ALIGNMENT
+
+    # -- running -------------------------------------------------------------------------------
+    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+        views = args.views
+        device = views[self.fixed_views[0]].device
+        low = MAX_ALIGNMENT
+        for view in views.values():
+            if view is not None:
+                low |= view.ptr
+        layout = (tuple([None if views[name] is None else views[name].strides
+                         for name in self.fixed_views]), low & -low)  # strides, alignment
+        recipe = self._recipes.get(desc, device, layout, workspace.size)
+        import cupy
+
+        if cupy.cuda.runtime.getDevice() != device:
+            with library.on_device(device):
+                recipe.run(library.handle(device), views, workspace, stream)
+        else:
+            recipe.run(library.handle(device), views, workspace, stream)
+
+    def _fixed_bytes(self, desc) -> int:
+        return 0
+
+    def _canonical_strides(self, desc) -> tuple:
+        raise NotImplementedError
+
+    def _build(self, desc, device: int, layout: tuple, available: int | None):
+        raise NotImplementedError
+
+
+def _sku(op: str, element: ElementKind, deterministic: bool, bound: float, epilogue: str,
+         description: str) -> KernelSku:
+    return KernelSku(
+        id=f"{op}.cublaslt.{element.value}{'.deterministic' if deterministic else ''}",
+        category=OpCategory.gemm,
+        op=op,
+        element=element,
+        layout="row-major x [.., M, K], W [K, N] (kn) or [N, K] (nk), out [.., M, N]; "
+               "16-byte aligned pointers",
+        epilogue=epilogue,
+        arch=ArchSku.sm80,
+        backend=BackendKind.cublaslt,
+        precision_guarantee=PrecisionGuarantee(
+            math_precision=_MATH[element], accumulator=ElementKind.f32,
+            deterministic=deterministic, bit_stable=False, max_rel_error=bound),
+        description=description + (" Deterministic: split-K only with out-of-place reductions, "
+                                   "no epilogue reductions." if deterministic else ""),
+    )
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One cuBLASLt call of the backward, and which buffers it reads and writes."""
+
+    name: str
+    matmul: Matmul
+    a: str
+    b: str
+    c: str
+    d: str
+    bias: str | None = None
+    aux: str | None = None
+
+
+class _ForwardRecipe:
+    def __init__(self, matmul: Matmul):
+        self.matmul = matmul
+        extra = 16 if matmul.workspace_size and matmul.epilogue is not DEFAULT else 0
+        self.workspace_size = round_workspace(matmul.workspace_size + extra)  # nvmath does too
+        self.algorithms = matmul.info
+
+    def describe(self) -> str:
+        return f"{self.matmul.epilogue.name}: {self.matmul.info}"
+
+    def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
+        _check_workspace(workspace, self.workspace_size)
+        out, bias, residual, aux = views["out"], views["bias"], views["residual"], views["aux"]
+        self.matmul.run(lt_handle, views["weight"].ptr, views["x"].ptr,
+                        out.ptr if residual is None else residual.ptr, out.ptr, workspace.ptr,
+                        workspace.size, stream, 0 if bias is None else bias.ptr,
+                        0 if aux is None else aux.ptr)
+
+
+class LinearForwardCublasLt(_LinearCublasLt):
+    """``out = act(x @ W + bias + residual)`` [+ aux] in one cublasLtMatmul."""
+
+    op = "linear_forward"
+    fixed_views = ("x", "weight", "out", "residual", "aux")
+
+    def __init__(self, element: ElementKind, deterministic: bool):
+        super().__init__(_sku(
+            self.op, element, deterministic, _FORWARD_BOUND[element],
+            "bias, relu, gelu_tanh (+ aux), residual",
+            "act(x @ W + bias + residual) in one cublasLtMatmul with a fused epilogue; the aux "
+            "is the GELU pre-activation or cuBLASLt's ReLU bit-mask."), element, deterministic)
+
+    def check_args(self, desc, args: BoundArgs) -> None:
+        views = args.views
+        for name in ("x", "weight", "residual"):
+            _check_matrix(views[name], name, output=False)
+        for name in ("out", "aux"):
+            _check_matrix(views[name], name, output=True)
+        if views["bias"] is not None:
+            expect_aligned(views["bias"], "bias", POINTER_ALIGNMENT)
+        _check_aux(views["aux"], "aux", desc.activation)
+
+    def _canonical_strides(self, desc) -> tuple:
+        batched = desc.batch is not None
+        w_rows, w_cols = (desc.k, desc.n) if desc.weight_layout == "kn" else (desc.n, desc.k)
+        w = (w_rows * w_cols, w_cols, 1) if batched and desc.weight_batched else (w_cols, 1)
+        matrix = (desc.m * desc.n, desc.n, 1) if batched else (desc.n, 1)
+        aux = None
+        if desc.save_aux:
+            ld = relu_mask_bytes(desc.n) if desc.activation == "relu" else -(-desc.n // 8) * 8
+            aux = (desc.m * ld, ld, 1) if batched else (ld, 1)
+        return ((desc.m * desc.k, desc.k, 1) if batched else (desc.k, 1), w, matrix,
+                matrix if desc.residual else None, aux)
+
+    def _build(self, desc, device: int, layout: tuple, available: int | None):
+        strides, alignment = layout
+        x, w, out, residual, aux = (None if s is None else _rows_of(s) for s in strides)
+        others = [r for r in (residual, aux) if r is not None]
+        gemm = forward_gemm(desc, x, w, out, others)
+        epilogue = forward_epilogue(desc.activation, desc.bias, desc.save_aux)
+        aux_layout = None
+        if aux is not None:
+            scale = 8 if desc.activation == "relu" else 1  # the mask's strides count bits
+            aux_layout = Aux(scale * aux.ld, scale * aux.batch_stride if gemm.batch > 1 else 0)
+        limit = WORKSPACE_LIMIT if available is None else max(0, available // 256 * 256 - 16)
+        return _ForwardRecipe(Matmul(
+            gemm, library.types_for(self.element), epilogue, device=device,
+            workspace_limit=limit, schemes=self.schemes,
+            c=gemm.like_d(residual) if residual is not None else None, aux=aux_layout,
+            alignment=alignment, what=self.sku.id))
+
+
+def _rows_of(strides: tuple) -> Rows:
+    return Rows(strides[-2], strides[0] if len(strides) == 3 else 0)
+
+
+class _BackwardRecipe:
+    """The backward's cuBLASLt calls in order, and how they share one workspace.
+
+    Workspace: [zeros | ones | d_pre | GEMM workspace], each part 256-byte aligned; the GEMMs run
+    one after another on the stream, so they share the last part.
+    """
+
+    def __init__(self, rows: int, ones: tuple[int, int], steps: list[_Step],
+                 regions: dict[str, int]):
+        self.steps, self.rows, self.ones, self.regions = steps, rows, ones, regions
+        self.offsets: dict[str, int] = {}
+        offset = 0
+        for name, nbytes in regions.items():
+            self.offsets[name] = offset
+            offset += round_workspace(nbytes)
+        self.gemm_offset = offset
+        need = max((s.matmul.workspace_size for s in steps), default=0)
+        self.workspace_size = offset + round_workspace(need + 16 if need else 0)
+        self.algorithms = {s.name: s.matmul.info for s in steps}
+        self.gemv = any(s.b == "ones" for s in steps)
+
+    def describe(self) -> str:
+        return "; ".join(f"{s.name} {s.matmul.epilogue.name}: {s.matmul.info}"
+                         for s in self.steps)
+
+    def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
+        import cupy
+
+        _check_workspace(workspace, self.workspace_size)
+        pointers = {name: (0 if view is None else view.ptr) for name, view in views.items()}
+        for name, offset in self.offsets.items():
+            pointers[name] = workspace.ptr + offset
+        if "zeros" in self.regions:
+            cupy.cuda.runtime.memsetAsync(pointers["zeros"], 0, self.regions["zeros"], stream)
+        if self.gemv:
+            _fill(pointers["ones"], *self.ones, self.rows, stream)
+        gemm_ws = workspace.ptr + self.gemm_offset
+        gemm_size = workspace.size - self.gemm_offset
+        for s in self.steps:
+            s.matmul.run(lt_handle, pointers[s.a], pointers[s.b], pointers[s.c], pointers[s.d],
+                         gemm_ws, gemm_size, stream, pointers[s.bias] if s.bias else 0,
+                         pointers[s.aux] if s.aux else 0)
+
+
+def _check_workspace(workspace: Workspace, need: int) -> None:
+    if workspace.size < need:
+        from ...errors import BufferTooSmall
+
+        raise BufferTooSmall(f"workspace has {workspace.size} bytes; this problem needs {need}",
+                             argument="workspace")
+
+
+# The bit pattern of 1.0 and its width in bytes, per element type.
+_ONE = {ElementKind.bf16: (0x3F80, 2), ElementKind.f16: (0x3C00, 2),
+        ElementKind.f32: (0x3F800000, 4), ElementKind.tf32: (0x3F800000, 4)}
+
+
+def _fill(ptr: int, pattern: int, width: int, count: int, stream: int) -> None:
+    """``count`` copies of a 2- or 4-byte ``pattern`` at ``ptr``, enqueued on ``stream``."""
+    from cuda.bindings import driver
+
+    fill = driver.cuMemsetD32Async if width == 4 else driver.cuMemsetD16Async
+    (status,) = fill(ptr, pattern, count, stream)
+    if status != driver.CUresult.CUDA_SUCCESS:
+        raise LaunchFailed(f"filling the ones vector of the bias-gradient GEMV failed: {status}")
+
+
+class LinearBackwardCublasLt(_LinearCublasLt):
+    """d_pre = grad_out * act'(aux) [+ dbias], then dW = x^T d_pre and dx = d_pre W^T.
+
+    cuBLASLt applies an activation's derivative only to a GEMM's result, so d_pre comes from a
+    GEMM whose A and B are zeros and whose C is grad_out (D = DGELU(0 + grad_out)), with the
+    bias gradient from the same epilogue (DGELU_BGRAD, DRELU_BGRAD). Without an activation, the
+    bias gradient rides on the dW GEMM (BGRADA for "kn", BGRADB for "nk"). The deterministic SKU
+    uses neither epilogue reduction: dbias = d_pre^T @ ones.
+    """
+
+    op = "linear_backward"
+    fixed_views = ("grad_out", "x", "weight", "aux", "grad_x", "grad_weight", "grad_pre")
+
+    def __init__(self, element: ElementKind, deterministic: bool):
+        super().__init__(_sku(
+            self.op, element, deterministic, 2 * _FORWARD_BOUND[element],
+            "dgelu/drelu + bgrad, bgrada/bgradb, dW, dx",
+            "grad_out * act'(aux) with the bias gradient, then dW and dx, in cublasLtMatmul "
+            "calls sharing one workspace."), element, deterministic)
+
+    def check_args(self, desc, args: BoundArgs) -> None:
+        views = args.views
+        for name in ("grad_out", "x", "weight", "aux"):
+            _check_matrix(views[name], name, output=False)
+        for name in ("grad_x", "grad_weight", "grad_pre"):
+            _check_matrix(views[name], name, output=True)
+        if views["grad_bias"] is not None:
+            expect_aligned(views["grad_bias"], "grad_bias", POINTER_ALIGNMENT)
+        _check_aux(views["aux"], "aux", desc.activation)
+        for name in ("grad_out", "aux", "grad_pre"):
+            _check_batch_contiguous(views[name], name, desc.m,
+                                    "(the backward treats the batch as more rows)")
+        if desc.batch and not desc.weight_batched and desc.need_weight_grad:
+            _check_batch_contiguous(views["x"], "x", desc.m,
+                                    "when one weight serves the batch (dW sums over it)")
+
+    def _bias_fused(self, desc) -> str | None:
+        """Which GEMM's epilogue reduces dbias: "pre", "weight", or None (the GEMV)."""
+        if not desc.need_bias_grad or self.deterministic:
+            return None
+        if desc.activation != "none":
+            return "pre"
+        if desc.need_weight_grad and not (desc.batch and desc.weight_batched):
+            return "weight"
+        return None
+
+    def _regions(self, desc) -> dict[str, int]:
+        item = self.element.itemsize
+        rows = desc.m * (desc.batch or 1)
+        regions = {}
+        if desc.activation != "none":
+            regions["zeros"] = zero_elements(desc) * item
+        if desc.need_bias_grad:  # also when fused: the fallback if cuBLASLt lacks the epilogue
+            regions["ones"] = rows * item
+        if desc.activation != "none" and not desc.need_pre_grad:
+            regions["d_pre"] = rows * -(-desc.n // 8) * 8 * item
+        return regions
+
+    def _fixed_bytes(self, desc) -> int:
+        return sum(round_workspace(n) for n in self._regions(desc).values())
+
+    def _canonical_strides(self, desc) -> tuple:
+        batched = desc.batch is not None
+
+        def matrix(r: int, c: int, per_batch: bool = True) -> tuple:
+            return (r * c, c, 1) if batched and per_batch else (c, 1)
+
+        w_rows, w_cols = (desc.k, desc.n) if desc.weight_layout == "kn" else (desc.n, desc.k)
+        aux = None
+        if desc.activation != "none":
+            ld = relu_mask_bytes(desc.n) if desc.activation == "relu" else -(-desc.n // 8) * 8
+            aux = (desc.m * ld, ld, 1) if batched else (ld, 1)
+        weight = matrix(w_rows, w_cols, desc.weight_batched)
+        return (matrix(desc.m, desc.n), matrix(desc.m, desc.k), weight, aux,
+                matrix(desc.m, desc.k) if desc.need_input_grad else None,
+                weight if desc.need_weight_grad else None,
+                matrix(desc.m, desc.n) if desc.need_pre_grad else None)
+
+    def _build(self, desc, device: int, layout: tuple, available: int | None):
+        strides, alignment = layout
+        rows = tuple(None if s is None else _rows_of(s) for s in strides)
+        regions = self._regions(desc)
+        fixed = sum(round_workspace(n) for n in regions.values())
+        limit = WORKSPACE_LIMIT if available is None else max(0, (available - fixed) // 256 * 256
+                                                              - 16)
+        fused = self._bias_fused(desc)
+        try:
+            steps = self._steps(desc, device, rows, limit, fused, alignment)
+        except NoAlgorithm:
+            if fused is None:
+                raise
+            steps = self._steps(desc, device, rows, limit, None, alignment)  # dbias by the GEMV
+        return _BackwardRecipe(desc.m * (desc.batch or 1), _ONE[self.element], steps, regions)
+
+    def _steps(self, desc, device: int, rows: tuple, limit: int, fused: str | None,
+               alignment: int) -> list:
+        grad_out, x, w, aux, grad_x, grad_w, grad_pre = rows
+        types = library.types_for(self.element)
+
+        def matmul(name, gemm, epilogue, c=None, aux_layout=None) -> Matmul:
+            return Matmul(gemm, types, epilogue, device=device, workspace_limit=limit,
+                          schemes=self.schemes, c=c, aux=aux_layout, alignment=alignment,
+                          what=f"{self.sku.id} ({name})")
+
+        if desc.activation == "none":
+            d_pre_name, d_pre = "grad_out", grad_out
+        elif desc.need_pre_grad:
+            d_pre_name, d_pre = "grad_pre", grad_pre
+        else:
+            ld = -(-desc.n // 8) * 8
+            d_pre_name, d_pre = "d_pre", Rows(ld, desc.m * ld)
+        steps = []
+        if desc.activation != "none":
+            gemm = pre_grad_gemm(desc, d_pre)
+            scale = 8 if desc.activation == "relu" else 1
+            epilogue = backward_epilogue(desc.activation, fused == "pre")
+            steps.append(_Step("d_pre", matmul("d_pre", gemm, epilogue, gemm.like_d(grad_out),
+                                               Aux(scale * aux.ld)),
+                               "zeros", "zeros", "grad_out", d_pre_name,
+                               bias="grad_bias" if fused == "pre" else None, aux="aux"))
+        if desc.need_bias_grad and fused is None:
+            steps.append(_Step("grad_bias", matmul("grad_bias", bias_grad_gemv(desc, d_pre),
+                                                   DEFAULT),
+                               d_pre_name, "ones", "grad_bias", "grad_bias"))
+        if desc.need_weight_grad:
+            kn = desc.weight_layout == "kn"
+            epilogue = (BGRADA if kn else BGRADB) if fused == "weight" else DEFAULT
+            a, b = (d_pre_name, "x") if kn else ("x", d_pre_name)
+            steps.append(_Step("grad_weight", matmul("grad_weight",
+                                                     weight_grad_gemm(desc, x, d_pre, grad_w),
+                                                     epilogue),
+                               a, b, "grad_weight", "grad_weight",
+                               bias="grad_bias" if fused == "weight" else None))
+        if desc.need_input_grad:
+            steps.append(_Step("grad_x", matmul("grad_x", input_grad_gemm(desc, d_pre, w, grad_x),
+                                                DEFAULT),
+                               "weight", d_pre_name, "grad_x", "grad_x"))
+        return steps
+
+
+FORWARD_SKUS = tuple(LinearForwardCublasLt(e, det) for e in ELEMENTS for det in (False, True))
+BACKWARD_SKUS = tuple(LinearBackwardCublasLt(e, det) for e in ELEMENTS for det in (False, True))

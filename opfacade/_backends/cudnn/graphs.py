@@ -1,0 +1,342 @@
+"""SDPA forward and backward as cudnn-frontend graphs: tensor UIDs, building, caching, executing.
+
+A graph is built once per (descriptor, device, variant) in the fixed order validate ->
+build_operation_graph -> create_execution_plans -> check_support -> build_plans, and its
+workspace size read right after. The frontend's "not supported" (at any of those steps) becomes
+a ``Declined`` carrying cuDNN's version and message; selection turns it into a rejection reason.
+
+Tensors are bound by UID. Each built graph knows its operands' argument names in ascending UID
+order, so a run only collects pointers. Executing goes through the backend's raw-pointer entry
+point when the frontend exposes it for the selected plan (the same call ``pygraph.execute`` makes
+after normalising its arguments), else through the public ``execute`` with a ``{uid: pointer}``
+dict; ``EXECUTE_PATH = "public"`` forces the latter.
+
+Mask conventions (the reference's on the left, cuDNN's on the right; ``d`` is the diagonal
+offset, 0 for top-left and ``seq_len_kv - seq_len_q`` for bottom-right alignment, per sequence):
+
+    keys j <= i + d + right      diagonal_band_right_bound = right   (causal: right = 0)
+    keys j >= i + d - left       diagonal_band_left_bound  = left + 1 (cuDNN keeps j > i + d - L)
+    alignment                    diagonal_alignment TOP_LEFT / BOTTOM_RIGHT
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ...types import ElementKind
+from . import runtime
+from .limits import format_version
+
+__all__ = ["EXECUTE_PATH", "BuiltGraph", "Declined", "Uid", "GRAPHS", "dense_strides",
+           "declare_backward", "declare_forward", "diagonal_band", "forward_graph",
+           "backward_graph"]
+
+# "auto": the backend's raw-pointer call when available; "public": always pygraph.execute.
+EXECUTE_PATH = "auto"
+
+LAYOUTS = ("bhsd", "bshd", "sbhd")
+
+
+class Uid(enum.IntEnum):
+    """The UIDs of the graphs' user tensors (internal tensors get the frontend's own)."""
+
+    Q = 1
+    K = 2
+    V = 3
+    O = 4  # noqa: E741 - cuDNN's name for the output
+    STATS = 5
+    BIAS = 6
+    SEQ_LEN_Q = 7
+    SEQ_LEN_KV = 8
+    SEED = 9
+    OFFSET = 10
+    DO = 11
+    DQ = 12
+    DK = 13
+    DV = 14
+    DBIAS = 15
+    DROPOUT_MASK = 16
+
+
+# Argument names of the op layer's Args dataclasses, per UID.
+ARGUMENT = {
+    Uid.Q: "q", Uid.K: "k", Uid.V: "v", Uid.O: "out", Uid.STATS: "stats", Uid.BIAS: "bias",
+    Uid.SEQ_LEN_Q: "seq_len_q", Uid.SEQ_LEN_KV: "seq_len_kv", Uid.SEED: "dropout_seed",
+    Uid.OFFSET: "dropout_offset", Uid.DO: "grad_out", Uid.DQ: "grad_q", Uid.DK: "grad_k",
+    Uid.DV: "grad_v", Uid.DBIAS: "grad_bias", Uid.DROPOUT_MASK: "dropout_mask",
+}
+
+
+def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
+                  ) -> tuple[int, int, int, int]:
+    """Element strides of a dense tensor indexed [batch, heads, seq, dim] stored in ``layout``
+    order ("bshd": memory is [batch, seq, heads, dim])."""
+    if layout == "bhsd":
+        return (heads * seq * dim, seq * dim, dim, 1)
+    if layout == "bshd":
+        return (seq * heads * dim, dim, heads * dim, 1)
+    if layout == "sbhd":
+        return (heads * dim, dim, batch * heads * dim, 1)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, running = [], 1
+    for extent in reversed(shape):
+        strides.append(running)
+        running *= extent
+    return tuple(reversed(strides))
+
+
+def diagonal_band(desc) -> tuple[str, int | None, int | None]:
+    """(alignment, cuDNN left bound, cuDNN right bound) for the descriptor's causal/window."""
+    left = None if desc.left_bound is None else desc.left_bound + 1
+    return desc.alignment, left, desc.right_bound
+
+
+@dataclass(frozen=True)
+class Declined:
+    """cuDNN will not serve this graph; ``reason`` names the cuDNN version and its message."""
+
+    reason: str
+
+
+class _Launcher:
+    """Executes one built graph given pointers in ascending-UID order."""
+
+    def __init__(self, graph, uids: tuple[int, ...]):
+        self._graph = graph
+        self._uids = uids
+        self._fast = self._raw_entry(graph, uids)
+
+    @staticmethod
+    def _raw_entry(graph, uids):
+        """(lowered graph, plan index) when the backend's raw-pointer call serves this graph."""
+        try:
+            if graph.selected_engine is not None:  # a python (CuTe DSL) engine: public path
+                return None
+            lowered = graph._lowered_graph
+            order = tuple(int(u) for u in graph._variant_pack_uids() or ())
+            if order != uids or not hasattr(lowered, "_execute_with_raw_ptrs"):
+                return None
+            config = graph._materialize_backend_plan(graph._plan_index)
+            index = -1 if config.cpp_index is None else int(config.cpp_index)
+            return lowered, index
+        except Exception:  # private surface moved: the public path still works
+            return None
+
+    @property
+    def raw(self) -> bool:
+        return self._fast is not None
+
+    def __call__(self, pointers: list[int], workspace: int, handle) -> None:
+        if self._fast is not None and EXECUTE_PATH == "auto":
+            lowered, index = self._fast
+            array = (ctypes.c_void_p * len(pointers))(*pointers)
+            lowered._execute_with_raw_ptrs(ctypes.addressof(array), len(pointers), workspace,
+                                           handle.backend_handle, index)
+            return
+        self._graph.execute(dict(zip(self._uids, pointers, strict=True)), workspace,
+                            handle=handle)
+
+
+@dataclass(frozen=True)
+class BuiltGraph:
+    """A graph ready to run: its operands' argument names (ascending UID), workspace, plan."""
+
+    graph: object
+    names: tuple[str, ...]
+    workspace_size: int
+    served_by: str
+    launch: _Launcher
+
+
+def _served_by(graph) -> str:
+    try:
+        engine = graph.selected_engine
+        if engine is not None:
+            return f"frontend engine {engine.name}"
+        return "cuDNN backend " + graph.get_plan_name_at_index(graph._plan_index)
+    except Exception:
+        return "cuDNN backend"
+
+
+def _dtypes(cudnn, element: ElementKind):
+    io = cudnn.data_type.HALF if element is ElementKind.f16 else cudnn.data_type.BFLOAT16
+    return io, cudnn.data_type.FLOAT
+
+
+class _Builder:
+    """Declares one graph's user tensors with fixed UIDs."""
+
+    def __init__(self, desc, handle):
+        self.cudnn = runtime.cudnn_module()
+        self.desc = desc
+        self.io, self.f32 = _dtypes(self.cudnn, desc.element)
+        self.graph = self.cudnn.pygraph(io_data_type=self.io, intermediate_data_type=self.f32,
+                                        compute_data_type=self.f32, handle=handle)
+        self.uids: list[int] = []
+
+    def tensor(self, uid: Uid, shape, strides, data_type=None):
+        self.uids.append(int(uid))
+        return self.graph.tensor(dim=list(shape), stride=list(strides), uid=int(uid),
+                                 data_type=self.io if data_type is None else data_type,
+                                 name=ARGUMENT[uid])
+
+    def output(self, tensor, uid: Uid, shape, strides, data_type=None) -> None:
+        self.uids.append(int(uid))
+        tensor.set_output(True).set_dim(list(shape)).set_stride(list(strides))
+        tensor.set_data_type(self.io if data_type is None else data_type).set_uid(int(uid))
+
+    def qkv(self):
+        d = self.desc
+        return (self.tensor(Uid.Q, d.q_shape, dense_strides(d.layout, *d.q_shape)),
+                self.tensor(Uid.K, d.k_shape, dense_strides(d.layout, *d.k_shape)),
+                self.tensor(Uid.V, d.v_shape, dense_strides(d.layout, *d.v_shape)))
+
+    def options(self) -> dict:
+        """The sdpa/sdpa_backward keywords shared by both directions."""
+        d, cudnn = self.desc, self.cudnn
+        alignment, left, right = diagonal_band(d)
+        options = {
+            "attn_scale": float(d.softmax_scale),
+            "use_alibi_mask": bool(d.alibi),
+            "use_padding_mask": bool(d.padding),
+            "diagonal_alignment": (cudnn.diagonal_alignment.BOTTOM_RIGHT
+                                   if alignment == "bottom_right"
+                                   else cudnn.diagonal_alignment.TOP_LEFT),
+        }
+        if left is not None:
+            options["diagonal_band_left_bound"] = left
+        if right is not None:
+            options["diagonal_band_right_bound"] = right
+        if d.bias is not None:
+            options["bias"] = self.tensor(Uid.BIAS, d.bias_shape, row_major(d.bias_shape))
+        if d.padding:
+            lengths = ((d.batch, 1, 1, 1), (1, 1, 1, 1), cudnn.data_type.INT32)
+            options["seq_len_q"] = self.tensor(Uid.SEQ_LEN_Q, *lengths)
+            options["seq_len_kv"] = self.tensor(Uid.SEQ_LEN_KV, *lengths)
+        if d.dropout_p > 0.0:
+            scalar = ((1, 1, 1, 1), (1, 1, 1, 1), cudnn.data_type.INT64)
+            options["dropout"] = (float(d.dropout_p), self.tensor(Uid.SEED, *scalar),
+                                  self.tensor(Uid.OFFSET, *scalar))
+        return options
+
+    def finish(self) -> BuiltGraph:
+        """The fixed build order; declines come back as the frontend raised them."""
+        g, cudnn = self.graph, self.cudnn
+        g.validate()  # the frontend's own checks of the support surface; needs no GPU
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        uids = tuple(sorted(self.uids))
+        return BuiltGraph(g, tuple(ARGUMENT[Uid(u)] for u in uids), int(g.get_workspace_size()),
+                          _served_by(g), _Launcher(g, uids))
+
+
+def _stats_layout(desc) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    shape = (desc.batch, desc.heads_q, desc.seq_q, 1)
+    return shape, row_major(shape)
+
+
+def declare_forward(desc, handle, dump_dropout: bool = False) -> _Builder:
+    """The forward graph with its tensors and the sdpa node declared, nothing built yet."""
+    b = _Builder(desc, handle)
+    q, k, v = b.qkv()
+    options = b.options()
+    if dump_dropout:
+        shape = (desc.batch, desc.heads_q, desc.seq_q, desc.seq_kv)
+        options["rng_dump"] = b.tensor(Uid.DROPOUT_MASK, shape, row_major(shape), b.f32)
+    out, stats = b.graph.sdpa(q, k, v, name="sdpa", generate_stats=bool(desc.save_stats),
+                              **options)
+    b.output(out, Uid.O, desc.o_shape, dense_strides(desc.layout, *desc.o_shape))
+    if desc.save_stats:
+        b.output(stats, Uid.STATS, *_stats_layout(desc), b.f32)
+    return b
+
+
+def declare_backward(desc, handle, deterministic: bool = False) -> _Builder:
+    """The backward graph with its tensors and the sdpa_backward node declared."""
+    b = _Builder(desc, handle)
+    q, k, v = b.qkv()
+    o_strides = dense_strides(desc.layout, *desc.o_shape)
+    o = b.tensor(Uid.O, desc.o_shape, o_strides)
+    d_o = b.tensor(Uid.DO, desc.o_shape, o_strides)
+    stats = b.tensor(Uid.STATS, *_stats_layout(desc), b.f32)
+    options = b.options()
+    if desc.need_bias_grad:
+        options["dBias"] = b.tensor(Uid.DBIAS, desc.bias_shape, row_major(desc.bias_shape))
+    dq, dk, dv = b.graph.sdpa_backward(q, k, v, o, d_o, stats, name="sdpa_backward",
+                                       use_deterministic_algorithm=bool(deterministic),
+                                       **options)
+    for tensor, uid, shape in ((dq, Uid.DQ, desc.q_shape), (dk, Uid.DK, desc.k_shape),
+                               (dv, Uid.DV, desc.v_shape)):
+        b.output(tensor, uid, shape, dense_strides(desc.layout, *shape))
+    return b
+
+
+class GraphCache:
+    """Built graphs (or declines) by (direction, descriptor, device, variant): FIFO-bounded,
+    built under one lock (a cold build takes about a second; racing builders would waste it)."""
+
+    def __init__(self, capacity: int = 256):
+        self._capacity = capacity
+        self._entries: OrderedDict[tuple, BuiltGraph | Declined] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, direction: str, desc, device: int, variant: bool) -> BuiltGraph | Declined:
+        key = (direction, desc, device, variant)
+        found = self._entries.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                found = self._entries[key] = _build(direction, desc, device, variant)
+                while len(self._entries) > self._capacity:
+                    self._entries.popitem(last=False)
+        return found
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def _on_device(device: int):
+    """A context in which ``device`` is current (graphs and handles bind the current one)."""
+    import cupy
+
+    return cupy.cuda.Device(device)
+
+
+def _build(direction: str, desc, device: int, variant: bool) -> BuiltGraph | Declined:
+    missing = runtime.available()
+    if missing is not None:
+        return Declined(missing)
+    where = f"cuDNN {format_version(runtime.backend_version())}"
+    declines = runtime.not_supported_types()
+    try:
+        with _on_device(device):
+            handle = runtime.handle_for(device)
+            declare = declare_forward if direction == "forward" else declare_backward
+            return declare(desc, handle, variant).finish()
+    except declines as error:
+        return Declined(f"{where}: {error}")
+    except Exception as error:  # explain must not crash; the message says what happened
+        return Declined(f"{where}: graph build failed: {type(error).__name__}: {error}")
+
+
+GRAPHS = GraphCache()
+
+
+def forward_graph(desc, device: int, *, dump_dropout: bool = False) -> BuiltGraph | Declined:
+    return GRAPHS.get("forward", desc, device, dump_dropout)
+
+
+def backward_graph(desc, device: int, *, deterministic: bool) -> BuiltGraph | Declined:
+    return GRAPHS.get("backward", desc, device, deterministic)

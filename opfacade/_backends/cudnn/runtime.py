@@ -1,0 +1,105 @@
+"""The cuDNN library in this process: import, version, and handles per (thread, device).
+
+cudnn-frontend is imported lazily, on the first question asked of it. A cuDNN handle must not be
+used by two threads at once and belongs to one device, so handles live in a thread-local table
+keyed by device ordinal; built graphs are shared by every thread. The handle's stream is
+re-bound before every run (``cudnn.set_stream`` skips the backend call when it is unchanged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+__all__ = ["available", "backend_version", "cudnn_module", "current_device", "handle_for",
+           "not_supported_types", "set_stream"]
+
+
+@functools.cache
+def _load():
+    """(module, None) or (None, reason); asked once per process."""
+    try:
+        import cudnn
+    except Exception as error:  # ImportError, or a library that fails to load
+        return None, f"nvidia-cudnn-frontend failed to import: {type(error).__name__}: {error}"
+    try:
+        cudnn.backend_version()
+    except Exception as error:
+        return None, f"the cuDNN library failed to load: {type(error).__name__}: {error}"
+    return cudnn, None
+
+
+def available() -> str | None:
+    """Why cuDNN graphs cannot be built in this process, or None."""
+    return _load()[1]
+
+
+def cudnn_module():
+    """The ``cudnn`` module (raises BackendUnavailable when it cannot be loaded)."""
+    module, why = _load()
+    if module is None:
+        from ...errors import BackendUnavailable
+
+        raise BackendUnavailable(why)
+    return module
+
+
+@functools.cache
+def backend_version() -> int | None:
+    """The loaded cuDNN backend's version as an int (91900 for 9.19.0), None when not loadable."""
+    module, _ = _load()
+    return None if module is None else int(module.backend_version())
+
+
+def not_supported_types() -> tuple[type[BaseException], ...]:
+    """What the frontend raises for 'this graph is not supported' (a decline, not a bug)."""
+    cudnn = cudnn_module()
+    return (cudnn.cudnnGraphNotSupportedError, NotImplementedError)
+
+
+class _Handles:
+    """One thread's cuDNN handles by device ordinal; destroyed with the thread's table."""
+
+    def __init__(self):
+        self.by_device: dict[int, object] = {}
+
+    def __del__(self):
+        module, _ = _load()
+        for handle in self.by_device.values():
+            with contextlib.suppress(Exception):  # the driver may be torn down at exit
+                module.destroy_handle(handle)
+
+
+_local = threading.local()
+
+
+def handle_for(device: int):
+    """This thread's ``cudnn.Handle`` for ``device``, created on first use."""
+    table = getattr(_local, "handles", None)
+    if table is None:
+        table = _local.handles = _Handles()
+    handle = table.by_device.get(device)
+    if handle is None:
+        import cupy
+
+        cudnn = cudnn_module()
+        with cupy.cuda.Device(device):  # create_handle binds the current device
+            handle = table.by_device[device] = cudnn.create_handle()
+    return handle
+
+
+def set_stream(handle, stream: int) -> None:
+    """Binds ``handle`` to ``stream`` (the frontend skips the backend call when unchanged)."""
+    cudnn_module().set_stream(handle, stream)
+
+
+@functools.cache
+def _runtime_api():
+    import cupy
+
+    return cupy.cuda.runtime
+
+
+def current_device() -> int:
+    return _runtime_api().getDevice()

@@ -1,0 +1,301 @@
+"""The cuDNN SDPA SKUs: one forward per element, a default and a deterministic backward per element.
+
+Selection first applies the limits stated as data (``limits.py``), which need no GPU. When a GPU
+is visible the graph is then built (and cached) during selection, so cuDNN's own verdict and the
+exact workspace size are known before anything runs; cuDNN's "not supported" becomes an Unfit
+naming the cuDNN version. With only an architecture to go on (no GPU), a problem that passes the
+data limits is viable pending graph support: its workspace size is an estimate (documented
+below), the graph is built on the first run, and a run that finds cuDNN declining raises
+``Unsupported`` and one that finds the workspace too small raises ``BufferTooSmall``.
+
+``unfit_on``/``workspace_size_on`` take the selection's target; the plan machinery calls the
+target-less ``unfit``/``workspace_size``, which use the current device when a GPU is visible.
+"""
+
+from __future__ import annotations
+
+from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.tensors import TensorView, expect_aligned
+from ...errors import BufferTooSmall, LayoutMismatch, Unsupported
+from ...types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    MathPrecision,
+    OpCategory,
+    PrecisionGuarantee,
+)
+from . import graphs, limits, runtime
+
+__all__ = ["FORWARD_SKUS", "BACKWARD_SKUS", "SdpaForwardCudnn", "SdpaBackwardCudnn",
+           "estimate_workspace", "run_forward_dumping_dropout"]
+
+# Relative error bounds (Frobenius, against the float64 reference on uniform [-1, 1) inputs).
+# Outputs are rounded once to the element (u = 2^-8 for bf16, 2^-11 for f16) and the
+# probabilities are rounded to it again before the P.V product, so the forward sits near 1-2 u;
+# the backward also rounds dS before its two products and cancels in dP - rowsum(dO * O).
+# Conservative starting bounds, to be tightened from measurements on a GPU.
+FORWARD_BOUND = {ElementKind.bf16: 1e-2, ElementKind.f16: 5e-3}
+BACKWARD_BOUND = {ElementKind.bf16: 2e-2, ElementKind.f16: 1e-2}
+# Device pointers cuDNN's SDPA kernels load with 16-byte vectors.
+TENSOR_ALIGNMENT = 16
+LAYOUT = "bhsd|bshd|sbhd dense, d-contiguous; stats [B,Hq,Sq,1] f32"
+
+
+def _guarantee(element: ElementKind, bound: float, deterministic: bool) -> PrecisionGuarantee:
+    return PrecisionGuarantee(
+        math_precision=MathPrecision(element.value),  # tensor-core products in the element
+        accumulator=ElementKind.f32,
+        deterministic=deterministic,
+        bit_stable=False,  # cuDNN picks tilings per GPU model: equal bits on one device only
+        max_rel_error=bound,
+    )
+
+
+def _placement(target) -> tuple[int | None, ArchSku | None]:
+    """(device to build on or None, arch or None) for a selection."""
+    if target is not None:
+        return target.device, target.arch
+    from ..._internal.device import current_device, device_arch, device_count
+
+    if runtime.available() is not None or device_count() == 0:
+        return None, None
+    device = current_device()
+    return device, device_arch(device)
+
+
+def _round_up(nbytes: int) -> int:
+    return -(-nbytes // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+
+
+def estimate_workspace(desc, direction: str, deterministic: bool = False) -> int:
+    """Workspace bytes cuDNN's sm90 plans take, for selections without a GPU (an estimate).
+
+    Forward: the ALiBi slopes cuDNN writes into the workspace. Backward: the f32 dQ
+    accumulator and the rowsum(dO * O) vector; the deterministic and dBias plans instead keep
+    dP for every (query, key) pair in 2 bytes, padded to multiples of 64.
+    """
+    slopes = -(-desc.heads_q * 4 // 16) * 16 if desc.alibi else 0
+    if direction == "forward":
+        return _round_up(slopes)
+    rows = desc.batch * desc.heads_q * desc.seq_q
+    row_sums = rows * 4
+    accumulator = rows * desc.head_dim * 4
+    d_p = desc.batch * desc.heads_q * (-(-desc.seq_q // 64) * 64) * (-(-desc.seq_kv // 64) * 64) * 2
+    if deterministic:
+        return _round_up(slopes + row_sums + d_p)
+    if desc.need_bias_grad:
+        return _round_up(slopes + row_sums + d_p + accumulator)
+    return _round_up(slopes + row_sums + accumulator)
+
+
+def _expect_strides(view: TensorView, name: str, expected: tuple[int, ...], what: str) -> None:
+    for extent, actual, wanted in zip(view.shape, view.strides, expected, strict=True):
+        if extent > 1 and actual != wanted:
+            raise LayoutMismatch(
+                f"{name} must have the {what} strides {expected} this plan's graph was built "
+                f"for, got {view.strides}", argument=name)
+
+
+class _SdpaCudnn(SkuImpl):
+    direction: str
+    layout_arguments: tuple[tuple[str, str], ...]  # (argument, which shape of the descriptor)
+
+    def __init__(self, sku: KernelSku, variant: bool):
+        self.sku = sku
+        self.variant = variant  # forward: dump the dropout mask; backward: deterministic
+        self._recent: dict[tuple[int, int], tuple[object, graphs.BuiltGraph]] = {}
+        self._strides: dict[int, tuple[object, dict]] = {}
+
+    # -- selection -------------------------------------------------------------------------
+    def _facts(self, desc) -> limits.Facts:
+        return limits.Facts(
+            direction=self.direction, element=desc.element, batch=desc.batch,
+            heads_q=desc.heads_q, seq_q=desc.seq_q, seq_kv=desc.seq_kv, head_dim=desc.head_dim,
+            head_dim_v=desc.dim_v, bias=desc.bias, alibi=desc.alibi,
+            dropout=desc.dropout_p > 0.0, padding=desc.padding, right_bound=desc.right_bound,
+            left_bound=desc.left_bound, bottom_right=desc.alignment == "bottom_right",
+            bias_grad=bool(getattr(desc, "need_bias_grad", False)),
+            deterministic=self.sku.precision_guarantee.deterministic)
+
+    def unfit(self, desc) -> Unfit | None:
+        return self.unfit_on(desc, None)
+
+    def unfit_on(self, desc, target) -> Unfit | None:
+        if desc.element is not self.sku.element:
+            return Unfit(ReasonCode.element_unsupported,
+                         f"serves {self.sku.element.value}, problem is {desc.element.value}")
+        device, arch = _placement(target)
+        unfit = limits.check(self._facts(desc), limits.Context(arch, runtime.backend_version()))
+        if unfit is not None or device is None:
+            return unfit  # without a device: viable pending graph support
+        built = self._graph(desc, device)
+        if isinstance(built, graphs.Declined):
+            return Unfit(ReasonCode.feature_unsupported, built.reason)
+        return None
+
+    def workspace_size(self, desc) -> int:
+        return self.workspace_size_on(desc, None)
+
+    def workspace_size_on(self, desc, target) -> int:
+        device, _ = _placement(target)
+        if device is not None:
+            built = self._graph(desc, device)
+            if isinstance(built, graphs.BuiltGraph):
+                return built.workspace_size
+        return estimate_workspace(desc, self.direction, self.sku.precision_guarantee.deterministic)
+
+    def unavailable(self) -> str | None:
+        return runtime.available()
+
+    def served_by(self, desc, device: int) -> str:
+        """Which engine runs ``desc`` on ``device`` (diagnostics, the bench's notes)."""
+        built = self._graph(desc, device)
+        return built.served_by if isinstance(built, graphs.BuiltGraph) else built.reason
+
+    # -- running ---------------------------------------------------------------------------
+    def _graph(self, desc, device: int) -> graphs.BuiltGraph | graphs.Declined:
+        raise NotImplementedError
+
+    def _graph_for_run(self, desc, device: int) -> graphs.BuiltGraph:
+        key = (id(desc), device)
+        entry = self._recent.get(key)
+        if entry is not None and entry[0] is desc:  # the plan's own descriptor: no hashing
+            return entry[1]
+        built = self._graph(desc, device)
+        if isinstance(built, graphs.Declined):
+            raise Unsupported(f"{self.sku.id} cannot serve this problem on cuda:{device}: "
+                              f"{built.reason}")
+        if len(self._recent) > 1024:
+            self._recent.clear()
+        self._recent[key] = (desc, built)
+        return built
+
+    def _expected_strides(self, desc) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Strides each float argument must have, by name; computed once per descriptor."""
+        key = id(desc)
+        entry = self._strides.get(key)
+        if entry is not None and entry[0] is desc:
+            return entry[1]
+        table = {name: (graphs.dense_strides(desc.layout, *getattr(desc, which)),
+                        f"dense {desc.layout}") for name, which in self.layout_arguments}
+        for name, shape in (("stats", desc.stats_shape), ("bias", desc.bias_shape),
+                            ("grad_bias", desc.bias_shape)):
+            if shape is not None:
+                table[name] = (graphs.row_major(shape), "row-major")
+        if len(self._strides) > 1024:
+            self._strides.clear()
+        self._strides[key] = (desc, table)
+        return table
+
+    def check_args(self, desc, args: BoundArgs) -> None:
+        expected = self._expected_strides(desc)
+        for name, view in args.views.items():
+            if view is None:
+                continue
+            expect_aligned(view, name, TENSOR_ALIGNMENT if view.element.is_float
+                           else view.itemsize)
+            wanted = expected.get(name)
+            if wanted is not None and view.strides != wanted[0]:
+                _expect_strides(view, name, *wanted)  # differences in size-1 extents pass
+
+    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+        views = args.views
+        device = views["q"].device
+        built = self._graph_for_run(desc, device)
+        if workspace.size < built.workspace_size:
+            raise BufferTooSmall(
+                f"workspace has {workspace.size} bytes; the graph built on cuda:{device} needs "
+                f"{built.workspace_size} (select the plan with a device for an exact size)",
+                argument="workspace")
+        handle = runtime.handle_for(device)
+        runtime.set_stream(handle, stream or 0)
+        pointers = [views[name].ptr for name in built.names]
+        if runtime.current_device() == device:
+            built.launch(pointers, workspace.ptr, handle)
+            return
+        with graphs._on_device(device):  # cuDNN launches on the current device
+            built.launch(pointers, workspace.ptr, handle)
+
+
+def _sku(op: str, element: ElementKind, bound: float, deterministic: bool, suffix: str,
+         description: str) -> KernelSku:
+    return KernelSku(
+        id=f"{op}.cudnn.{element.value}{suffix}",
+        category=OpCategory.attention,
+        op=op,
+        element=element,
+        aux_element=ElementKind.f32,
+        layout=LAYOUT,
+        arch=ArchSku.sm80,
+        backend=BackendKind.cudnn,
+        precision_guarantee=_guarantee(element, bound, deterministic),
+        description=description,
+    )
+
+
+class SdpaForwardCudnn(_SdpaCudnn):
+    direction = "forward"
+    layout_arguments = (("q", "q_shape"), ("k", "k_shape"), ("v", "v_shape"), ("out", "o_shape"))
+
+    def __init__(self, element: ElementKind):
+        super().__init__(_sku(
+            "sdpa_forward", element, FORWARD_BOUND[element], True, "",
+            "cuDNN fused flash attention forward (softmax stats optional): every row is reduced "
+            "by one thread block, so runs repeat bitwise on one GPU."), variant=False)
+
+    def _graph(self, desc, device: int):
+        return graphs.forward_graph(desc, device)
+
+
+class SdpaBackwardCudnn(_SdpaCudnn):
+    direction = "backward"
+    layout_arguments = (("q", "q_shape"), ("k", "k_shape"), ("v", "v_shape"),
+                        ("out", "o_shape"), ("grad_out", "o_shape"), ("grad_q", "q_shape"),
+                        ("grad_k", "k_shape"), ("grad_v", "v_shape"))
+
+    def __init__(self, element: ElementKind, deterministic: bool):
+        if deterministic:
+            description = ("cuDNN fused attention backward with use_deterministic_algorithm: dQ "
+                           "from a dP workspace in a fixed order (large workspace, "
+                           "B*Hq*Sq*Skv*2 bytes on sm90); bitwise repeatable on one GPU.")
+        else:
+            description = ("cuDNN fused attention backward (default algorithm): dQ is "
+                           "accumulated with atomics, so bits may differ run to run.")
+        super().__init__(_sku("sdpa_backward", element, BACKWARD_BOUND[element], deterministic,
+                              ".deterministic" if deterministic else "", description),
+                         variant=deterministic)
+
+    def _graph(self, desc, device: int):
+        return graphs.backward_graph(desc, device, deterministic=self.variant)
+
+
+FORWARD_SKUS = tuple(SdpaForwardCudnn(e) for e in limits.ELEMENTS)
+# The default backward first (faster, smaller workspace); PlanPreference(deterministic=True) or
+# a workspace limit picks between them.
+BACKWARD_SKUS = tuple(SdpaBackwardCudnn(e, deterministic)
+                      for deterministic in (False, True) for e in limits.ELEMENTS)
+
+
+def run_forward_dumping_dropout(desc, views: dict[str, TensorView], mask: TensorView,
+                                stream: int) -> None:
+    """Testing aid: runs the forward graph variant that also writes cuDNN's dropout mask.
+
+    ``mask`` is float32 [B, Hq, Sq, Skv], contiguous; cuDNN writes 1 where a probability is
+    kept and 0 where it is dropped. ``views`` are the forward's arguments by name, already
+    checked (a bound AttentionArgs). Allocates its own workspace with CuPy.
+    """
+    import cupy
+
+    device = views["q"].device
+    built = graphs.forward_graph(desc, device, dump_dropout=True)
+    if isinstance(built, graphs.Declined):
+        raise Unsupported(f"the dropout-mask variant of this forward: {built.reason}")
+    with cupy.cuda.Device(device):
+        workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
+    handle = runtime.handle_for(device)
+    runtime.set_stream(handle, stream)
+    pointers = [mask.ptr if name == "dropout_mask" else views[name].ptr for name in built.names]
+    built.launch(pointers, workspace.data.ptr, handle)
+    cupy.cuda.runtime.streamSynchronize(stream)  # the workspace dies with this frame

@@ -1,0 +1,246 @@
+"""SDPA benchmark: our cuDNN plans against torch SDPA (cuDNN and flash backends) and against the
+same cuDNN graph driven directly through cudnn-frontend, in one run, on the same tensors.
+
+Figures are TFLOP/s counting 4*B*Hq*Sq*Skv*D for the forward (halved when causal) and 2.5x that
+for the backward. The forward is timed as inference (no stats; torch under no_grad); the
+backward from a forward's saved stats, with torch timed through autograd. The deterministic
+backward is reported beside the default one with both workspaces. A last row measures host time
+per call on a tiny problem: plan.run on a cached plan against the raw graph.execute call.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+from .._internal.sku import Workspace
+from .._internal.tensors import wrap
+from ..attention import (
+    AttentionArgs,
+    AttentionBackwardArgs,
+    AttentionBackwardDescriptor,
+    AttentionBackwardPlan,
+    AttentionDescriptor,
+    AttentionPlan,
+)
+from ..types import PlanPreference
+from .common import BenchRow, time_ms
+
+# (head_dim, batch, heads_q, heads_kv, seq)
+FULL_CASES = tuple(
+    (d, b, h, h, s) for d in (128, 64) for (b, h, s) in ((2, 16, 8192), (8, 16, 2048),
+                                                          (4, 32, 4096))
+) + ((128, 4, 32, 8, 4096), (64, 4, 32, 8, 4096))
+QUICK_CASES = ((128, 2, 8, 8, 1024), (64, 2, 8, 8, 1024), (128, 2, 8, 2, 1024))
+TINY = (64, 1, 1, 1, 64)
+
+
+def _flops(b: int, hq: int, s: int, d: int, causal: bool, backward: bool) -> float:
+    flops = 4.0 * b * hq * s * s * d * (0.5 if causal else 1.0)
+    return flops * (2.5 if backward else 1.0)
+
+
+def _tflops(flops: float, ms: float) -> str:
+    return f"{flops / ms / 1e9:.0f} TFLOP/s"
+
+
+class _Raw:
+    """The same SDPA graph built directly with cudnn.pygraph, executed as its users do."""
+
+    def __init__(self, torch, handle):
+        import cudnn
+
+        self.cudnn, self.torch, self.handle = cudnn, torch, handle
+
+    def _graph(self):
+        cudnn = self.cudnn
+        return cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16,
+                             intermediate_data_type=cudnn.data_type.FLOAT,
+                             compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
+
+    def _finish(self, g, pack):
+        cudnn = self.cudnn
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        workspace = self.torch.empty(g.get_workspace_size(), dtype=self.torch.uint8,
+                                     device="cuda")
+        cudnn.set_stream(self.handle, self.torch.cuda.current_stream().cuda_stream)
+        return (lambda: g.execute(pack, workspace, handle=self.handle)), g, workspace
+
+    def _mask(self, causal: bool) -> dict:
+        options = {"diagonal_alignment": self.cudnn.diagonal_alignment.TOP_LEFT}
+        if causal:
+            options["diagonal_band_right_bound"] = 0
+        return options
+
+    def forward(self, q, k, v, o, stats, scale: float, causal: bool):
+        g = self._graph()
+        qt, kt, vt = g.tensor_like(q), g.tensor_like(k), g.tensor_like(v)
+        ot, st = g.sdpa(qt, kt, vt, name="sdpa", attn_scale=scale,
+                        generate_stats=stats is not None, **self._mask(causal))
+        ot.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride()))
+        pack = {qt: q, kt: k, vt: v, ot: o}
+        if stats is not None:
+            st.set_output(True).set_data_type(self.cudnn.data_type.FLOAT)
+            st.set_dim(list(stats.shape)).set_stride(list(stats.stride()))
+            pack[st] = stats
+        return self._finish(g, pack)
+
+    def backward(self, q, k, v, o, d_o, stats, dq, dk, dv, scale: float, causal: bool,
+                 deterministic: bool):
+        g = self._graph()
+        ts = [g.tensor_like(t) for t in (q, k, v, o, d_o, stats)]
+        dqt, dkt, dvt = g.sdpa_backward(*ts, name="sdpa_backward", attn_scale=scale,
+                                        use_deterministic_algorithm=deterministic,
+                                        **self._mask(causal))
+        for tensor, data in ((dqt, dq), (dkt, dk), (dvt, dv)):
+            tensor.set_output(True).set_dim(list(data.shape)).set_stride(list(data.stride()))
+        pack = dict(zip(ts, (q, k, v, o, d_o, stats), strict=True))
+        pack.update({dqt: dq, dkt: dk, dvt: dv})
+        return self._finish(g, pack)
+
+
+def _torch_peers(torch, q, k, v, d_o, causal: bool, gqa: bool, reps: int):
+    """{peer: (forward ms, backward ms)} for torch's cuDNN and flash SDPA backends."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    peers, notes = {}, []
+    for name, backend in (("torch cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("torch flash", SDPBackend.FLASH_ATTENTION)):
+        extra = {"enable_gqa": True} if gqa else {}
+        try:
+            with sdpa_kernel(backend):
+                with torch.no_grad():
+                    forward = time_ms(lambda extra=extra: sdpa(q, k, v, is_causal=causal,
+                                                               **extra), reps)
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                out = sdpa(*leaves, is_causal=causal, **extra)
+                backward = time_ms(lambda out=out, leaves=leaves: torch.autograd.grad(
+                    out, leaves, d_o, retain_graph=True), reps)
+            peers[name] = (forward, backward)
+        except RuntimeError as error:  # the backend declines this problem
+            notes.append(f"{name}: {str(error).splitlines()[0][:80]}")
+    return peers, notes
+
+
+def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[BenchRow]:
+    d, b, hq, hkv, s = case
+    scale = 1.0 / math.sqrt(d)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape):
+        return torch.rand(shape, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
+
+    q, k, v, d_o = rand(b, hq, s, d), rand(b, hkv, s, d), rand(b, hkv, s, d), rand(b, hq, s, d)
+    o, stats = torch.empty_like(q), torch.empty(b, hq, s, 1, device="cuda", dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    fields = dict(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s, seq_kv=s, head_dim=d,
+                  element="bf16", causal="top_left" if causal else None)
+    label = f"bf16 d{d} B{b} H{hq}/{hkv} S{s}{' causal' if causal else ''}"
+    peers, notes = _torch_peers(torch, q, k, v, d_o, causal, hkv != hq, reps)
+
+    def workspace(plan):
+        return torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+
+    forward = AttentionPlan.select(AttentionDescriptor(**fields), device=0)
+    fwd_ws = workspace(forward)
+    fwd_args = AttentionArgs(q, k, v, o)
+    ours = time_ms(lambda: forward.run(fwd_args, workspace=fwd_ws, stream=0), reps)
+    raw_fwd, *_ = raw.forward(q, k, v, o, None, scale, causal)
+    fwd_peers = {"cudnn graph": time_ms(raw_fwd, reps)}
+    fwd_peers.update({name: times[0] for name, times in peers.items()})
+    flops = _flops(b, hq, s, d, causal, backward=False)
+    rows = [BenchRow("sdpa_forward", label, ours, _tflops(flops, ours), fwd_peers,
+                     "; ".join(notes))]
+
+    # The backward reads a forward's out and stats.
+    stats_plan = AttentionPlan.select(AttentionDescriptor(**fields, save_stats=True), device=0)
+    stats_plan.run(AttentionArgs(q, k, v, o, stats), workspace=workspace(stats_plan), stream=0)
+    bwd_args = AttentionBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv)
+    flops = _flops(b, hq, s, d, causal, backward=True)
+    default_ms = None
+    for deterministic in (False, True):
+        plan = AttentionBackwardPlan.select(AttentionBackwardDescriptor(**fields),
+                                            PlanPreference(deterministic=deterministic),
+                                            device=0)
+        ws = workspace(plan)
+        ours = time_ms(lambda plan=plan, ws=ws: plan.run(bwd_args, workspace=ws, stream=0), reps)
+        raw_bwd, _, raw_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal,
+                                          deterministic)
+        bwd_peers = {"cudnn graph": time_ms(raw_bwd, reps)}
+        note = f"workspace {plan.workspace_size / 2**20:.1f} MiB"
+        if deterministic:
+            bwd_peers["ours default"] = default_ms
+            rows.append(BenchRow("sdpa_backward det", label, ours, _tflops(flops, ours),
+                                 bwd_peers, note))
+        else:
+            default_ms = ours
+            bwd_peers.update({name: times[1] for name, times in peers.items()})
+            rows.append(BenchRow("sdpa_backward", label, ours, _tflops(flops, ours), bwd_peers,
+                                 note))
+        del plan, ws, raw_bwd, raw_ws  # free the (large, deterministic) workspaces
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _host_row(torch, raw: _Raw, calls: int = 2000, batches: int = 7) -> BenchRow:
+    """Host microseconds per call on a tiny forward: plan.run vs the raw graph.execute."""
+    d, b, hq, hkv, s = TINY
+    q = torch.rand(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+    k, v, o = torch.rand_like(q), torch.rand_like(q), torch.empty_like(q)
+    plan = AttentionPlan.select(AttentionDescriptor(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s,
+                                                    seq_kv=s, head_dim=d, element="bf16"),
+                                device=0)
+    ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+    args = AttentionArgs(q, k, v, o)
+    raw_call, *_ = raw.forward(q, k, v, o, None, 1.0 / math.sqrt(d), False)
+
+    def per_call_us(fn) -> float:
+        samples = []
+        for _ in range(batches):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+        return statistics.median(samples)
+
+    # Views wrapped once ahead (wrap returns a TensorView as it is): what a framework
+    # integration that caches its views pays.
+    views = AttentionArgs(*(wrap(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (o, "out"))))
+    wrapped_ws = Workspace(ws.data_ptr(), ws.numel(), 0, ws)
+    calls_by_name = {
+        "raw": raw_call,
+        "ours": lambda: plan.run(args, workspace=ws, stream=0),
+        "ours_wrapped": lambda: plan.run(views, workspace=wrapped_ws, stream=0),
+    }
+    for fn in calls_by_name.values():  # warm up
+        per_call_us(fn)
+    us = {name: per_call_us(fn) for name, fn in calls_by_name.items()}
+    return BenchRow("sdpa host time", f"bf16 d{d} B{b} H{hq} S{s}, per call", us["ours"] / 1e3,
+                    f"{us['ours']:.1f} us, +{us['ours'] - us['raw']:.1f} us over raw",
+                    {"cudnn graph.execute": us["raw"] / 1e3,
+                     "ours, pre-wrapped views": us["ours_wrapped"] / 1e3},
+                    f"pre-wrapped: +{us['ours_wrapped'] - us['raw']:.1f} us over raw")
+
+
+def run(quick: bool = False) -> list[BenchRow]:
+    import cudnn
+    import torch
+
+    reps = 5 if quick else 10
+    handle = cudnn.create_handle()
+    raw = _Raw(torch, handle)
+    rows = []
+    for case in QUICK_CASES if quick else FULL_CASES:
+        for causal in (False, True):
+            rows += _case_rows(torch, raw, case, causal, reps)
+            torch.cuda.empty_cache()
+    rows.append(_host_row(torch, raw, calls=200 if quick else 2000))
+    return rows

@@ -1,0 +1,144 @@
+"""GEMM + bias + GELU(tanh) in bf16 against torch, forward and backward, plus host overhead.
+
+Forward peers: ``torch._addmm_activation(bias, x, W^T, use_gelu=True)`` (torch's own cuBLASLt
+GELU_BIAS path) and the unfused ``gelu(x @ W^T + bias)``. Backward peer: torch autograd of
+``gelu(linear(x, W, b))`` (gelu backward, then dx, dW and the bias sum), timed alone on a kept
+graph. The weight is nn.Linear's [N, K] ("nk"), as torch users hold it. The host-overhead row times
+``plan.run`` on a cached plan (workspace and stream given) against a bare cublasLtMatmul through
+the nvmath binding on the same prepared descriptor, on a tiny problem; once with torch tensors
+and once with tensors wrapped beforehand (TensorViews), which shows what the argument checks cost.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..gemm import (
+    LinearArgs,
+    LinearBackwardArgs,
+    LinearDescriptor,
+    LinearForwardPlan,
+)
+from .common import BenchRow, time_ms
+
+SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 1024), (64, 8192, 8192))
+QUICK_SHAPES = ((1024, 1024, 1024), (2048, 1024, 512))
+
+
+def _tflops(flops: float, ms: float) -> str:
+    return f"{flops / ms / 1e9:.0f} TFLOP/s"
+
+
+def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def uniform(*shape):
+        return (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
+
+    x, w, b = uniform(m, k), uniform(n, k), uniform(n)
+    desc = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh")
+    plan = LinearForwardPlan.select(desc)
+    y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    args = LinearArgs(x, w, b, out=y)
+    ours = time_ms(lambda: plan.run(args, workspace=ws, stream=0), reps)
+    wt = w.t()
+    peers = {
+        "torch._addmm_activation": time_ms(
+            lambda: torch._addmm_activation(b, x, wt, use_gelu=True), reps),
+        "torch unfused": time_ms(
+            lambda: F.gelu(torch.matmul(x, wt) + b, approximate="tanh"), reps),
+    }
+    flops = 2.0 * m * n * k
+    case = f"fwd bias+gelu bf16 {m}x{n}x{k}"
+    rows = [BenchRow("linear", case, ours, _tflops(flops, ours), peers,
+                     notes=str(plan.algorithm))]
+
+    # Backward: from the aux our training forward saves.
+    train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh",
+                             save_aux=True)
+    pair = LinearForwardPlan.select_for_training(train)
+    aux = torch.empty((m, -(-n // 8) * 8), device="cuda", dtype=torch.bfloat16)[:, :n]
+    ws = torch.empty(max(pair.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    pair.forward.run(LinearArgs(x, w, b, out=y, aux=aux), workspace=ws, stream=0)
+    dy = uniform(m, n)
+    grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    bargs = LinearBackwardArgs(dy, x, w, aux, *grads)
+    backward = pair.backward
+    ours_bwd = time_ms(lambda: backward.run(bargs, workspace=ws, stream=0), reps)
+    xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    out = F.gelu(F.linear(xr, wr, br), approximate="tanh")
+    torch_bwd = time_ms(lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
+                        reps)
+    rows.append(BenchRow("linear", f"bwd dgelu+dbias+dx+dW bf16 {m}x{n}x{k}", ours_bwd,
+                         _tflops(2 * flops, ours_bwd), {"torch autograd": torch_bwd},
+                         notes=backward.sku.id))
+    return rows
+
+
+def _host_overhead_row(repeats: int) -> BenchRow:
+    """Host microseconds per call: plan.run on a cached plan vs a bare cublasLtMatmul."""
+    import torch
+
+    from .._backends.cublaslt import library
+    from .._internal.sku import Workspace
+    from .._internal.tensors import wrap
+
+    m = n = k = 64
+    x = torch.rand((m, k), device="cuda").to(torch.bfloat16)
+    w = torch.rand((n, k), device="cuda").to(torch.bfloat16)
+    b = torch.rand((n,), device="cuda").to(torch.bfloat16)
+    y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    desc = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh")
+    plan = LinearForwardPlan.cached(desc)
+    buffer = torch.empty(max(plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
+    ws = Workspace(buffer.data_ptr(), buffer.numel(), x.device.index, buffer)
+    stream = torch.cuda.current_stream().cuda_stream
+    args = LinearArgs(x, w, b, out=y)
+    plan.run(args, workspace=ws, stream=stream)  # sets the bias pointer the raw calls reuse
+
+    low = 256  # the recipe run() picks: same strides and pointer alignment
+    for t in (x, w, b, y):
+        low |= t.data_ptr()
+    layout = ((x.stride(), w.stride(), y.stride(), None, None), low & -low)
+    recipe = plan._live_impl()._recipes.get(desc, x.device.index, layout, ws.size)
+    matmul, lt = recipe.matmul, library.binding()
+    lt_handle = library.handle(x.device.index)
+    raw_args = (lt_handle, matmul.desc, matmul.alpha_ptr, w.data_ptr(), matmul.a_layout,
+                x.data_ptr(), matmul.b_layout, matmul.beta_ptr, y.data_ptr(), matmul.c_layout,
+                y.data_ptr(), matmul.d_layout, matmul._algo_ptr, ws.ptr, ws.size, stream)
+
+    def per_call_us(fn) -> float:
+        """Enqueue time only: batches small enough never to fill the launch queue (when the
+        queue is full, the host waits for the GPU and would time the kernels instead)."""
+        for _ in range(100):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(200):
+                fn()
+            best = min(best, (time.perf_counter() - start) / 200 * 1e6)
+            torch.cuda.synchronize()
+        return best
+
+    raw_us = per_call_us(lambda: lt.matmul(*raw_args))
+    ours_us = per_call_us(lambda: plan.run(args, workspace=ws, stream=stream))
+    views = LinearArgs(wrap(x, "x"), wrap(w, "weight"), wrap(b, "bias"), out=wrap(y, "out"))
+    wrapped_us = per_call_us(lambda: plan.run(views, workspace=ws, stream=stream))
+    return BenchRow("linear", "host us/run, cached plan, 64^3 bf16", ours_us / 1000,
+                    f"+{ours_us - raw_us:.2f} us over raw ({ours_us:.2f} vs {raw_us:.2f})",
+                    {"raw cublasLtMatmul": raw_us / 1000},
+                    notes=f"pre-wrapped TensorViews: {wrapped_us:.2f} us "
+                          f"(+{wrapped_us - raw_us:.2f})")
+
+
+def run(quick: bool = False) -> list[BenchRow]:
+    reps = 5 if quick else 20
+    rows = [r for shape in (QUICK_SHAPES if quick else SHAPES) for r in _case_rows(*shape, reps)]
+    rows.append(_host_overhead_row(10 if quick else 100))
+    return rows

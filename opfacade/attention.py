@@ -1,0 +1,737 @@
+"""Scaled dot-product attention (SDPA) forward and backward over [B, H, S, D] tensors.
+
+    out = softmax(scale * q k^T + bias + alibi, masked) . v        (dropout on the probabilities)
+    stats = logsumexp of the masked, undropped scores (natural log), for the backward
+
+q is [B, Hq, Sq, D]; k and v are [B, Hkv, Skv, D] and [B, Hkv, Skv, Dv] with Hq a multiple of
+Hkv (GQA/MQA); out is [B, Hq, Sq, Dv]; stats is [B, Hq, Sq, 1] float32 (float64 for an f64
+problem), contiguous. Tensors are indexed [batch, heads, seq, dim] whatever their memory order;
+the descriptor's ``layout`` names the dense order they are stored in ("bhsd", "bshd" or
+"sbhd"), and the GPU plans check that the strides are exactly those.
+
+Masks follow the float64 reference (``_backends/reference/attention.py``): with ``d`` the
+diagonal offset (0 top-left, ``seq_len_kv - seq_len_q`` bottom-right), ``causal`` keeps keys
+``j <= i + d`` and ``window=(left, right)`` keeps ``i + d - left <= j <= i + d + right``. ALiBi
+adds ``slope[h] * (j - i)`` with cuDNN's standard slopes (``alibi_slopes``). With ``padding``,
+``seq_len_q``/``seq_len_kv`` are int32 [B] device tensors; rows of out/stats past seq_len_q and
+gradient rows past the lengths are unspecified (cuDNN may leave them unwritten). Dropout takes
+its Philox seed and offset from int64 [1] device tensors (read by the kernel, so a CUDA graph
+can be replayed with new values); the backward must be given the forward's seed and offset.
+
+    desc = AttentionDescriptor(batch=2, heads_q=32, heads_kv=8, seq_q=4096, seq_kv=4096,
+                               head_dim=128, element="bf16", causal="top_left", save_stats=True)
+    pair = AttentionPlan.select_for_training(desc, PlanPreference(deterministic=True))
+    pair.forward.run(AttentionArgs(q, k, v, out, stats), stream=s)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from ._backends.cudnn import sdpa as cudnn_sdpa
+from ._backends.cudnn.graphs import LAYOUTS, dense_strides
+from ._backends.reference import attention as reference
+from ._backends.reference.sku import ReferenceSku
+from ._internal.registry import register
+from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, TensorSpec, Unfit
+from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
+from ._internal.validation import invalid_problem
+from .errors import InvalidArgument, InvalidProblem, LayoutMismatch, ShapeMismatch
+from .plan import plan_class
+from .types import ElementKind, OpCategory, PlanPreference
+
+__all__ = [
+    "SlidingWindow",
+    "AttentionDescriptor",
+    "AttentionBackwardDescriptor",
+    "AttentionArgs",
+    "AttentionBackwardArgs",
+    "AttentionPlan",
+    "AttentionBackwardPlan",
+    "alibi_slopes",
+    "attention",
+    "attention_backward",
+]
+
+Alignment = Literal["top_left", "bottom_right"]
+BiasShape = Literal["bhqk", "1hqk", "b1qk", "11qk"]
+_MAX_EXTENT = 1 << 31
+_ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
+
+
+class SlidingWindow(BaseModel):
+    """Keys ``i + d - left <= j <= i + d + right`` (a None side unbounded), ``d`` set by the
+    alignment; without one, the window takes the causal mask's alignment, else top-left."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    left: int | None = Field(default=None, ge=0, lt=_MAX_EXTENT)
+    right: int | None = Field(default=None, ge=0, lt=_MAX_EXTENT)
+    alignment: Alignment | None = None
+
+    def __init__(self, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise invalid_problem(type(self), error) from None
+
+    def model_post_init(self, context: Any) -> None:
+        if self.left is None and self.right is None:
+            raise ValueError("a window needs a left or a right bound")
+
+
+def _parse_window(value: Any) -> Any:
+    """Accepts a SlidingWindow, a dict, a (left, right) pair or the CLI's "left,right"."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        if len(parts) != 2:
+            raise ValueError("window must be 'left,right' (either side may be 'none')")
+        value = [None if p.lower() in ("", "none") else int(p) for p in parts]
+    if isinstance(value, list | tuple):
+        if len(value) != 2:
+            raise ValueError(f"window must be a pair (left, right), got {value!r}")
+        return {"left": value[0], "right": value[1]}
+    return value
+
+
+class _AttentionProblem(Descriptor):
+    """The fields forward and backward share.
+
+    heads_q must be a multiple of heads_kv; head_dim_v (Dv) defaults to head_dim. ``layout``:
+    the dense memory order of q, k, v, out (and their gradients). ``scale``: None for
+    1/sqrt(head_dim). ``causal``: None, "top_left" (or True) or "bottom_right". ``window``:
+    SlidingWindow, a (left, right) pair or "left,right". ``bias``: the bias tensor's shape,
+    "bhqk" for [B, Hq, Sq, Skv], a "1" for a broadcast extent ("1hqk", "b1qk", "11qk").
+    ``alibi``: cuDNN's ALiBi slopes (needs a top-left causal mask on cuDNN). ``padding``:
+    seq_len_q/seq_len_kv are given.
+    """
+
+    batch: int = Field(ge=1, lt=_MAX_EXTENT)
+    heads_q: int = Field(ge=1, lt=_MAX_EXTENT)
+    heads_kv: int = Field(ge=1, lt=_MAX_EXTENT)
+    seq_q: int = Field(ge=1, lt=_MAX_EXTENT)
+    seq_kv: int = Field(ge=1, lt=_MAX_EXTENT)
+    head_dim: int = Field(ge=1, lt=_MAX_EXTENT)
+    head_dim_v: int | None = Field(default=None, ge=1, lt=_MAX_EXTENT)
+    element: ElementKind
+    layout: Literal["bhsd", "bshd", "sbhd"] = "bhsd"
+    scale: float | None = None
+    causal: Alignment | None = None
+    window: SlidingWindow | None = None
+    bias: BiasShape | None = None
+    alibi: bool = False
+    dropout_p: float = Field(default=0.0, ge=0.0, lt=1.0)
+    padding: bool = False
+
+    @field_validator("heads_kv")
+    @classmethod
+    def _divides_heads_q(cls, heads_kv: int, info: ValidationInfo) -> int:
+        heads_q = info.data.get("heads_q")
+        if heads_q is not None and heads_q % heads_kv:
+            raise ValueError(f"heads_q {heads_q} must be a multiple of heads_kv {heads_kv}")
+        return heads_kv
+
+    @field_validator("element")
+    @classmethod
+    def _floating(cls, element: ElementKind) -> ElementKind:
+        if element not in _ELEMENTS:
+            raise ValueError("element must be f64, f32, f16 or bf16")
+        return element
+
+    @field_validator("scale")
+    @classmethod
+    def _finite(cls, scale: float | None) -> float | None:
+        if scale is not None and not (math.isfinite(scale) and scale != 0.0):
+            raise ValueError("scale must be finite and non-zero (None for 1/sqrt(head_dim))")
+        return scale
+
+    @field_validator("causal", mode="before")
+    @classmethod
+    def _causal_flag(cls, value: Any) -> Any:
+        if value is True:
+            return "top_left"
+        return None if value is False else value
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window_forms(cls, value: Any) -> Any:
+        return _parse_window(value)
+
+    @field_validator("window")
+    @classmethod
+    def _one_alignment(cls, window: SlidingWindow | None, info: ValidationInfo):
+        causal = info.data.get("causal")
+        if window is not None and causal and window.alignment not in (None, causal):
+            raise ValueError(f"window alignment {window.alignment} must match causal {causal}")
+        return window
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def dim_v(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+
+    @property
+    def alignment(self) -> str:
+        """The diagonal's alignment, shared by the causal mask and the window."""
+        if self.causal is not None:
+            return self.causal
+        return (self.window.alignment if self.window else None) or "top_left"
+
+    @property
+    def right_bound(self) -> int | None:
+        """Keys ``j <= i + d + right`` (reference convention); 0 under a causal mask."""
+        if self.causal is not None:
+            return 0
+        return self.window.right if self.window else None
+
+    @property
+    def left_bound(self) -> int | None:
+        """Keys ``j >= i + d - left`` (reference convention)."""
+        return self.window.left if self.window else None
+
+    @property
+    def q_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads_q, self.seq_q, self.head_dim)
+
+    @property
+    def k_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads_kv, self.seq_kv, self.head_dim)
+
+    @property
+    def v_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads_kv, self.seq_kv, self.dim_v)
+
+    @property
+    def o_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads_q, self.seq_q, self.dim_v)
+
+    @property
+    def stats_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads_q, self.seq_q, 1)
+
+    @property
+    def stats_element(self) -> ElementKind:
+        return ElementKind.f64 if self.element is ElementKind.f64 else ElementKind.f32
+
+    @property
+    def bias_shape(self) -> tuple[int, int, int, int] | None:
+        if self.bias is None:
+            return None
+        return (self.batch if self.bias[0] == "b" else 1, self.heads_q if self.bias[1] == "h"
+                else 1, self.seq_q, self.seq_kv)
+
+
+class AttentionDescriptor(_AttentionProblem):
+    """One SDPA forward problem; ``save_stats`` writes the log-sum-exp the backward needs."""
+
+    op_name = "sdpa_forward"
+    save_stats: bool = False
+
+
+class AttentionBackwardDescriptor(_AttentionProblem):
+    """The SDPA backward: dq, dk, dv (and dbias when ``need_bias_grad``) from q, k, v, out,
+    grad_out and stats. Determinism is a preference (``PlanPreference(deterministic=True)``
+    selects cuDNN's deterministic algorithm), not part of the problem."""
+
+    op_name = "sdpa_backward"
+    need_bias_grad: bool = False
+
+    @field_validator("need_bias_grad")
+    @classmethod
+    def _has_bias(cls, need: bool, info: ValidationInfo) -> bool:
+        if need and info.data.get("bias") is None:
+            raise ValueError("need_bias_grad needs a bias")
+        return need
+
+
+@dataclass
+class AttentionArgs:
+    """q [B,Hq,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv], out [B,Hq,Sq,Dv]; stats [B,Hq,Sq,1] f32
+    when save_stats; bias as the descriptor's bias shape; seq_len_q/seq_len_kv int32 [B] when
+    padding; dropout_seed/dropout_offset int64 [1] on the device when dropout_p > 0."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    stats: Any = None
+    bias: Any = None
+    seq_len_q: Any = None
+    seq_len_kv: Any = None
+    dropout_seed: Any = None
+    dropout_offset: Any = None
+
+
+@dataclass
+class AttentionBackwardArgs:
+    """The forward's q, k, v, out and stats, grad_out like out; grad_q, grad_k, grad_v like q, k,
+    v; grad_bias like bias when need_bias_grad; the rest as in AttentionArgs."""
+
+    q: Any
+    k: Any
+    v: Any
+    out: Any
+    grad_out: Any
+    stats: Any
+    grad_q: Any
+    grad_k: Any
+    grad_v: Any
+    bias: Any = None
+    grad_bias: Any = None
+    seq_len_q: Any = None
+    seq_len_kv: Any = None
+    dropout_seed: Any = None
+    dropout_offset: Any = None
+
+
+# ----------------------------------------------------------------------------- binding
+
+
+def _check_args_type(args: Any, expected: type) -> None:
+    if not isinstance(args, expected):
+        raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
+                              argument="args")
+
+
+def _optional(obj: Any, name: str, wanted: bool, why: str, shape, element) -> TensorView | None:
+    """The tensor when the descriptor asks for it (required then), else it must be None."""
+    if not wanted:
+        if obj is not None:
+            raise InvalidArgument(f"{name} must be None unless {why}", argument=name)
+        return None
+    if obj is None:
+        raise InvalidArgument(f"{name} is required when {why}", argument=name)
+    view = wrap(obj, name)
+    expect(view, name, shape=shape, element=element)
+    return view
+
+
+def _tensor(obj: Any, name: str, shape, element) -> TensorView:
+    if obj is None:
+        raise InvalidArgument(f"{name} is required", argument=name)
+    view = wrap(obj, name)
+    expect(view, name, shape=shape, element=element)
+    return view
+
+
+def _common(desc: _AttentionProblem, args) -> dict[str, TensorView | None]:
+    lengths = dict(shape=(desc.batch,), element=ElementKind.i32)
+    philox = dict(shape=(1,), element=ElementKind.i64)
+    dropout = desc.dropout_p > 0.0
+    return {
+        "q": _tensor(args.q, "q", desc.q_shape, desc.element),
+        "k": _tensor(args.k, "k", desc.k_shape, desc.element),
+        "v": _tensor(args.v, "v", desc.v_shape, desc.element),
+        "out": _tensor(args.out, "out", desc.o_shape, desc.element),
+        "bias": _optional(args.bias, "bias", desc.bias is not None, "the descriptor has a bias",
+                          desc.bias_shape, desc.element),
+        "seq_len_q": _optional(args.seq_len_q, "seq_len_q", desc.padding,
+                               "the descriptor has padding", **lengths),
+        "seq_len_kv": _optional(args.seq_len_kv, "seq_len_kv", desc.padding,
+                                "the descriptor has padding", **lengths),
+        "dropout_seed": _optional(args.dropout_seed, "dropout_seed", dropout,
+                                  "dropout_p > 0", **philox),
+        "dropout_offset": _optional(args.dropout_offset, "dropout_offset", dropout,
+                                    "dropout_p > 0", **philox),
+    }
+
+
+def _no_overlaps(views: dict[str, TensorView | None], outputs: tuple[str, ...]) -> None:
+    """No output shares a byte with any other argument (spans computed once: this runs per call)."""
+    spans = {name: view.byte_span() for name, view in views.items() if view is not None}
+    for out_name in outputs:
+        if out_name not in spans:
+            continue
+        lo, hi = spans[out_name]
+        for name, (other_lo, other_hi) in spans.items():
+            if name != out_name and lo < other_hi and other_lo < hi:
+                expect_no_overlap(views[out_name], out_name, views[name], name)
+
+
+def _bind_forward(desc: AttentionDescriptor, args: AttentionArgs) -> BoundArgs:
+    _check_args_type(args, AttentionArgs)
+    views = _common(desc, args)
+    views["stats"] = _optional(args.stats, "stats", desc.save_stats, "save_stats is True",
+                               desc.stats_shape, desc.stats_element)
+    outputs = ("out", "stats")
+    _no_overlaps(views, outputs)
+    return BoundArgs(views, outputs=outputs)
+
+
+def _bind_backward(desc: AttentionBackwardDescriptor, args: AttentionBackwardArgs) -> BoundArgs:
+    _check_args_type(args, AttentionBackwardArgs)
+    views = _common(desc, args)
+    views["grad_out"] = _tensor(args.grad_out, "grad_out", desc.o_shape, desc.element)
+    views["stats"] = _tensor(args.stats, "stats", desc.stats_shape, desc.stats_element)
+    views["grad_q"] = _tensor(args.grad_q, "grad_q", desc.q_shape, desc.element)
+    views["grad_k"] = _tensor(args.grad_k, "grad_k", desc.k_shape, desc.element)
+    views["grad_v"] = _tensor(args.grad_v, "grad_v", desc.v_shape, desc.element)
+    views["grad_bias"] = _optional(args.grad_bias, "grad_bias", desc.need_bias_grad,
+                                   "need_bias_grad is True", desc.bias_shape, desc.element)
+    outputs = ("grad_q", "grad_k", "grad_v", "grad_bias")
+    _no_overlaps(views, outputs)
+    return BoundArgs(views, outputs=outputs)
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def alibi_slopes(heads: int) -> np.ndarray:
+    """cuDNN's ALiBi slopes for ``heads`` query heads, float32 values as float64.
+
+    For n the largest power of two <= heads: 2^(-8k/n) for k = 1..n, then 2^(-8(k + 1/2)/n)
+    for k = 0, 1, ... for the remaining heads (cudnn-frontend ``get_alibi_slope``).
+    """
+    n = 1 << int(math.floor(math.log2(heads)))
+    exponents = [k + 1.0 for k in range(n)] + [k + 0.5 for k in range(heads - n)]
+    return np.array([2.0 ** (-8.0 * e / n) for e in exponents], dtype=np.float32).astype(
+        np.float64)
+
+
+def reference_options(desc: _AttentionProblem) -> dict:
+    """The float64 reference's keywords for this descriptor (everything but the tensors)."""
+    window = None
+    if desc.window is not None:
+        window = (desc.window.left, desc.window.right)
+    return {
+        "scale": desc.softmax_scale,
+        "causal": desc.causal,
+        "window": window,
+        "alignment": None if desc.causal is not None else desc.alignment,
+        "alibi_slopes": alibi_slopes(desc.heads_q) if desc.alibi else None,
+        "dropout_p": desc.dropout_p,
+    }
+
+
+def _lengths(arrays: dict) -> dict:
+    return {"seq_len_q": arrays.get("seq_len_q"), "seq_len_kv": arrays.get("seq_len_kv")}
+
+
+def _reference_forward(desc: AttentionDescriptor, arrays: dict) -> dict:
+    out, lse = reference.sdpa_forward(arrays["q"], arrays["k"], arrays["v"],
+                                      bias=arrays.get("bias"), **_lengths(arrays),
+                                      **reference_options(desc))
+    results = {"out": out}
+    if desc.save_stats:
+        results["stats"] = lse[..., None]  # the [B, Hq, Sq, 1] layout contract
+    return results
+
+
+def _reference_backward(desc: AttentionBackwardDescriptor, arrays: dict) -> dict:
+    grads = reference.sdpa_backward(arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"],
+                                    bias=arrays.get("bias"), need_bias_grad=desc.need_bias_grad,
+                                    **_lengths(arrays), **reference_options(desc))
+    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
+    if desc.need_bias_grad:
+        results["grad_bias"] = grads["dbias"]
+    return results
+
+
+class _AttentionReference(ReferenceSku):
+    """The float64 oracle; it draws no dropout mask, so it cannot serve dropout on its own."""
+
+    def unfit(self, desc) -> Unfit | None:
+        if desc.dropout_p > 0.0:
+            return Unfit(ReasonCode.feature_unsupported,
+                         "the reference has no Philox generator; dropout is checked against it "
+                         "with the mask cuDNN dumps (reference.sdpa_forward(dropout_keep=...))")
+        return None
+
+
+# ----------------------------------------------------------------------------- op specs
+
+
+def _forward_signature(desc: AttentionDescriptor) -> dict[str, TensorSpec]:
+    signature = {
+        "q": TensorSpec(desc.q_shape, desc.element),
+        "k": TensorSpec(desc.k_shape, desc.element),
+        "v": TensorSpec(desc.v_shape, desc.element),
+        "out": TensorSpec(desc.o_shape, desc.element, "out"),
+    }
+    if desc.save_stats:
+        signature["stats"] = TensorSpec(desc.stats_shape, desc.stats_element, "out")
+    return {**signature, **_extra_signature(desc)}
+
+
+def _extra_signature(desc: _AttentionProblem) -> dict[str, TensorSpec]:
+    extra = {}
+    if desc.bias is not None:
+        extra["bias"] = TensorSpec(desc.bias_shape, desc.element)
+    if desc.padding:
+        extra["seq_len_q"] = TensorSpec((desc.batch,), ElementKind.i32)
+        extra["seq_len_kv"] = TensorSpec((desc.batch,), ElementKind.i32)
+    if desc.dropout_p > 0.0:
+        extra["dropout_seed"] = TensorSpec((1,), ElementKind.i64)
+        extra["dropout_offset"] = TensorSpec((1,), ElementKind.i64)
+    return extra
+
+
+def _backward_signature(desc: AttentionBackwardDescriptor) -> dict[str, TensorSpec]:
+    signature = {
+        "q": TensorSpec(desc.q_shape, desc.element),
+        "k": TensorSpec(desc.k_shape, desc.element),
+        "v": TensorSpec(desc.v_shape, desc.element),
+        "out": TensorSpec(desc.o_shape, desc.element),
+        "grad_out": TensorSpec(desc.o_shape, desc.element),
+        "stats": TensorSpec(desc.stats_shape, desc.stats_element),
+        "grad_q": TensorSpec(desc.q_shape, desc.element, "out"),
+        "grad_k": TensorSpec(desc.k_shape, desc.element, "out"),
+        "grad_v": TensorSpec(desc.v_shape, desc.element, "out"),
+    }
+    extra = _extra_signature(desc)
+    if "bias" in extra:
+        signature["bias"] = extra.pop("bias")
+    if desc.need_bias_grad:
+        signature["grad_bias"] = TensorSpec(desc.bias_shape, desc.element, "out")
+    return {**signature, **extra}
+
+
+def verification_inputs(desc: _AttentionProblem, inputs: dict[str, np.ndarray],
+                        rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Makes random inputs (float64, already rounded) consistent where the op needs it.
+
+    Sequence lengths become valid int32 lengths (seq_len_q <= seq_len_kv under a bottom-right
+    diagonal or a left window bound, so that no row is empty), dropout seed/offset become int64
+    values, and for the
+    backward ``out`` and ``stats`` become the reference forward's, rounded to their elements:
+    the backward reads them as the forward left them.
+    """
+    from .testing import _from_bits, _to_bits
+
+    result = dict(inputs)
+    if desc.padding:
+        len_kv = rng.integers(1, desc.seq_kv + 1, size=desc.batch)
+        banded = desc.alignment == "bottom_right" or desc.left_bound is not None
+        high = np.minimum(desc.seq_q, len_kv) if banded else np.full(desc.batch, desc.seq_q)
+        len_q = np.array([rng.integers(1, h + 1) for h in high])
+        result["seq_len_q"], result["seq_len_kv"] = len_q.astype(np.int32), len_kv.astype(
+            np.int32)
+    if desc.dropout_p > 0.0:
+        result["dropout_seed"] = rng.integers(1, 1 << 40, size=1, dtype=np.int64)
+        result["dropout_offset"] = rng.integers(0, 1 << 20, size=1, dtype=np.int64)
+    if isinstance(desc, AttentionBackwardDescriptor):
+        if desc.dropout_p > 0.0:
+            raise InvalidProblem("a dropout backward is checked with cuDNN's dumped mask",
+                                 field="dropout_p")
+        out, lse = reference.sdpa_forward(result["q"], result["k"], result["v"],
+                                          bias=result.get("bias"), **_lengths(result),
+                                          **reference_options(desc))
+        result["out"] = _from_bits(_to_bits(out, desc.element), desc.element)
+        # Padded rows' stats are unspecified: any finite value must do.
+        lse = np.where(np.isfinite(lse), lse, 0.0)
+        result["stats"] = lse[..., None].astype(np.float32).astype(np.float64)
+    return result
+
+
+# Verify-ready problems (no padding or dropout: those need lengths and cuDNN's mask, which the
+# GPU tests supply). Odd lengths exercise the kernels' tails; each feature appears at least once.
+_SAMPLES = (
+    dict(batch=2, heads_q=4, heads_kv=4, seq_q=128, seq_kv=128, head_dim=64),
+    dict(batch=2, heads_q=4, heads_kv=4, seq_q=200, seq_kv=300, head_dim=128, causal="top_left"),
+    dict(batch=2, heads_q=4, heads_kv=2, seq_q=130, seq_kv=300, head_dim=64,
+         causal="bottom_right", layout="bshd"),
+    dict(batch=2, heads_q=4, heads_kv=1, seq_q=256, seq_kv=256, head_dim=64,
+         window=(64, 0)),
+    dict(batch=1, heads_q=4, heads_kv=4, seq_q=160, seq_kv=224, head_dim=64,
+         window=(48, 16), layout="sbhd"),
+    dict(batch=2, heads_q=8, heads_kv=2, seq_q=192, seq_kv=192, head_dim=128, head_dim_v=64,
+         bias="1hqk"),
+    dict(batch=2, heads_q=6, heads_kv=3, seq_q=128, seq_kv=128, head_dim=64, alibi=True,
+         causal="top_left", scale=0.1),
+)
+
+
+def _forward_samples(element: ElementKind) -> list[AttentionDescriptor]:
+    return [AttentionDescriptor(**shape, element=element, save_stats=True) for shape in _SAMPLES]
+
+
+def _backward_samples(element: ElementKind) -> list[AttentionBackwardDescriptor]:
+    return [AttentionBackwardDescriptor(**shape, element=element,
+                                        need_bias_grad="bias" in shape)
+            for shape in _SAMPLES]
+
+
+def _shared_fields(desc: _AttentionProblem) -> dict:
+    return {name: getattr(desc, name) for name in _AttentionProblem.model_fields}
+
+
+def _training_backward(desc: AttentionDescriptor) -> AttentionBackwardDescriptor:
+    if not desc.save_stats:
+        raise InvalidProblem("save_stats must be True to train: the backward reads the forward's "
+                             "stats", field="save_stats")
+    return AttentionBackwardDescriptor(**_shared_fields(desc))
+
+
+SDPA_FORWARD = register(OpSpec(
+    name="sdpa_forward",
+    category=OpCategory.attention,
+    descriptor=AttentionDescriptor,
+    args=AttentionArgs,
+    bind=_bind_forward,
+    skus=(*cudnn_sdpa.FORWARD_SKUS,
+          _AttentionReference("sdpa_forward", OpCategory.attention, _reference_forward,
+                              "softmax(scale*q.k + bias + alibi, masked).v and its log-sum-exp.")),
+    summary="out = softmax(scale*q.k^T + bias, masked).v over [B, H, S, D], stats = LSE",
+    signature=_forward_signature,
+    sample_problems=_forward_samples,
+    training_backward=_training_backward,
+    verification_inputs=verification_inputs,
+))
+
+SDPA_BACKWARD = register(OpSpec(
+    name="sdpa_backward",
+    category=OpCategory.attention,
+    descriptor=AttentionBackwardDescriptor,
+    args=AttentionBackwardArgs,
+    bind=_bind_backward,
+    skus=(*cudnn_sdpa.BACKWARD_SKUS,
+          _AttentionReference("sdpa_backward", OpCategory.attention, _reference_backward,
+                              "Analytic dq, dk, dv (and dbias), recomputing the probabilities.")),
+    summary="dq, dk, dv (and dbias) of SDPA from q, k, v, out, grad_out and stats",
+    signature=_backward_signature,
+    sample_problems=_backward_samples,
+    verification_inputs=verification_inputs,
+))
+
+AttentionPlan = plan_class(SDPA_FORWARD)
+AttentionBackwardPlan = plan_class(SDPA_BACKWARD)
+for _cls, _name in ((AttentionPlan, "AttentionPlan"),
+                    (AttentionBackwardPlan, "AttentionBackwardPlan")):
+    _cls.__name__ = _cls.__qualname__ = _name
+
+
+# ----------------------------------------------------------------------------- functional
+
+
+def _infer_layout(view: TensorView, name: str) -> str:
+    """The dense layout whose strides ``view`` has (size-1 extents ignored)."""
+    if view.ndim != 4:
+        raise ShapeMismatch(f"{name} must be 4-D [batch, heads, seq, dim], got shape "
+                            f"{view.shape}", argument=name)
+    for layout in LAYOUTS:
+        expected = dense_strides(layout, *view.shape)
+        if all(e == 1 or s == x for e, s, x in zip(view.shape, view.strides, expected,
+                                                  strict=True)):
+            return layout
+    if view.device is None:
+        return "bhsd"  # the host reference reads any strides
+    raise LayoutMismatch(f"{name} must be a dense {'/'.join(LAYOUTS)} tensor, got strides "
+                         f"{view.strides} for shape {view.shape}", argument=name)
+
+
+def _bias_spec(bias: Any, q: TensorView, k: TensorView) -> str | None:
+    if bias is None:
+        return None
+    view = wrap(bias, "bias")
+    batch, heads, seq_q, seq_kv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    shape = view.shape
+    if (len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads)
+            or shape[2:] != (seq_q, seq_kv)):
+        raise ShapeMismatch(f"bias must have shape ({batch} or 1, {heads} or 1, {seq_q}, "
+                            f"{seq_kv}) to broadcast over the scores, got {shape}",
+                            argument="bias")
+    return ("b" if shape[0] == batch and batch > 1 else "1") + (
+        "h" if shape[1] == heads and heads > 1 else "1") + "qk"
+
+
+def _problem(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, dropout_p,
+             seq_len_q) -> tuple[dict, TensorView]:
+    qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
+    layout = _infer_layout(qv, "q")
+    _infer_layout(kv, "k")
+    _infer_layout(vv, "v")
+    batch, heads_q, seq_q, head_dim = qv.shape
+    fields = dict(batch=batch, heads_q=heads_q, heads_kv=kv.shape[1], seq_q=seq_q,
+                  seq_kv=kv.shape[2], head_dim=head_dim, head_dim_v=vv.shape[3],
+                  element=qv.element, layout=layout, scale=scale, causal=causal, window=window,
+                  bias=_bias_spec(bias, qv, kv), alibi=alibi, dropout_p=dropout_p,
+                  padding=seq_len_q is not None)
+    return fields, qv
+
+
+def _allocate(shape: tuple[int, ...], layout: str, like: TensorView, stream: Any,
+              element: ElementKind | None = None) -> Any:
+    """A new array of logical ``shape`` stored in ``layout`` order, from like's framework."""
+    from ._internal.memory import allocate_like
+    from ._internal.streams import owning_package, resolve_stream
+
+    owner = owning_package([like], stream)
+    handle = resolve_stream(stream, owner, like.device)
+    order = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}[layout]
+    memory = allocate_like(tuple(shape[i] for i in order), element or like.element, like.device,
+                           owner, handle)
+    inverse = tuple(order.index(i) for i in range(4))
+    if inverse == (0, 1, 2, 3):
+        return memory
+    return memory.permute(*inverse) if owner == "torch" else memory.transpose(inverse)
+
+
+def _device_of(view: TensorView) -> int | str:
+    return "cpu" if view.device is None else view.device
+
+
+def attention(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
+              window: tuple[int | None, int | None] | None = None, scale: float | None = None,
+              bias: Any = None, alibi: bool = False, dropout_p: float = 0.0,
+              dropout_seed: Any = None, dropout_offset: Any = None, seq_len_q: Any = None,
+              seq_len_kv: Any = None, return_stats: bool = False, out: Any = None,
+              stream: Any = None) -> Any:
+    """Functional form of AttentionPlan: returns ``out`` (allocated when None), or
+    ``(out, stats)`` when ``return_stats``.
+
+    The descriptor comes from the tensors (layout from q's strides, bias shape from bias);
+    ``causal`` is True/"top_left" or "bottom_right"; the other arguments are those of
+    AttentionDescriptor and AttentionArgs. Uses the process-wide plan cache.
+    """
+    fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
+                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+    desc = AttentionDescriptor(**fields, save_stats=return_stats)
+    plan = AttentionPlan.cached(desc, device=_device_of(qv))
+    if out is None:
+        out = _allocate(desc.o_shape, desc.layout, qv, stream)
+    stats = (_allocate(desc.stats_shape, "bhsd", qv, stream, desc.stats_element)
+             if return_stats else None)
+    plan.run(AttentionArgs(q, k, v, out, stats, bias, seq_len_q, seq_len_kv, dropout_seed,
+                           dropout_offset), stream=stream)
+    return (out, stats) if return_stats else out
+
+
+def attention_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *,
+                       causal: bool | str | None = None,
+                       window: tuple[int | None, int | None] | None = None,
+                       scale: float | None = None, bias: Any = None,
+                       need_bias_grad: bool = False, alibi: bool = False,
+                       dropout_p: float = 0.0, dropout_seed: Any = None,
+                       dropout_offset: Any = None, seq_len_q: Any = None,
+                       seq_len_kv: Any = None, deterministic: bool = False,
+                       stream: Any = None) -> tuple:
+    """Functional form of AttentionBackwardPlan: returns ``(grad_q, grad_k, grad_v)``, plus
+    ``grad_bias`` when ``need_bias_grad``. ``deterministic`` selects cuDNN's deterministic
+    algorithm (PlanPreference(deterministic=True)); the options must be the forward's."""
+    fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
+                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+    desc = AttentionBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)
+    plan = AttentionBackwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
+                                        device=_device_of(qv))
+    grads = [_allocate(shape, desc.layout, qv, stream)
+             for shape in (desc.q_shape, desc.k_shape, desc.v_shape)]
+    grad_bias = _allocate(desc.bias_shape, "bhsd", qv, stream) if need_bias_grad else None
+    plan.run(AttentionBackwardArgs(q, k, v, out, grad_out, stats, *grads, bias, grad_bias,
+                                   seq_len_q, seq_len_kv, dropout_seed, dropout_offset),
+             stream=stream)
+    return (*grads, grad_bias) if need_bias_grad else tuple(grads)

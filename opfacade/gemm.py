@@ -1,0 +1,547 @@
+"""Linear layers as GEMMs with fused epilogues, row-major the way torch's nn.Linear holds them.
+
+    forward   pre = x @ W + bias + residual,  out = act(pre)          [aux saved for training]
+    backward  d_pre = grad_out * act'(aux),   grad_bias = sum of d_pre over rows,
+              grad_x = d_pre @ W^T,           grad_weight = x^T @ d_pre (in W's layout)
+
+``x`` is ``[M, K]`` or ``[batch, M, K]``; the weight is ``[K, N]`` ("kn") or ``[N, K]`` ("nk",
+nn.Linear's layout, the default), one per batch entry (``weight_batched``) or one for the whole
+batch; ``bias`` is ``[N]``; ``residual`` has the output's shape and enters before the activation,
+as cuBLASLt's ``beta * C`` does. Activations: none, relu, gelu_tanh (cuBLASLt's GELU), and
+gelu_erf and silu, which only the float64 reference serves. ``tf32=True`` lets f32 problems use
+TF32 tensor cores (the TF32 SKU's guarantee says what that costs).
+
+The aux a training forward saves (``save_aux``) is the pre-activation for GELU, and cuBLASLt's
+ReLU bit-mask (``u8 [.., M, ceil(N / 128) * 16]``) for ReLU; see
+``_backends/cublaslt/epilogues.py`` for the exact layout. ``Plan.select_for_training`` on a
+forward descriptor selects the matching backward with it.
+
+    desc = LinearDescriptor(m=4096, n=4096, k=1024, element="bf16", activation="gelu_tanh")
+    plan = LinearForwardPlan.select(desc)
+    plan.algorithm                     # the cuBLASLt algorithm the heuristic chose
+    plan.run(LinearArgs(x, w, bias, out=y), stream=s)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from ._backends.cublaslt import linear as cublaslt_linear
+from ._backends.cublaslt.epilogues import pack_relu_mask, relu_mask_bytes, unpack_relu_mask
+from ._backends.reference import gemm as reference_gemm
+from ._backends.reference.sku import ReferenceSku
+from ._internal.registry import register
+from ._internal.sku import BoundArgs, Descriptor, OpSpec, TensorSpec
+from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
+from .errors import InvalidArgument, InvalidProblem, ShapeMismatch
+from .plan import Plan, plan_class
+from .types import ElementKind, OpCategory
+
+__all__ = [
+    "LinearDescriptor",
+    "LinearBackwardDescriptor",
+    "LinearArgs",
+    "LinearBackwardArgs",
+    "LinearForwardPlan",
+    "LinearBackwardPlan",
+    "linear",
+    "linear_backward",
+]
+
+Activation = Literal["none", "relu", "gelu_tanh", "gelu_erf", "silu"]
+WeightLayout = Literal["kn", "nk"]
+MAX_EXTENT = (1 << 31) - 1  # cuBLASLt's matrix extents are int32
+
+
+class _LinearShape(Descriptor):
+    m: int = Field(ge=1, le=MAX_EXTENT)
+    n: int = Field(ge=1, le=MAX_EXTENT)
+    k: int = Field(ge=1, le=MAX_EXTENT)
+    batch: int | None = Field(default=None, ge=1, le=MAX_EXTENT)
+    weight_layout: WeightLayout = "nk"
+    weight_batched: bool = False
+    element: ElementKind
+    tf32: bool = False
+    activation: Activation = "none"
+
+    @field_validator("element")
+    @classmethod
+    def _floating(cls, element: ElementKind) -> ElementKind:
+        if not element.is_float or element is ElementKind.tf32:
+            raise ValueError("element must be a floating-point storage type (f64, f32, f16, bf16, "
+                             "fp8); for TF32 math use element='f32' with tf32=True")
+        return element
+
+    @field_validator("weight_batched")
+    @classmethod
+    def _needs_batch(cls, weight_batched: bool, info: ValidationInfo) -> bool:
+        if weight_batched and info.data.get("batch") is None:
+            raise ValueError("weight_batched=True needs a batch; a 2-D problem has one weight")
+        return weight_batched
+
+    @field_validator("tf32")
+    @classmethod
+    def _only_for_f32(cls, tf32: bool, info: ValidationInfo) -> bool:
+        element = info.data.get("element")
+        if tf32 and element is not None and element is not ElementKind.f32:
+            raise ValueError(f"tf32=True applies to element='f32' only, got element="
+                             f"'{element.value}'")
+        return tf32
+
+    @property
+    def lead(self) -> tuple[int, ...]:
+        return () if self.batch is None else (self.batch,)
+
+    @property
+    def x_shape(self) -> tuple[int, ...]:
+        return (*self.lead, self.m, self.k)
+
+    @property
+    def weight_shape(self) -> tuple[int, ...]:
+        rows = (self.k, self.n) if self.weight_layout == "kn" else (self.n, self.k)
+        return (*self.lead, *rows) if self.weight_batched else rows
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (*self.lead, self.m, self.n)
+
+    @property
+    def aux_shape(self) -> tuple[int, ...]:
+        """The saved aux: the pre-activation, or for ReLU cuBLASLt's bit-mask (u8)."""
+        if self.activation == "relu":
+            return (*self.lead, self.m, relu_mask_bytes(self.n))
+        return self.out_shape
+
+    @property
+    def aux_element(self) -> ElementKind:
+        return ElementKind.u8 if self.activation == "relu" else self.element
+
+
+class LinearDescriptor(_LinearShape):
+    """``out = act(x @ W + bias + residual)``; ``save_aux`` keeps what the backward needs."""
+
+    op_name = "linear_forward"
+    bias: bool = True
+    residual: bool = False
+    save_aux: bool = False
+
+    @field_validator("save_aux")
+    @classmethod
+    def _aux_needs_activation(cls, save_aux: bool, info: ValidationInfo) -> bool:
+        if save_aux and info.data.get("activation") == "none":
+            raise ValueError("save_aux=True needs an activation: with activation='none' the "
+                             "backward needs no aux")
+        return save_aux
+
+
+class LinearBackwardDescriptor(_LinearShape):
+    """Gradients of a LinearDescriptor's forward, from grad_out and the aux it saved."""
+
+    op_name = "linear_backward"
+    need_input_grad: bool = True
+    need_weight_grad: bool = True
+    need_bias_grad: bool = True
+    need_pre_grad: bool = False  # d_pre itself: the residual's gradient
+
+    @field_validator("need_pre_grad")
+    @classmethod
+    def _pre_grad_needs_activation(cls, need_pre_grad: bool, info: ValidationInfo) -> bool:
+        if need_pre_grad and info.data.get("activation") == "none":
+            raise ValueError("need_pre_grad=True needs an activation: with activation='none' the "
+                             "pre-activation's gradient is grad_out itself")
+        return need_pre_grad
+
+    @model_validator(mode="after")
+    def _some_output(self) -> LinearBackwardDescriptor:
+        if not (self.need_input_grad or self.need_weight_grad or self.need_bias_grad
+                or self.need_pre_grad):
+            raise ValueError("need_input_grad, need_weight_grad, need_bias_grad and "
+                             "need_pre_grad cannot all be False")
+        return self
+
+
+@dataclass
+class LinearArgs:
+    """x, weight and out always; bias, residual and aux as the descriptor says."""
+
+    x: Any
+    weight: Any
+    bias: Any = None
+    residual: Any = None
+    out: Any = None
+    aux: Any = None
+
+
+@dataclass
+class LinearBackwardArgs:
+    """grad_out, x, weight, the forward's aux (with an activation), and the gradients asked for."""
+
+    grad_out: Any
+    x: Any
+    weight: Any
+    aux: Any = None
+    grad_x: Any = None
+    grad_weight: Any = None
+    grad_bias: Any = None
+    grad_pre: Any = None
+
+
+# -- binding: shapes, types, presence and aliasing, each error naming the argument -------------
+
+def _check_args_type(args: Any, expected: type) -> None:
+    if not isinstance(args, expected):
+        raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
+                              argument="args")
+
+
+def _describe(desc: _LinearShape, name: str) -> str:
+    """The expected shape in words, for error messages."""
+    lead = "batch, " if desc.batch is not None else ""
+    w_rows = "K, N" if desc.weight_layout == "kn" else "N, K"
+    weight = (f"[{lead if desc.weight_batched else ''}{w_rows}] in the "
+              f"'{desc.weight_layout}' layout")
+    aux = (f"[{lead}M, ceil(N/128)*16] bytes of ReLU bit-mask" if desc.activation == "relu"
+           else f"[{lead}M, N], the pre-activation")
+    return {"x": f"[{lead}M, K]", "grad_x": f"[{lead}M, K]", "weight": weight,
+            "grad_weight": weight, "bias": "[N], to match N of the output",
+            "grad_bias": "[N]", "aux": aux}.get(name, f"[{lead}M, N]")
+
+
+def _tensor(obj: Any, name: str, desc: _LinearShape, shape: tuple[int, ...],
+            element: ElementKind) -> TensorView:
+    view = wrap(obj, name)
+    if view.shape != shape:
+        raise ShapeMismatch(f"{name} must have shape {shape} ({_describe(desc, name)}), got "
+                            f"{view.shape}", argument=name)
+    if view.element is not element or (shape[-1] > 1 and view.strides[-1] != 1):
+        expect(view, name, shape=shape, element=element)  # raises the standard error
+    return view
+
+
+def _optional(obj: Any, name: str, wanted: bool, why: str, make) -> TensorView | None:
+    if wanted:
+        if obj is None:
+            raise InvalidArgument(f"{name} is required {why}", argument=name)
+        return make(obj)
+    if obj is not None:
+        raise InvalidArgument(f"{name} must be None unless {why.removeprefix('when ')}",
+                              argument=name)
+    return None
+
+
+def _span(view: TensorView) -> tuple[int, int]:
+    """``view.byte_span()`` for the common case of non-negative strides, faster."""
+    reach = 0
+    for extent, stride in zip(view.shape, view.strides, strict=True):
+        if stride < 0:
+            return view.byte_span()
+        reach += (extent - 1) * stride
+    return view.ptr, view.ptr + (reach + 1) * view.element.itemsize
+
+
+def _no_overlaps(outputs: dict, inputs: dict) -> None:
+    """No output shares a byte with an input or another output (spans computed once each)."""
+    spans = {name: _span(view) for name, view in (*inputs.items(), *outputs.items())
+             if view is not None}
+    names = list(spans)
+    for i, name in enumerate(names):
+        if name not in outputs:
+            continue
+        lo, hi = spans[name]
+        for other in names[:i] + [n for n in names[i + 1:] if n not in outputs]:
+            other_lo, other_hi = spans[other]
+            if lo < other_hi and other_lo < hi and lo < hi and other_lo < other_hi:
+                view, seen = outputs[name], outputs.get(other) or inputs[other]
+                expect_no_overlap(view, name, seen, other)  # raises the standard error
+
+
+def _bind_forward(desc: LinearDescriptor, args: LinearArgs) -> BoundArgs:
+    _check_args_type(args, LinearArgs)
+    e = desc.element
+    x = _tensor(args.x, "x", desc, desc.x_shape, e)
+    w = _tensor(args.weight, "weight", desc, desc.weight_shape, e)
+    bias = _optional(args.bias, "bias", desc.bias, "when the descriptor has bias=True",
+                     lambda o: _tensor(o, "bias", desc, (desc.n,), e))
+    residual = _optional(args.residual, "residual", desc.residual,
+                         "when the descriptor has residual=True",
+                         lambda o: _tensor(o, "residual", desc, desc.out_shape, e))
+    out = _optional(args.out, "out", True, "(the result)",
+                    lambda o: _tensor(o, "out", desc, desc.out_shape, e))
+    aux = _optional(args.aux, "aux", desc.save_aux, "when the descriptor has save_aux=True",
+                    lambda o: _tensor(o, "aux", desc, desc.aux_shape, desc.aux_element))
+    inputs = {"x": x, "weight": w, "bias": bias}
+    if residual is not None and not residual.same_layout(out):  # out += ... in place is fine
+        inputs["residual"] = residual  # (an in-place residual is out, which aux is checked against)
+    _no_overlaps({"out": out, "aux": aux}, inputs)
+    return BoundArgs({"x": x, "weight": w, "bias": bias, "residual": residual, "out": out,
+                      "aux": aux}, outputs=("out", "aux"))
+
+
+def _bind_backward(desc: LinearBackwardDescriptor, args: LinearBackwardArgs) -> BoundArgs:
+    _check_args_type(args, LinearBackwardArgs)
+    e = desc.element
+    grad_out = _tensor(args.grad_out, "grad_out", desc, desc.out_shape, e)
+    x = _tensor(args.x, "x", desc, desc.x_shape, e)
+    w = _tensor(args.weight, "weight", desc, desc.weight_shape, e)
+    aux = _optional(args.aux, "aux", desc.activation != "none",
+                    "when the activation is not 'none' (the forward's saved aux)",
+                    lambda o: _tensor(o, "aux", desc, desc.aux_shape, desc.aux_element))
+    outputs = {
+        "grad_x": _optional(args.grad_x, "grad_x", desc.need_input_grad,
+                            "when need_input_grad", lambda o: _tensor(o, "grad_x", desc,
+                                                                     desc.x_shape, e)),
+        "grad_weight": _optional(args.grad_weight, "grad_weight", desc.need_weight_grad,
+                                 "when need_weight_grad",
+                                 lambda o: _tensor(o, "grad_weight", desc, desc.weight_shape, e)),
+        "grad_bias": _optional(args.grad_bias, "grad_bias", desc.need_bias_grad,
+                               "when need_bias_grad",
+                               lambda o: _tensor(o, "grad_bias", desc, (desc.n,), e)),
+        "grad_pre": _optional(args.grad_pre, "grad_pre", desc.need_pre_grad,
+                              "when need_pre_grad",
+                              lambda o: _tensor(o, "grad_pre", desc, desc.out_shape, e)),
+    }
+    _no_overlaps(outputs, {"grad_out": grad_out, "x": x, "weight": w, "aux": aux})
+    return BoundArgs({"grad_out": grad_out, "x": x, "weight": w, "aux": aux, **outputs},
+                     outputs=tuple(outputs))
+
+
+# -- the float64 reference ---------------------------------------------------------------------
+
+def _reference_forward(desc: LinearDescriptor, arrays: dict) -> dict:
+    out, pre = reference_gemm.gemm_forward(
+        arrays["x"], arrays["weight"], weight_layout=desc.weight_layout, bias=arrays.get("bias"),
+        activation=desc.activation, residual=arrays.get("residual"))
+    results = {"out": out}
+    if desc.save_aux:
+        results["aux"] = pack_relu_mask(pre) if desc.activation == "relu" else pre
+    return results
+
+
+def _reference_backward(desc: LinearBackwardDescriptor, arrays: dict) -> dict:
+    grad_out = arrays["grad_out"]
+    if desc.activation == "relu":  # the mask's signs stand in for the pre-activation
+        pre = np.where(unpack_relu_mask(arrays["aux"], desc.n), 1.0, -1.0)
+    else:
+        pre = arrays["aux"] if desc.activation != "none" else np.zeros(grad_out.shape)
+    grads = reference_gemm.gemm_backward(
+        grad_out, arrays["x"], arrays["weight"], pre, weight_layout=desc.weight_layout,
+        activation=desc.activation, need_bias_grad=desc.need_bias_grad)
+    results = {"grad_x": grads["dx"], "grad_weight": grads["dw"], "grad_bias": grads["dbias"],
+               "grad_pre": grads["d_pre"]}
+    return {name: value for name, value in results.items() if name in arrays}
+
+
+# -- what verify and the bench allocate, and the standard problems ------------------------------
+
+def _forward_signature(desc: LinearDescriptor) -> dict[str, TensorSpec]:
+    e = desc.element
+    signature = {"x": TensorSpec(desc.x_shape, e), "weight": TensorSpec(desc.weight_shape, e)}
+    if desc.bias:
+        signature["bias"] = TensorSpec((desc.n,), e)
+    if desc.residual:
+        signature["residual"] = TensorSpec(desc.out_shape, e)
+    signature["out"] = TensorSpec(desc.out_shape, e, "out")
+    if desc.save_aux:
+        signature["aux"] = TensorSpec(desc.aux_shape, desc.aux_element, "out")
+    return signature
+
+
+def _backward_signature(desc: LinearBackwardDescriptor) -> dict[str, TensorSpec]:
+    e = desc.element
+    signature = {"grad_out": TensorSpec(desc.out_shape, e), "x": TensorSpec(desc.x_shape, e),
+                 "weight": TensorSpec(desc.weight_shape, e)}
+    if desc.activation != "none":
+        signature["aux"] = TensorSpec(desc.aux_shape, desc.aux_element)
+    for flag, name, shape in (("need_input_grad", "grad_x", desc.x_shape),
+                              ("need_weight_grad", "grad_weight", desc.weight_shape),
+                              ("need_bias_grad", "grad_bias", (desc.n,)),
+                              ("need_pre_grad", "grad_pre", desc.out_shape)):
+        if getattr(desc, flag):
+            signature[name] = TensorSpec(shape, e, "out")
+    return signature
+
+
+# M, N and K all different and mostly odd, every layout and batch mode. A saved GELU aux needs
+# N % 8 == 0 (its rows must be 16-byte aligned); the ReLU mask is u8, which verify does not
+# generate, so ReLU training is checked by its own GPU test.
+_FORWARD_SAMPLES = (
+    dict(m=37, n=72, k=56, weight_layout="kn", activation="gelu_tanh", save_aux=True),
+    dict(m=33, n=65, k=47, weight_layout="nk", activation="relu"),
+    dict(m=129, n=257, k=100, weight_layout="nk", bias=False),
+    dict(m=64, n=96, k=80, weight_layout="kn", residual=True),
+    dict(m=17, n=40, k=24, batch=3, weight_batched=True, activation="gelu_tanh", save_aux=True),
+    dict(m=31, n=48, k=72, batch=2, weight_layout="kn", activation="relu", residual=True),
+    dict(m=9, n=33, k=20, batch=4, weight_batched=True, weight_layout="kn"),
+    dict(m=256, n=512, k=384, activation="gelu_tanh", save_aux=True),
+)
+_BACKWARD_SAMPLES = (
+    dict(m=37, n=72, k=56, weight_layout="kn", activation="gelu_tanh"),
+    dict(m=33, n=65, k=47, weight_layout="nk"),
+    dict(m=64, n=96, k=80, activation="gelu_tanh", need_weight_grad=False, need_bias_grad=False),
+    dict(m=17, n=40, k=24, batch=3, weight_batched=True, activation="gelu_tanh"),
+    dict(m=31, n=48, k=72, batch=2, weight_layout="kn"),
+    dict(m=9, n=33, k=20, batch=4, weight_batched=True, weight_layout="kn"),
+    dict(m=40, n=64, k=32, activation="gelu_tanh", need_pre_grad=True, need_input_grad=False),
+    dict(m=256, n=512, k=384, activation="gelu_tanh"),
+)
+
+
+def _element_fields(element: ElementKind) -> dict:
+    if element is ElementKind.tf32:
+        return {"element": ElementKind.f32, "tf32": True}
+    return {"element": element}
+
+
+def _forward_samples(element: ElementKind) -> list[LinearDescriptor]:
+    return [LinearDescriptor(**shape, **_element_fields(element)) for shape in _FORWARD_SAMPLES]
+
+
+def _backward_samples(element: ElementKind) -> list[LinearBackwardDescriptor]:
+    return [LinearBackwardDescriptor(**shape, **_element_fields(element))
+            for shape in _BACKWARD_SAMPLES]
+
+
+def _training_backward(desc: LinearDescriptor) -> LinearBackwardDescriptor:
+    if desc.activation != "none" and not desc.save_aux:
+        raise InvalidProblem("training needs save_aux=True: the backward of "
+                             f"activation='{desc.activation}' reads the aux the forward saves",
+                             field="save_aux")
+    shape = desc.model_dump(include={"m", "n", "k", "batch", "weight_layout", "weight_batched",
+                                     "element", "tf32", "activation"})
+    return LinearBackwardDescriptor(**shape, need_bias_grad=desc.bias,
+                                    need_pre_grad=desc.residual and desc.activation != "none")
+
+
+LINEAR_FORWARD = register(OpSpec(
+    name="linear_forward",
+    category=OpCategory.gemm,
+    descriptor=LinearDescriptor,
+    args=LinearArgs,
+    bind=_bind_forward,
+    skus=(*cublaslt_linear.FORWARD_SKUS,
+          ReferenceSku("linear_forward", OpCategory.gemm, _reference_forward,
+                       "act(x @ W + bias + residual), and the aux.")),
+    summary="out = act(x @ W + bias + residual) [+ aux], row-major",
+    signature=_forward_signature,
+    sample_problems=_forward_samples,
+    training_backward=_training_backward,
+))
+
+LINEAR_BACKWARD = register(OpSpec(
+    name="linear_backward",
+    category=OpCategory.gemm,
+    descriptor=LinearBackwardDescriptor,
+    args=LinearBackwardArgs,
+    bind=_bind_backward,
+    skus=(*cublaslt_linear.BACKWARD_SKUS,
+          ReferenceSku("linear_backward", OpCategory.gemm, _reference_backward,
+                       "d_pre = grad_out * act'(pre); dbias, dx = d_pre W^T, dW = x^T d_pre.")),
+    summary="grad_x, grad_weight, grad_bias (and d_pre) of linear_forward, from its aux",
+    signature=_backward_signature,
+    sample_problems=_backward_samples,
+))
+
+LinearForwardPlan = plan_class(LINEAR_FORWARD)
+LinearBackwardPlan = plan_class(LINEAR_BACKWARD)
+
+
+def _algorithm(plan: Plan):
+    """The cuBLASLt algorithm this plan runs with contiguous tensors on its device (the current
+    GPU for a plan selected by arch): an AlgoInfo for the forward, {step: AlgoInfo} for the
+    backward; None for the host reference or without a GPU. Selecting by arch, it is chosen on
+    first use."""
+    impl = plan._live_impl()
+    if not hasattr(impl, "algorithm") or plan.target.is_host:
+        return None
+    return impl.algorithm(plan.descriptor, plan.target.device)
+
+
+LinearForwardPlan.algorithm = property(_algorithm)
+LinearBackwardPlan.algorithm = property(_algorithm)
+
+
+# -- functional forms ---------------------------------------------------------------------------
+
+def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
+    if x.ndim not in (2, 3):
+        raise InvalidArgument(f"x must be [M, K] or [batch, M, K], got shape {x.shape}",
+                              argument="x")
+    if w.ndim not in (2, 3) or (w.ndim == 3 and x.ndim != 3):
+        raise InvalidArgument(f"weight must be 2-D, or 3-D for a batched x, got shape {w.shape}",
+                              argument="weight")
+    if weight_layout not in ("kn", "nk"):
+        raise InvalidArgument(f"weight_layout must be 'kn' or 'nk', got {weight_layout!r}",
+                              argument="weight_layout")
+    k_w, n = w.shape[-2:] if weight_layout == "kn" else w.shape[-1:-3:-1]
+    if k_w != x.shape[-1]:
+        raise ShapeMismatch(f"weight {w.shape} in the '{weight_layout}' layout has K={k_w}; x "
+                            f"{x.shape} has K={x.shape[-1]}", argument="weight")
+    if w.ndim == 3 and w.shape[0] != x.shape[0]:
+        raise ShapeMismatch(f"weight has batch {w.shape[0]}; x has batch {x.shape[0]}",
+                            argument="weight")
+    return dict(m=x.shape[-2], n=n, k=x.shape[-1], batch=x.shape[0] if x.ndim == 3 else None,
+                weight_layout=weight_layout, weight_batched=w.ndim == 3,
+                element=x.element)
+
+
+def _allocator(view: TensorView, stream: Any):
+    from ._internal.memory import allocate_like
+    from ._internal.streams import owning_package, resolve_stream
+
+    owner = owning_package([view], stream)
+    handle = resolve_stream(stream, owner, view.device)
+    return lambda shape, element: allocate_like(shape, element, view.device, owner, handle)
+
+
+def _aux_buffer(desc: _LinearShape, allocate):
+    """An aux whose rows cuBLASLt accepts: GELU rows padded to 8 elements, returned as a view."""
+    if desc.activation == "relu" or desc.n % 8 == 0:
+        return allocate(desc.aux_shape, desc.aux_element)
+    padded = allocate((*desc.lead, desc.m, -(-desc.n // 8) * 8), desc.aux_element)
+    return padded[..., :desc.n]
+
+
+def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
+           residual: Any = None, weight_layout: str = "nk", tf32: bool = False,
+           save_aux: bool = False, out: Any = None, stream: Any = None) -> Any:
+    """Functional LinearForwardPlan: ``out``, or ``(out, aux)`` when ``save_aux``.
+
+    Same semantics as torch's ``F.linear`` with the default "nk" weight; uses the process-wide
+    plan cache and allocates what is not given. Arguments are LinearDescriptor's and LinearArgs'.
+    """
+    xv, wv = wrap(x, "x"), wrap(weight, "weight")
+    desc = LinearDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32, activation=activation,
+                            bias=bias is not None, residual=residual is not None,
+                            save_aux=save_aux)
+    plan = LinearForwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
+    allocate = _allocator(xv, stream)
+    out = allocate(desc.out_shape, desc.element) if out is None else out
+    aux = _aux_buffer(desc, allocate) if save_aux else None
+    plan.run(LinearArgs(x, weight, bias, residual, out, aux), stream=stream)
+    return (out, aux) if save_aux else out
+
+
+def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
+                    activation: str = "none", weight_layout: str = "nk", tf32: bool = False,
+                    need_input_grad: bool = True, need_weight_grad: bool = True,
+                    need_bias_grad: bool = True, stream: Any = None) -> tuple[Any, Any, Any]:
+    """Functional LinearBackwardPlan: ``(grad_x, grad_weight, grad_bias)``, None where not asked.
+
+    ``aux`` is what ``linear(..., save_aux=True)`` returned; needed unless activation is "none".
+    """
+    xv, wv = wrap(x, "x"), wrap(weight, "weight")
+    desc = LinearBackwardDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32,
+                                    activation=activation, need_input_grad=need_input_grad,
+                                    need_weight_grad=need_weight_grad,
+                                    need_bias_grad=need_bias_grad)
+    plan = LinearBackwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
+    allocate = _allocator(xv, stream)
+    grads = (allocate(desc.x_shape, desc.element) if need_input_grad else None,
+             allocate(desc.weight_shape, desc.element) if need_weight_grad else None,
+             allocate((desc.n,), desc.element) if need_bias_grad else None)
+    plan.run(LinearBackwardArgs(grad_out, x, weight, aux, *grads), stream=stream)
+    return grads

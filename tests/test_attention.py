@@ -1,0 +1,756 @@
+"""SDPA on the host (no GPU): descriptor validation, the cuDNN limits as data and explain, the
+mapping of cuDNN's mask conventions onto the reference's, graph declaration up to the first call
+that needs a GPU, and bad input on the float64 host plan. GPU behaviour is in
+test_attention_gpu.py."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opfacade import (
+    ArchSku,
+    DTypeMismatch,
+    InvalidArgument,
+    InvalidProblem,
+    LayoutMismatch,
+    NoKernelSku,
+    Plan,
+    PlanPreference,
+    ReasonCode,
+    ShapeMismatch,
+)
+from opfacade._backends.cudnn import graphs, limits, runtime
+from opfacade._backends.cudnn.sdpa import BACKWARD_SKUS, FORWARD_SKUS, estimate_workspace
+from opfacade._backends.reference import attention as reference
+from opfacade._internal import registry
+from opfacade.attention import (  # from the module: opfacade.attention may be the function
+    SDPA_BACKWARD,
+    SDPA_FORWARD,
+    AttentionArgs,
+    AttentionBackwardArgs,
+    AttentionBackwardDescriptor,
+    AttentionBackwardPlan,
+    AttentionDescriptor,
+    AttentionPlan,
+    SlidingWindow,
+    _bind_forward,
+    alibi_slopes,
+    attention,
+    attention_backward,
+    reference_options,
+    verification_inputs,
+)
+from opfacade.plan import Target
+from opfacade.testing import _from_bits, _to_bits, random_inputs
+from opfacade.types import ElementKind
+
+# Small enough for the host reference, and a shape cuDNN serves: on a machine with a GPU the
+# selections below build real graphs (the target-less SKU calls use the current device).
+COMMON = dict(batch=2, heads_q=4, heads_kv=2, seq_q=16, seq_kv=24, head_dim=64)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _attention_ops_registered():
+    """Transitional: until opfacade/__init__.py imports opfacade.attention (and catalog/ is
+    regenerated), the ops are registered only while these tests run, so that the catalog drift
+    test keeps seeing the committed catalog."""
+    ops = (SDPA_FORWARD, SDPA_BACKWARD)
+    for op in ops:
+        if op.name not in registry._by_name:
+            registry.register(op)
+    yield
+    import opfacade
+
+    if not hasattr(opfacade, "AttentionDescriptor"):
+        for op in ops:
+            registry._by_name.pop(op.name, None)
+            registry._by_descriptor.pop(op.descriptor, None)
+
+
+def forward(element="bf16", **kw):
+    return AttentionDescriptor(**{**COMMON, "element": element, **kw})
+
+
+def backward(element="bf16", **kw):
+    return AttentionBackwardDescriptor(**{**COMMON, "element": element, **kw})
+
+
+def codes(report):
+    return {v.sku.id: v.code for v in report.verdicts}
+
+
+def details(report):
+    return {v.sku.id: v.detail for v in report.verdicts}
+
+
+# ----------------------------------------------------------------------------- descriptors
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("heads_kv", 3, "heads_q 4 must be a multiple of heads_kv 3"),
+    ("batch", 0, "greater than or equal to 1"),
+    ("head_dim", -8, "greater than or equal to 1"),
+    ("element", "i32", "f64, f32, f16 or bf16"),
+    ("element", "tf32", "f64, f32, f16 or bf16"),
+    ("dropout_p", 1.0, "less than 1"),
+    ("dropout_p", -0.1, "greater than or equal to 0"),
+    ("layout", "bsdh", "bhsd"),
+    ("scale", float("nan"), "finite"),
+    ("scale", 0.0, "non-zero"),
+    ("causal", "bottom_left", "top_left"),
+    ("bias", "2hqk", "bhqk"),
+    ("window", (None, None), "left or a right bound"),
+    ("window", (-1, 0), "greater than or equal to 0"),
+    ("window", "1,2,3", "left,right"),
+])
+def test_descriptor_rejects_impossible_problems_naming_the_field(field, value, message):
+    with pytest.raises(InvalidProblem, match=message) as caught:
+        forward(**{field: value})
+    assert caught.value.field.split(".")[0] == field
+
+
+def test_cross_field_rules_name_the_later_field():
+    with pytest.raises(InvalidProblem, match="window alignment bottom_right") as caught:
+        forward(causal="top_left", window={"left": 2, "alignment": "bottom_right"})
+    assert caught.value.field == "window"
+    with pytest.raises(InvalidProblem, match="need_bias_grad needs a bias") as caught:
+        backward(need_bias_grad=True)
+    assert caught.value.field == "need_bias_grad"
+    with pytest.raises(InvalidProblem, match="bacth"):
+        forward(bacth=2)
+    with pytest.raises(InvalidProblem, match="SlidingWindow"):
+        SlidingWindow()
+
+
+def test_descriptor_forms_json_round_trip_and_hash():
+    desc = backward(causal=True, window="8,none", bias="1hqk", need_bias_grad=True, scale=0.3,
+                    padding=True, dropout_p=0.25, layout="bshd")
+    assert desc.causal == "top_left" and desc.window == SlidingWindow(left=8)
+    again = AttentionBackwardDescriptor.from_json(desc.model_dump_json())
+    assert again == desc and hash(again) == hash(desc)
+    assert forward(window=[4, 2]) == forward(window={"left": 4, "right": 2})
+    assert forward(causal=False).causal is None
+
+
+def test_derived_properties_follow_the_reference_conventions():
+    desc = forward(head_dim_v=16, bias="b1qk", causal="bottom_right", window=(5, 3))
+    assert desc.dim_v == 16 and desc.o_shape == (2, 4, 16, 16) and desc.v_shape == (2, 2, 24, 16)
+    assert desc.bias_shape == (2, 1, 16, 24) and desc.stats_shape == (2, 4, 16, 1)
+    assert desc.right_bound == 0 and desc.left_bound == 5 and desc.alignment == "bottom_right"
+    assert math.isclose(desc.softmax_scale, 1 / 8)
+    windowed = forward(window={"left": 3, "right": 2, "alignment": "bottom_right"})
+    assert (windowed.right_bound, windowed.left_bound, windowed.alignment) == (
+        2, 3, "bottom_right")
+    assert forward().right_bound is None and forward().alignment == "top_left"
+    assert forward(element="f64").stats_element == "f64"
+    assert forward().stats_element == "f32"
+
+
+# ----------------------------------------------------------------------------- explain
+
+
+def test_explain_without_a_gpu_gives_every_candidate_a_reason():
+    report = Plan.explain(forward(save_stats=True), arch="sm90")
+    found = codes(report)
+    assert found["sdpa_forward.cudnn.bf16"] is ReasonCode.chosen
+    assert found["sdpa_forward.cudnn.f16"] is ReasonCode.element_unsupported
+    assert found["sdpa_forward.reference"] is ReasonCode.reference_is_oracle
+    assert isinstance(Plan.select(forward(), arch="sm90"), AttentionPlan)
+    with pytest.raises(NoKernelSku) as caught:
+        Plan.select(forward(element="f32"), arch="sm90")
+    assert "serves bf16, problem is f32" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind,kw,code,message", [
+    ("forward", dict(head_dim=100), ReasonCode.shape_unsupported, "multiples of 8"),
+    ("forward", dict(head_dim=264), ReasonCode.shape_unsupported, "exceed the 256"),
+    ("forward", dict(head_dim=64, head_dim_v=260), ReasonCode.shape_unsupported, "multiples"),
+    ("forward", dict(alibi=True), ReasonCode.feature_unsupported, "ALiBi"),
+    ("forward", dict(alibi=True, causal="bottom_right"), ReasonCode.feature_unsupported,
+     "ALiBi"),
+    ("forward", dict(causal="bottom_right", bias="11qk"), ReasonCode.feature_unsupported,
+     "without bias, ALiBi and dropout"),
+    ("forward", dict(window={"right": 4, "alignment": "bottom_right"}, dropout_p=0.1),
+     ReasonCode.feature_unsupported, "without bias"),
+    ("forward", dict(causal="bottom_right", seq_q=32, seq_kv=24), ReasonCode.shape_unsupported,
+     "seq_q <= seq_kv"),
+    ("forward", dict(window=(4, None), seq_q=32, seq_kv=24), ReasonCode.shape_unsupported,
+     "left window bound needs seq_q <= seq_kv"),
+    ("backward", dict(seq_q=1, seq_kv=1), ReasonCode.shape_unsupported, "seq_q = seq_kv = 1"),
+])
+def test_limits_as_data_reject_on_a_machine_without_a_gpu(kind, kw, code, message):
+    desc = (forward if kind == "forward" else backward)(**kw)
+    report = Plan.explain(desc, arch="sm90")
+    sku = f"sdpa_{kind}.cudnn.bf16"
+    assert codes(report)[sku] is code
+    assert message in details(report)[sku]
+    assert report.chosen is None
+    # The host reference serves every one without dropout (it is the oracle, not a limit).
+    if not desc.dropout_p:
+        host = desc.model_copy(update={"element": ElementKind.f64})
+        assert Plan.select(host, device="cpu").sku.backend == "reference"
+
+
+def test_bottom_right_with_padding_lifts_the_length_rule():
+    assert Plan.explain(forward(causal="bottom_right", seq_q=32, padding=True),
+                        arch="sm90").chosen is not None
+
+
+def test_deterministic_backward_declines_broadcast_dbias_but_the_default_serves_it():
+    desc = backward(bias="1hqk", need_bias_grad=True)
+    found = codes(Plan.explain(desc, arch="sm90"))
+    assert found["sdpa_backward.cudnn.bf16"] is ReasonCode.chosen
+    assert found["sdpa_backward.cudnn.bf16.deterministic"] is ReasonCode.feature_unsupported
+    with pytest.raises(NoKernelSku, match="bias 'bhqk'"):
+        Plan.select(desc, {"deterministic": True}, arch="sm90")
+    full = backward(bias="bhqk", need_bias_grad=True)
+    assert Plan.select(full, {"deterministic": True}, arch="sm90").sku.id == \
+        "sdpa_backward.cudnn.bf16.deterministic"
+
+
+def facts(direction="backward", **kw):
+    base = dict(direction=direction, element=ElementKind.bf16, batch=2, heads_q=4,
+                seq_q=128, seq_kv=128, head_dim=128, head_dim_v=128, bias=None, alibi=False,
+                dropout=False, padding=False, right_bound=None, left_bound=None,
+                bottom_right=False)
+    return limits.Facts(**{**base, **kw})
+
+
+@pytest.mark.parametrize("f,arch,version,code", [
+    (facts(head_dim=256, head_dim_v=256), ArchSku.sm90, 91900, None),
+    (facts(head_dim=256, head_dim_v=256), ArchSku.sm80, 91900, ReasonCode.shape_unsupported),
+    (facts(head_dim=256, head_dim_v=256), ArchSku.sm100, 91900, ReasonCode.shape_unsupported),
+    (facts(head_dim=256, head_dim_v=256), ArchSku.sm100, 92300, None),
+    (facts(head_dim=192, head_dim_v=128), ArchSku.sm100, 91100, None),
+    (facts("forward", head_dim=256, head_dim_v=256), ArchSku.sm80, 90900,
+     ReasonCode.shape_unsupported),
+    (facts("forward", head_dim=256, head_dim_v=256), ArchSku.sm80, 91002, None),
+    (facts(), ArchSku.sm90, 91000, ReasonCode.version_blocked),
+    (facts(), ArchSku.sm90, 91001, ReasonCode.version_blocked),
+    (facts(), ArchSku.sm90, 80906, ReasonCode.feature_unsupported),
+    (facts(seq_kv=2048, left_bound=64), ArchSku.sm90, 91400, ReasonCode.version_blocked),
+    (facts(seq_kv=2048, left_bound=64), ArchSku.sm90, 91401, None),
+    (facts(seq_kv=2048, left_bound=64, right_bound=0), ArchSku.sm90, 91400, None),
+    (facts(seq_q=100, right_bound=0, bottom_right=True), ArchSku.sm90, 90500,
+     ReasonCode.feature_unsupported),
+    (facts(seq_q=100, right_bound=0, bottom_right=True), ArchSku.sm90, 90600, None),
+    (facts(left_bound=8, dropout=True, right_bound=0), ArchSku.sm90, 91001,
+     ReasonCode.version_blocked),
+    (facts(left_bound=8, dropout=True, right_bound=0), ArchSku.sm90, 90900,
+     ReasonCode.feature_unsupported),
+    (facts(left_bound=8, dropout=True, right_bound=0), ArchSku.sm90, 91002, None),
+    (facts(deterministic=True), ArchSku.sm100, 91700, ReasonCode.feature_unsupported),
+    (facts(deterministic=True, dropout=True), ArchSku.sm100, 91900,
+     ReasonCode.feature_unsupported),
+    (facts(deterministic=True, dropout=True), ArchSku.sm90, 91900, None),
+    (facts(bias="bhqk", bias_grad=True, padding=True), ArchSku.sm90, 90400,
+     ReasonCode.feature_unsupported),
+    (facts(head_dim=512, head_dim_v=512), None, None, ReasonCode.shape_unsupported),
+    (facts(head_dim=256, head_dim_v=256), None, None, None),
+])
+def test_limits_depend_on_arch_and_cudnn_version(f, arch, version, code):
+    unfit = limits.check(f, limits.Context(arch, version))
+    assert (unfit.code if unfit else None) is code, unfit
+
+
+def test_sku_limits_use_the_target_arch_when_given_one():
+    impl = next(i for i in BACKWARD_SKUS if i.sku.id == "sdpa_backward.cudnn.bf16")
+    desc = backward(head_dim=256)
+    assert impl.unfit_on(desc, Target(ArchSku.sm90)) is None
+    unfit = impl.unfit_on(desc, Target(ArchSku.sm80))
+    assert unfit.code is ReasonCode.shape_unsupported and "sm80" in unfit.detail
+    # Without a target and without a GPU the most permissive arch applies.
+    if runtime.available() is None:
+        assert impl.unfit(desc) is None
+
+
+def test_workspace_is_estimated_without_a_gpu_and_weighed_against_the_limit():
+    desc = backward(batch=2, heads_q=16, heads_kv=16, seq_q=4096, seq_kv=4096, head_dim=128)
+    default = estimate_workspace(desc, "backward")
+    deterministic = estimate_workspace(desc, "backward", deterministic=True)
+    # The GPU facts: 68 MB and 1.07 GB measured on an H200 for this problem.
+    assert 60e6 < default < 75e6 and 1.0e9 < deterministic < 1.15e9
+    assert default % 256 == 0 and deterministic % 256 == 0
+    report = Plan.explain(desc, {"workspace_limit": 256 << 20}, arch="sm90")
+    assert codes(report)["sdpa_backward.cudnn.bf16.deterministic"] is \
+        ReasonCode.workspace_over_limit
+    with pytest.raises(NoKernelSku, match="workspace_over_limit"):
+        Plan.select(desc, {"deterministic": True, "workspace_limit": 256 << 20}, arch="sm90")
+    impl = next(i for i in FORWARD_SKUS if i.sku.element == "bf16")
+    arch_only = Target(ArchSku.sm90)  # no device: the estimate, even where a GPU is visible
+    assert impl.workspace_size_on(forward(alibi=True, causal=True), arch_only) == 256
+    assert impl.workspace_size_on(forward(), arch_only) == 0
+
+
+def test_training_pair_selects_a_backward_that_can_run():
+    desc = forward(save_stats=True, causal="top_left")
+    pair = AttentionPlan.select_for_training(desc, arch="sm90")
+    assert pair.forward.sku.id == "sdpa_forward.cudnn.bf16"
+    assert pair.backward.sku.id == "sdpa_backward.cudnn.bf16"
+    assert isinstance(pair.backward, AttentionBackwardPlan)
+    strict = AttentionPlan.select_for_training(desc, {"deterministic": True}, arch="sm90")
+    assert strict.backward.sku.id == "sdpa_backward.cudnn.bf16.deterministic"
+    assert strict.workspace_size == strict.backward.workspace_size
+    with pytest.raises(NoKernelSku):  # no backward fits in no workspace: no forward either
+        AttentionPlan.select_for_training(desc, {"workspace_limit": 0}, arch="sm90")
+    with pytest.raises(InvalidProblem, match="save_stats") as caught:
+        AttentionPlan.select_for_training(forward(), arch="sm90")
+    assert caught.value.field == "save_stats"
+    # The forward serves seq 1 x 1; its backward does not, so training is refused whole.
+    with pytest.raises(NoKernelSku, match="seq_q = seq_kv = 1"):
+        AttentionPlan.select_for_training(forward(seq_q=1, seq_kv=1, save_stats=True),
+                                          arch="sm90")
+
+
+def test_catalog_lists_the_skus_with_honest_guarantees():
+    ids = {impl.sku.id: impl.sku for impl in (*FORWARD_SKUS, *BACKWARD_SKUS)}
+    assert set(ids) == {"sdpa_forward.cudnn.f16", "sdpa_forward.cudnn.bf16",
+                        "sdpa_backward.cudnn.f16", "sdpa_backward.cudnn.bf16",
+                        "sdpa_backward.cudnn.f16.deterministic",
+                        "sdpa_backward.cudnn.bf16.deterministic"}
+    for sku in ids.values():
+        g = sku.precision_guarantee
+        assert g.accumulator == "f32" and g.math_precision == sku.element and not g.bit_stable
+        assert g.deterministic == (sku.op == "sdpa_forward" or sku.id.endswith("deterministic"))
+        assert sku.arch is ArchSku.sm80 and sku.backend == "cudnn"
+
+
+def test_cli_explain_takes_masks_as_strings(capsys):
+    from opfacade.cli import main
+
+    code = main(["explain", "sdpa_backward", "batch=2", "heads_q=8", "heads_kv=2", "seq_q=256",
+                 "seq_kv=256", "head_dim=128", "element=bf16", "causal=top_left",
+                 "window=64,none", "--arch", "sm90", "--deterministic"])
+    out = capsys.readouterr().out
+    assert code == 0 and "sdpa_backward.cudnn.bf16.deterministic" in out and "chosen" in out
+
+
+# ----------------------------------------------------------------------------- conventions
+
+
+def cudnn_band_mask(batch, seq_q, seq_kv, alignment, left, right, len_q=None, len_kv=None):
+    """cuDNN's diagonal band as cudnn-frontend's composite node builds it: with the offset
+    s = seq_len_kv - seq_len_q for bottom-right (else 0), keep col > row + s - left_bound and
+    col <= row + s + right_bound, then mask padded rows and columns."""
+    len_q = np.full(batch, seq_q) if len_q is None else np.asarray(len_q)
+    len_kv = np.full(batch, seq_kv) if len_kv is None else np.asarray(len_kv)
+    shift = (len_kv - len_q) if alignment == "bottom_right" else np.zeros(batch, int)
+    row = np.arange(seq_q)[None, :, None] + shift[:, None, None]
+    col = np.arange(seq_kv)[None, None, :]
+    keep = (np.arange(seq_q)[None, :, None] < len_q[:, None, None]) & (col < len_kv[:, None,
+                                                                                     None])
+    if left is not None:
+        keep &= col > row - left
+    if right is not None:
+        keep &= col <= row + right
+    return keep
+
+
+@pytest.mark.parametrize("kw", [
+    dict(causal="top_left"), dict(causal="bottom_right"), dict(window=(3, None)),
+    dict(window=(0, 0)), dict(window=(2, 5)), dict(window=(None, 2)),
+    dict(causal="top_left", window=(4, None)), dict(causal="bottom_right", window=(1, 7)),
+    dict(window={"left": 3, "right": 1, "alignment": "bottom_right"}),
+    dict(causal="bottom_right", window=(2, None), padding=True),
+    dict(window=(1, 1), padding=True),
+])
+def test_cudnn_band_parameters_reproduce_the_reference_mask(kw):
+    desc = forward(seq_q=9, seq_kv=13, **kw)
+    alignment, left, right = graphs.diagonal_band(desc)
+    lengths = dict(len_q=[9, 5], len_kv=[13, 11]) if desc.padding else {}
+    cudnn_mask = cudnn_band_mask(2, 9, 13, alignment, left, right, **lengths)
+    options = reference_options(desc)
+    ref_mask = reference.sdpa_mask(
+        2, 9, 13, causal=options["causal"], window=options["window"],
+        alignment=options["alignment"],
+        seq_len_q=np.array(lengths.get("len_q", [9, 9])),
+        seq_len_kv=np.array(lengths.get("len_kv", [13, 13])))
+    np.testing.assert_array_equal(cudnn_mask, ref_mask)
+
+
+def test_alibi_slopes_are_cudnns():
+    def test_mhas_formula(h):  # the formula cudnn-frontend's own tests check against
+        n = 2 ** math.floor(math.log2(h))
+        m = [(2.0 ** (-8.0 / n)) ** i for i in range(1, n + 1)]
+        m += [(2.0 ** (-4.0 / n)) ** i for i in range(1, 1 + 2 * (h - n), 2)]
+        return np.array(m)
+
+    for heads in (1, 2, 3, 6, 8, 12, 32):
+        np.testing.assert_allclose(alibi_slopes(heads), test_mhas_formula(heads), rtol=1e-6)
+    assert alibi_slopes(8)[0] == 0.5 and alibi_slopes(8)[-1] == 2.0 ** -8
+
+
+def test_frontend_graphs_declare_the_uids_and_layouts_we_bind():
+    cudnn = pytest.importorskip("cudnn")
+    if runtime.available() is not None:
+        pytest.skip(runtime.available())
+    desc = backward(bias="bhqk", need_bias_grad=True, padding=True, dropout_p=0.1,
+                    causal="top_left", layout="bshd")
+    b = graphs.declare_backward(desc, None, deterministic=True)
+    declared = {t.name: t for t in b.graph.tensors.values() if not t.is_virtual}
+    assert {declared[name].uid for name in ("q", "k", "v", "out", "grad_out", "stats", "bias",
+                                            "seq_len_q", "seq_len_kv", "dropout_seed",
+                                            "dropout_offset", "grad_bias")} == \
+        {1, 2, 3, 4, 11, 5, 6, 7, 8, 9, 10, 15}
+    assert sorted(b.uids) == list(range(1, 16))
+    assert tuple(declared["q"].stride) == graphs.dense_strides("bshd", *desc.q_shape)
+    assert tuple(declared["stats"].dim) == desc.stats_shape
+    assert declared["seq_len_q"].data_type == cudnn.data_type.INT32
+    assert declared["dropout_seed"].data_type == cudnn.data_type.INT64
+    node = b.graph.nodes[0]
+    assert node.params["diagonal_band_right_bound"] == 0
+    assert node.params["use_deterministic_algorithm"] is True
+    assert "diagonal_band_left_bound" not in node.params
+    fwd = graphs.declare_forward(forward(window=(7, 2), save_stats=True), None)
+    assert fwd.graph.nodes[0].params["diagonal_band_left_bound"] == 8  # cuDNN keeps j > i - L
+    assert fwd.graph.nodes[0].params["diagonal_band_right_bound"] == 2
+    assert sorted(fwd.uids) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(alibi=True), dict(causal="bottom_right", bias="1hqk"),
+    dict(causal="bottom_right", seq_q=32), dict(window=(4, None), seq_q=32),
+    dict(head_dim=100),
+])
+def test_the_frontends_own_validation_agrees_with_our_limits(kw):
+    """Where the frontend validates without a GPU (its python-native validator, present when
+    its CuTe DSL engines are installed), every problem our data rejects it rejects too."""
+    pytest.importorskip("cudnn")
+    if runtime.available() is not None:
+        pytest.skip(runtime.available())
+    desc = forward(save_stats=True, **kw)
+    assert Plan.explain(desc, arch="sm90").chosen is None
+    b = graphs.declare_forward(desc, None)
+    if b.graph._python_native_validator() is None:
+        pytest.skip("this frontend install validates SDPA graphs in C++, which needs a GPU")
+    with pytest.raises(runtime.not_supported_types()):
+        b.graph.validate()
+    accepted = graphs.declare_forward(forward(save_stats=True, causal="bottom_right"), None)
+    accepted.graph.validate()
+
+
+class _FakeLowered:
+    def __init__(self):
+        self.calls = []
+
+    def _execute_with_raw_ptrs(self, address, n, workspace, handle, index):
+        self.calls.append((list((ctypes.c_void_p * n).from_address(address)), workspace,
+                           handle, index))
+
+
+class _FakeGraph:
+    def __init__(self, order, raw=True):
+        self.selected_engine = None
+        self._plan_index = 0
+        self._lowered_graph = _FakeLowered() if raw else object()
+        self._order = order
+        self.executed = []
+
+    def _variant_pack_uids(self):
+        return list(self._order)
+
+    def _materialize_backend_plan(self, index):
+        return type("Config", (), {"cpp_index": 3})()
+
+    def execute(self, pack, workspace, handle=None):
+        self.executed.append((pack, workspace, handle))
+
+
+def test_launcher_uses_the_raw_pointer_call_and_falls_back_to_execute(monkeypatch):
+    handle = type("Handle", (), {"backend_handle": 77})()
+    fake = _FakeGraph((1, 2, 4))
+    launch = graphs._Launcher(fake, (1, 2, 4))
+    assert launch.raw
+    launch([0x1000, 0x2000, 0x4000], 0x9000, handle)
+    assert fake._lowered_graph.calls == [([0x1000, 0x2000, 0x4000], 0x9000, 77, 3)]
+    monkeypatch.setattr(graphs, "EXECUTE_PATH", "public")
+    launch([0x1000, 0x2000, 0x4000], 0x9000, handle)
+    assert fake.executed == [({1: 0x1000, 2: 0x2000, 4: 0x4000}, 0x9000, handle)]
+    # A graph whose operand list is not exactly ours, or without the raw entry: public path.
+    assert not graphs._Launcher(_FakeGraph((1, 2, 4, 9)), (1, 2, 4)).raw
+    assert not graphs._Launcher(_FakeGraph((1, 2, 4), raw=False), (1, 2, 4)).raw
+
+
+# ----------------------------------------------------------------------------- host plans
+
+
+def host_arrays(desc, rng, dtype=np.float64):
+    arrays = {
+        "q": rng.uniform(-1, 1, desc.q_shape).astype(dtype),
+        "k": rng.uniform(-1, 1, desc.k_shape).astype(dtype),
+        "v": rng.uniform(-1, 1, desc.v_shape).astype(dtype),
+        "out": np.empty(desc.o_shape, dtype),
+    }
+    if getattr(desc, "save_stats", True):
+        arrays["stats"] = np.empty(desc.stats_shape, np.float64 if dtype == np.float64 else
+                                   np.float32)
+    if desc.bias is not None:
+        arrays["bias"] = rng.uniform(-1, 1, desc.bias_shape).astype(dtype)
+    if desc.padding:
+        arrays["seq_len_q"] = np.array([desc.seq_q, desc.seq_q - 3], np.int32)
+        arrays["seq_len_kv"] = np.array([desc.seq_kv - 2, desc.seq_kv], np.int32)
+    return arrays
+
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(causal="bottom_right", bias="1hqk", padding=True),
+    dict(window=(3, 1), alibi=False, head_dim_v=4, layout="sbhd"),
+    dict(alibi=True, causal="top_left", scale=0.5),
+])
+def test_host_plan_is_the_reference_with_the_stats_contract(kw):
+    desc = forward(element="f64", save_stats=True, **kw)
+    rng = np.random.default_rng(5)
+    a = host_arrays(desc, rng)
+    with Plan.select(desc, device="cpu") as plan:
+        assert plan.sku.id == "sdpa_forward.reference"
+        plan.run(AttentionArgs(**a))
+    out, lse = reference.sdpa_forward(a["q"], a["k"], a["v"], bias=a.get("bias"),
+                                      seq_len_q=a.get("seq_len_q"),
+                                      seq_len_kv=a.get("seq_len_kv"),
+                                      **reference_options(desc))
+    np.testing.assert_array_equal(a["out"], out)
+    np.testing.assert_array_equal(a["stats"][..., 0], lse)
+
+
+def test_host_backward_and_functional_forms():
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.uniform(-1, 1, s) for s in ((2, 4, 8, 8), (2, 2, 10, 8), (2, 2, 10, 8)))
+    bias = rng.uniform(-1, 1, (1, 4, 8, 10))
+    out, stats = attention(q, k, v, causal=True, bias=bias, return_stats=True)
+    assert stats.shape == (2, 4, 8, 1)
+    d_out = rng.uniform(-1, 1, out.shape)
+    dq, dk, dv, dbias = attention_backward(q, k, v, out, d_out, stats, causal=True,
+                                                     bias=bias, need_bias_grad=True)
+    grads = reference.sdpa_backward(q, k, v, d_out, causal="top_left", bias=bias,
+                                    need_bias_grad=True)
+    for ours, name in ((dq, "dq"), (dk, "dk"), (dv, "dv"), (dbias, "dbias")):
+        np.testing.assert_allclose(ours, grads[name], rtol=1e-12, atol=1e-14)
+    assert attention(q, k, v).shape == (2, 4, 8, 8)
+
+
+def test_host_plan_bad_input_is_typed_and_named():
+    desc = forward(element="f64", save_stats=True, padding=True, bias="b1qk")
+    plan = Plan.select(desc, device="cpu")
+    rng = np.random.default_rng(7)
+    good = host_arrays(desc, rng)
+
+    def check(error, match, **change):
+        with pytest.raises(error, match=match) as caught:
+            plan.can_implement(AttentionArgs(**{**good, **change}))
+        return caught.value
+
+    assert check(ShapeMismatch, r"stats must have shape \(2, 4, 16, 1\)",
+                 stats=np.empty((2, 4, 16))).argument == "stats"
+    assert check(DTypeMismatch, "stats must have element type f64",
+                 stats=np.empty(desc.stats_shape, np.float32)).argument == "stats"
+    assert check(DTypeMismatch, "seq_len_q must have element type i32",
+                 seq_len_q=np.array([16, 3], np.int64)).argument == "seq_len_q"
+    assert check(ShapeMismatch, r"seq_len_kv must have shape \(2,\)",
+                 seq_len_kv=np.array([3, 4, 5], np.int32)).argument == "seq_len_kv"
+    assert check(InvalidArgument, "seq_len_q is required when the descriptor has padding",
+                 seq_len_q=None).argument == "seq_len_q"
+    assert check(ShapeMismatch, r"bias must have shape \(2, 1, 16, 24\)",
+                 bias=np.empty((1, 4, 16, 24))).argument == "bias"
+    assert check(ShapeMismatch, "k must have shape", k=np.empty((2, 3, 24, 8))).argument == "k"
+    assert check(DTypeMismatch, "q must have element type f64",
+                 q=good["q"].astype(np.float32)).argument == "q"
+    assert check(LayoutMismatch, "out overlaps q", out=good["q"]).argument == "out"
+    assert check(InvalidArgument, "dropout_seed must be None unless dropout_p > 0",
+                 dropout_seed=np.zeros(1, np.int64)).argument == "dropout_seed"
+    no_stats = Plan.select(forward(element="f64"), device="cpu")
+    with pytest.raises(InvalidArgument, match="stats must be None unless save_stats"):
+        no_stats.can_implement(AttentionArgs(**host_arrays(forward(element="f64",
+                                                                   save_stats=True), rng)))
+    with pytest.raises(InvalidArgument, match="args must be AttentionArgs"):
+        plan.run(AttentionBackwardArgs(*range(9)))
+
+
+def test_host_backward_bad_input_is_typed_and_named():
+    desc = backward(element="f64", bias="bhqk", need_bias_grad=True)
+    plan = Plan.select(desc, device="cpu")
+    rng = np.random.default_rng(8)
+    arrays = dict(q=rng.uniform(-1, 1, desc.q_shape), k=rng.uniform(-1, 1, desc.k_shape),
+                  v=rng.uniform(-1, 1, desc.v_shape), out=rng.uniform(-1, 1, desc.o_shape),
+                  grad_out=rng.uniform(-1, 1, desc.o_shape), stats=np.zeros(desc.stats_shape),
+                  grad_q=np.empty(desc.q_shape), grad_k=np.empty(desc.k_shape),
+                  grad_v=np.empty(desc.v_shape), bias=rng.uniform(-1, 1, desc.bias_shape),
+                  grad_bias=np.empty(desc.bias_shape))
+    plan.can_implement(AttentionBackwardArgs(**arrays))
+    with pytest.raises(ShapeMismatch, match="stats must have shape") as caught:
+        plan.can_implement(AttentionBackwardArgs(**{**arrays, "stats": np.zeros((2, 4, 16))}))
+    assert caught.value.argument == "stats"
+    with pytest.raises(InvalidArgument, match="grad_bias is required") as caught:
+        plan.can_implement(AttentionBackwardArgs(**{**arrays, "grad_bias": None}))
+    size_q, size_k = math.prod(desc.q_shape), math.prod(desc.k_shape)
+    flat = np.empty(size_q + size_k)
+    sharing = {**arrays, "grad_q": flat[:size_q].reshape(desc.q_shape),
+               "grad_k": flat[size_q - 8:size_q - 8 + size_k].reshape(desc.k_shape)}
+    with pytest.raises(LayoutMismatch, match="grad_q overlaps grad_k"):
+        plan.can_implement(AttentionBackwardArgs(**sharing))
+
+
+def test_functional_bad_input_names_the_argument():
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.uniform(-1, 1, s) for s in ((2, 6, 8, 8), (2, 4, 10, 8), (2, 4, 10, 8)))
+    with pytest.raises(InvalidProblem, match="heads_q 6 must be a multiple of heads_kv 4") as e:
+        attention(q, k, v)
+    assert e.value.field == "heads_kv"
+    q4 = q[:, :4]
+    with pytest.raises(ShapeMismatch, match="bias must have shape") as e:
+        attention(q4, k, v, bias=np.zeros((2, 3, 8, 10)))
+    assert e.value.argument == "bias"
+    with pytest.raises(ShapeMismatch, match="q must be 4-D"):
+        attention(q4[0], k, v)
+    with pytest.raises(NoKernelSku, match="Philox"):
+        attention(q4, k, v, dropout_p=0.1, dropout_seed=np.zeros(1, np.int64),
+                            dropout_offset=np.zeros(1, np.int64))
+
+
+def test_verification_inputs_are_consistent_for_the_backward():
+    desc = backward(element="bf16", causal="bottom_right", padding=True, seq_q=20)
+    rng = np.random.default_rng(10)
+    floats = {name: spec for name, spec in SDPA_BACKWARD.signature(desc).items()
+              if spec.element.is_float}
+    inputs = verification_inputs(desc, random_inputs(floats, rng), rng)
+    len_q, len_kv = inputs["seq_len_q"], inputs["seq_len_kv"]
+    assert inputs["seq_len_q"].dtype == np.int32 and (len_q >= 1).all()
+    assert (len_q <= np.minimum(len_kv, desc.seq_q)).all()  # no empty row under bottom-right
+    out, lse = reference.sdpa_forward(inputs["q"], inputs["k"], inputs["v"], seq_len_q=len_q,
+                                      seq_len_kv=len_kv, causal="bottom_right")
+    np.testing.assert_array_equal(inputs["out"], _from_bits(_to_bits(out, desc.element),
+                                                            desc.element))
+    finite = np.isfinite(lse)  # padded rows: unspecified, given a finite value
+    np.testing.assert_allclose(inputs["stats"][..., 0][finite], lse[finite], rtol=1e-6)
+    assert np.isfinite(inputs["stats"]).all()
+
+
+def test_plan_preference_objects_and_dicts_agree():
+    desc = backward()
+    a = Plan.explain(desc, PlanPreference(deterministic=True), arch="sm90")
+    b = Plan.explain(desc, {"deterministic": True}, arch="sm90")
+    assert codes(a) == codes(b)
+
+
+def test_cudnn_not_supported_becomes_a_rejection_naming_the_version(monkeypatch):
+    """The build-order failure path, without a GPU: the frontend's "not supported" from any
+    build step is a Declined with cuDNN's version, and selection reports it as a reason."""
+    cudnn = pytest.importorskip("cudnn")
+    if runtime.available() is not None:
+        pytest.skip(runtime.available())
+    import contextlib
+
+    calls = []
+
+    class Refusing:
+        def finish(self):
+            calls.append("finish")
+            raise cudnn.cudnnGraphNotSupportedError("no engine for this graph")
+
+    monkeypatch.setattr(graphs, "_on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(runtime, "handle_for", lambda device: None)
+    monkeypatch.setattr(graphs, "declare_forward", lambda desc, handle, variant: Refusing())
+    graphs.GRAPHS.clear()
+    try:
+        desc = forward(save_stats=True, seq_q=48)
+        impl = next(i for i in FORWARD_SKUS if i.sku.element == "bf16")
+        unfit = impl.unfit_on(desc, Target(ArchSku.sm90, device=0))
+        version = limits.format_version(runtime.backend_version())
+        assert unfit.code is ReasonCode.feature_unsupported
+        assert unfit.detail == f"cuDNN {version}: no engine for this graph"
+        impl.unfit_on(desc, Target(ArchSku.sm90, device=0))
+        assert calls == ["finish"]  # declines are cached too
+        # Without a device the same problem is viable pending graph support, with an estimate.
+        assert impl.unfit_on(desc, Target(ArchSku.sm90)) is None
+        assert impl.workspace_size_on(desc, Target(ArchSku.sm90)) == 0
+    finally:
+        graphs.GRAPHS.clear()
+
+
+def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
+    """The SKU's run path with the graph, handle and device faked: what reaches the graph."""
+    from opfacade._internal.sku import Workspace
+    from opfacade._internal.tensors import TensorView
+    from opfacade.errors import BufferTooSmall, Unsupported
+
+    desc = forward(save_stats=True, bias="1hqk")
+    impl = next(i for i in FORWARD_SKUS if i.sku.element == "bf16")
+    calls = []
+    built = graphs.BuiltGraph(None, ("q", "k", "v", "out", "stats", "bias"), 4096, "fake",
+                              lambda pointers, ws, handle: calls.append((pointers, ws, handle)))
+    answer = {"graph": built}
+    monkeypatch.setattr(graphs, "forward_graph", lambda d, device, **kw: answer["graph"])
+    monkeypatch.setattr(runtime, "handle_for", lambda device: f"handle{device}")
+    monkeypatch.setattr(runtime, "set_stream", lambda handle, stream: calls.append(stream))
+    monkeypatch.setattr(runtime, "current_device", lambda: 0)
+    base = 1 << 32
+
+    def view(index, shape, element=desc.element):
+        strides = graphs.row_major(shape)
+        return TensorView(base + index * (1 << 24), shape, strides, element, 0, "cupy", None)
+
+    args = AttentionArgs(view(0, desc.q_shape), view(1, desc.k_shape), view(2, desc.v_shape),
+                         view(3, desc.o_shape), view(4, desc.stats_shape, ElementKind.f32),
+                         view(5, desc.bias_shape))
+    bound = _bind_forward(desc, args)
+    impl.check_args(desc, bound)
+    impl.launch(desc, bound, Workspace(base + (6 << 24), 4096, 0), stream=77)
+    assert calls == [77, ([base + i * (1 << 24) for i in range(6)], base + (6 << 24), "handle0")]
+    with pytest.raises(BufferTooSmall, match="needs 4096"):
+        impl.launch(desc, bound, Workspace(base + (6 << 24), 4095, 0), stream=77)
+    misaligned = AttentionArgs(**{**vars(args), "q": TensorView(
+        base + 8, desc.q_shape, graphs.row_major(desc.q_shape), desc.element, 0, "cupy", None)})
+    with pytest.raises(LayoutMismatch, match="q must be 16-byte aligned"):
+        impl.check_args(desc, _bind_forward(desc, misaligned))
+    bshd = graphs.dense_strides("bshd", *desc.q_shape)
+    transposed = AttentionArgs(**{**vars(args), "q": TensorView(
+        base, desc.q_shape, bshd, desc.element, 0, "cupy", None)})
+    with pytest.raises(LayoutMismatch, match="q must have the dense bhsd strides"):
+        impl.check_args(desc, _bind_forward(desc, transposed))
+    other = forward(save_stats=True, bias="1hqk", scale=0.5)  # not yet cached for a run
+    answer["graph"] = graphs.Declined("cuDNN 9.19.0: not supported")
+    with pytest.raises(Unsupported, match="cuDNN 9.19.0: not supported"):
+        impl.launch(other, bound, Workspace(base, 4096, 0), stream=0)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    fields=st.fixed_dictionaries(
+        {"batch": st.integers(-1, 9), "heads_q": st.sampled_from([0, 1, 3, 4, 8, 32]),
+         "heads_kv": st.sampled_from([1, 2, 3, 8]), "seq_q": st.integers(0, 9000),
+         "seq_kv": st.integers(1, 9000), "head_dim": st.sampled_from([0, 8, 60, 64, 256, 520]),
+         "element": st.sampled_from(["f16", "bf16", "f32", "i32", "x"])},
+        optional={"head_dim_v": st.sampled_from([None, 32, 100]),
+                  "causal": st.sampled_from([None, True, "top_left", "bottom_right", "up"]),
+                  "window": st.sampled_from([None, (4, None), (None, 0), (3, 3), "2,x", (-1, 2),
+                                             {"left": 1, "alignment": "bottom_right"}]),
+                  "bias": st.sampled_from([None, "bhqk", "11qk", "hq"]),
+                  "alibi": st.booleans(), "dropout_p": st.floats(-0.5, 1.5),
+                  "padding": st.booleans(), "layout": st.sampled_from(["bhsd", "sbhd", "hsd"]),
+                  "need_bias_grad": st.booleans()}),
+    backward_op=st.booleans(),
+    arch=st.sampled_from(list(ArchSku)),
+)
+def test_random_problems_get_typed_errors_or_reasons_never_crashes(fields, backward_op, arch):
+    """Descriptors validate themselves; the data limits answer every valid problem for every
+    arch without a GPU, with a reason or a workspace estimate."""
+    cls = AttentionBackwardDescriptor if backward_op else AttentionDescriptor
+    if not backward_op:
+        fields.pop("need_bias_grad", None)
+    try:
+        desc = cls(**fields)
+    except InvalidProblem as error:
+        assert error.field
+        return
+    impls = BACKWARD_SKUS if backward_op else FORWARD_SKUS
+    for impl in impls:
+        unfit = impl.unfit_on(desc, Target(arch))
+        assert unfit is None or (unfit.code in ReasonCode and unfit.detail)
+        assert impl.workspace_size_on(desc, Target(arch)) >= 0
+    report = Plan.explain(desc, {"backends": ["reference"]}, device="cpu")
+    assert report.chosen is not None or desc.dropout_p > 0 or desc.element in ("f16", "bf16")

@@ -1,0 +1,747 @@
+"""linear_forward / linear_backward without a GPU: descriptors, selection and explain for an
+arch, every bad input on the host reference, the row-major -> column-major mapping, and the
+cuBLASLt SKUs' whole launch path run against a NumPy emulation of the cuBLASLt binding (what
+the real library computes is checked in test_gemm_gpu.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import opfacade.gemm  # noqa: F401  (registers the ops)
+from opfacade import (
+    ArchSku,
+    DTypeMismatch,
+    InvalidArgument,
+    InvalidProblem,
+    LayoutMismatch,
+    NoKernelSku,
+    Plan,
+    ReasonCode,
+    ShapeMismatch,
+    Workspace,
+)
+from opfacade._backends.cublaslt import epilogues, layouts, library, linear, matmul
+from opfacade._backends.reference import gemm_backward, gemm_forward
+from opfacade._internal.device import device_count
+from opfacade._internal.sku import BoundArgs
+from opfacade._internal.tensors import TensorView
+from opfacade.gemm import (
+    LinearArgs,
+    LinearBackwardArgs,
+    LinearBackwardDescriptor,
+    LinearBackwardPlan,
+    LinearDescriptor,
+    LinearForwardPlan,
+)
+from opfacade.gemm import linear as linear_fn
+from opfacade.gemm import linear_backward as linear_backward_fn
+
+NO_GPU = device_count() == 0
+SHAPE = dict(m=5, n=7, k=3)
+
+
+def codes(report):
+    return {v.sku.id: v.code for v in report.verdicts}
+
+
+# -- descriptors ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field,value", [
+    ("m", 0), ("n", -1), ("k", 1 << 31), ("batch", 0), ("element", "i32"), ("element", "tf32"),
+    ("activation", "gelu"), ("weight_layout", "mk"), ("tf32", "maybe"),
+])
+def test_descriptor_rejects_impossible_problems_naming_the_field(field, value):
+    with pytest.raises(InvalidProblem, match=field) as caught:
+        LinearDescriptor(**{**SHAPE, "element": "f32", field: value})
+    assert caught.value.field == field
+
+
+@pytest.mark.parametrize("fields,field,words", [
+    (dict(element="bf16", tf32=True), "tf32", "element='f32' only"),
+    (dict(element="f32", weight_batched=True), "weight_batched", "needs a batch"),
+    (dict(element="f32", save_aux=True), "save_aux", "needs an activation"),
+])
+def test_forward_descriptor_rules_name_the_field(fields, field, words):
+    with pytest.raises(InvalidProblem, match=words) as caught:
+        LinearDescriptor(**SHAPE, **fields)
+    assert caught.value.field == field
+
+
+def test_backward_descriptor_rules():
+    with pytest.raises(InvalidProblem, match="cannot all be False"):
+        LinearBackwardDescriptor(**SHAPE, element="f32", need_input_grad=False,
+                                 need_weight_grad=False, need_bias_grad=False)
+    with pytest.raises(InvalidProblem, match="need_pre_grad") as caught:
+        LinearBackwardDescriptor(**SHAPE, element="f32", need_pre_grad=True)
+    assert caught.value.field == "need_pre_grad"
+    with pytest.raises(InvalidProblem, match="bogus"):
+        LinearBackwardDescriptor(**SHAPE, element="f32", bogus=1)
+
+
+def test_descriptor_json_round_trip_hash_and_shapes():
+    desc = LinearDescriptor(**SHAPE, batch=3, weight_batched=True, weight_layout="kn",
+                            element="bf16", activation="relu", save_aux=True)
+    again = LinearDescriptor.from_json(desc.model_dump_json())
+    assert again == desc and hash(again) == hash(desc)
+    assert desc.x_shape == (3, 5, 3) and desc.weight_shape == (3, 3, 7)
+    assert desc.out_shape == (3, 5, 7) and desc.aux_shape == (3, 5, 16)
+    assert desc.aux_element == "u8"
+    nk = LinearDescriptor(**SHAPE, element="f32", activation="gelu_tanh")
+    assert nk.weight_shape == (7, 3) and nk.aux_shape == (5, 7) and nk.aux_element == "f32"
+
+
+# -- selection and explain without a GPU -----------------------------------------------------------
+
+def gelu_bf16(**kw):
+    return LinearDescriptor(m=37, n=72, k=56, element="bf16", activation="gelu_tanh", **kw)
+
+
+def test_explain_for_an_arch_gives_every_candidate_a_reason():
+    report = LinearForwardPlan.explain(gelu_bf16(save_aux=True), arch="sm90")
+    found = codes(report)
+    assert found["linear_forward.cublaslt.bf16"] is ReasonCode.chosen
+    assert found["linear_forward.cublaslt.bf16.deterministic"] is ReasonCode.ranked_lower
+    assert found["linear_forward.cublaslt.f16"] is ReasonCode.element_unsupported
+    assert found["linear_forward.reference"] is ReasonCode.reference_is_oracle
+    assert len(found) == len(LinearForwardPlan.op.skus)
+    chosen = report.chosen
+    assert chosen.workspace_size % 256 == 0 and chosen.workspace_size <= linear.WORKSPACE_LIMIT
+    if NO_GPU:
+        assert chosen.workspace_size == linear.WORKSPACE_LIMIT  # the budget; exact on a GPU
+
+
+def test_deterministic_preference_picks_the_restricted_sku():
+    plan = Plan.select(gelu_bf16(), {"deterministic": True}, arch="sm90")
+    assert plan.sku.id == "linear_forward.cublaslt.bf16.deterministic"
+    assert plan.precision_guarantee.deterministic and not plan.precision_guarantee.bit_stable
+    report = Plan.explain(gelu_bf16(), {"deterministic": True}, arch="sm90")
+    assert codes(report)["linear_forward.cublaslt.bf16"] is ReasonCode.not_deterministic
+    assert Plan.select(gelu_bf16(), arch="sm90").sku.id == "linear_forward.cublaslt.bf16"
+
+
+def test_gelu_erf_and_silu_are_honestly_unsupported_on_cublaslt():
+    for activation in ("gelu_erf", "silu"):
+        desc = LinearDescriptor(m=8, n=8, k=8, element="f16", activation=activation)
+        report = Plan.explain(desc, arch="sm90")
+        verdict = next(v for v in report.verdicts if v.sku.id == "linear_forward.cublaslt.f16")
+        assert verdict.code is ReasonCode.feature_unsupported
+        assert ("tanh approximation" if activation == "gelu_erf" else "SiLU") in verdict.detail
+        with pytest.raises(NoKernelSku):
+            Plan.select(desc, arch="sm90")
+        assert Plan.select(desc, device="cpu").sku.id == "linear_forward.reference"
+
+
+def test_tf32_is_chosen_only_when_allowed_and_precision_preferences_grade_it():
+    exact = LinearDescriptor(**SHAPE, element="f32")
+    assert Plan.select(exact, arch="sm90").sku.id == "linear_forward.cublaslt.f32"
+    fast = LinearDescriptor(**SHAPE, element="f32", tf32=True)
+    plan = Plan.select(fast, arch="sm90")
+    assert plan.sku.id == "linear_forward.cublaslt.tf32"
+    assert plan.precision_guarantee.math_precision == "tf32"
+    assert Plan.select(fast, {"min_math_precision": "f32"}, arch="sm90").sku.id == \
+        "linear_forward.cublaslt.f32"
+    assert Plan.select(fast, {"max_rel_error": 1e-4}, arch="sm90").sku.id == \
+        "linear_forward.cublaslt.f32"
+
+
+def test_unsupported_elements_and_archs():
+    with pytest.raises(NoKernelSku):
+        Plan.select(LinearDescriptor(**SHAPE, element="fp8_e4m3"), arch="sm90")
+    with pytest.raises(NoKernelSku):
+        Plan.select(LinearDescriptor(**SHAPE, element="f64"), arch="sm90")
+    assert all(sku.arch is ArchSku.sm80 for sku in
+               (impl.sku for impl in LinearForwardPlan.op.skus) if sku.backend == "cublaslt")
+
+
+def test_workspace_limit_and_selection_hook_without_a_gpu():
+    impl = linear.FORWARD_SKUS[0]
+    from opfacade.types import PlanPreference
+
+    planned = impl.plan_for(gelu_bf16(), PlanPreference(workspace_limit=4000))
+    if NO_GPU:
+        assert planned[0] == 3840 and "first run" in planned[1]  # 256-byte units, within it
+    assert isinstance(impl.plan_for(LinearDescriptor(**SHAPE, element="f16",
+                                                     activation="silu")),
+                      type(impl.unfit(LinearDescriptor(**SHAPE, element="f16",
+                                                       activation="silu"))))
+    backward = linear.BACKWARD_SKUS[1]  # bf16, deterministic: zeros, ones and d_pre regions
+    desc = LinearBackwardDescriptor(m=37, n=72, k=56, element="bf16", activation="gelu_tanh")
+    regions = backward._regions(desc)
+    assert set(regions) == {"zeros", "ones", "d_pre"}
+    assert regions["d_pre"] == 37 * 72 * 2 and regions["ones"] == 37 * 2
+    assert set(linear.BACKWARD_SKUS[0]._regions(desc)) == {"zeros", "ones", "d_pre"}
+    tight = backward.plan_for(desc, PlanPreference(workspace_limit=1024))
+    assert tight.code is ReasonCode.workspace_over_limit and "intermediate" in tight.detail
+    assert linear.BACKWARD_SKUS[0]._bias_fused(desc) == "pre"  # DGELU_BGRAD
+    assert backward._bias_fused(desc) is None  # the GEMV
+
+
+def test_training_pair_and_its_rules():
+    pair = Plan.select_for_training(gelu_bf16(save_aux=True), arch="sm90")
+    assert pair.forward.sku.id == "linear_forward.cublaslt.bf16"
+    assert pair.backward.sku.id == "linear_backward.cublaslt.bf16"
+    assert isinstance(pair.backward, LinearBackwardPlan)
+    backward = pair.backward.descriptor
+    assert backward.activation == "gelu_tanh" and backward.need_bias_grad
+    assert not backward.need_pre_grad
+    residual = Plan.select_for_training(gelu_bf16(save_aux=True, residual=True), arch="sm90")
+    assert residual.backward.descriptor.need_pre_grad
+    with pytest.raises(InvalidProblem, match="save_aux"):
+        Plan.select_for_training(gelu_bf16(), arch="sm90")
+    erf = LinearDescriptor(m=8, n=8, k=8, element="bf16", activation="gelu_erf", save_aux=True)
+    with pytest.raises(NoKernelSku):
+        Plan.select_for_training(erf, arch="sm90")
+
+
+def test_cli_explain_lists_the_gemm_skus(capsys):
+    from opfacade.cli import main
+
+    assert main(["explain", "linear_forward", "m=64", "n=96", "k=80", "element=bf16",
+                 "activation=gelu_tanh", "--arch", "sm90"]) == 0
+    out = capsys.readouterr().out
+    assert "linear_forward.cublaslt.bf16" in out and "chosen" in out
+
+
+# -- the host reference and bad input -------------------------------------------------------------
+
+def host_operands(desc, rng):
+    x = rng.uniform(-1, 1, desc.x_shape)
+    w = rng.uniform(-1, 1, desc.weight_shape)
+    return x, w, rng.uniform(-1, 1, desc.n), rng.uniform(-1, 1, desc.out_shape)
+
+
+@pytest.mark.parametrize("layout,batching,activation", list(itertools.product(
+    ["kn", "nk"], ["plain", "shared", "batched"], ["none", "relu", "gelu_tanh", "gelu_erf"])))
+def test_host_reference_plans_match_the_oracle(layout, batching, activation):
+    batch = None if batching == "plain" else 2
+    desc = LinearDescriptor(**SHAPE, batch=batch, weight_batched=batching == "batched",
+                            weight_layout=layout, element="f64", activation=activation,
+                            residual=True, save_aux=activation != "none")
+    rng = np.random.default_rng(1)
+    x, w, b, r = host_operands(desc, rng)
+    out = np.empty(desc.out_shape)
+    aux = np.empty(desc.aux_shape, np.uint8 if activation == "relu" else np.float64) \
+        if desc.save_aux else None
+    Plan.select(desc, device="cpu").run(LinearArgs(x, w, b, r, out, aux))
+    want, pre = gemm_forward(x, w, weight_layout=layout, bias=b, activation=activation,
+                             residual=r)
+    np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
+    if activation == "relu":
+        np.testing.assert_array_equal(epilogues.unpack_relu_mask(aux, desc.n), pre > 0)
+    elif aux is not None:
+        np.testing.assert_allclose(aux, pre, rtol=1e-13, atol=1e-13)
+
+
+def host_forward(**kw):
+    desc = LinearDescriptor(**{**SHAPE, "element": "f64", "activation": "gelu_tanh",
+                               "save_aux": True, **kw})
+    return desc, Plan.select(desc, device="cpu")
+
+
+def test_forward_bad_input_is_typed_and_named():
+    desc, plan = host_forward(batch=2)
+    rng = np.random.default_rng(2)
+    x, w, b, _ = host_operands(desc, rng)
+    out, aux = np.empty(desc.out_shape), np.empty(desc.aux_shape)
+
+    def args(**changes):
+        base = dict(x=x, weight=w, bias=b, out=out, aux=aux)
+        return LinearArgs(**{**base, **changes})
+
+    plan.can_implement(args())
+    with pytest.raises(ShapeMismatch, match=r"weight must have shape \(7, 3\) \(\[N, K\] in the "
+                                            r"'nk' layout\), got \(7, 4\)"):
+        plan.can_implement(args(weight=np.ones((7, 4))))  # mismatched K
+    with pytest.raises(ShapeMismatch, match=r"bias must have shape \(7,\) \(\[N\], to match N"):
+        plan.can_implement(args(bias=np.ones(8)))
+    with pytest.raises(ShapeMismatch, match=r"x must have shape \(2, 5, 3\)"):
+        plan.can_implement(args(x=np.ones((3, 5, 3))))  # batch mismatch
+    with pytest.raises(DTypeMismatch, match="bias must have element type f64, got f32"):
+        plan.can_implement(args(bias=np.ones(7, np.float32)))  # dtype mix
+    with pytest.raises(InvalidArgument, match="out is required"):
+        plan.can_implement(args(out=None))
+    with pytest.raises(InvalidArgument, match="aux is required"):
+        plan.can_implement(args(aux=None))
+    with pytest.raises(InvalidArgument, match="residual must be None"):
+        plan.can_implement(args(residual=np.ones(desc.out_shape)))
+    with pytest.raises(LayoutMismatch, match="out overlaps x"):
+        flat = np.zeros(200)
+        plan.can_implement(args(x=flat[:30].reshape(2, 5, 3), out=flat[10:80].reshape(2, 5, 7)))
+    with pytest.raises(LayoutMismatch, match="x must have unit stride"):
+        plan.can_implement(args(x=np.ones((2, 3, 5)).transpose(0, 2, 1)))
+    with pytest.raises(InvalidArgument, match="args must be LinearArgs"):
+        plan.can_implement(LinearBackwardArgs(x, x, w))
+
+
+def test_residual_may_be_the_output_itself():
+    desc, plan = host_forward(residual=True, save_aux=False, activation="none")
+    rng = np.random.default_rng(3)
+    x, w, b, r = host_operands(desc, rng)
+    want, _ = gemm_forward(x, w, bias=b, residual=r, weight_layout="nk")
+    plan.run(LinearArgs(x, w, b, r, r))  # out += x @ W^T + b, in place
+    np.testing.assert_allclose(r, want, rtol=1e-13)
+    with pytest.raises(ShapeMismatch, match="residual must have shape"):
+        plan.can_implement(LinearArgs(x, w, b, np.ones((5, 8)), np.empty((5, 7))))
+
+
+def test_backward_bad_input_is_typed_and_named():
+    desc = LinearBackwardDescriptor(**SHAPE, element="f64", activation="gelu_tanh",
+                                    need_weight_grad=False)
+    plan = Plan.select(desc, device="cpu")
+    rng = np.random.default_rng(4)
+    dy, x, w = rng.uniform(-1, 1, (5, 7)), rng.uniform(-1, 1, (5, 3)), rng.uniform(-1, 1, (7, 3))
+    aux, gx, gb = rng.uniform(-1, 1, (5, 7)), np.empty((5, 3)), np.empty(7)
+    plan.can_implement(LinearBackwardArgs(dy, x, w, aux, gx, None, gb))
+    with pytest.raises(InvalidArgument, match="aux is required"):
+        plan.can_implement(LinearBackwardArgs(dy, x, w, None, gx, None, gb))
+    with pytest.raises(InvalidArgument, match="grad_weight must be None"):
+        plan.can_implement(LinearBackwardArgs(dy, x, w, aux, gx, np.empty((7, 3)), gb))
+    with pytest.raises(ShapeMismatch, match="grad_out must have shape"):
+        plan.can_implement(LinearBackwardArgs(dy[:, :6], x, w, aux, gx, None, gb))
+    with pytest.raises(LayoutMismatch, match="grad_x overlaps x"):
+        plan.can_implement(LinearBackwardArgs(dy, x, w, aux, x, None, gb))
+    with pytest.raises(DTypeMismatch, match="aux must have element type f64"):
+        plan.can_implement(LinearBackwardArgs(dy, x, w, aux.astype(np.float32), gx, None, gb))
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu_tanh", "silu"])
+def test_host_backward_and_functional_forms_match_the_oracle(activation):
+    rng = np.random.default_rng(5)
+    x, w, b = rng.uniform(-1, 1, (2, 5, 3)), rng.uniform(-1, 1, (7, 3)), rng.uniform(-1, 1, 7)
+    result = linear_fn(x, w, b, activation=activation, save_aux=activation != "none")
+    out, aux = result if activation != "none" else (result, None)
+    want, pre = gemm_forward(x, w, weight_layout="nk", bias=b, activation=activation)
+    np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
+    dy = rng.uniform(-1, 1, out.shape)
+    gx, gw, gb = linear_backward_fn(dy, x, w, aux, activation=activation)
+    ref = gemm_backward(dy, x, w, pre, weight_layout="nk", activation=activation)
+    for got, name in ((gx, "dx"), (gw, "dw"), (gb, "dbias")):
+        np.testing.assert_allclose(got, ref[name], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ShapeMismatch, match="weight .* has K=4; x .* has K=3"):
+        linear_fn(x, np.ones((7, 4)), b)
+
+
+# -- the row-major -> column-major mapping ------------------------------------------------------
+
+def test_forward_mapping_is_the_transposed_problem():
+    desc = LinearDescriptor(m=5, n=7, k=3, element="f32")
+    x, out = layouts.Rows(3), layouts.Rows(7)
+    nk = layouts.forward_gemm(desc, x, layouts.Rows(3), out)
+    assert (nk.transa, nk.transb, nk.m, nk.n, nk.k) == (layouts.OP_T, layouts.OP_N, 7, 5, 3)
+    assert nk.a == layouts.Matrix(3, 7, 3) and nk.b == layouts.Matrix(3, 5, 3)
+    assert nk.d == layouts.Matrix(7, 5, 7)
+    kn = layouts.forward_gemm(desc.model_copy(update={"weight_layout": "kn"}), x,
+                              layouts.Rows(7), out)
+    assert kn.transa == layouts.OP_N and kn.a == layouts.Matrix(7, 3, 7)
+    shared = LinearDescriptor(m=5, n=7, k=3, batch=4, element="f32")
+    folded = layouts.forward_gemm(shared, layouts.Rows(3, 15), layouts.Rows(3),
+                                  layouts.Rows(7, 35))
+    assert folded.batch == 1 and folded.n == 20  # 4 * 5 rows in one GEMM
+    padded = layouts.forward_gemm(shared, layouts.Rows(3, 16), layouts.Rows(3),
+                                  layouts.Rows(7, 35))
+    assert padded.batch == 4 and padded.a.batch_stride == 0 and padded.b.batch_stride == 16
+
+
+class FakeCublasLt:
+    """cuBLASLt's matmul semantics in NumPy on host memory, behind the binding's names.
+
+    Column-major operands, op(A)/op(B), strided batches, alpha/beta, and the epilogues as the
+    cuBLAS documentation defines them (bias along D's rows, aux, activation derivatives, bias
+    gradients). Enums and attribute types come from the real binding; only f32 data.
+    """
+
+    def __init__(self, workspace: int = 1024):
+        import nvmath.bindings.cublasLt as real
+
+        self.real, self.workspace = real, workspace
+        self.objects: dict[int, dict] = {}
+        self.calls: list[dict] = []
+        self.refuse: set[str] = set()  # epilogues the heuristic finds no algorithm for
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def _new(self, **state) -> int:
+        key = len(self.objects) + 1
+        self.objects[key] = state
+        return key
+
+    def create(self):
+        return 4242
+
+    def matmul_desc_create(self, compute, scale):
+        return self._new(kind="desc", compute=compute, attrs={})
+
+    def matrix_layout_create(self, data_type, rows, cols, ld):
+        assert ld >= rows, "cuBLASLt needs ld >= rows"
+        return self._new(kind="layout", type=data_type, rows=rows, cols=cols, ld=ld,
+                         attrs={})
+
+    def matmul_preference_create(self):
+        return self._new(kind="pref", attrs={})
+
+    def _set(self, obj, attr, buf, size, dtype_of):
+        value = np.frombuffer(ctypes.string_at(buf, size), dtype=dtype_of(attr))[0]
+        self.objects[obj]["attrs"][int(attr)] = int(value)
+
+    def matmul_desc_set_attribute(self, obj, attr, buf, size):
+        self._set(obj, attr, buf, size, self.real.get_matmul_desc_attribute_dtype)
+
+    def matrix_layout_set_attribute(self, obj, attr, buf, size):
+        self._set(obj, attr, buf, size, self.real.get_matrix_layout_attribute_dtype)
+
+    def matmul_preference_set_attribute(self, obj, attr, buf, size):
+        self._set(obj, attr, buf, size, self.real.get_matmul_preference_attribute_dtype)
+
+    def matmul_preference_destroy(self, obj):
+        pass
+
+    matrix_layout_destroy = matmul_desc_destroy = matmul_preference_destroy
+
+    def matmul_algo_get_heuristic(self, handle, desc, a, b, c, d, pref, count, results, out):
+        limit = self.objects[pref]["attrs"][int(self.real.MatmulPreferenceAttribute
+                                                .MAX_WORKSPACE_BYTES)]
+        prefs = self.real.MatmulPreferenceAttribute
+        self.objects[desc]["alignment"] = self.objects[pref]["attrs"][int(
+            prefs.MIN_ALIGNMENT_A_BYTES)]
+        epilogue = self.objects[desc]["attrs"].get(int(self.real.MatmulDescAttribute.EPILOGUE), 1)
+        if self.real.Epilogue(epilogue).name in self.refuse:
+            ctypes.c_int32.from_address(out).value = 0
+            return
+        view = np.frombuffer((ctypes.c_char * 96).from_address(results),
+                             dtype=self.real.matmul_heuristic_result_dtype)
+        view["workspace_size"][0] = min(self.workspace, limit)
+        view["state"][0], view["waves_count"][0] = 0, 1.0
+        ctypes.c_int32.from_address(out).value = 1
+
+    def matmul_algo_config_get_attribute(self, algo, attr, buf, size, written):
+        ctypes.memset(buf, 0, size)
+
+    def _matrix(self, ptr, layout, batch=None):
+        spec = self.objects[layout]
+        batch = spec["attrs"].get(int(self.real.MatrixLayoutAttribute.BATCH_COUNT), 1)
+        stride = spec["attrs"].get(int(self.real.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET), 0)
+        assert spec["type"] == library.CUDA_R_32F
+        return _strided(ptr, (batch, spec["rows"], spec["cols"]), (stride, 1, spec["ld"]))
+
+    def matmul(self, handle, desc, alpha, a, adesc, b, bdesc, beta, c, cdesc, d, ddesc, algo,
+               ws, ws_size, stream):
+        attrs = self.objects[desc]["attrs"]
+        names = self.real.MatmulDescAttribute
+        get = lambda name, default=0: attrs.get(int(getattr(names, name)), default)  # noqa: E731
+        assert ws_size >= min(self.workspace, ws_size) and (ws % 256 == 0 or ws_size == 0)
+        alignment = self.objects[desc]["alignment"]  # what the heuristic was promised
+        assert all(p % alignment == 0 for p in (a, b, c, d)), "under-aligned pointer"
+        A, B = self._matrix(a, adesc), self._matrix(b, bdesc)
+        C, D = self._matrix(c, cdesc), self._matrix(d, ddesc)
+        opa = A if get("TRANSA") == 0 else A.transpose(0, 2, 1)
+        opb = B if get("TRANSB") == 0 else B.transpose(0, 2, 1)
+        al, be = (ctypes.c_float.from_address(p).value for p in (alpha, beta))
+        epi = epilogues.EPILOGUES[{e.value: e.name for e in epilogues.EPILOGUES.values()}[
+            get("EPILOGUE", 1)]]
+        assert opa.shape[2] == opb.shape[1] and (opa.shape[2] > 1 or not epi.aux), "k = 1"
+        acc = al * np.matmul(opa.astype(np.float64), opb.astype(np.float64))
+        acc = acc + (be * C if be else 0)
+        rows = D.shape[1]
+        if epi.bias == "in":
+            acc = acc + _strided(get("BIAS_POINTER"), (D.shape[0], rows, 1),
+                                 (get("BIAS_BATCH_STRIDE"), 1, 0))
+        aux_ld, aux_stride = get("EPILOGUE_AUX_LD"), get("EPILOGUE_AUX_BATCH_STRIDE")
+        if epi.aux:
+            assert aux_ld >= rows and aux_ld % (128 if epi.aux_is_mask else 8) == 0
+        if epi.aux == "out":
+            if epi.aux_is_mask:
+                _write_mask(get("EPILOGUE_AUX_POINTER"), acc > 0, aux_ld, aux_stride)
+            else:
+                _strided(get("EPILOGUE_AUX_POINTER"), D.shape, (aux_stride, 1, aux_ld))[:] = acc
+        if epi.name.startswith("RELU"):
+            acc = np.maximum(acc, 0)
+        elif epi.name.startswith("GELU"):
+            acc = gemm_forward(acc.reshape(-1, 1), np.ones((1, 1)), activation="gelu_tanh",
+                               weight_layout="kn")[0].reshape(acc.shape)
+        elif epi.aux == "in":
+            if epi.aux_is_mask:
+                acc = acc * _read_mask(get("EPILOGUE_AUX_POINTER"), D.shape, aux_ld, aux_stride)
+            else:
+                pre = _strided(get("EPILOGUE_AUX_POINTER"), D.shape, (aux_stride, 1, aux_ld))
+                from opfacade._backends.reference import activation_grad
+
+                acc = acc * activation_grad(pre, "gelu_tanh")
+        if epi.bias == "out":
+            bias_stride = get("BIAS_BATCH_STRIDE")
+            if epi.name == "BGRADB":
+                assert get("TRANSB") == 1, "BGRADB takes a transposed B"
+                sums, length = opb.sum(axis=1), D.shape[2]
+            else:
+                sums, length = (opa.sum(axis=2) if epi.name == "BGRADA" else acc.sum(axis=2),
+                                rows)
+            _strided(get("BIAS_POINTER"), (D.shape[0], length), (bias_stride, 1))[:] = sums
+        D[:] = acc
+        self.calls.append({"epilogue": epi.name, "m": rows, "n": D.shape[2], "batch": D.shape[0]})
+
+
+def _strided(ptr, shape, strides, dtype=np.float32):
+    itemsize = np.dtype(dtype).itemsize
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+    base = np.frombuffer((ctypes.c_char * (span * itemsize)).from_address(ptr), dtype=dtype)
+    return np.lib.stride_tricks.as_strided(base, shape, [s * itemsize for s in strides])
+
+
+def _mask_bits(ptr, shape, ld, stride):
+    batch, rows, cols = shape
+    nbytes = ((batch - 1) * stride + cols * ld) // 8
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=np.uint8), rows, cols
+
+
+def _write_mask(ptr, positive, ld, stride):
+    data, rows, cols = _mask_bits(ptr, positive.shape, ld, stride)
+    for bb, j, i in itertools.product(*(range(n) for n in (positive.shape[0], cols, rows))):
+        bit = bb * stride + j * ld + i
+        data[bit // 8] = (data[bit // 8] & ~np.uint8(1 << bit % 8)) | \
+            np.uint8(positive[bb, i, j] << (bit % 8))
+
+
+def _read_mask(ptr, shape, ld, stride):
+    data, rows, cols = _mask_bits(ptr, shape, ld, stride)
+    out = np.zeros(shape)
+    for bb, j, i in itertools.product(*(range(n) for n in (shape[0], cols, rows))):
+        bit = bb * stride + j * ld + i
+        out[bb, i, j] = (data[bit // 8] >> (bit % 8)) & 1
+    return out
+
+
+@pytest.fixture
+def fake_cublaslt(monkeypatch):
+    """The SKUs' launch path with the emulated binding and host memory posing as cuda:0."""
+    pytest.importorskip("nvmath.bindings.cublasLt")
+    fake = FakeCublasLt()
+    nullcontext = lambda device: contextlib.nullcontext()  # noqa: E731
+    monkeypatch.setattr(library, "binding", lambda: fake)
+    monkeypatch.setattr(library, "handle", lambda device: 4242)
+    monkeypatch.setattr(library, "on_device", nullcontext)
+    monkeypatch.setattr(matmul, "binding", lambda: fake)
+    monkeypatch.setattr(matmul, "handle", lambda device: 4242)
+    monkeypatch.setattr(matmul, "on_device", nullcontext)
+    import cupy
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(cupy.cuda.runtime, "memsetAsync",
+                        lambda ptr, value, size, stream: ctypes.memset(ptr, value, size))
+
+    def fill(ptr, pattern, width, count, stream):
+        _strided(ptr, (count,), (1,), np.uint32 if width == 4 else np.uint16)[:] = pattern
+
+    monkeypatch.setattr(linear, "_fill", fill)
+    return fake
+
+
+def view(array: np.ndarray, element="f32") -> TensorView:
+    from opfacade.types import ElementKind
+
+    itemsize = array.itemsize
+    return TensorView(array.ctypes.data, array.shape, tuple(s // itemsize for s in array.strides),
+                      ElementKind(element), 0, "numpy", array)
+
+
+def padded(rng, shape, pad=3, dtype=np.float32, values=True):
+    """A view with rows ``pad`` elements longer than the shape: exercises every ld."""
+    buf = rng.uniform(-1, 1, (*shape[:-1], shape[-1] + pad)) if values else \
+        np.full((*shape[:-1], shape[-1] + pad), np.nan)
+    return buf.astype(dtype)[..., :shape[-1]]
+
+
+def aligned_workspace(nbytes: int) -> Workspace:
+    buf = np.zeros(nbytes + 512, np.uint8)
+    ptr = -(-buf.ctypes.data // 256) * 256
+    return Workspace(ptr, nbytes, 0, buf)
+
+
+CASES = list(itertools.product(["kn", "nk"], ["plain", "shared", "batched"],
+                               ["none", "relu", "gelu_tanh"], [False, True]))
+
+
+@pytest.mark.parametrize("layout,batching,activation,deterministic", CASES)
+def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout, batching,
+                                                          activation, deterministic):
+    batch = None if batching == "plain" else 3
+    desc = LinearDescriptor(m=5, n=9, k=4, batch=batch, weight_batched=batching == "batched",
+                            weight_layout=layout, element="f32", activation=activation,
+                            residual=True, save_aux=activation != "none")
+    impl = next(i for i in linear.FORWARD_SKUS if i.element == "f32"
+                and i.deterministic == deterministic)
+    rng = np.random.default_rng(6)
+    x, w = padded(rng, desc.x_shape), padded(rng, desc.weight_shape, pad=5)
+    b, r = rng.uniform(-1, 1, 9).astype(np.float32), padded(rng, desc.out_shape, pad=2)
+    out = padded(rng, desc.out_shape, pad=1, values=False)
+    if activation == "relu":
+        aux = np.zeros(desc.aux_shape, np.uint8)
+    elif activation == "gelu_tanh":
+        aux = np.full((*desc.lead, 5, 16), np.nan, np.float32)[..., :9]  # rows of 16 >= 8 * k
+    else:
+        aux = None
+    views = {"x": view(x), "weight": view(w), "bias": view(b), "residual": view(r),
+             "out": view(out), "aux": None if aux is None else
+             view(aux, "u8" if activation == "relu" else "f32")}
+    bound = BoundArgs(views, outputs=("out", "aux"))
+    impl.check_args(desc, bound)
+    impl.launch(desc, bound, aligned_workspace(4096), 0)
+    want, pre = gemm_forward(x, w, weight_layout=layout, bias=b, activation=activation,
+                             residual=r)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    if activation == "relu":
+        np.testing.assert_array_equal(epilogues.unpack_relu_mask(aux, 9), pre > 0)
+    elif activation == "gelu_tanh":
+        np.testing.assert_allclose(aux, pre, rtol=1e-5, atol=1e-6)
+    call = fake_cublaslt.calls[-1]
+    want_epilogue = epilogues.forward_epilogue(activation, True, activation != "none").name
+    assert call["epilogue"] == want_epilogue and call["m"] == 9
+
+
+@pytest.mark.parametrize("layout,batching,activation,deterministic", CASES)
+def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout, batching,
+                                                           activation, deterministic):
+    batch = None if batching == "plain" else 3
+    need_pre = deterministic and activation != "none"  # both ways of holding d_pre
+    desc = LinearBackwardDescriptor(m=5, n=9, k=4, batch=batch,
+                                    weight_batched=batching == "batched", weight_layout=layout,
+                                    element="f32", activation=activation, need_pre_grad=need_pre)
+    impl = next(i for i in linear.BACKWARD_SKUS if i.element == "f32"
+                and i.deterministic == deterministic)
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-1, 1, desc.x_shape).astype(np.float32)  # batch-contiguous, as required
+    w = padded(rng, desc.weight_shape, pad=2)
+    dy = rng.uniform(-1, 1, desc.out_shape).astype(np.float32)
+    pre = rng.uniform(-1, 1, desc.out_shape)
+    if activation == "relu":
+        aux = epilogues.pack_relu_mask(pre)
+    else:
+        aux = np.zeros((*desc.lead, 5, 16), np.float32)
+        aux[..., :9] = pre
+        aux = aux[..., :9] if activation == "gelu_tanh" else None
+        if aux is not None and batch:  # keep it batch-contiguous with 16-element rows
+            aux = np.lib.stride_tricks.as_strided(aux, aux.shape, (16 * 5 * 4, 16 * 4, 4))
+    nan = lambda shape: np.full(shape, np.nan, np.float32)  # noqa: E731
+    gx, gw, gb = nan(desc.x_shape), padded(rng, desc.weight_shape, 1, values=False), nan(9)
+    gp = nan(desc.out_shape) if need_pre else None
+    views = {"grad_out": view(dy), "x": view(x), "weight": view(w),
+             "aux": None if aux is None else view(aux, "u8" if activation == "relu" else "f32"),
+             "grad_x": view(gx), "grad_weight": view(gw), "grad_bias": view(gb),
+             "grad_pre": None if gp is None else view(gp)}
+    bound = BoundArgs(views, outputs=("grad_x", "grad_weight", "grad_bias", "grad_pre"))
+    impl.check_args(desc, bound)
+    need = impl._fixed_bytes(desc) + 4096
+    impl.launch(desc, bound, aligned_workspace(need), 0)
+    pre_like = np.where(pre > 0, 1.0, -1.0) if activation == "relu" else pre
+    ref = gemm_backward(dy, x, w, pre_like, weight_layout=layout, activation=activation)
+    for got, name in ((gx, "dx"), (gw, "dw"), (gb, "dbias")):
+        np.testing.assert_allclose(got, ref[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    if gp is not None:
+        np.testing.assert_allclose(gp, ref["d_pre"], rtol=1e-5, atol=1e-6)
+    used = [call["epilogue"] for call in fake_cublaslt.calls]
+    if deterministic:
+        assert not any("BGRAD" in name for name in used)
+    elif activation != "none":
+        assert used[0] == epilogues.backward_epilogue(activation, True).name
+    elif batching != "batched":
+        assert used[0] == ("BGRADA" if layout == "kn" else "BGRADB")
+
+
+@pytest.mark.parametrize("activation,refused", [("none", "BGRADA"), ("gelu_tanh", "DGELU_BGRAD")])
+def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused):
+    fake_cublaslt.refuse.add(refused)
+    desc = LinearBackwardDescriptor(m=6, n=8, k=4, weight_layout="kn", element="f32",
+                                    activation=activation)
+    impl = linear.BACKWARD_SKUS[-2]  # f32, not deterministic: would fuse dbias
+    recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 30)
+    assert recipe.gemv and "grad_bias" in recipe.algorithms
+    assert refused not in recipe.describe()
+    assert recipe.workspace_size <= impl._fixed_bytes(desc) + matmul.round_workspace(1024 + 16)
+
+
+def test_launch_checks_name_the_argument(fake_cublaslt):
+    desc = LinearDescriptor(m=4, n=12, k=8, element="f32", activation="gelu_tanh",
+                            save_aux=True)
+    impl = linear.FORWARD_SKUS[-2]
+    rng = np.random.default_rng(8)
+    x, w = rng.uniform(-1, 1, (4, 9)).astype(np.float32), np.ones((12, 8), np.float32)
+    good = {"x": view(x[:, :8]), "weight": view(w), "bias": None, "residual": None,
+            "out": view(np.empty((4, 12), np.float32)), "aux": view(np.empty((4, 16),
+                                                                              np.float32))}
+    impl.check_args(desc, BoundArgs(good, ("out", "aux")))
+    with pytest.raises(LayoutMismatch, match="aux must have a row stride that is a multiple of 8"):
+        impl.check_args(desc, BoundArgs({**good, "aux": view(np.empty((4, 12), np.float32))},
+                                        ("out", "aux")))
+    shifted = TensorView(x.ctypes.data + 4, (4, 8), (9, 1), x.dtype.name and good["x"].element,
+                         0, "numpy", x)
+    with pytest.raises(LayoutMismatch, match="x must be 16-byte aligned"):
+        impl.check_args(desc, BoundArgs({**good, "x": shifted}, ("out", "aux")))
+    overlapping = TensorView(x.ctypes.data, (4, 8), (4, 1), good["x"].element, 0, "numpy", x)
+    with pytest.raises(LayoutMismatch, match="x must have rows at least 8 elements apart"):
+        impl.check_args(desc, BoundArgs({**good, "x": overlapping}, ("out", "aux")))
+    backward = LinearBackwardDescriptor(m=4, n=8, k=8, batch=2, element="f32")
+    gapped = np.zeros((2, 5, 8), np.float32)[:, :4]
+    views = {"grad_out": view(gapped), "x": view(np.zeros((2, 4, 8), np.float32)),
+             "weight": view(w[:8]), "aux": None, "grad_x": None, "grad_weight": None,
+             "grad_bias": None, "grad_pre": None}
+    with pytest.raises(LayoutMismatch, match="grad_out must be contiguous across the batch"):
+        linear.BACKWARD_SKUS[-2].check_args(backward, BoundArgs(views, ()))
+
+
+def test_the_heuristic_is_told_the_pointers_alignment(fake_cublaslt):
+    desc = LinearDescriptor(m=4, n=8, k=8, element="f32", bias=False)
+    impl = linear.FORWARD_SKUS[-2]
+    buf = np.zeros(4 * 8 + 8 * 8 + 4 * 8 + 128, np.float32)
+    start = -(-buf.ctypes.data // 256) * 256 // 4 - buf.ctypes.data // 4  # first 256-aligned
+
+    def at(offset, shape):
+        return TensorView(buf.ctypes.data + (start + offset) * 4, shape, (shape[1], 1),
+                          view(buf).element, 0, "numpy", buf)
+
+    for shift, alignment in ((0, 256), (4, 16)):
+        views = {"x": at(shift, (4, 8)), "weight": at(64, (8, 8)), "bias": None,
+                 "residual": None, "out": at(128 + shift, (4, 8)), "aux": None}
+        impl.launch(desc, BoundArgs(views, ("out",)), aligned_workspace(4096), 0)
+        assert impl._recipes._last[1][1][1] == alignment
+
+
+def test_workspace_smaller_than_the_choice_gets_the_best_within_it(fake_cublaslt):
+    desc = LinearDescriptor(m=4, n=8, k=8, element="f32")
+    impl = linear.FORWARD_SKUS[-2]
+    recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 20)
+    assert recipe.workspace_size == matmul.round_workspace(1024 + 16)  # BIAS: +16, like nvmath
+    small = impl._recipes.get(desc, 0, impl._canonical(desc), 512)
+    assert small.workspace_size <= 512
+    assert impl.algorithm(desc, 0).algo_id == 0
+
+
+# -- constants against the binding ----------------------------------------------------------------
+
+def test_constants_match_nvmath():
+    real = pytest.importorskip("nvmath.bindings.cublasLt")
+    for e in epilogues.EPILOGUES.values():
+        assert int(getattr(real.Epilogue, e.name)) == e.value
+    schemes = {n: int(getattr(real.ReductionScheme, n))
+               for n in ("NONE", "INPLACE", "COMPUTE_TYPE", "OUTPUT_TYPE")}
+    assert schemes == {"NONE": matmul.NONE, "INPLACE": matmul.INPLACE,
+                       "COMPUTE_TYPE": matmul.COMPUTE_TYPE, "OUTPUT_TYPE": matmul.OUTPUT_TYPE}
+    import nvmath.bindings.cublas as cublas
+
+    assert library.COMPUTE_32F == cublas.ComputeType.COMPUTE_32F
+    assert library.COMPUTE_32F_FAST_TF32 == cublas.ComputeType.COMPUTE_32F_FAST_TF32
+    assert (layouts.OP_N, layouts.OP_T) == (cublas.Operation.N, cublas.Operation.T)
+
+
+def test_relu_mask_layout_round_trips():
+    rng = np.random.default_rng(9)
+    pre = rng.uniform(-1, 1, (2, 3, 130))
+    mask = epilogues.pack_relu_mask(pre)
+    assert mask.shape == (2, 3, 32) and mask.dtype == np.uint8
+    np.testing.assert_array_equal(epilogues.unpack_relu_mask(mask, 130), pre > 0)
+    assert epilogues.relu_mask_bytes(1) == 16 and epilogues.relu_mask_bytes(129) == 32
+    assert math.isclose(linear.FORWARD_SKUS[0].sku.precision_guarantee.max_rel_error, 2 ** -7)
