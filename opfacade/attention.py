@@ -456,12 +456,18 @@ class _AttentionReference(ReferenceSku):
 # ----------------------------------------------------------------------------- op specs
 
 
+def _layout_spec(desc: _AttentionProblem, shape: tuple[int, ...], role: str = "in"
+                 ) -> TensorSpec:
+    """A [B, H, S, D] argument stored in the descriptor's layout (BSHD memory, say)."""
+    return TensorSpec(shape, desc.element, role, dense_strides(desc.layout, *shape))
+
+
 def _forward_signature(desc: AttentionDescriptor) -> dict[str, TensorSpec]:
     signature = {
-        "q": TensorSpec(desc.q_shape, desc.element),
-        "k": TensorSpec(desc.k_shape, desc.element),
-        "v": TensorSpec(desc.v_shape, desc.element),
-        "out": TensorSpec(desc.o_shape, desc.element, "out"),
+        "q": _layout_spec(desc, desc.q_shape),
+        "k": _layout_spec(desc, desc.k_shape),
+        "v": _layout_spec(desc, desc.v_shape),
+        "out": _layout_spec(desc, desc.o_shape, "out"),
     }
     if desc.save_stats:
         signature["stats"] = TensorSpec(desc.stats_shape, desc.stats_element, "out")
@@ -483,15 +489,15 @@ def _extra_signature(desc: _AttentionProblem) -> dict[str, TensorSpec]:
 
 def _backward_signature(desc: AttentionBackwardDescriptor) -> dict[str, TensorSpec]:
     signature = {
-        "q": TensorSpec(desc.q_shape, desc.element),
-        "k": TensorSpec(desc.k_shape, desc.element),
-        "v": TensorSpec(desc.v_shape, desc.element),
-        "out": TensorSpec(desc.o_shape, desc.element),
-        "grad_out": TensorSpec(desc.o_shape, desc.element),
+        "q": _layout_spec(desc, desc.q_shape),
+        "k": _layout_spec(desc, desc.k_shape),
+        "v": _layout_spec(desc, desc.v_shape),
+        "out": _layout_spec(desc, desc.o_shape),
+        "grad_out": _layout_spec(desc, desc.o_shape),
         "stats": TensorSpec(desc.stats_shape, desc.stats_element),
-        "grad_q": TensorSpec(desc.q_shape, desc.element, "out"),
-        "grad_k": TensorSpec(desc.k_shape, desc.element, "out"),
-        "grad_v": TensorSpec(desc.v_shape, desc.element, "out"),
+        "grad_q": _layout_spec(desc, desc.q_shape, "out"),
+        "grad_k": _layout_spec(desc, desc.k_shape, "out"),
+        "grad_v": _layout_spec(desc, desc.v_shape, "out"),
     }
     extra = _extra_signature(desc)
     if "bias" in extra:

@@ -34,7 +34,7 @@ from .errors import (
 )
 from .types import ArchSku, BackendKind, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["ExplainReport", "Plan", "Target", "TrainingPair", "Verdict"]
+__all__ = ["ExplainReport", "Plan", "PreparedRun", "Target", "TrainingPair", "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -447,22 +447,14 @@ class Plan:
                 argument="workspace")
         return ws
 
-    def run(self, args: Any, workspace: Any = None, stream: Any = None) -> None:
-        """Enqueues the op on ``stream`` and returns without waiting.
-
-        ``workspace``: a Workspace or any contiguous device buffer of at least
-        ``workspace_size`` bytes; None allocates from the tensors' framework (stream-ordered).
-        ``stream``: None for the current stream of the package that owns the tensors, an int
-        handle, a CuPy or torch stream, or an object with ``__cuda_stream__``.
-        """
+    def _resolve(self, args: Any, workspace: Any, stream: Any
+                 ) -> tuple[BoundArgs, Workspace, int | None]:
+        """Everything run() checks and decides before the launch."""
         bound = self._bind(args)
-        impl = self._impl
         if self._target.is_host:
-            impl.launch(self._descriptor, bound, Workspace.empty(), None)
-            return
+            return bound, Workspace.empty(), None
         device = self._device_of(bound)
-        views = bound.present().values()
-        owner = owning_package(views, stream)
+        owner = owning_package(bound.present().values(), stream)
         handle = resolve_stream(stream, owner, device)
         if workspace is not None:
             ws = self._user_workspace(workspace, bound)
@@ -473,7 +465,28 @@ class Plan:
             ws = Workspace(ptr, self._workspace_size, device, keep)
         else:
             ws = Workspace.empty()
-        impl.launch(self._descriptor, bound, ws, handle)
+        return bound, ws, handle
+
+    def prepare(self, args: Any, workspace: Any = None, stream: Any = None) -> PreparedRun:
+        """Checks ``args`` once and returns a call that re-launches on the same tensors.
+
+        For hot loops over fixed buffers (and CUDA graph capture): the prepared call skips every
+        check, so the tensors must stay alive with the same shapes, strides and addresses; their
+        contents may change. It holds the workspace (allocated once when None) and the stream.
+        """
+        bound, ws, handle = self._resolve(args, workspace, stream)
+        return PreparedRun(self, bound, ws, handle)
+
+    def run(self, args: Any, workspace: Any = None, stream: Any = None) -> None:
+        """Enqueues the op on ``stream`` and returns without waiting.
+
+        ``workspace``: a Workspace or any contiguous device buffer of at least
+        ``workspace_size`` bytes; None allocates from the tensors' framework (stream-ordered).
+        ``stream``: None for the current stream of the package that owns the tensors, an int
+        handle, a CuPy or torch stream, or an object with ``__cuda_stream__``.
+        """
+        bound, ws, handle = self._resolve(args, workspace, stream)
+        self._impl.launch(self._descriptor, bound, ws, handle)
 
     # -- lifetime ----------------------------------------------------------------------------
     def free(self) -> None:
@@ -486,6 +499,19 @@ class Plan:
 
     def __exit__(self, *exc_info) -> None:
         self.free()
+
+
+class PreparedRun:
+    """A plan bound to checked tensors, a workspace and a stream: calling it only launches."""
+
+    __slots__ = ("_plan", "_bound", "_workspace", "_stream")
+
+    def __init__(self, plan: Plan, bound: BoundArgs, workspace: Workspace, stream: int | None):
+        self._plan, self._bound, self._workspace, self._stream = plan, bound, workspace, stream
+
+    def __call__(self) -> None:
+        impl = self._plan._live_impl()  # a freed plan still raises PlanFreed
+        impl.launch(self._plan.descriptor, self._bound, self._workspace, self._stream)
 
 
 @dataclass(frozen=True)

@@ -75,18 +75,35 @@ def random_inputs(signature: dict[str, TensorSpec], rng: np.random.Generator
 
 
 def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> TensorView:
-    """A CuPy buffer holding ``values`` (or poison) described by a TensorView of spec.element."""
+    """A CuPy buffer holding ``values`` (or poison) described by a TensorView of spec.element,
+    laid out with ``spec.strides`` when given (a permuted dense layout), else in C order."""
     import cupy
 
+    shape = tuple(spec.shape)
+    # Storage order: dimensions from the largest stride to the smallest.
+    order = (sorted(range(len(shape)), key=lambda d: -spec.strides[d]) if spec.strides
+             else list(range(len(shape))))
     with cupy.cuda.Device(device):
         if values is None:
-            array = cupy.empty(spec.shape, dtype=_STORAGE[spec.element])
+            array = cupy.empty([shape[d] for d in order], dtype=_STORAGE[spec.element])
             array.view(cupy.uint8).fill(0xFF)
         else:
-            array = cupy.asarray(_to_bits(values, spec.element))
-    strides = tuple(s // array.itemsize for s in array.strides)
-    return TensorView(array.data.ptr, tuple(spec.shape), strides, spec.element, device, "cupy",
-                      array)
+            bits = _to_bits(np.asarray(values).reshape(shape), spec.element)
+            array = cupy.asarray(np.ascontiguousarray(bits.transpose(order)))
+    strides = [0] * len(shape)
+    for axis, d in enumerate(order):
+        strides[d] = array.strides[axis] // array.itemsize
+    if spec.strides and any(n > 1 and s != w for n, s, w in zip(shape, strides, spec.strides,
+                                                                   strict=True)):
+        raise ValueError(f"strides {spec.strides} are not a permuted dense layout of {shape}")
+    return TensorView(array.data.ptr, shape, tuple(strides), spec.element, device, "cupy", array)
+
+
+def download_bits(view: TensorView) -> np.ndarray:
+    """The raw bits of a view made by _device_tensor, indexed in its logical order."""
+    host = view.obj.get()
+    return np.lib.stride_tricks.as_strided(
+        host, view.shape, tuple(s * host.itemsize for s in view.strides)).copy()
 
 
 def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -181,7 +198,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
             stream = cupy.cuda.Stream(non_blocking=True)
             plan.run(op.args(**views), workspace=workspace, stream=stream.ptr)
             stream.synchronize()
-            results.append({name: views[name].obj.get() for name in expected})  # raw bits
+            results.append({name: download_bits(views[name]) for name in expected})
     rel_errors = {name: relative_error(_from_bits(results[0][name], signature[name].element), ref)
                   for name, ref in expected.items()}
     bitwise = all(r[name].tobytes() == results[0][name].tobytes()

@@ -53,7 +53,14 @@ from opfacade.attention import (  # from the module: opfacade.attention may be t
     reference_options,
     verification_inputs,
 )
-from opfacade.testing import _device_tensor, _from_bits, _to_bits, random_inputs, verify_plan
+from opfacade.testing import (
+    _device_tensor,
+    _from_bits,
+    _to_bits,
+    download_bits,
+    random_inputs,
+    verify_plan,
+)
 from opfacade.types import ElementKind
 
 pytestmark = pytest.mark.gpu
@@ -173,7 +180,7 @@ def _run(plan, signature, inputs, *, runs=1, args_type=None) -> list[dict[str, n
         stream = cupy.cuda.Stream(non_blocking=True)
         plan.run(args_type(**views), workspace=workspace, stream=stream.ptr)
         stream.synchronize()
-        results.append({name: views[name].obj.get() for name, spec in signature.items()
+        results.append({name: download_bits(views[name]) for name, spec in signature.items()
                         if spec.role == "out"})
     return results
 
@@ -390,7 +397,7 @@ def test_workspace_of_exactly_workspace_size_suffices_and_less_is_refused():
     cupy.cuda.runtime.deviceSynchronize()
     host = pool.get()
     assert (host[:guard] == 0xA5).all() and (host[guard + plan.workspace_size:] == 0xA5).all()
-    bits = {name: views[name].obj.get() for name, spec in signature.items()
+    bits = {name: download_bits(views[name]) for name, spec in signature.items()
             if spec.role == "out"}
     errors = _errors(desc, signature, bits, _reference_backward(desc, inputs), inputs)
     assert all(e <= plan.precision_guarantee.max_rel_error for e in errors.values()), errors
@@ -472,7 +479,7 @@ def test_training_pair_runs_forward_then_backward_in_one_workspace():
         workspace=workspace, stream=0)
     cupy.cuda.runtime.deviceSynchronize()
     expected = _reference_backward(bdesc, inputs)
-    bits = {name: view.obj.get() for name, view in grads.items()}
+    bits = {name: download_bits(view) for name, view in grads.items()}
     errors = _errors(bdesc, bsig, bits, expected, inputs)
     # The forward's own rounding of out and stats enters here: one more rounding of out.
     assert all(e <= pair.backward.precision_guarantee.max_rel_error for e in errors.values()), \

@@ -189,3 +189,17 @@ def test_arrays_on_two_devices_are_named_without_touching_a_gpu():
     with pytest.raises(DeviceMismatch, match="grad_slopes is on cuda:1, but grad_output is on "
                                              "cuda:0"):
         plan.can_implement(AlibiBackwardArgs(dy, d_in, d_s))
+
+
+def test_prepared_run_relaunches_and_respects_free():
+    rng = np.random.default_rng(5)
+    dy = rng.uniform(-1, 1, (2, 4, 16, 16))
+    d_in, d_slopes = np.empty_like(dy), np.empty(4)
+    plan = Plan.select(backward("f64"), device="cpu")
+    again = plan.prepare(AlibiBackwardArgs(dy, d_in, d_slopes))
+    dy *= 2  # contents may change between calls; the prepared call sees them
+    again()
+    np.testing.assert_array_equal(d_in, dy)
+    plan.free()
+    with pytest.raises(PlanFreed):
+        again()

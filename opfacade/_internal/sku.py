@@ -155,11 +155,14 @@ class TensorSpec:
     """One argument of an op for a given descriptor: what verify and the bench allocate.
 
     ``role`` is "in", "out" or "inout" (an in-place input that is also the result).
+    ``strides`` (in elements) when the op needs a layout other than C order, e.g. attention's
+    [B, H, S, D] tensors stored as BSHD; a permutation of a dense layout.
     """
 
     shape: tuple[int, ...]
     element: ElementKind
     role: str = "in"
+    strides: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -88,11 +88,13 @@ class TensorView:
     readonly: bool = False
 
     def __post_init__(self) -> None:
-        # Views are also built by hand (raw buffers, bf16 in CuPy memory): accept "bf16" etc.
-        if not isinstance(self.element, ElementKind):
+        # Views are also built by hand (raw buffers, bf16 in CuPy memory): accept "bf16" and
+        # lists. The wrappers already pass the right types, so the common case costs two checks.
+        if type(self.element) is not ElementKind:
             object.__setattr__(self, "element", ElementKind(self.element))
-        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
-        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        if type(self.shape) is not tuple or type(self.strides) is not tuple:
+            object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+            object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
 
     @property
     def ndim(self) -> int:
@@ -236,11 +238,37 @@ def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+_torch_elements: dict = {}
+
+
+def _torch_element(torch, dtype) -> ElementKind | None:
+    """ElementKind of a torch dtype, memoised: str(dtype) costs a microsecond per call."""
+    element = _torch_elements.get(dtype)
+    if element is None:
+        name = str(dtype).removeprefix("torch.")
+        element = _BY_NAME.get(name)
+        if element is not None:
+            _torch_elements[dtype] = element
+    return element
+
+
 def _wrap_torch(tensor, name: str) -> TensorView | None:
     import torch
 
     if not isinstance(tensor, torch.Tensor):
         return None
+    # Fast path, a few attribute reads: a dense CUDA or CPU tensor of a supported dtype.
+    element = _torch_element(torch, tensor.dtype)
+    if (element is not None and tensor.layout is torch.strided and not tensor.is_neg()
+            and (tensor.is_cuda or tensor.is_cpu) and not tensor.is_meta):
+        try:
+            ptr = tensor.data_ptr()
+        except RuntimeError as error:  # fake and functional tensors have no storage
+            raise InvalidArgument(f"{name} has no data pointer: {error}",
+                                  argument=name) from None
+        device = tensor.get_device() if tensor.is_cuda else None
+        return TensorView(ptr, tuple(tensor.shape), tensor.stride(), element, device, "torch",
+                          tensor)
     if tensor.layout != torch.strided:
         raise LayoutMismatch(
             f"{name} is a {str(tensor.layout).removeprefix('torch.')} tensor; opfacade needs a "

@@ -65,9 +65,11 @@ class _Handles:
         self.by_device: dict[int, object] = {}
 
     def __del__(self):
-        module, _ = _load()
-        for handle in self.by_device.values():
-            with contextlib.suppress(Exception):  # the driver may be torn down at exit
+        # At interpreter exit modules (even this one's globals) may already be gone: then the
+        # process is ending and the driver reclaims the handles anyway.
+        with contextlib.suppress(Exception):
+            module, _ = _load()
+            for handle in self.by_device.values():
                 module.destroy_handle(handle)
 
 
