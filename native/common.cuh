@@ -60,10 +60,32 @@ template <typename T> struct alignas(16) Pack {
 // 16-byte aligned (checked on the host); the tail and unaligned rows go element by element and
 // fill missing columns with zeros. Either way, element n of the pack is column j0 + n, so code
 // that reduces over packs sums in the same order whichever path loaded them.
+// Streamed data is touched once: with OPFACADE_STREAMING the 16-byte accesses carry the
+// evict-first (.cs) hint so they do not push reusable lines out of L2.
+__device__ __forceinline__ uint4 load16(const void* p) {
+#if OPFACADE_STREAMING
+    uint4 v;
+    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#else
+    return *reinterpret_cast<const uint4*>(p);
+#endif
+}
+
+__device__ __forceinline__ void store16(void* p, uint4 v) {
+#if OPFACADE_STREAMING
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#else
+    *reinterpret_cast<uint4*>(p) = v;
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ void load_pack(Pack<T>& out, const T* row, int j0, int len, bool vec) {
     if (vec && j0 + Pack<T>::N <= len) {
-        *reinterpret_cast<uint4*>(out.v) = *reinterpret_cast<const uint4*>(row + j0);
+        *reinterpret_cast<uint4*>(out.v) = load16(row + j0);
     } else {
 #pragma unroll
         for (int n = 0; n < Pack<T>::N; ++n) {
@@ -76,7 +98,7 @@ __device__ __forceinline__ void load_pack(Pack<T>& out, const T* row, int j0, in
 template <typename T>
 __device__ __forceinline__ void store_pack(const Pack<T>& in, T* row, int j0, int len, bool vec) {
     if (vec && j0 + Pack<T>::N <= len) {
-        *reinterpret_cast<uint4*>(row + j0) = *reinterpret_cast<const uint4*>(in.v);
+        store16(row + j0, *reinterpret_cast<const uint4*>(in.v));
     } else {
 #pragma unroll
         for (int n = 0; n < Pack<T>::N; ++n) {

@@ -422,7 +422,7 @@ class Plan:
             self._user_workspace(workspace, bound)
 
     def _device_of(self, bound: BoundArgs) -> int | None:
-        return None if self._target.is_host else next(iter(bound.present().values())).device
+        return None if self._target.is_host else bound.device
 
     def _user_workspace(self, workspace: Any, bound: BoundArgs) -> Workspace:
         if isinstance(workspace, Workspace):
@@ -472,7 +472,8 @@ class Plan:
 
         For hot loops over fixed buffers (and CUDA graph capture): the prepared call skips every
         check, so the tensors must stay alive with the same shapes, strides and addresses; their
-        contents may change. It holds the workspace (allocated once when None) and the stream.
+        contents may change. It holds the workspace (allocated once when None) and the stream;
+        call it from the thread that prepared it (library handles are per thread).
         """
         bound, ws, handle = self._resolve(args, workspace, stream)
         return PreparedRun(self, bound, ws, handle)
@@ -504,14 +505,16 @@ class Plan:
 class PreparedRun:
     """A plan bound to checked tensors, a workspace and a stream: calling it only launches."""
 
-    __slots__ = ("_plan", "_bound", "_workspace", "_stream")
+    __slots__ = ("_plan", "_bound", "_workspace", "_call")
 
     def __init__(self, plan: Plan, bound: BoundArgs, workspace: Workspace, stream: int | None):
-        self._plan, self._bound, self._workspace, self._stream = plan, bound, workspace, stream
+        self._plan, self._bound, self._workspace = plan, bound, workspace  # kept alive
+        self._call = plan._live_impl().prepared(plan.descriptor, bound, workspace, stream)
 
     def __call__(self) -> None:
-        impl = self._plan._live_impl()  # a freed plan still raises PlanFreed
-        impl.launch(self._plan.descriptor, self._bound, self._workspace, self._stream)
+        if self._plan._impl is None:
+            self._plan._live_impl()  # raises PlanFreed
+        self._call()
 
 
 @dataclass(frozen=True)

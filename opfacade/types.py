@@ -123,8 +123,7 @@ class ArchSku(enum.StrEnum):
 
     @property
     def compute_capability(self) -> tuple[int, int]:
-        digits = self.value[2:]
-        return int(digits[:-1]), int(digits[-1])
+        return _CAPABILITY[self]
 
     @property
     def nvrtc_arch(self) -> str:
@@ -153,6 +152,9 @@ class ArchSku(enum.StrEnum):
     def covers(self, required: ArchSku) -> bool:
         """True when a device of this arch can run a SKU that needs ``required``."""
         return self.compute_capability >= required.compute_capability
+
+
+_CAPABILITY = {arch: (int(arch.value[2:-1]), int(arch.value[-1])) for arch in ArchSku}
 
 
 class BackendKind(enum.StrEnum):

@@ -45,6 +45,7 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     args = LinearArgs(x, w, b, out=y)
     ours = time_ms(lambda: plan.run(args, workspace=ws, stream=0), reps)
+    prepared = time_ms(plan.prepare(args, workspace=ws, stream=0), reps)
     wt = w.t()
     peers = {
         "torch._addmm_activation": time_ms(
@@ -55,7 +56,7 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     flops = 2.0 * m * n * k
     case = f"fwd bias+gelu bf16 {m}x{n}x{k}"
     rows = [BenchRow("linear", case, ours, _tflops(flops, ours), peers,
-                     notes=str(plan.algorithm))]
+                     notes=f"prepared call {prepared:.3f} ms; {plan.algorithm}")]
 
     # Backward: from the aux our training forward saves.
     train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh",

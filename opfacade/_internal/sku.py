@@ -85,11 +85,18 @@ class BoundArgs:
     views: dict[str, TensorView | None]
     outputs: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        # run() consults these several times; compute them once per bind.
+        present = {name: view for name, view in self.views.items() if view is not None}
+        object.__setattr__(self, "_present", present)
+        first = next(iter(present.values()), None)
+        object.__setattr__(self, "device", None if first is None else first.device)
+
     def __getitem__(self, name: str) -> TensorView | None:
         return self.views[name]
 
     def present(self) -> dict[str, TensorView]:
-        return {name: view for name, view in self.views.items() if view is not None}
+        return self._present
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,12 @@ class SkuImpl(abc.ABC):
 
     def check_args(self, desc: Descriptor, args: BoundArgs) -> None:  # noqa: B027 - optional
         """SKU-specific argument checks beyond the op's (alignment a kernel needs, say)."""
+
+    def prepared(self, desc: Descriptor, args: BoundArgs, workspace: Workspace,
+                 stream: int | None) -> Callable[[], None]:
+        """A call that re-enqueues this exact launch (Plan.prepare). SKUs with per-launch
+        look-ups (a cuBLASLt recipe, a cuDNN variant pack) resolve them here, once."""
+        return lambda: self.launch(desc, args, workspace, stream)
 
     @abc.abstractmethod
     def launch(

@@ -19,6 +19,7 @@ algorithm needs uses the best algorithm within what it was given.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -279,23 +280,34 @@ class _LinearCublasLt(SkuImpl):
         return self._canonical_strides(desc), MAX_ALIGNMENT
 
     # -- running -------------------------------------------------------------------------------
-    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
-        views = args.views
-        device = views[self.fixed_views[0]].device
+    def _recipe(self, desc, views: dict, workspace: Workspace):
         low = MAX_ALIGNMENT
         for view in views.values():
             if view is not None:
                 low |= view.ptr
         layout = (tuple([None if views[name] is None else views[name].strides
                          for name in self.fixed_views]), low & -low)  # strides, alignment
-        recipe = self._recipes.get(desc, device, layout, workspace.size)
+        device = views[self.fixed_views[0]].device
+        return self._recipes.get(desc, device, layout, workspace.size)
+
+    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+        self.prepared(desc, args, workspace, stream)()
+
+    def prepared(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None):
         import cupy
 
-        if cupy.cuda.runtime.getDevice() != device:
+        views = args.views
+        device = views[self.fixed_views[0]].device
+        recipe = self._recipe(desc, views, workspace)
+        run = functools.partial(recipe.run, library.handle(device), views, workspace, stream)
+        if cupy.cuda.runtime.getDevice() == device:
+            return run
+
+        def on_its_device() -> None:
             with library.on_device(device):
-                recipe.run(library.handle(device), views, workspace, stream)
-        else:
-            recipe.run(library.handle(device), views, workspace, stream)
+                run()
+
+        return on_its_device
 
     def _fixed_bytes(self, desc) -> int:
         return 0
