@@ -516,8 +516,10 @@ def test_bad_input_on_the_gpu_is_typed_and_named():
           seq_len_kv=cupy.full((3,), 128, cupy.int32))
     bshd = cupy.zeros((2, 128, 4, 64), cupy.float16).transpose(0, 2, 1, 3)
     check(LayoutMismatch, "q must have the dense bhsd strides", "q", q=bshd)
-    shifted = TensorView(q.data.ptr + 2, desc.q_shape, (32768, 8192, 64, 1), desc.element, 0,
-                         "cupy", q)
+    # A buffer of its own with room to spare, so the shifted view overlaps no other argument.
+    roomy = cupy.zeros(q.size + 64, cupy.float16)
+    shifted = TensorView(roomy.data.ptr + 2, desc.q_shape, (32768, 8192, 64, 1), desc.element,
+                         0, "cupy", roomy)
     check(LayoutMismatch, "q must be 16-byte aligned", "q", q=shifted)
     check(DeviceMismatch, "k is in host memory", "k", k=np.zeros(desc.k_shape, np.float16))
     check(LayoutMismatch, "out must have unit stride", "out",
