@@ -28,10 +28,8 @@ from opfacade import (
 from opfacade._backends.cudnn import graphs, limits, runtime
 from opfacade._backends.cudnn.sdpa import BACKWARD_SKUS, FORWARD_SKUS, estimate_workspace
 from opfacade._backends.reference import attention as reference
-from opfacade._internal import registry
 from opfacade.attention import (  # from the module: opfacade.attention may be the function
     SDPA_BACKWARD,
-    SDPA_FORWARD,
     AttentionArgs,
     AttentionBackwardArgs,
     AttentionBackwardDescriptor,
@@ -53,24 +51,6 @@ from opfacade.types import ElementKind
 # Small enough for the host reference, and a shape cuDNN serves: on a machine with a GPU the
 # selections below build real graphs (the target-less SKU calls use the current device).
 COMMON = dict(batch=2, heads_q=4, heads_kv=2, seq_q=16, seq_kv=24, head_dim=64)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _attention_ops_registered():
-    """Transitional: until opfacade/__init__.py imports opfacade.attention (and catalog/ is
-    regenerated), the ops are registered only while these tests run, so that the catalog drift
-    test keeps seeing the committed catalog."""
-    ops = (SDPA_FORWARD, SDPA_BACKWARD)
-    for op in ops:
-        if op.name not in registry._by_name:
-            registry.register(op)
-    yield
-    import opfacade
-
-    if not hasattr(opfacade, "AttentionDescriptor"):
-        for op in ops:
-            registry._by_name.pop(op.name, None)
-            registry._by_descriptor.pop(op.descriptor, None)
 
 
 def forward(element="bf16", **kw):

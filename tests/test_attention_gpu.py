@@ -35,7 +35,6 @@ from opfacade._backends.cudnn.sdpa import (
     run_forward_dumping_dropout,
 )
 from opfacade._backends.reference import attention as reference
-from opfacade._internal import registry
 from opfacade._internal.sku import TensorSpec
 from opfacade._internal.tensors import TensorView, wrap
 from opfacade.attention import (  # from the module: opfacade.attention may be the function
@@ -108,23 +107,6 @@ PARAMS = [pytest.param("bf16", name, id=f"bf16-{name}") for name in CASES] + [
     pytest.param("f16", name, id=f"f16-{name}") for name in F16_CASES]
 DETERMINISTIC = ("plain", "causal_bottom_right", "gqa_bias_window_bshd_d128", "padding_bias",
                  "alibi", "window_left_right")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _attention_ops_registered():
-    """Transitional, as in test_attention.py: registered only while these tests run until
-    opfacade/__init__.py imports opfacade.attention."""
-    ops = (SDPA_FORWARD, SDPA_BACKWARD)
-    for op in ops:
-        if op.name not in registry._by_name:
-            registry.register(op)
-    yield
-    import opfacade
-
-    if not hasattr(opfacade, "AttentionDescriptor"):
-        for op in ops:
-            registry._by_name.pop(op.name, None)
-            registry._by_descriptor.pop(op.descriptor, None)
 
 
 # ----------------------------------------------------------------------------- helpers

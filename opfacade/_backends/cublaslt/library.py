@@ -10,10 +10,9 @@ ABI), so that tables can be written and tested without importing nvmath;
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
 from functools import cache
 
+from ..._internal.handles import PerThreadHandles
 from ...errors import BackendUnavailable, LaunchFailed, Unsupported
 from ...types import ElementKind
 
@@ -112,38 +111,19 @@ def on_device(device: int):
         runtime.setDevice(previous)
 
 
-def _destroy_all(handles: dict[int, int]) -> None:
-    cublaslt = binding()
-    for device, lt_handle in list(handles.items()):
-        with contextlib.suppress(Exception), on_device(device):
-            cublaslt.destroy(lt_handle)
-    handles.clear()
+def _create(device: int) -> int:
+    with on_device(device):
+        return checked(f"cublasLtCreate on cuda:{device}", binding().create)
 
 
-class _ThreadHandles:
-    """One thread's handles; dropped (and so destroyed) with the thread's locals."""
-
-    __slots__ = ("handles", "__weakref__")
-
-    def __init__(self):
-        self.handles: dict[int, int] = {}
-        # Never at interpreter exit, when the driver may already be gone (cublasLtDestroy
-        # synchronises the device).
-        weakref.finalize(self, _destroy_all, self.handles).atexit = False
+def _destroy(device: int, lt_handle: int) -> None:
+    with on_device(device):  # cublasLtDestroy synchronises the device
+        binding().destroy(lt_handle)
 
 
-_local = threading.local()
+_handles: PerThreadHandles[int] = PerThreadHandles(_create, _destroy)
 
 
 def handle(device: int) -> int:
     """This thread's cuBLASLt handle for ``device``, created on first use."""
-    owner = getattr(_local, "owner", None)
-    if owner is None:
-        owner = _local.owner = _ThreadHandles()
-    lt_handle = owner.handles.get(device)
-    if lt_handle is None:
-        cublaslt = binding()
-        with on_device(device):
-            lt_handle = checked(f"cublasLtCreate on cuda:{device}", cublaslt.create)
-        owner.handles[device] = lt_handle
-    return lt_handle
+    return _handles.get(device)

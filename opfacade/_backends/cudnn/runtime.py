@@ -8,9 +8,9 @@ re-bound before every run (``cudnn.set_stream`` skips the backend call when it i
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
+
+from ..._internal.handles import PerThreadHandles
 
 __all__ = ["available", "backend_version", "cudnn_module", "current_device", "handle_for",
            "not_supported_types", "set_stream"]
@@ -58,37 +58,23 @@ def not_supported_types() -> tuple[type[BaseException], ...]:
     return (cudnn.cudnnGraphNotSupportedError, NotImplementedError)
 
 
-class _Handles:
-    """One thread's cuDNN handles by device ordinal; destroyed with the thread's table."""
+def _create(device: int):
+    import cupy
 
-    def __init__(self):
-        self.by_device: dict[int, object] = {}
-
-    def __del__(self):
-        # At interpreter exit modules (even this one's globals) may already be gone: then the
-        # process is ending and the driver reclaims the handles anyway.
-        with contextlib.suppress(Exception):
-            module, _ = _load()
-            for handle in self.by_device.values():
-                module.destroy_handle(handle)
+    with cupy.cuda.Device(device):  # create_handle binds the current device
+        return cudnn_module().create_handle()
 
 
-_local = threading.local()
+def _destroy(device: int, handle) -> None:
+    cudnn_module().destroy_handle(handle)
+
+
+_handles = PerThreadHandles(_create, _destroy)
 
 
 def handle_for(device: int):
     """This thread's ``cudnn.Handle`` for ``device``, created on first use."""
-    table = getattr(_local, "handles", None)
-    if table is None:
-        table = _local.handles = _Handles()
-    handle = table.by_device.get(device)
-    if handle is None:
-        import cupy
-
-        cudnn = cudnn_module()
-        with cupy.cuda.Device(device):  # create_handle binds the current device
-            handle = table.by_device[device] = cudnn.create_handle()
-    return handle
+    return _handles.get(device)
 
 
 def set_stream(handle, stream: int) -> None:
