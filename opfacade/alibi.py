@@ -22,6 +22,7 @@ from pydantic import Field, field_validator, model_validator
 from ._backends.nvrtc import alibi as nvrtc_alibi
 from ._backends.reference import alibi as reference_alibi
 from ._backends.reference.sku import ReferenceSku
+from ._internal.memory import OutputAllocator
 from ._internal.registry import register
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, TensorSpec
 from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
@@ -276,16 +277,11 @@ def alibi_forward(input: Any, slopes: Any, *, out: Any = None, in_place: bool = 
 
     Uses the process-wide plan cache; arguments are those of AlibiForwardArgs and Plan.run.
     """
-    from ._internal.memory import allocate_like
-    from ._internal.streams import owning_package, resolve_stream
-
     view = wrap(input, "input")
     desc = AlibiForwardDescriptor(**_descriptor_shape(view, "input"), in_place=in_place)
     plan = AlibiForwardPlan.cached(desc, device="cpu" if view.device is None else view.device)
     if not in_place and out is None:
-        owner = owning_package([view], stream)
-        out = allocate_like(view.shape, view.element, view.device, owner,
-                            resolve_stream(stream, owner, view.device))
+        out = OutputAllocator(view, stream)(view.shape, view.element)
     plan.run(AlibiForwardArgs(input, slopes, None if in_place else out), stream=stream)
     return input if in_place else out
 
@@ -293,19 +289,13 @@ def alibi_forward(input: Any, slopes: Any, *, out: Any = None, in_place: bool = 
 def alibi_backward(grad_output: Any, *, need_input_grad: bool = True,
                    need_slope_grad: bool = True, stream: Any = None) -> tuple[Any, Any]:
     """Functional form of AlibiBackwardPlan: returns (grad_input, grad_slopes), None if skipped."""
-    from ._internal.memory import allocate_like
-    from ._internal.streams import owning_package, resolve_stream
-
     view = wrap(grad_output, "grad_output")
     desc = AlibiBackwardDescriptor(**_descriptor_shape(view, "grad_output"),
                                    need_input_grad=need_input_grad,
                                    need_slope_grad=need_slope_grad)
     plan = AlibiBackwardPlan.cached(desc, device="cpu" if view.device is None else view.device)
-    owner = owning_package([view], stream)
-    handle = resolve_stream(stream, owner, view.device)
-    d_in = (allocate_like(view.shape, view.element, view.device, owner, handle)
-            if need_input_grad else None)
-    d_slopes = (allocate_like((desc.heads,), desc.slope_element, view.device, owner, handle)
-                if need_slope_grad else None)
+    allocate = OutputAllocator(view, stream)
+    d_in = allocate(view.shape, view.element) if need_input_grad else None
+    d_slopes = allocate((desc.heads,), desc.slope_element) if need_slope_grad else None
     plan.run(AlibiBackwardArgs(grad_output, d_in, d_slopes), stream=stream)
     return d_in, d_slopes

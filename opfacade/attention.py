@@ -44,6 +44,7 @@ from ._backends.cudnn import sdpa as cudnn_sdpa
 from ._backends.cudnn.graphs import LAYOUTS, dense_strides
 from ._backends.reference import attention as reference
 from ._backends.reference.sku import ReferenceSku
+from ._internal.memory import OutputAllocator
 from ._internal.registry import register
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, TensorSpec, Unfit
 from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
@@ -673,18 +674,13 @@ def _problem(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, drop
 def _allocate(shape: tuple[int, ...], layout: str, like: TensorView, stream: Any,
               element: ElementKind | None = None) -> Any:
     """A new array of logical ``shape`` stored in ``layout`` order, from like's framework."""
-    from ._internal.memory import allocate_like
-    from ._internal.streams import owning_package, resolve_stream
-
-    owner = owning_package([like], stream)
-    handle = resolve_stream(stream, owner, like.device)
+    allocate = OutputAllocator(like, stream)
     order = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}[layout]
-    memory = allocate_like(tuple(shape[i] for i in order), element or like.element, like.device,
-                           owner, handle)
+    memory = allocate(tuple(shape[i] for i in order), element or like.element)
     inverse = tuple(order.index(i) for i in range(4))
     if inverse == (0, 1, 2, 3):
         return memory
-    return memory.permute(*inverse) if owner == "torch" else memory.transpose(inverse)
+    return memory.permute(*inverse) if allocate.owner == "torch" else memory.transpose(inverse)
 
 
 def _device_of(view: TensorView) -> int | str:

@@ -34,6 +34,7 @@ from ._backends.cublaslt import linear as cublaslt_linear
 from ._backends.cublaslt.epilogues import pack_relu_mask, relu_mask_bytes, unpack_relu_mask
 from ._backends.reference import gemm as reference_gemm
 from ._backends.reference.sku import ReferenceSku
+from ._internal.memory import OutputAllocator
 from ._internal.registry import register
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, TensorSpec
 from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
@@ -488,15 +489,6 @@ def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
                 element=x.element)
 
 
-def _allocator(view: TensorView, stream: Any):
-    from ._internal.memory import allocate_like
-    from ._internal.streams import owning_package, resolve_stream
-
-    owner = owning_package([view], stream)
-    handle = resolve_stream(stream, owner, view.device)
-    return lambda shape, element: allocate_like(shape, element, view.device, owner, handle)
-
-
 def _aux_buffer(desc: _LinearShape, allocate):
     """An aux whose rows cuBLASLt accepts: GELU rows padded to 8 elements, returned as a view."""
     if desc.activation == "relu" or desc.n % 8 == 0:
@@ -518,7 +510,7 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
                             bias=bias is not None, residual=residual is not None,
                             save_aux=save_aux)
     plan = LinearForwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
-    allocate = _allocator(xv, stream)
+    allocate = OutputAllocator(xv, stream)
     out = allocate(desc.out_shape, desc.element) if out is None else out
     aux = _aux_buffer(desc, allocate) if save_aux else None
     plan.run(LinearArgs(x, weight, bias, residual, out, aux), stream=stream)
@@ -539,7 +531,7 @@ def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
                                     need_weight_grad=need_weight_grad,
                                     need_bias_grad=need_bias_grad)
     plan = LinearBackwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
-    allocate = _allocator(xv, stream)
+    allocate = OutputAllocator(xv, stream)
     grads = (allocate(desc.x_shape, desc.element) if need_input_grad else None,
              allocate(desc.weight_shape, desc.element) if need_weight_grad else None,
              allocate((desc.n,), desc.element) if need_bias_grad else None)

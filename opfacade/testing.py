@@ -185,7 +185,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     with cupy.cuda.Device(device):
         pool = cupy.empty(plan.workspace_size + runs * Workspace.ALIGNMENT + Workspace.ALIGNMENT,
                           dtype=cupy.uint8)
-        base = -(-pool.data.ptr // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+        base = Workspace.round_up(pool.data.ptr)
         for run in range(runs):
             views = {name: _device_tensor(spec, device, inputs.get(name) if spec.role != "out"
                                           else None)
@@ -263,7 +263,7 @@ def repeat_runs(plan: Plan, args, *, runs: int = 5) -> RepeatResult:
     with cupy.cuda.Device(device):
         cupy.cuda.runtime.deviceSynchronize()  # the caller's producers, on whatever stream
         pool = cupy.empty(plan.workspace_size + (runs + 1) * Workspace.ALIGNMENT, cupy.uint8)
-        base = -(-pool.data.ptr // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+        base = Workspace.round_up(pool.data.ptr)
         for run in range(runs):
             workspace = Workspace(base + run * Workspace.ALIGNMENT, plan.workspace_size, device,
                                   pool)

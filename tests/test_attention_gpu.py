@@ -156,7 +156,7 @@ def _run(plan, signature, inputs, *, runs=1, args_type=None) -> list[dict[str, n
         pool = cupy.empty(plan.workspace_size + 2 * Workspace.ALIGNMENT * (run + 2),
                           dtype=cupy.uint8)
         keep.append(pool)
-        base = -(-pool.data.ptr // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+        base = Workspace.round_up(pool.data.ptr)
         workspace = Workspace(base + run * Workspace.ALIGNMENT, plan.workspace_size, 0, pool)
         cupy.cuda.runtime.deviceSynchronize()  # uploads and poison ran on the legacy stream
         stream = cupy.cuda.Stream(non_blocking=True)

@@ -41,7 +41,7 @@ def test_capture_safe_skus_replay_from_a_cuda_graph(op, sku, desc):
              for name, spec in signature.items()}
     outputs = [name for name, spec in signature.items() if spec.role != "in"]
     pool = cupy.empty(plan.workspace_size + Workspace.ALIGNMENT, dtype=cupy.uint8)
-    base = -(-pool.data.ptr // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+    base = Workspace.round_up(pool.data.ptr)
     workspace = Workspace(base, plan.workspace_size, 0, pool)
     args = op.args(**views)
     stream = cupy.cuda.Stream(non_blocking=True)

@@ -16,7 +16,7 @@ from ..types import ElementKind
 from .streams import cupy_stream
 from .tensors import dtype_name, numpy_dtype
 
-__all__ = ["allocate_bytes", "allocate_like"]
+__all__ = ["OutputAllocator", "allocate_bytes", "allocate_like"]
 
 # CuPy (numpy's dtypes) cannot hold bfloat16 or fp8.
 _CUPY_ELEMENTS = frozenset({ElementKind.f64, ElementKind.f32, ElementKind.tf32, ElementKind.f16,
@@ -101,3 +101,19 @@ def allocate_like(
 
     with cupy.cuda.Device(device), cupy_stream(stream, device):
         return cupy.empty(shape, dtype=dtype_name(element))
+
+
+class OutputAllocator:
+    """Outputs for a functional call: the framework and stream of ``like``, resolved once."""
+
+    __slots__ = ("device", "owner", "stream")
+
+    def __init__(self, like, stream: object):
+        from .streams import owning_package, resolve_stream
+
+        self.device = like.device
+        self.owner = owning_package([like], stream)
+        self.stream = resolve_stream(stream, self.owner, self.device)
+
+    def __call__(self, shape: tuple[int, ...], element: ElementKind) -> object:
+        return allocate_like(shape, element, self.device, self.owner, self.stream)

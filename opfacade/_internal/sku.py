@@ -114,6 +114,11 @@ class Workspace:
     def empty(cls) -> Workspace:
         return cls(0, 0, None)
 
+    @classmethod
+    def round_up(cls, value: int) -> int:
+        """``value`` (a size or an address) rounded up to a multiple of ALIGNMENT."""
+        return -(-value // cls.ALIGNMENT) * cls.ALIGNMENT
+
 
 class SkuImpl(abc.ABC):
     """One kernel offering: its catalog entry and how to check and launch it."""

@@ -68,9 +68,6 @@ def _placement(target) -> tuple[int | None, ArchSku | None]:
     return device, device_arch(device)
 
 
-def _round_up(nbytes: int) -> int:
-    return -(-nbytes // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
-
 
 def estimate_workspace(desc, direction: str, deterministic: bool = False) -> int:
     """Workspace bytes cuDNN's sm90 plans take, for selections without a GPU (an estimate).
@@ -81,16 +78,16 @@ def estimate_workspace(desc, direction: str, deterministic: bool = False) -> int
     """
     slopes = -(-desc.heads_q * 4 // 16) * 16 if desc.alibi else 0
     if direction == "forward":
-        return _round_up(slopes)
+        return Workspace.round_up(slopes)
     rows = desc.batch * desc.heads_q * desc.seq_q
     row_sums = rows * 4
     accumulator = rows * desc.head_dim * 4
     d_p = desc.batch * desc.heads_q * (-(-desc.seq_q // 64) * 64) * (-(-desc.seq_kv // 64) * 64) * 2
     if deterministic:
-        return _round_up(slopes + row_sums + d_p)
+        return Workspace.round_up(slopes + row_sums + d_p)
     if desc.need_bias_grad:
-        return _round_up(slopes + row_sums + d_p + accumulator)
-    return _round_up(slopes + row_sums + accumulator)
+        return Workspace.round_up(slopes + row_sums + d_p + accumulator)
+    return Workspace.round_up(slopes + row_sums + accumulator)
 
 
 def _expect_strides(view: TensorView, name: str, expected: tuple[int, ...], what: str) -> None:

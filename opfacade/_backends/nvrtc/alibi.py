@@ -139,7 +139,7 @@ class AlibiBackwardNvrtc(_AlibiNvrtc):
             return 0
         _, chunks = backward_chunking(desc)
         raw = desc.heads * chunks * accumulator(self.element).itemsize
-        return -(-raw // Workspace.ALIGNMENT) * Workspace.ALIGNMENT
+        return Workspace.round_up(raw)
 
     def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
         dy, d_in, d_slopes = args["grad_output"], args["grad_input"], args["grad_slopes"]
