@@ -27,6 +27,7 @@ from opfacade import (
     Workspace,
 )
 from opfacade._backends.cublaslt import epilogues, layouts, library, linear, matmul
+from opfacade._backends.nvrtc import linear_grad
 from opfacade._backends.reference import gemm_backward, gemm_forward
 from opfacade._internal.device import device_count
 from opfacade._internal.sku import BoundArgs
@@ -41,6 +42,7 @@ from opfacade.gemm import (
 )
 from opfacade.gemm import linear as linear_fn
 from opfacade.gemm import linear_backward as linear_backward_fn
+from opfacade.types import ElementKind
 
 NO_GPU = device_count() == 0
 SHAPE = dict(m=5, n=7, k=3)
@@ -170,16 +172,34 @@ def test_workspace_limit_and_selection_hook_without_a_gpu():
                                                      activation="silu")),
                       type(impl.unfit(LinearDescriptor(**SHAPE, element="f16",
                                                        activation="silu"))))
-    backward = linear.BACKWARD_SKUS[1]  # bf16, deterministic: zeros, ones and d_pre regions
+    backward = linear.BACKWARD_SKUS[1]  # bf16, deterministic
     desc = LinearBackwardDescriptor(m=37, n=72, k=56, element="bf16", activation="gelu_tanh")
     regions = backward._regions(desc)
-    assert set(regions) == {"zeros", "ones", "d_pre"}
-    assert regions["d_pre"] == 37 * 72 * 2 and regions["ones"] == 37 * 2
-    assert set(linear.BACKWARD_SKUS[0]._regions(desc)) == {"zeros", "ones", "d_pre"}
+    assert set(regions) == {"d_pre", "partials"}  # the activation kernel's d_pre and dbias sums
+    tiles, per_chunk, chunks = linear_grad.chunking(37, 72, ElementKind.bf16)
+    assert (tiles, per_chunk, chunks) == (1, 8, 5)
+    assert regions["d_pre"] == 37 * 72 * 2 and regions["partials"] == chunks * 72 * 4
+    assert linear.BACKWARD_SKUS[0]._regions(desc) == regions
     tight = backward.plan_for(desc, PlanPreference(workspace_limit=1024))
     assert tight.code is ReasonCode.workspace_over_limit and "intermediate" in tight.detail
-    assert linear.BACKWARD_SKUS[0]._bias_fused(desc) == "pre"  # DGELU_BGRAD
-    assert backward._bias_fused(desc) is None  # the GEMV
+    assert linear.BACKWARD_SKUS[0]._bias_by(desc) == backward._bias_by(desc) == "kernel"
+    plain = LinearBackwardDescriptor(m=37, n=72, k=56, element="bf16")
+    assert linear.BACKWARD_SKUS[0]._bias_by(plain) == "weight"  # BGRADB on the dW GEMM
+    assert backward._bias_by(plain) == "gemv"
+    assert set(backward._regions(plain)) == {"ones"}
+
+
+@pytest.mark.parametrize("rows,n,element", [(1, 1, "bf16"), (8192, 8192, "bf16"),
+                                            (65536 * 16, 8, "f32"), (300, 1000, "f16"),
+                                            (5000, 3, "tf32")])
+def test_activation_kernel_chunking_covers_every_row_once(rows, n, element):
+    """The chunking depends on the problem alone, fits the grid, and covers each row once."""
+    element = ElementKind(element)
+    tiles, per_chunk, chunks = linear_grad.chunking(rows, n, element)
+    assert tiles * 32 * (16 // element.itemsize) >= n
+    assert per_chunk % linear_grad.WARPS == 0 or per_chunk >= rows
+    assert chunks <= linear_grad.MAX_CHUNKS
+    assert (chunks - 1) * per_chunk < rows <= chunks * per_chunk
 
 
 def test_training_pair_and_its_rules():
@@ -538,6 +558,27 @@ def fake_cublaslt(monkeypatch):
         _strided(ptr, (count,), (1,), np.uint32 if width == 4 else np.uint16)[:] = pattern
 
     monkeypatch.setattr(linear, "_fill", fill)
+
+    def activation_grad(self, pointers, stream):
+        """native/linear_grad.cu in float64 on host memory (f32 problems only)."""
+        ld_grad, ld_aux, ld_pre = (int(s) for s in self.strides)
+        shape = (self.rows, self.n)
+        grad = _strided(pointers["grad_out"], shape, (ld_grad, 1), np.float32)
+        if self.name.startswith("linear_drelu"):
+            mask = _strided(pointers["aux"], (self.rows, -(-self.n // 8)), (ld_aux, 1), np.uint8)
+            slope = epilogues.unpack_relu_mask(mask, self.n).astype(np.float64)
+        else:
+            pre = _strided(pointers["aux"], shape, (ld_aux, 1), np.float32).astype(np.float64)
+            t = np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre ** 3))
+            slope = 0.5 * (1 + t) + 0.5 * pre * (1 - t * t) * np.sqrt(2 / np.pi) * (
+                1 + 3 * 0.044715 * pre ** 2)
+        d_pre = grad * slope
+        _strided(pointers[self.d_pre_name], shape, (ld_pre, 1), np.float32)[:] = d_pre
+        if self.bias_grad:
+            _strided(pointers["grad_bias"], (self.n,), (1,), np.float32)[:] = d_pre.sum(0)
+        fake.calls.append({"epilogue": self.name})
+
+    monkeypatch.setattr(linear_grad.ActivationGrad, "launch", activation_grad)
     return fake
 
 
@@ -646,13 +687,14 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     used = [call["epilogue"] for call in fake_cublaslt.calls]
     if deterministic:
         assert not any("BGRAD" in name for name in used)
-    elif activation != "none":
-        assert used[0] == epilogues.backward_epilogue(activation, True).name
-    elif batching != "batched":
+    if activation != "none":
+        assert used[0] == {"relu": "linear_drelu_f32", "gelu_tanh": "linear_dgelu_tanh_f32"}[
+            activation] and not any("BGRAD" in name for name in used)
+    elif not deterministic and batching != "batched":
         assert used[0] == ("BGRADA" if layout == "kn" else "BGRADB")
 
 
-@pytest.mark.parametrize("activation,refused", [("none", "BGRADA"), ("gelu_tanh", "DGELU_BGRAD")])
+@pytest.mark.parametrize("activation,refused", [("none", "BGRADA")])
 def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused):
     fake_cublaslt.refuse.add(refused)
     desc = LinearBackwardDescriptor(m=6, n=8, k=4, weight_layout="kn", element="f32",

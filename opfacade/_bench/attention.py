@@ -188,48 +188,63 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
     return rows
 
 
-def _host_row(torch, raw: _Raw, calls: int = 2000, batches: int = 7) -> BenchRow:
-    """Host microseconds per call on a tiny forward: plan.run vs the raw graph.execute."""
-    d, b, hq, hkv, s = TINY
-    q = torch.rand(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
-    k, v, o = torch.rand_like(q), torch.rand_like(q), torch.empty_like(q)
-    plan = AttentionPlan.select(AttentionDescriptor(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s,
-                                                    seq_kv=s, head_dim=d, element="bf16"),
-                                device=0)
-    ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
-    args = AttentionArgs(q, k, v, o)
-    raw_call, *_ = raw.forward(q, k, v, o, None, 1.0 / math.sqrt(d), False)
-
-    def per_call_us(fn) -> float:
-        samples = []
-        for _ in range(batches):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - start) / calls * 1e6)
+def _per_call_us(torch, fn, calls: int, batches: int = 7) -> float:
+    """Median host microseconds per call over batches of back-to-back calls."""
+    samples = []
+    for _ in range(batches):
         torch.cuda.synchronize()
-        return statistics.median(samples)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
 
-    # Views wrapped once ahead (wrap returns a TensorView as it is): what a framework
-    # integration that caches its views pays.
-    views = AttentionArgs(*(wrap(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (o, "out"))))
-    wrapped_ws = Workspace(ws.data_ptr(), ws.numel(), 0, ws)
-    calls_by_name = {
-        "raw": raw_call,
-        "ours": lambda: plan.run(args, workspace=ws, stream=0),
-        "ours_wrapped": lambda: plan.run(views, workspace=wrapped_ws, stream=0),
-        "prepared": plan.prepare(args, workspace=ws, stream=0),
-    }
-    for fn in calls_by_name.values():  # warm up
-        per_call_us(fn)
-    us = {name: per_call_us(fn) for name, fn in calls_by_name.items()}
-    return BenchRow("sdpa host time", f"bf16 d{d} B{b} H{hq} S{s}, per call",
-                    us["prepared"] / 1e3,
-                    f"prepared +{us['prepared'] - us['raw']:.1f} us, run() "
-                    f"+{us['ours'] - us['raw']:.1f} us over raw {us['raw']:.1f} us",
-                    {"cudnn graph.execute": us["raw"] / 1e3, "run()": us["ours"] / 1e3,
-                     "run() on pre-wrapped views": us["ours_wrapped"] / 1e3})
+
+def _host_rows(torch, raw: _Raw, calls: int = 2000) -> list[BenchRow]:
+    """Host microseconds per call on a tiny problem, forward and backward: plan.run on a cached
+    plan against the raw graph.execute on the same tensors (and a prepared call, and run() on
+    views wrapped ahead, as a framework integration that caches its views would)."""
+    d, b, hq, hkv, s = TINY
+    scale = 1.0 / math.sqrt(d)
+    q = torch.rand(b, hq, s, d, device="cuda", dtype=torch.bfloat16)
+    k, v, o, d_o = (torch.rand_like(q) for _ in range(4))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    stats = torch.empty(b, hq, s, 1, device="cuda", dtype=torch.float32)
+    fields = dict(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s, seq_kv=s, head_dim=d,
+                  element="bf16")
+    forward = AttentionPlan.cached(AttentionDescriptor(**fields, save_stats=True), device=0)
+    backward = AttentionBackwardPlan.cached(AttentionBackwardDescriptor(**fields), device=0)
+    cases = (
+        ("forward", forward, AttentionArgs(q, k, v, o, stats),
+         raw.forward(q, k, v, o, stats, scale, False)[0]),
+        ("backward", backward, AttentionBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv),
+         raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, False, False)[0]),
+    )
+    rows = []
+    for direction, plan, args, raw_call in cases:
+        ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+        views = type(args)(**{name: None if t is None else wrap(t, name)
+                              for name, t in vars(args).items()})
+        wrapped_ws = Workspace(ws.data_ptr(), ws.numel(), 0, ws)
+        calls_by_name = {
+            "raw": raw_call,
+            "ours": lambda plan=plan, args=args, ws=ws: plan.run(args, workspace=ws, stream=0),
+            "ours_wrapped": lambda plan=plan, views=views, ws=wrapped_ws: plan.run(
+                views, workspace=ws, stream=0),
+            "prepared": plan.prepare(args, workspace=ws, stream=0),
+        }
+        for fn in calls_by_name.values():  # warm up
+            _per_call_us(torch, fn, calls)
+        us = {name: _per_call_us(torch, fn, calls) for name, fn in calls_by_name.items()}
+        rows.append(BenchRow(
+            "sdpa host time", f"{direction} bf16 d{d} B{b} H{hq} S{s}, per call",
+            us["ours"] / 1e3,
+            f"run() {us['ours'] - us['raw']:+.1f} us, prepared {us['prepared'] - us['raw']:+.1f}"
+            f" us vs raw {us['raw']:.1f} us",
+            {"cudnn graph.execute": us["raw"] / 1e3, "prepared": us["prepared"] / 1e3,
+             "run() on pre-wrapped views": us["ours_wrapped"] / 1e3}))
+    return rows
 
 
 def run(quick: bool = False) -> list[BenchRow]:
@@ -244,5 +259,5 @@ def run(quick: bool = False) -> list[BenchRow]:
         for causal in (False, True):
             rows += _case_rows(torch, raw, case, causal, reps)
             torch.cuda.empty_cache()
-    rows.append(_host_row(torch, raw, calls=200 if quick else 2000))
+    rows += _host_rows(torch, raw, calls=200 if quick else 2000)
     return rows

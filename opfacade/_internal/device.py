@@ -8,6 +8,7 @@ from ..errors import BackendUnavailable, InvalidArgument
 from ..types import ArchSku
 
 
+@cache  # run() asks for the current device on every call
 def _runtime():
     try:
         import cupy
@@ -25,7 +26,7 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    return int(_runtime().getDevice())
+    return _runtime().getDevice()
 
 
 def check_ordinal(device: int) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "ACTIVATIONS_SERVED", "BGRADA", "BGRADB", "DEFAULT", "Epilogue", "backward_epilogue",
+    "ACTIVATIONS_SERVED", "BGRADA", "BGRADB", "DEFAULT", "Epilogue",
     "forward_epilogue", "pack_relu_mask", "relu_mask_bytes", "unpack_relu_mask", "unsupported",
 ]
 
@@ -83,11 +83,6 @@ def forward_epilogue(activation: str, bias: bool, save_aux: bool) -> Epilogue:
     if not prefix:
         return EPILOGUES["BIAS"] if bias else DEFAULT
     return EPILOGUES[prefix + ("_AUX" if save_aux else "") + ("_BIAS" if bias else "")]
-
-
-def backward_epilogue(activation: str, bias_grad: bool) -> Epilogue:
-    """The epilogue applying ``activation``'s derivative from the aux [and reducing dbias]."""
-    return EPILOGUES["D" + _ACTIVATION_PREFIX[activation] + ("_BGRAD" if bias_grad else "")]
 
 
 def relu_mask_bytes(n: int) -> int:

@@ -22,14 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
-    "OP_N", "OP_T", "ZERO_K", "Gemm", "Matrix", "Rows", "batch_contiguous", "bias_grad_gemv",
-    "forward_gemm", "input_grad_gemm", "pre_grad_gemm", "weight_grad_gemm", "zero_elements",
+    "OP_N", "OP_T", "Gemm", "Matrix", "Rows", "batch_contiguous", "bias_grad_gemv",
+    "forward_gemm", "input_grad_gemm", "weight_grad_gemm",
 ]
 
 OP_N, OP_T = 0, 1  # cublasOperation_t
-# The inner extent of the GEMM that turns grad_out into the pre-activation gradient: its A and B
-# are zeros, so D = epilogue(0 + grad_out). cuBLASLt rejects k = 1 for the DGELU/DRELU epilogues.
-ZERO_K = 16
 
 
 @dataclass(frozen=True)
@@ -120,25 +117,6 @@ def forward_gemm(desc, x: Rows, w: Rows, out: Rows, others: Iterable[Rows] = ())
 
 def _all_rows(desc) -> int:
     return desc.m * (desc.batch or 1)
-
-
-def pre_grad_gemm(desc, d_pre: Rows) -> Gemm:
-    """``d_pre^T [N, R] = 0 [N, ZERO_K] @ 0 [ZERO_K, R] + grad_out^T``, all R = B*M rows at once.
-
-    The activation's derivative and the bias gradient come from the epilogue (DGELU_BGRAD,
-    DRELU_BGRAD); grad_out enters as C with beta = 1. The zero operands share one buffer of
-    ``zero_elements(desc)`` elements.
-    """
-    r = _all_rows(desc)
-    ld_zero = -(-desc.n // 8) * 8
-    a = Matrix(desc.n, ZERO_K, ld_zero)
-    b = Matrix(ZERO_K, r, ZERO_K)
-    return Gemm(OP_N, OP_N, a, b, Matrix.of_rows(r, desc.n, d_pre, False))
-
-
-def zero_elements(desc) -> int:
-    """Elements of the zero buffer ``pre_grad_gemm`` reads as both A and B."""
-    return max(-(-desc.n // 8) * 8, _all_rows(desc)) * ZERO_K
 
 
 def weight_grad_gemm(desc, x: Rows, d_pre: Rows, dw: Rows) -> Gemm:

@@ -6,7 +6,8 @@ partial sums into the output in an order its counters serialise but its document
 fix, and the bias-gradient epilogues reduce across thread blocks in an undocumented way. The
 ``.deterministic`` one restricts the heuristic to the schemes whose partial sums land in their own
 workspace slots and are reduced in a fixed order (NONE, COMPUTE_TYPE, OUTPUT_TYPE), computes
-dbias with a plain GEMM against a vector of ones instead of a BGRAD epilogue, and declares
+dbias with a plain GEMM against a vector of ones instead of a BGRAD epilogue (with an activation,
+both SKUs take d_pre and dbias from a fixed-order NVRTC kernel), and declares
 ``deterministic=True``; ``tests/test_gemm_gpu.py`` checks both claims. Neither is ``bit_stable``:
 the heuristic's choice depends on the device's SM count.
 
@@ -37,12 +38,13 @@ from ...types import (
     OpCategory,
     PrecisionGuarantee,
 )
+from ..nvrtc.linear_grad import ActivationGrad, partials_bytes
+from ..nvrtc.linear_grad import unavailable as activation_grad_unavailable
 from . import library
 from .epilogues import (
     BGRADA,
     BGRADB,
     DEFAULT,
-    backward_epilogue,
     forward_epilogue,
     relu_mask_bytes,
     unsupported,
@@ -53,9 +55,7 @@ from .layouts import (
     bias_grad_gemv,
     forward_gemm,
     input_grad_gemm,
-    pre_grad_gemm,
     weight_grad_gemm,
-    zero_elements,
 )
 from .matmul import (
     ALL_SCHEMES,
@@ -430,15 +430,17 @@ def _rows_of(strides: tuple) -> Rows:
 
 
 class _BackwardRecipe:
-    """The backward's cuBLASLt calls in order, and how they share one workspace.
+    """The backward's launches in order, and how they share one workspace.
 
-    Workspace: [zeros | ones | d_pre | GEMM workspace], each part 256-byte aligned; the GEMMs run
-    one after another on the stream, so they share the last part.
+    Workspace: [d_pre | dbias partials | ones | GEMM workspace], each part 256-byte aligned and
+    present only when needed; the launches run one after another on the stream, so the GEMMs
+    share the last part.
     """
 
     def __init__(self, rows: int, ones: tuple[int, int], steps: list[_Step],
-                 regions: dict[str, int]):
+                 regions: dict[str, int], activation_grad: ActivationGrad | None):
         self.steps, self.rows, self.ones, self.regions = steps, rows, ones, regions
+        self.activation_grad = activation_grad
         self.offsets: dict[str, int] = {}
         offset = 0
         for name, nbytes in regions.items():
@@ -451,18 +453,17 @@ class _BackwardRecipe:
         self.gemv = any(s.b == "ones" for s in steps)
 
     def describe(self) -> str:
-        return "; ".join(f"{s.name} {s.matmul.epilogue.name}: {s.matmul.info}"
-                         for s in self.steps)
+        parts = [] if self.activation_grad is None else [self.activation_grad.describe()]
+        parts += [f"{s.name} {s.matmul.epilogue.name}: {s.matmul.info}" for s in self.steps]
+        return "; ".join(parts)
 
     def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
-        import cupy
-
         _check_workspace(workspace, self.workspace_size)
         pointers = {name: (0 if view is None else view.ptr) for name, view in views.items()}
         for name, offset in self.offsets.items():
             pointers[name] = workspace.ptr + offset
-        if "zeros" in self.regions:
-            cupy.cuda.runtime.memsetAsync(pointers["zeros"], 0, self.regions["zeros"], stream)
+        if self.activation_grad is not None:
+            self.activation_grad.launch(pointers, stream)
         if self.gemv:
             _fill(pointers["ones"], *self.ones, self.rows, stream)
         gemm_ws = workspace.ptr + self.gemm_offset
@@ -499,11 +500,13 @@ def _fill(ptr: int, pattern: int, width: int, count: int, stream: int) -> None:
 class LinearBackwardCublasLt(_LinearCublasLt):
     """d_pre = grad_out * act'(aux) [+ dbias], then dW = x^T d_pre and dx = d_pre W^T.
 
-    cuBLASLt applies an activation's derivative only to a GEMM's result, so d_pre comes from a
-    GEMM whose A and B are zeros and whose C is grad_out (D = DGELU(0 + grad_out)), with the
-    bias gradient from the same epilogue (DGELU_BGRAD, DRELU_BGRAD). Without an activation, the
-    bias gradient rides on the dW GEMM (BGRADA for "kn", BGRADB for "nk"). The deterministic SKU
-    uses neither epilogue reduction: dbias = d_pre^T @ ones.
+    With an activation, d_pre and the bias gradient come from one bespoke kernel
+    (native/linear_grad.cu, see nvrtc/linear_grad.py): it reads grad_out and the aux once, writes
+    d_pre, and reduces dbias in a fixed order, so that part is deterministic in both SKUs. (A
+    cuBLASLt DGELU_BGRAD epilogue can only be reached through a GEMM whose A and B are zeros and
+    whose C is grad_out; on an H100 that ran 5x slower than the kernel.) Without an activation,
+    the plain SKU reduces dbias on the dW GEMM (BGRADA for "kn", BGRADB for "nk"); the
+    deterministic one uses no epilogue reduction: dbias = grad_out^T @ ones.
     """
 
     op = "linear_backward"
@@ -512,9 +515,13 @@ class LinearBackwardCublasLt(_LinearCublasLt):
     def __init__(self, element: ElementKind, deterministic: bool):
         super().__init__(_sku(
             self.op, element, deterministic, 2 * _FORWARD_BOUND[element],
-            "dgelu/drelu + bgrad, bgrada/bgradb, dW, dx",
-            "grad_out * act'(aux) with the bias gradient, then dW and dx, in cublasLtMatmul "
-            "calls sharing one workspace."), element, deterministic)
+            "d_pre + dbias kernel (gelu_tanh, relu), bgrada/bgradb, dW, dx",
+            "grad_out * act'(aux) with the bias gradient in one NVRTC kernel (fixed-order "
+            "reduction), then dW and dx in cublasLtMatmul calls sharing one workspace."),
+            element, deterministic)
+
+    def unavailable(self) -> str | None:
+        return library.available() or activation_grad_unavailable()
 
     def check_args(self, desc, args: BoundArgs) -> None:
         views = args.views
@@ -532,26 +539,28 @@ class LinearBackwardCublasLt(_LinearCublasLt):
             _check_batch_contiguous(views["x"], "x", desc.m,
                                     "when one weight serves the batch (dW sums over it)")
 
-    def _bias_fused(self, desc) -> str | None:
-        """Which GEMM's epilogue reduces dbias: "pre", "weight", or None (the GEMV)."""
-        if not desc.need_bias_grad or self.deterministic:
+    def _bias_by(self, desc) -> str | None:
+        """Who reduces dbias: "kernel" (with the activation's derivative), "weight" (the dW
+        GEMM's BGRADA/BGRADB epilogue), "gemv" (d_pre^T @ ones), or None (not asked for)."""
+        if not desc.need_bias_grad:
             return None
         if desc.activation != "none":
-            return "pre"
-        if desc.need_weight_grad and not (desc.batch and desc.weight_batched):
+            return "kernel"
+        if not self.deterministic and desc.need_weight_grad and not (
+                desc.batch and desc.weight_batched):
             return "weight"
-        return None
+        return "gemv"
 
     def _regions(self, desc) -> dict[str, int]:
         item = self.element.itemsize
         rows = desc.m * (desc.batch or 1)
         regions = {}
-        if desc.activation != "none":
-            regions["zeros"] = zero_elements(desc) * item
-        if desc.need_bias_grad:  # also when fused: the fallback if cuBLASLt lacks the epilogue
-            regions["ones"] = rows * item
         if desc.activation != "none" and not desc.need_pre_grad:
             regions["d_pre"] = rows * -(-desc.n // 8) * 8 * item
+        if desc.activation != "none" and desc.need_bias_grad:
+            regions["partials"] = partials_bytes(rows, desc.n, self.element)
+        if desc.activation == "none" and desc.need_bias_grad:
+            regions["ones"] = rows * item  # also when fused: the fallback if cuBLASLt refuses
         return regions
 
     def _fixed_bytes(self, desc) -> int:
@@ -574,6 +583,16 @@ class LinearBackwardCublasLt(_LinearCublasLt):
                 weight if desc.need_weight_grad else None,
                 matrix(desc.m, desc.n) if desc.need_pre_grad else None)
 
+    def _d_pre(self, desc, rows: tuple) -> tuple[str, Rows]:
+        """Where d_pre lives: grad_out itself (no activation), grad_pre, or the workspace."""
+        grad_out, grad_pre = rows[0], rows[6]
+        if desc.activation == "none":
+            return "grad_out", grad_out
+        if desc.need_pre_grad:
+            return "grad_pre", grad_pre
+        ld = -(-desc.n // 8) * 8
+        return "d_pre", Rows(ld, desc.m * ld)
+
     def _build(self, desc, device: int, layout: tuple, available: int | None):
         strides, alignment = layout
         rows = tuple(None if s is None else _rows_of(s) for s in strides)
@@ -581,54 +600,47 @@ class LinearBackwardCublasLt(_LinearCublasLt):
         fixed = sum(round_workspace(n) for n in regions.values())
         limit = WORKSPACE_LIMIT if available is None else max(0, (available - fixed) // 256 * 256
                                                               - 16)
-        fused = self._bias_fused(desc)
+        bias_by = self._bias_by(desc)
         try:
-            steps = self._steps(desc, device, rows, limit, fused, alignment)
+            steps = self._steps(desc, device, rows, limit, bias_by, alignment)
         except NoAlgorithm:
-            if fused is None:
+            if bias_by != "weight":
                 raise
-            steps = self._steps(desc, device, rows, limit, None, alignment)  # dbias by the GEMV
-        return _BackwardRecipe(desc.m * (desc.batch or 1), _ONE[self.element], steps, regions)
+            steps = self._steps(desc, device, rows, limit, "gemv", alignment)
+        grad = None
+        if desc.activation != "none":
+            d_pre_name, d_pre = self._d_pre(desc, rows)
+            grad = ActivationGrad(desc.activation, self.element, device,
+                                  desc.m * (desc.batch or 1), desc.n, rows[0].ld, rows[3].ld,
+                                  d_pre.ld, alignment, d_pre_name, desc.need_bias_grad)
+        return _BackwardRecipe(desc.m * (desc.batch or 1), _ONE[self.element], steps, regions,
+                               grad)
 
-    def _steps(self, desc, device: int, rows: tuple, limit: int, fused: str | None,
+    def _steps(self, desc, device: int, rows: tuple, limit: int, bias_by: str | None,
                alignment: int) -> list:
-        grad_out, x, w, aux, grad_x, grad_w, grad_pre = rows
+        _, x, w, _, grad_x, grad_w, _ = rows
         types = library.types_for(self.element)
 
-        def matmul(name, gemm, epilogue, c=None, aux_layout=None) -> Matmul:
+        def matmul(name, gemm, epilogue) -> Matmul:
             return Matmul(gemm, types, epilogue, device=device, workspace_limit=limit,
-                          schemes=self.schemes, c=c, aux=aux_layout, alignment=alignment,
+                          schemes=self.schemes, alignment=alignment,
                           what=f"{self.sku.id} ({name})")
 
-        if desc.activation == "none":
-            d_pre_name, d_pre = "grad_out", grad_out
-        elif desc.need_pre_grad:
-            d_pre_name, d_pre = "grad_pre", grad_pre
-        else:
-            ld = -(-desc.n // 8) * 8
-            d_pre_name, d_pre = "d_pre", Rows(ld, desc.m * ld)
+        d_pre_name, d_pre = self._d_pre(desc, rows)
         steps = []
-        if desc.activation != "none":
-            gemm = pre_grad_gemm(desc, d_pre)
-            scale = 8 if desc.activation == "relu" else 1
-            epilogue = backward_epilogue(desc.activation, fused == "pre")
-            steps.append(_Step("d_pre", matmul("d_pre", gemm, epilogue, gemm.like_d(grad_out),
-                                               Aux(scale * aux.ld)),
-                               "zeros", "zeros", "grad_out", d_pre_name,
-                               bias="grad_bias" if fused == "pre" else None, aux="aux"))
-        if desc.need_bias_grad and fused is None:
+        if bias_by == "gemv":
             steps.append(_Step("grad_bias", matmul("grad_bias", bias_grad_gemv(desc, d_pre),
                                                    DEFAULT),
                                d_pre_name, "ones", "grad_bias", "grad_bias"))
         if desc.need_weight_grad:
             kn = desc.weight_layout == "kn"
-            epilogue = (BGRADA if kn else BGRADB) if fused == "weight" else DEFAULT
+            epilogue = (BGRADA if kn else BGRADB) if bias_by == "weight" else DEFAULT
             a, b = (d_pre_name, "x") if kn else ("x", d_pre_name)
             steps.append(_Step("grad_weight", matmul("grad_weight",
                                                      weight_grad_gemm(desc, x, d_pre, grad_w),
                                                      epilogue),
                                a, b, "grad_weight", "grad_weight",
-                               bias="grad_bias" if fused == "weight" else None))
+                               bias="grad_bias" if bias_by == "weight" else None))
         if desc.need_input_grad:
             steps.append(_Step("grad_x", matmul("grad_x", input_grad_gemm(desc, d_pre, w, grad_x),
                                                 DEFAULT),

@@ -133,6 +133,21 @@ class _Launcher:
     def raw(self) -> bool:
         return self._fast is not None
 
+    def bind(self, pointers: list[int], workspace: int, handle):
+        """A call that executes on these fixed pointers: the pointer array is built once."""
+        if self._fast is None or EXECUTE_PATH != "auto":
+            return lambda: self(pointers, workspace, handle)
+        lowered, index = self._fast
+        array = (ctypes.c_void_p * len(pointers))(*pointers)
+        address, count, backend = ctypes.addressof(array), len(pointers), handle.backend_handle
+        execute = lowered._execute_with_raw_ptrs
+
+        def execute_bound() -> None:
+            execute(address, count, workspace, backend, index)
+            array  # noqa: B018 - the closure keeps the pointer array alive
+
+        return execute_bound
+
     def __call__(self, pointers: list[int], workspace: int, handle) -> None:
         if self._fast is not None and EXECUTE_PATH == "auto":
             lowered, index = self._fast

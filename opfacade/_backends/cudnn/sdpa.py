@@ -200,15 +200,38 @@ class _SdpaCudnn(SkuImpl):
             if wanted is not None and view.strides != wanted[0]:
                 _expect_strides(view, name, *wanted)  # differences in size-1 extents pass
 
-    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
-        views = args.views
-        device = views["q"].device
+    def prepared(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None):
+        """Graph, handle, pointer array and stream resolved once; a call binds the stream (the
+        handle is this thread's, shared with other plans) and executes."""
+        device = args.views["q"].device
+        if runtime.current_device() != device:
+            return lambda: self.launch(desc, args, workspace, stream)
         built = self._graph_for_run(desc, device)
+        self._check_workspace(built, workspace, device)
+        handle = runtime.handle_for(device)
+        execute = built.launch.bind([args.views[name].ptr for name in built.names],
+                                    workspace.ptr, handle)
+        set_stream, stream = runtime.cudnn_module().set_stream, stream or 0
+
+        def run_prepared() -> None:
+            set_stream(handle, stream)
+            execute()
+
+        return run_prepared
+
+    @staticmethod
+    def _check_workspace(built: graphs.BuiltGraph, workspace: Workspace, device: int) -> None:
         if workspace.size < built.workspace_size:
             raise BufferTooSmall(
                 f"workspace has {workspace.size} bytes; the graph built on cuda:{device} needs "
                 f"{built.workspace_size} (select the plan with a device for an exact size)",
                 argument="workspace")
+
+    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+        views = args.views
+        device = views["q"].device
+        built = self._graph_for_run(desc, device)
+        self._check_workspace(built, workspace, device)
         handle = runtime.handle_for(device)
         runtime.set_stream(handle, stream or 0)
         pointers = [views[name].ptr for name in built.names]

@@ -1,0 +1,95 @@
+"""The linear backward's activation step as one bespoke kernel (native/linear_grad.cu).
+
+``d_pre = grad_out * act'(pre)`` for GELU (tanh) from the saved pre-activation, or ReLU from
+cuBLASLt's bit-mask, with the bias gradient's column sums reduced in a fixed order: per (chunk of
+rows, column) partials in the workspace, then one pass adding each column's partials in chunk
+order. The chunking is a function of the problem alone, never of the device, so the bias gradient
+is deterministic and bit-stable. It reads grad_out and the aux once and writes d_pre once: the
+memory floor of the step (torch runs the same work as an elementwise kernel and a separate sum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...types import ElementKind
+from .launch import available, get_kernel, launch
+
+__all__ = ["ActivationGrad", "chunking", "partials_bytes", "unavailable"]
+
+SOURCE = "linear_grad.cu"
+THREADS = 256
+WARPS = THREADS // 32
+# Blocks the activation kernel aims for: enough to fill any current GPU several times over.
+# Fixed, so that how rows are chunked (and so the bias gradient's summation order) depends on
+# the problem alone.
+TARGET_BLOCKS = 2048
+MAX_CHUNKS = 65535  # the grid's y extent
+_KERNEL = {"gelu_tanh": "linear_dgelu_tanh", "relu": "linear_drelu"}
+
+
+def unavailable() -> str | None:
+    """Why the kernel cannot run in this process, or None."""
+    return available()
+
+
+def _suffix(element: ElementKind) -> str:
+    return "f32" if element in (ElementKind.f32, ElementKind.tf32) else element.value
+
+
+def _pack(element: ElementKind) -> int:
+    """Elements per 16-byte pack, and per lane of a block's column tile."""
+    return 16 // element.itemsize
+
+
+def chunking(rows: int, n: int, element: ElementKind) -> tuple[int, int, int]:
+    """(column tiles, rows per chunk, chunks): a block per (tile, chunk)."""
+    tiles = -(-n // (32 * _pack(element)))
+    chunks = max(1, min(-(-TARGET_BLOCKS // tiles), -(-rows // WARPS)))
+    per_chunk = -(-rows // chunks)
+    per_chunk = max(-(-per_chunk // WARPS) * WARPS, -(-rows // MAX_CHUNKS))
+    return tiles, per_chunk, -(-rows // per_chunk)
+
+
+def partials_bytes(rows: int, n: int, element: ElementKind) -> int:
+    """Workspace for the bias gradient's f32 partials: one per (chunk, column)."""
+    return chunking(rows, n, element)[2] * n * 4
+
+
+class ActivationGrad:
+    """One problem's launch: the layout fixed at build time, the pointers given per run.
+
+    ``pointers`` at run time maps argument names (grad_out, aux, grad_bias, and ``d_pre_name``,
+    plus the workspace's "partials") to addresses.
+    """
+
+    def __init__(self, activation: str, element: ElementKind, device: int, rows: int, n: int,
+                 ld_grad: int, ld_aux: int, ld_pre: int, alignment: int, d_pre_name: str,
+                 bias_grad: bool):
+        self.device, self.rows, self.n = device, rows, n
+        self.d_pre_name, self.bias_grad = d_pre_name, bias_grad
+        self.name = f"{_KERNEL[activation]}_{_suffix(element)}"
+        self.finalize = f"linear_bias_grad_finalize_{_suffix(element)}"
+        self.tiles, self.per_chunk, self.chunks = chunking(rows, n, element)
+        pack = _pack(element)
+        aux_packed = activation == "relu" or ld_aux % pack == 0  # the mask is read bytewise
+        self.vec = alignment >= 16 and ld_grad % pack == 0 and ld_pre % pack == 0 and aux_packed
+        self.strides = (np.int64(ld_grad), np.int64(ld_aux), np.int64(ld_pre))
+
+    def describe(self) -> str:
+        return (f"d_pre: nvrtc {self.name} ({self.tiles}x{self.chunks} blocks, "
+                f"{self.per_chunk} rows each{', 16-byte packs' if self.vec else ''})")
+
+    def launch(self, pointers: dict[str, int], stream: int) -> None:
+        partials = pointers["partials"] if self.bias_grad else 0
+        kernel = get_kernel(SOURCE, self.name, self.device)
+        launch(kernel, (self.tiles, self.chunks), (THREADS,), (
+            np.uint64(pointers["grad_out"]), np.uint64(pointers["aux"]),
+            np.uint64(pointers[self.d_pre_name]), np.uint64(partials), np.int64(self.rows),
+            np.int32(self.n), *self.strides, np.int32(self.per_chunk), np.int32(self.vec),
+        ), stream, self.device)
+        if self.bias_grad:
+            finalize = get_kernel(SOURCE, self.finalize, self.device)
+            launch(finalize, (-(-self.n // THREADS),), (THREADS,), (
+                np.uint64(partials), np.uint64(pointers["grad_bias"]), np.int32(self.n),
+                np.int32(self.chunks)), stream, self.device)

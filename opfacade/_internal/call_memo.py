@@ -1,0 +1,159 @@
+"""Plan.run's memo of checked calls: the facts its checks read, mapped to the launch they allowed.
+
+Every check run() makes (placement, shapes, dtypes, strides, alignment, overlap, the workspace's
+size and device) is a function of each tensor's address, shape, strides, dtype and device, of the
+workspace's address and size, of the stream handle and of the current device. Reading those facts
+costs about half a microsecond per torch tensor; checking them costs tens. So run() reads them and,
+when the same facts were checked before on this thread, re-enqueues the launch built then.
+
+An entry holds addresses, never the caller's objects: it keeps no tensor alive, and a hit launches
+on exactly the addresses of the tensors passed in this call (they are part of the key). Only facts
+read from types whose reads are exact take this path: torch.Tensor and nn.Parameter (not other
+subclasses: fake, functional and distributed tensors answer differently), cupy.ndarray, TensorView
+and Workspace. Anything else (NumPy, JAX, DLPack producers, stream objects) returns no key, and
+run() checks in full every time.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+
+from .device import current_device
+from .sku import Workspace
+from .tensors import TensorView
+
+__all__ = ["CallMemo", "call_key"]
+
+_TORCH, _CUPY, _VIEW, _OTHER = range(4)
+_KINDS: dict[type, int] = {TensorView: _VIEW}
+
+
+def _kind_of(kind: type) -> int:
+    """How the facts of an argument of type ``kind`` are read; decided once per type."""
+    found = _KINDS.get(kind)
+    if found is None:
+        found = _OTHER
+        root = (kind.__module__ or "").split(".", 1)[0]
+        if root == "torch":
+            torch = sys.modules["torch"]  # the caller's tensor proves torch is imported
+            if kind is torch.Tensor or kind is torch.nn.Parameter:
+                found = _TORCH
+        elif root == "cupy" and kind is sys.modules["cupy"].ndarray:
+            found = _CUPY
+        _KINDS[kind] = found
+    return found
+
+
+def _current_torch_stream(device: int) -> int:
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _current_cupy_stream(device: int) -> int:
+    return sys.modules["cupy"].cuda.get_current_stream(device).ptr
+
+
+def call_key(args: object, workspace: object, stream: object) -> tuple | None:
+    """Everything run()'s checks read from this call, or None when something cannot be read
+    exactly and cheaply (run() then checks in full). Reading raises nothing: an odd object makes
+    the key None, and the full checks raise the typed error."""
+    try:
+        values = args.__dict__.values()
+    except AttributeError:
+        return None
+    device = -1
+    owners = 0  # bit 1: torch, bit 2: CuPy; None's stream needs exactly one
+    try:
+        # The current device: a launch built for one may not run with another current.
+        facts: list = [type(args), current_device()]
+        append = facts.append
+        for value in values:
+            if value is None:
+                append(None)
+                continue
+            kind = _KINDS.get(type(value))
+            if kind is None:
+                kind = _kind_of(type(value))
+            if kind == _TORCH:
+                # is_cuda and is_neg: a host tensor or a lazily negated view can share the rest.
+                fact = (value.data_ptr(), value.shape, value.stride(), value.dtype,
+                        value.get_device(), value.is_cuda, value.is_neg())
+                owners |= 1
+                if device < 0:
+                    device = fact[4]
+            elif kind == _CUPY:
+                fact = (value.data.ptr, value.shape, value.strides, value.dtype,
+                        value.data.device_id)
+                owners |= 2
+                if device < 0:
+                    device = fact[4]
+            elif kind == _VIEW:
+                if stream is None:
+                    return None  # the view's package would decide the stream: the full path
+                fact = (value.ptr, value.shape, value.strides, value.element, value.device,
+                        value.package, value.readonly)
+            else:
+                return None
+            append(fact)
+        workspace_facts = _workspace_facts(workspace)
+        if workspace_facts is False:
+            return None
+        append(workspace_facts)
+        if stream is None:
+            if device < 0 or owners == 3:
+                return None  # no device tensor, or torch and CuPy disagree: the full path
+            append(_current_torch_stream(device) if owners == 1 else _current_cupy_stream(device))
+        elif type(stream) is int and stream >= 0:
+            append(stream)
+        else:
+            return None
+    except Exception:  # a tensor without storage, a torch without CUDA: the full path says why
+        return None
+    return tuple(facts)
+
+
+def _workspace_facts(workspace: object):
+    """The workspace's part of the key; False when it cannot be read exactly."""
+    if workspace is None:
+        return None
+    if type(workspace) is Workspace:
+        return ("workspace", workspace.ptr, workspace.size, workspace.device)
+    kind = _kind_of(type(workspace))
+    if kind == _TORCH:
+        return (workspace.data_ptr(), workspace.shape, workspace.stride(), workspace.dtype,
+                workspace.get_device(), workspace.is_cuda, workspace.is_neg())
+    if kind == _CUPY:
+        return (workspace.data.ptr, workspace.shape, workspace.strides, workspace.dtype,
+                workspace.data.device_id)
+    return False
+
+
+class CallMemo:
+    """Per-thread map from call_key to a launch; bounded (full: it starts over, no LRU upkeep).
+
+    Per thread because a launch holds this thread's library handles.
+    """
+
+    CAPACITY = 256
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def table(self) -> dict[tuple, Callable[[], None]]:
+        try:
+            return self._local.calls
+        except AttributeError:
+            self._local.calls = {}
+            return self._local.calls
+
+    def store(self, table: dict, key: tuple, launch: Callable[[], None]) -> None:
+        if len(table) >= self.CAPACITY:
+            table.clear()
+        table[key] = launch
+
+    def clear(self) -> None:
+        """Forgets this thread's entries (other threads' go with the plan)."""
+        self._local = threading.local()

@@ -1,0 +1,247 @@
+"""run()'s memo of checked calls (``_internal/call_memo.py``): a repeated call launches what the
+full path would, any changed fact is checked again, the memo keeps no user tensor alive, and the
+stream, thread, workspace and plan lifetime are honoured."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import opfacade.attention  # noqa: F401  (registers the ops)
+import opfacade.gemm  # noqa: F401
+from opfacade import (
+    DeviceMismatch,
+    DTypeMismatch,
+    LayoutMismatch,
+    PlanFreed,
+    ShapeMismatch,
+    Workspace,
+)
+from opfacade._internal.call_memo import call_key
+from opfacade.gemm import (
+    LinearArgs,
+    LinearBackwardArgs,
+    LinearBackwardDescriptor,
+    LinearDescriptor,
+    LinearForwardPlan,
+)
+from opfacade.plan import Plan
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+M, N, K = 96, 80, 64
+
+
+def _linear(seed: int = 0, dtype=None):
+    dtype = dtype or torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def uniform(*shape):
+        return (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(dtype)
+
+    return uniform(M, K), uniform(N, K), uniform(N)
+
+
+def _plan(element: str = "bf16"):
+    desc = LinearDescriptor(m=M, n=N, k=K, element=element, activation="gelu_tanh",
+                            weight_layout="nk")
+    return LinearForwardPlan.select(desc, device=0)
+
+
+def _expected(x, w, b):
+    return torch.nn.functional.gelu(x.float() @ w.float().t() + b.float(), approximate="tanh")
+
+
+def _entries(plan) -> int:
+    return len(plan._calls.table())
+
+
+def test_repeated_call_hits_and_matches_the_full_path():
+    plan = _plan()
+    x, w, b = _linear()
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    args = LinearArgs(x, w, b, out=out)
+    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    plan.run(args, workspace=ws)
+    first = out.clone()
+    out.fill_(float("nan"))
+    plan.run(args, workspace=ws)  # served from the memo
+    assert _entries(plan) == 1
+    assert torch.equal(out, first)
+    prepared = torch.empty_like(out)
+    plan.prepare(LinearArgs(x, w, b, out=prepared), workspace=ws)()
+    assert torch.equal(prepared, first)
+    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
+    assert err < plan.precision_guarantee.max_rel_error
+
+
+def test_new_contents_same_buffers_give_new_results():
+    plan = _plan()
+    x, w, b = _linear(1)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    args = LinearArgs(x, w, b, out=out)
+    plan.run(args)
+    x.copy_(_linear(2)[0])  # same address, new values: the memo holds no results
+    plan.run(args)
+    torch.cuda.synchronize()
+    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
+    assert err < plan.precision_guarantee.max_rel_error
+
+
+def test_every_changed_fact_is_checked_again():
+    plan = _plan()
+    x, w, b = _linear(3)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    plan.run(LinearArgs(x, w, b, out=out))
+    wide = torch.empty(M, K + 1, device="cuda", dtype=torch.bfloat16)
+    misaligned = wide[:, 1:]  # same shape, a pointer 2 bytes off 16-byte alignment
+    with pytest.raises(LayoutMismatch) as error:
+        plan.run(LinearArgs(misaligned, w, b, out=out))
+    assert error.value.argument == "x"
+    with pytest.raises(DTypeMismatch) as error:
+        plan.run(LinearArgs(x.half(), w, b, out=out))
+    assert error.value.argument == "x"
+    with pytest.raises(ShapeMismatch) as error:
+        plan.run(LinearArgs(x, w, b[:-8], out=out))
+    assert error.value.argument == "bias"
+    with pytest.raises(DeviceMismatch) as error:
+        plan.run(LinearArgs(x.cpu(), w, b, out=out))
+    assert error.value.argument == "x"
+    with pytest.raises(LayoutMismatch) as error:  # a lazily negated view shares every other fact
+        plan.run(LinearArgs(torch._neg_view(x), w, b, out=out))
+    assert error.value.argument == "x"
+    assert _entries(plan) == 1  # failed checks store nothing
+
+
+def test_memo_keeps_no_tensor_alive():
+    plan = _plan()
+    x, w, b = _linear(4)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    plan.run(LinearArgs(x, w, b, out=out), workspace=ws)
+    refs = [weakref.ref(t) for t in (x, w, b, out, ws)]
+    del x, w, b, out, ws
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+    assert _entries(plan) == 1
+
+
+def test_stream_none_follows_the_current_stream():
+    plan = _plan()
+    x, w, b = _linear(5)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    args = LinearArgs(x, w, b, out=out)
+    side = torch.cuda.Stream()
+    plan.run(args)
+    with torch.cuda.stream(side):
+        side.wait_stream(torch.cuda.default_stream())
+        torch.cuda._sleep(50_000_000)  # holds the side stream so a wrong ordering shows
+        out.fill_(0)
+        plan.run(args)  # must queue behind the fill on the side stream
+    side.synchronize()
+    assert _entries(plan) == 2  # one launch per stream
+    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
+    assert err < plan.precision_guarantee.max_rel_error
+
+
+def test_each_thread_has_its_own_entries():
+    plan = _plan()
+    x, w, b = _linear(6)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    args = LinearArgs(x, w, b, out=out)
+    plan.run(args, stream=0)
+    counts = []
+
+    def other() -> None:
+        plan.run(args, stream=0)
+        plan.run(args, stream=0)
+        counts.append(_entries(plan))
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert counts == [1] and _entries(plan) == 1
+    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
+    assert err < plan.precision_guarantee.max_rel_error
+
+
+def test_freed_plan_raises_after_a_memoised_call():
+    plan = _plan()
+    x, w, b = _linear(7)
+    args = LinearArgs(x, w, b, out=torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+    plan.run(args)
+    plan.free()
+    with pytest.raises(PlanFreed):
+        plan.run(args)
+
+
+def test_workspace_none_still_allocates_per_call():
+    """A backward with intermediate buffers in its workspace, run twice with workspace=None:
+    each call gets fresh scratch from torch's allocator on its stream."""
+    desc = LinearBackwardDescriptor(m=M, n=N, k=K, element="bf16", activation="gelu_tanh",
+                                    weight_layout="nk")
+    plan = Plan.select(desc, device=0)
+    assert plan.workspace_size > 0
+    x, w, b = _linear(8)
+    pre = x.float() @ w.float().t() + b.float()
+    aux = torch.empty(M, -(-N // 8) * 8, device="cuda", dtype=torch.bfloat16)[:, :N]
+    aux.copy_(pre)
+    dy = (torch.rand(M, N, device="cuda") * 2 - 1).to(torch.bfloat16)
+    grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    args = LinearBackwardArgs(dy, x, w, aux, *grads)
+    plan.run(args)
+    first = [g.clone() for g in grads]
+    for g in grads:
+        g.fill_(float("nan"))
+    plan.run(args)
+    torch.cuda.synchronize()
+    assert _entries(plan) == 1
+    xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
+    ref = torch.autograd.grad(torch.nn.functional.gelu(
+        torch.nn.functional.linear(xr, wr, br), approximate="tanh"), (xr, wr, br), dy.float())
+    for got, again, want in zip(grads, first, ref, strict=True):
+        assert torch.isfinite(got.float()).all()
+        err = (got.float() - want).norm() / want.norm()
+        assert err < 2e-2
+        assert (again.float() - want).norm() / want.norm() < 2e-2
+
+
+def test_cupy_arrays_take_the_memo_with_cupys_current_stream():
+    import cupy
+
+    plan = _plan("f32")
+    rng = np.random.default_rng(9)
+    x, w, b = (cupy.asarray(rng.uniform(-1, 1, s).astype(np.float32)) for s in ((M, K), (N, K),
+                                                                                (N,)))
+    out = cupy.empty((M, N), dtype=cupy.float32)
+    args = LinearArgs(x, w, b, out=out)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.runtime.deviceSynchronize()
+    with stream:
+        plan.run(args)
+        plan.run(args)
+        key = call_key(args, None, None)
+    stream.synchronize()
+    assert key is not None and key[-1] == stream.ptr
+    assert _entries(plan) == 1
+    pre = x.get().astype(np.float64) @ w.get().astype(np.float64).T + b.get()
+    want = 0.5 * pre * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre ** 3)))
+    assert np.linalg.norm(out.get() - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_unreadable_arguments_take_the_full_path():
+    x, w, b = _linear(10)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    assert call_key(LinearArgs(x, w, b, out=out), None, None) is not None
+    assert call_key(LinearArgs(np.zeros((M, K)), w, b, out=out), None, None) is None
+    assert call_key(LinearArgs(x, w, b, out=out), None, torch.cuda.Stream()) is None
+    assert call_key(LinearArgs(x, w, b, out=out), object(), 0) is None
+    assert call_key({"x": x}, None, 0) is None
+    assert call_key(LinearArgs(x, w, b, out=out),
+                    Workspace(0, 0, None), 0)[-2] == ("workspace", 0, 0, None)
