@@ -39,10 +39,12 @@ fi
 
 if wants sanitize; then
     stage sanitizer
-    for tool in memcheck racecheck; do
-        timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 tests/sanitize_alibi.py \
-            >> "$OUT/sanitizer.log" 2>&1
-        echo "$tool exit $?: $(tail -2 "$OUT/sanitizer.log" | tr '\n' ' ')"
+    for script in tests/sanitize_alibi.py tests/sanitize_linear_grad.py; do
+        for tool in memcheck racecheck; do
+            timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 $script \
+                >> "$OUT/sanitizer.log" 2>&1
+            echo "$script $tool exit $?: $(tail -2 "$OUT/sanitizer.log" | tr '\n' ' ')"
+        done
     done
 fi
 

@@ -74,9 +74,12 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     out = F.gelu(F.linear(xr, wr, br), approximate="tanh")
     torch_bwd = time_ms(lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
                         reps)
+    # The floor of any backward that takes dY as an input: torch's two GEMMs alone, nothing else.
+    gemms_only = time_ms(lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)), reps)
     rows.append(BenchRow("linear", f"bwd dgelu+dbias+dx+dW bf16 {m}x{n}x{k}", ours_bwd,
-                         _tflops(2 * flops, ours_bwd), {"torch autograd": torch_bwd},
-                         notes=backward.sku.id))
+                         _tflops(2 * flops, ours_bwd),
+                         {"torch autograd": torch_bwd, "torch dx+dW GEMMs only": gemms_only},
+                         notes=f"{backward.sku.id}: {backward.report.chosen.detail}"))
     return rows
 
 

@@ -16,17 +16,18 @@ run() checks in full every time.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable
 
-from .device import current_device
+from .device import current_device, device_count
 from .sku import Workspace
 from .tensors import TensorView
 
 __all__ = ["CallMemo", "call_key"]
 
-_TORCH, _CUPY, _VIEW, _OTHER = range(4)
+_TORCH, _CUPY, _VIEW, _OTHER = 1, 2, 3, 4  # none is 0: `_KINDS.get(t) or ...` must work
 _KINDS: dict[type, int] = {TensorView: _VIEW}
 
 
@@ -44,6 +45,13 @@ def _kind_of(kind: type) -> int:
             found = _CUPY
         _KINDS[kind] = found
     return found
+
+
+@functools.cache
+def _device_reader() -> Callable[[], int]:
+    """The current device, read cheaply: a process that sees one GPU is always on device 0
+    (CUDA_VISIBLE_DEVICES cannot change once CUDA is up); otherwise CuPy asks the runtime."""
+    return (lambda: 0) if device_count() == 1 else current_device
 
 
 def _current_torch_stream(device: int) -> int:
@@ -64,70 +72,62 @@ def call_key(args: object, workspace: object, stream: object) -> tuple | None:
         values = args.__dict__.values()
     except AttributeError:
         return None
-    device = -1
-    owners = 0  # bit 1: torch, bit 2: CuPy; None's stream needs exactly one
+    owners = 0  # bit 1: torch, bit 2: CuPy; stream=None needs exactly one of them
     try:
-        # The current device: a launch built for one may not run with another current.
-        facts: list = [type(args), current_device()]
+        # The current device: a launch built with one current may not run with another.
+        facts: list = [type(args), _device_reader()()]
         append = facts.append
         for value in values:
             if value is None:
                 append(None)
                 continue
-            kind = _KINDS.get(type(value))
-            if kind is None:
-                kind = _kind_of(type(value))
+            kind = _KINDS.get(type(value)) or _kind_of(type(value))
             if kind == _TORCH:
-                # is_cuda and is_neg: a host tensor or a lazily negated view can share the rest.
-                fact = (value.data_ptr(), value.shape, value.stride(), value.dtype,
-                        value.get_device(), value.is_cuda, value.is_neg())
+                # get_device() is -1 on the host; is_neg(): a lazily negated view shares the rest.
+                append((value.data_ptr(), value.shape, value.stride(), value.dtype,
+                        value.get_device(), value.is_neg()))
                 owners |= 1
-                if device < 0:
-                    device = fact[4]
             elif kind == _CUPY:
-                fact = (value.data.ptr, value.shape, value.strides, value.dtype,
-                        value.data.device_id)
+                append((value.data.ptr, value.shape, value.strides, value.dtype,
+                        value.data.device_id))
                 owners |= 2
-                if device < 0:
-                    device = fact[4]
-            elif kind == _VIEW:
-                if stream is None:
-                    return None  # the view's package would decide the stream: the full path
-                fact = (value.ptr, value.shape, value.strides, value.element, value.device,
-                        value.package, value.readonly)
+            elif kind == _VIEW and stream is not None:  # else the view's package picks the stream
+                append((value.ptr, value.shape, value.strides, value.element, value.device,
+                        value.package, value.readonly))
             else:
                 return None
-            append(fact)
         workspace_facts = _workspace_facts(workspace)
         if workspace_facts is False:
             return None
         append(workspace_facts)
-        if stream is None:
-            if device < 0 or owners == 3:
-                return None  # no device tensor, or torch and CuPy disagree: the full path
-            append(_current_torch_stream(device) if owners == 1 else _current_cupy_stream(device))
-        elif type(stream) is int and stream >= 0:
+        if type(stream) is int and stream >= 0:
             append(stream)
+        elif stream is None and owners in (1, 2):
+            device = next(fact[4] for fact in facts[2:] if fact is not None)
+            if device < 0:
+                return None  # host tensors on a GPU plan: the full path says why
+            append(_current_torch_stream(device) if owners == 1 else _current_cupy_stream(device))
         else:
-            return None
+            return None  # a stream object, torch and CuPy together: the full path resolves it
     except Exception:  # a tensor without storage, a torch without CUDA: the full path says why
         return None
     return tuple(facts)
 
 
 def _workspace_facts(workspace: object):
-    """The workspace's part of the key; False when it cannot be read exactly."""
+    """The workspace's part of the key; False when it cannot be read exactly. Scratch needs only
+    where it starts, how many bytes it has, where it lives and that it is one block."""
     if workspace is None:
         return None
     if type(workspace) is Workspace:
         return ("workspace", workspace.ptr, workspace.size, workspace.device)
-    kind = _kind_of(type(workspace))
+    kind = _KINDS.get(type(workspace)) or _kind_of(type(workspace))
     if kind == _TORCH:
-        return (workspace.data_ptr(), workspace.shape, workspace.stride(), workspace.dtype,
-                workspace.get_device(), workspace.is_cuda, workspace.is_neg())
+        return (workspace.data_ptr(), workspace.nbytes, workspace.get_device(),
+                workspace.is_contiguous())
     if kind == _CUPY:
-        return (workspace.data.ptr, workspace.shape, workspace.strides, workspace.dtype,
-                workspace.data.device_id)
+        return (workspace.data.ptr, workspace.nbytes, workspace.data.device_id,
+                workspace.flags.c_contiguous)
     return False
 
 

@@ -299,7 +299,7 @@ class _LinearCublasLt(SkuImpl):
         views = args.views
         device = views[self.fixed_views[0]].device
         recipe = self._recipe(desc, views, workspace)
-        run = functools.partial(recipe.run, library.handle(device), views, workspace, stream)
+        run = recipe.bind(library.handle(device), views, workspace, stream)
         if cupy.cuda.runtime.getDevice() == device:
             return run
 
@@ -364,12 +364,16 @@ class _ForwardRecipe:
         return f"{self.matmul.epilogue.name}: {self.matmul.info}"
 
     def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
+        self.bind(lt_handle, views, workspace, stream)()
+
+    def bind(self, lt_handle: int, views: dict, workspace: Workspace, stream: int):
+        """The one cublasLtMatmul with every pointer fixed."""
         _check_workspace(workspace, self.workspace_size)
         out, bias, residual, aux = views["out"], views["bias"], views["residual"], views["aux"]
-        self.matmul.run(lt_handle, views["weight"].ptr, views["x"].ptr,
-                        out.ptr if residual is None else residual.ptr, out.ptr, workspace.ptr,
-                        workspace.size, stream, 0 if bias is None else bias.ptr,
-                        0 if aux is None else aux.ptr)
+        return self.matmul.bind(lt_handle, views["weight"].ptr, views["x"].ptr,
+                                out.ptr if residual is None else residual.ptr, out.ptr,
+                                workspace.ptr, workspace.size, stream,
+                                0 if bias is None else bias.ptr, 0 if aux is None else aux.ptr)
 
 
 class LinearForwardCublasLt(_LinearCublasLt):
@@ -456,6 +460,10 @@ class _BackwardRecipe:
         parts = [] if self.activation_grad is None else [self.activation_grad.describe()]
         parts += [f"{s.name} {s.matmul.epilogue.name}: {s.matmul.info}" for s in self.steps]
         return "; ".join(parts)
+
+    def bind(self, lt_handle: int, views: dict, workspace: Workspace, stream: int):
+        _check_workspace(workspace, self.workspace_size)
+        return functools.partial(self.run, lt_handle, views, workspace, stream)
 
     def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
         _check_workspace(workspace, self.workspace_size)

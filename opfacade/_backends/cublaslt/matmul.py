@@ -261,24 +261,54 @@ class Matmul:
     def run(self, lt_handle: int, a: int, b: int, c: int, d: int, workspace: int,
             workspace_size: int, stream: int, bias: int = 0, aux: int = 0) -> None:
         """Enqueues the matmul on ``stream``; ``c`` is D's own pointer when there is no C."""
-        lt = self._lt
-        with self._lock:
-            current = self._current
-            try:
-                if self._bias_attr is not None and bias != current[0]:
-                    self._pointer[0] = bias
-                    lt.matmul_desc_set_attribute(self.desc, self._bias_attr, self._pointer_ptr, 8)
-                    current[0] = bias
-                if self._aux_attr is not None and aux != current[1]:
-                    self._pointer[0] = aux
-                    lt.matmul_desc_set_attribute(self.desc, self._aux_attr, self._pointer_ptr, 8)
-                    current[1] = aux
-                lt.matmul(lt_handle, self.desc, self.alpha_ptr, a, self.a_layout, b,
-                          self.b_layout, self.beta_ptr, c, self.c_layout, d, self.d_layout,
-                          self._algo_ptr, workspace, workspace_size, stream)
-            except Exception as error:
-                raise LaunchFailed(f"{self.what} ({self.info}) failed on cuda:{self.device}: "
-                                   f"{error}") from error
+        self.bind(lt_handle, a, b, c, d, workspace, workspace_size, stream, bias, aux)()
+
+    def _point_epilogue(self, bias: int, aux: int) -> None:
+        """Sets the descriptor's bias and aux pointers where they moved (the lock is held)."""
+        lt, current = self._lt, self._current
+        if self._bias_attr is not None and bias != current[0]:
+            self._pointer[0] = bias
+            lt.matmul_desc_set_attribute(self.desc, self._bias_attr, self._pointer_ptr, 8)
+            current[0] = bias
+        if self._aux_attr is not None and aux != current[1]:
+            self._pointer[0] = aux
+            lt.matmul_desc_set_attribute(self.desc, self._aux_attr, self._pointer_ptr, 8)
+            current[1] = aux
+
+    def bind(self, lt_handle: int, a: int, b: int, c: int, d: int, workspace: int,
+             workspace_size: int, stream: int, bias: int = 0, aux: int = 0):
+        """``run`` with every argument fixed, for Plan.prepare and run()'s memo: the call sets
+        the epilogue's pointers only when another call moved them, then enqueues.
+
+        The bias and aux pointers live on the descriptor, which the split-K variants and every
+        thread share, so setting them and enqueueing happen under one lock.
+        """
+        arguments = (lt_handle, self.desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
+                     self.beta_ptr, c, self.c_layout, d, self.d_layout, self._algo_ptr, workspace,
+                     workspace_size, stream)
+        matmul, what = self._lt.matmul, f"{self.what} ({self.info}) failed on cuda:{self.device}"
+        if self._bias_attr is None and self._aux_attr is None:
+            def enqueue() -> None:  # nothing on the descriptor changes: no lock needed
+                try:
+                    matmul(*arguments)
+                except Exception as error:
+                    raise LaunchFailed(f"{what}: {error}") from error
+
+            return enqueue
+        lock, current, point = self._lock, self._current, self._point_epilogue
+        want = [bias if self._bias_attr is not None else current[0],
+                aux if self._aux_attr is not None else current[1]]
+
+        def enqueue_with_pointers() -> None:
+            with lock:
+                try:
+                    if current != want:
+                        point(bias, aux)
+                    matmul(*arguments)
+                except Exception as error:
+                    raise LaunchFailed(f"{what}: {error}") from error
+
+        return enqueue_with_pointers
 
     def __del__(self):
         if not getattr(self, "_owner", False):
