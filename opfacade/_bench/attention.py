@@ -11,8 +11,6 @@ per call on a tiny problem: plan.run on a cached plan against the raw graph.exec
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 from .._internal.sku import Workspace
 from .._internal.tensors import wrap
@@ -25,7 +23,7 @@ from ..attention import (
     AttentionPlan,
 )
 from ..types import PlanPreference
-from .common import BenchRow, time_ms
+from .common import BenchRow, host_us_interleaved, time_interleaved
 
 # (head_dim, batch, heads_q, heads_kv, seq)
 FULL_CASES = tuple(
@@ -104,27 +102,30 @@ class _Raw:
         return self._finish(g, pack)
 
 
-def _torch_peers(torch, q, k, v, d_o, causal: bool, gqa: bool, reps: int):
-    """{peer: (forward ms, backward ms)} for torch's cuDNN and flash SDPA backends."""
+def _torch_peers(torch, q, k, v, d_o, causal: bool, gqa: bool):
+    """{peer: (forward call, backward call)} for torch's cuDNN and flash SDPA backends, and
+    notes on the backends that decline the problem."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+    extra = {"enable_gqa": True} if gqa else {}
     peers, notes = {}, []
     for name, backend in (("torch cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("torch flash", SDPBackend.FLASH_ATTENTION)):
-        extra = {"enable_gqa": True} if gqa else {}
+        def forward(backend=backend) -> None:
+            with sdpa_kernel(backend), torch.no_grad():
+                sdpa(q, k, v, is_causal=causal, **extra)
+
         try:
-            with sdpa_kernel(backend):
-                with torch.no_grad():
-                    forward = time_ms(lambda extra=extra: sdpa(q, k, v, is_causal=causal,
-                                                               **extra), reps)
-                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            forward()
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            with sdpa_kernel(backend):  # the backward kernel is fixed by the forward's node
                 out = sdpa(*leaves, is_causal=causal, **extra)
-                backward = time_ms(lambda out=out, leaves=leaves: torch.autograd.grad(
-                    out, leaves, d_o, retain_graph=True), reps)
-            peers[name] = (forward, backward)
         except RuntimeError as error:  # the backend declines this problem
             notes.append(f"{name}: {str(error).splitlines()[0][:80]}")
+            continue
+        peers[name] = (forward, lambda out=out, leaves=leaves: torch.autograd.grad(
+            out, leaves, d_o, retain_graph=True))
     return peers, notes
 
 
@@ -142,7 +143,7 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
     fields = dict(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s, seq_kv=s, head_dim=d,
                   element="bf16", causal="top_left" if causal else None)
     label = f"bf16 d{d} B{b} H{hq}/{hkv} S{s}{' causal' if causal else ''}"
-    peers, notes = _torch_peers(torch, q, k, v, d_o, causal, hkv != hq, reps)
+    peers, notes = _torch_peers(torch, q, k, v, d_o, causal, hkv != hq)
 
     def workspace(plan):
         return torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
@@ -150,12 +151,15 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
     forward = AttentionPlan.select(AttentionDescriptor(**fields), device=0)
     fwd_ws = workspace(forward)
     fwd_args = AttentionArgs(q, k, v, o)
-    ours = time_ms(lambda: forward.run(fwd_args, workspace=fwd_ws, stream=0), reps)
     raw_fwd, *_ = raw.forward(q, k, v, o, None, scale, causal)
-    fwd_peers = {"cudnn graph": time_ms(raw_fwd, reps)}
-    fwd_peers.update({name: times[0] for name, times in peers.items()})
+    times = time_interleaved({
+        "ours": lambda: forward.run(fwd_args, workspace=fwd_ws, stream=0),
+        "cudnn graph": raw_fwd,
+        **{name: calls[0] for name, calls in peers.items()},
+    }, reps)
+    ours = times.pop("ours")
     flops = _flops(b, hq, s, d, causal, backward=False)
-    rows = [BenchRow("sdpa_forward", label, ours, _tflops(flops, ours), fwd_peers,
+    rows = [BenchRow("sdpa_forward", label, ours, _tflops(flops, ours), times,
                      "; ".join(notes))]
 
     # The backward reads a forward's out and stats.
@@ -163,42 +167,28 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
     stats_plan.run(AttentionArgs(q, k, v, o, stats), workspace=workspace(stats_plan), stream=0)
     bwd_args = AttentionBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv)
     flops = _flops(b, hq, s, d, causal, backward=True)
-    default_ms = None
-    for deterministic in (False, True):
-        plan = AttentionBackwardPlan.select(AttentionBackwardDescriptor(**fields),
-                                            PlanPreference(deterministic=deterministic),
-                                            device=0)
-        ws = workspace(plan)
-        ours = time_ms(lambda plan=plan, ws=ws: plan.run(bwd_args, workspace=ws, stream=0), reps)
-        raw_bwd, _, raw_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal,
-                                          deterministic)
-        bwd_peers = {"cudnn graph": time_ms(raw_bwd, reps)}
-        note = f"workspace {plan.workspace_size / 2**20:.1f} MiB"
-        if deterministic:
-            bwd_peers["ours default"] = default_ms
-            rows.append(BenchRow("sdpa_backward det", label, ours, _tflops(flops, ours),
-                                 bwd_peers, note))
-        else:
-            default_ms = ours
-            bwd_peers.update({name: times[1] for name, times in peers.items()})
-            rows.append(BenchRow("sdpa_backward", label, ours, _tflops(flops, ours), bwd_peers,
-                                 note))
-        del plan, ws, raw_bwd, raw_ws  # free the (large, deterministic) workspaces
-        torch.cuda.empty_cache()
-    return rows
-
-
-def _per_call_us(torch, fn, calls: int, batches: int = 7) -> float:
-    """Median host microseconds per call over batches of back-to-back calls."""
-    samples = []
-    for _ in range(batches):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+    plans = {det: AttentionBackwardPlan.select(AttentionBackwardDescriptor(**fields),
+                                               PlanPreference(deterministic=det), device=0)
+             for det in (False, True)}
+    default_ws = workspace(plans[False])
+    default = {"ours": lambda: plans[False].run(bwd_args, workspace=default_ws, stream=0)}
+    raw_bwd, _, raw_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal, False)
+    times = time_interleaved({**default, "cudnn graph": raw_bwd,
+                              **{name: calls[1] for name, calls in peers.items()}}, reps)
+    default_ms = times.pop("ours")
+    rows.append(BenchRow("sdpa_backward", label, default_ms, _tflops(flops, default_ms), times,
+                         f"workspace {plans[False].workspace_size / 2**20:.1f} MiB"))
+    del raw_bwd, raw_ws
+    det_ws = workspace(plans[True])
+    raw_det, _, raw_det_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal,
+                                          True)
+    times = time_interleaved({
+        "ours": lambda: plans[True].run(bwd_args, workspace=det_ws, stream=0),
+        "cudnn graph": raw_det, "ours default": default["ours"]}, reps)
+    det_ms = times.pop("ours")
+    rows.append(BenchRow("sdpa_backward det", label, det_ms, _tflops(flops, det_ms), times,
+                         f"workspace {plans[True].workspace_size / 2**20:.1f} MiB"))
+    return rows  # the caller empties torch's cache of the deterministic path's large buffers
 
 
 def _host_rows(torch, raw: _Raw, calls: int = 2000) -> list[BenchRow]:
@@ -234,9 +224,7 @@ def _host_rows(torch, raw: _Raw, calls: int = 2000) -> list[BenchRow]:
                 views, workspace=ws, stream=0),
             "prepared": plan.prepare(args, workspace=ws, stream=0),
         }
-        for fn in calls_by_name.values():  # warm up
-            _per_call_us(torch, fn, calls)
-        us = {name: _per_call_us(torch, fn, calls) for name, fn in calls_by_name.items()}
+        us = host_us_interleaved(calls_by_name, calls)
         rows.append(BenchRow(
             "sdpa host time", f"{direction} bf16 d{d} B{b} H{hq} S{s}, per call",
             us["ours"] / 1e3,

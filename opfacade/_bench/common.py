@@ -58,6 +58,71 @@ def time_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
+                     warmup: int = 3) -> dict[str, float]:
+    """Median GPU milliseconds per call of each function, sampled in alternating rounds.
+
+    Each round times one burst (as ``time_ms`` does) of every function in turn, so a drift of
+    the GPU's clocks or temperature during the measurement lands on every peer alike instead of
+    on whichever was timed last: back-to-back single measurements of one GEMM differ by up to 8%
+    on an H100. The order rotates every round, so no function always follows the same one (a
+    heavy peer changes the clocks the next burst starts at).
+    """
+    import cupy
+
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    bursts = {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+        start.record(cupy.cuda.Stream.null)
+        fn()
+        stop.record(cupy.cuda.Stream.null)
+        stop.synchronize()
+        once = cupy.cuda.get_elapsed_time(start, stop)
+        bursts[name] = max(1, min(200, int(2.0 / max(once, 1e-3))))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for round_ in range(reps):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            fn = fns[name]
+            fn()  # untimed: keeps the GPU busy while the host issues the burst
+            start.record(cupy.cuda.Stream.null)
+            for _ in range(bursts[name]):
+                fn()
+            stop.record(cupy.cuda.Stream.null)
+            stop.synchronize()
+            samples[name].append(cupy.cuda.get_elapsed_time(start, stop) / bursts[name])
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def host_us_interleaved(fns: dict[str, Callable[[], object]], calls: int, rounds: int = 7
+                        ) -> dict[str, float]:
+    """Median host microseconds per call of each function: every round times a batch of
+    ``calls`` back-to-back calls of each in turn (rotating the order), the GPU idle at the start
+    of each batch. Batches must be short enough never to fill the launch queue, or the figure
+    becomes the GPU's time instead of the host's."""
+    import time
+
+    import cupy
+
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for fn in fns.values():  # warm up
+        for _ in range(calls):
+            fn()
+    for round_ in range(rounds):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            fn = fns[name]
+            cupy.cuda.runtime.deviceSynchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    cupy.cuda.runtime.deviceSynchronize()
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
 def format_rows(rows: list[BenchRow]) -> str:
     """A plain table: one line per case, every peer's ratio (peer ms / ours ms) after it."""
     lines = [f"{'op':16} {'case':44} {'ours ms':>9}  {'figure':28} vs peers (peer ms / ours ms)"]

@@ -11,15 +11,13 @@ and once with tensors wrapped beforehand (TensorViews), which shows what the arg
 
 from __future__ import annotations
 
-import time
-
 from ..gemm import (
     LinearArgs,
     LinearBackwardArgs,
     LinearDescriptor,
     LinearForwardPlan,
 )
-from .common import BenchRow, time_ms
+from .common import BenchRow, host_us_interleaved, time_interleaved
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 1024), (64, 8192, 8192))
 QUICK_SHAPES = ((1024, 1024, 1024), (2048, 1024, 512))
@@ -44,15 +42,15 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     args = LinearArgs(x, w, b, out=y)
-    ours = time_ms(lambda: plan.run(args, workspace=ws, stream=0), reps)
-    prepared = time_ms(plan.prepare(args, workspace=ws, stream=0), reps)
     wt = w.t()
-    peers = {
-        "torch._addmm_activation": time_ms(
-            lambda: torch._addmm_activation(b, x, wt, use_gelu=True), reps),
-        "torch unfused": time_ms(
-            lambda: F.gelu(torch.matmul(x, wt) + b, approximate="tanh"), reps),
-    }
+    times = time_interleaved({
+        "ours": lambda: plan.run(args, workspace=ws, stream=0),
+        "prepared": plan.prepare(args, workspace=ws, stream=0),
+        "torch._addmm_activation": lambda: torch._addmm_activation(b, x, wt, use_gelu=True),
+        "torch unfused": lambda: F.gelu(torch.matmul(x, wt) + b, approximate="tanh"),
+    }, reps)
+    ours, prepared = times.pop("ours"), times.pop("prepared")
+    peers = times
     flops = 2.0 * m * n * k
     case = f"fwd bias+gelu bf16 {m}x{n}x{k}"
     rows = [BenchRow("linear", case, ours, _tflops(flops, ours), peers,
@@ -69,16 +67,17 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
     bargs = LinearBackwardArgs(dy, x, w, aux, *grads)
     backward = pair.backward
-    ours_bwd = time_ms(lambda: backward.run(bargs, workspace=ws, stream=0), reps)
     xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
     out = F.gelu(F.linear(xr, wr, br), approximate="tanh")
-    torch_bwd = time_ms(lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
-                        reps)
-    # The floor of any backward that takes dY as an input: torch's two GEMMs alone, nothing else.
-    gemms_only = time_ms(lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)), reps)
+    times = time_interleaved({
+        "ours": lambda: backward.run(bargs, workspace=ws, stream=0),
+        "torch autograd": lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
+        # The floor of any backward that takes dY as an input: torch's two GEMMs, nothing else.
+        "torch dx+dW GEMMs only": lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)),
+    }, reps)
+    ours_bwd = times.pop("ours")
     rows.append(BenchRow("linear", f"bwd dgelu+dbias+dx+dW bf16 {m}x{n}x{k}", ours_bwd,
-                         _tflops(2 * flops, ours_bwd),
-                         {"torch autograd": torch_bwd, "torch dx+dW GEMMs only": gemms_only},
+                         _tflops(2 * flops, ours_bwd), times,
                          notes=f"{backward.sku.id}: {backward.report.chosen.detail}"))
     return rows
 
@@ -115,34 +114,25 @@ def _host_overhead_row(repeats: int) -> BenchRow:
                 x.data_ptr(), matmul.b_layout, matmul.beta_ptr, y.data_ptr(), matmul.c_layout,
                 y.data_ptr(), matmul.d_layout, matmul._algo_ptr, ws.ptr, ws.size, stream)
 
-    def per_call_us(fn) -> float:
-        """Enqueue time only: batches small enough never to fill the launch queue (when the
-        queue is full, the host waits for the GPU and would time the kernels instead)."""
-        for _ in range(100):
-            fn()
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(200):
-                fn()
-            best = min(best, (time.perf_counter() - start) / 200 * 1e6)
-            torch.cuda.synchronize()
-        return best
-
-    raw_us = per_call_us(lambda: lt.matmul(*raw_args))
     # What a torch user's own raw call pays: the pointers read from the tensors on each call.
     head, tail = raw_args[:2], raw_args[-1:]
     a_layout, b_layout, c_layout, d_layout = (matmul.a_layout, matmul.b_layout, matmul.c_layout,
                                               matmul.d_layout)
     alpha, beta, algo = matmul.alpha_ptr, matmul.beta_ptr, matmul._algo_ptr
-    raw_read_us = per_call_us(lambda: lt.matmul(
-        *head, alpha, w.data_ptr(), a_layout, x.data_ptr(), b_layout, beta, y.data_ptr(),
-        c_layout, y.data_ptr(), d_layout, algo, buffer.data_ptr(), ws.size, *tail))
-    ours_us = per_call_us(lambda: plan.run(args, workspace=buffer, stream=stream))
     views = LinearArgs(wrap(x, "x"), wrap(w, "weight"), wrap(b, "bias"), out=wrap(y, "out"))
-    wrapped_us = per_call_us(lambda: plan.run(views, workspace=ws, stream=stream))
-    prepared_us = per_call_us(plan.prepare(args, workspace=ws, stream=stream))
+    # Batches of 200 calls never fill the launch queue (when it is full, the host waits for the
+    # GPU and the figure would be the kernels' time).
+    us = host_us_interleaved({
+        "raw": lambda: lt.matmul(*raw_args),
+        "raw_read": lambda: lt.matmul(
+            *head, alpha, w.data_ptr(), a_layout, x.data_ptr(), b_layout, beta, y.data_ptr(),
+            c_layout, y.data_ptr(), d_layout, algo, buffer.data_ptr(), ws.size, *tail),
+        "run": lambda: plan.run(args, workspace=buffer, stream=stream),
+        "run_views": lambda: plan.run(views, workspace=ws, stream=stream),
+        "prepared": plan.prepare(args, workspace=ws, stream=stream),
+    }, calls=200, rounds=repeats)
+    raw_us, raw_read_us, ours_us = us["raw"], us["raw_read"], us["run"]
+    prepared_us, wrapped_us = us["prepared"], us["run_views"]
     return BenchRow("linear", "host us/call, cached plan, 64^3 bf16", ours_us / 1000,
                     f"run() {ours_us - raw_us:+.2f} us over raw {raw_us:.2f} us "
                     f"({ours_us - raw_read_us:+.2f} us over raw reading data_ptr()); "
@@ -156,5 +146,5 @@ def _host_overhead_row(repeats: int) -> BenchRow:
 def run(quick: bool = False) -> list[BenchRow]:
     reps = 5 if quick else 20
     rows = [r for shape in (QUICK_SHAPES if quick else SHAPES) for r in _case_rows(*shape, reps)]
-    rows.append(_host_overhead_row(10 if quick else 100))
+    rows.append(_host_overhead_row(5 if quick else 25))
     return rows
