@@ -16,7 +16,6 @@ run() checks in full every time.
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -29,6 +28,7 @@ __all__ = ["CallMemo", "call_key"]
 
 _TORCH, _CUPY, _VIEW, _OTHER = 1, 2, 3, 4  # none is 0: `_KINDS.get(t) or ...` must work
 _KINDS: dict[type, int] = {TensorView: _VIEW}
+_TORCH_TYPES: set[type] = set()  # the common case, tested first
 
 
 def _kind_of(kind: type) -> int:
@@ -41,17 +41,23 @@ def _kind_of(kind: type) -> int:
             torch = sys.modules["torch"]  # the caller's tensor proves torch is imported
             if kind is torch.Tensor or kind is torch.nn.Parameter:
                 found = _TORCH
+                _TORCH_TYPES.add(kind)
         elif root == "cupy" and kind is sys.modules["cupy"].ndarray:
             found = _CUPY
         _KINDS[kind] = found
     return found
 
 
-@functools.cache
-def _device_reader() -> Callable[[], int]:
+_read_current_device: Callable[[], int] | None = None
+
+
+def _current_device_now() -> int:
     """The current device, read cheaply: a process that sees one GPU is always on device 0
     (CUDA_VISIBLE_DEVICES cannot change once CUDA is up); otherwise CuPy asks the runtime."""
-    return (lambda: 0) if device_count() == 1 else current_device
+    global _read_current_device
+    if _read_current_device is None:
+        _read_current_device = (lambda: 0) if device_count() == 1 else current_device
+    return _read_current_device()
 
 
 def _current_torch_stream(device: int) -> int:
@@ -75,15 +81,21 @@ def call_key(args: object, workspace: object, stream: object) -> tuple | None:
     owners = 0  # bit 1: torch, bit 2: CuPy; stream=None needs exactly one of them
     try:
         # The current device: a launch built with one current may not run with another.
-        facts: list = [type(args), _device_reader()()]
+        facts: list = [type(args), _current_device_now()]
         append = facts.append
         for value in values:
+            kind = type(value)
+            if kind in _TORCH_TYPES:
+                # get_device() is -1 on the host; is_neg(): a lazily negated view shares the rest.
+                append((value.data_ptr(), value.shape, value.stride(), value.dtype,
+                        value.get_device(), value.is_neg()))
+                owners |= 1
+                continue
             if value is None:
                 append(None)
                 continue
-            kind = _KINDS.get(type(value)) or _kind_of(type(value))
+            kind = _KINDS.get(kind) or _kind_of(kind)
             if kind == _TORCH:
-                # get_device() is -1 on the host; is_neg(): a lazily negated view shares the rest.
                 append((value.data_ptr(), value.shape, value.stride(), value.dtype,
                         value.get_device(), value.is_neg()))
                 owners |= 1
