@@ -20,6 +20,7 @@ algorithm needs uses the best algorithm within what it was given.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from collections import OrderedDict
@@ -40,7 +41,7 @@ from ...types import (
 )
 from ..nvrtc.linear_grad import ActivationGrad, partials_bytes
 from ..nvrtc.linear_grad import unavailable as activation_grad_unavailable
-from . import library
+from . import library, tuning
 from .epilogues import (
     BGRADA,
     BGRADB,
@@ -161,8 +162,9 @@ def _gpu_device(target) -> int | None:
 
 
 class _Recipes:
-    """Prepared work per (descriptor, device, layout, workspace), built once, LRU-bounded; the
-    layout is the tensors' strides and the alignment their pointers share."""
+    """Prepared work per (descriptor, device, layout, tuned, workspace), built once,
+    LRU-bounded; the layout is the tensors' strides and the alignment their pointers share, and
+    ``tuned`` whether the algorithms were timed (PlanPreference.autotune)."""
 
     def __init__(self, build):
         self._build = build
@@ -170,16 +172,16 @@ class _Recipes:
         self._lock = threading.Lock()
         self._last: tuple = (None, None, None)  # (desc, key, recipe): a run skips the hashing
 
-    def get(self, desc, device: int, layout: tuple, available: int):
+    def get(self, desc, device: int, layout: tuple, available: int, tuned: bool = False):
         last_desc, last_key, recipe = self._last
-        key = (device, layout)
+        key = (device, layout, tuned)
         if last_desc is not desc or last_key != key:
             recipe = self._get((desc, key, None), lambda: self._build(desc, device, layout,
-                                                                      None))
+                                                                      None, tuned))
             self._last = (desc, key, recipe)
         if recipe.workspace_size > available:  # a smaller workspace: the best within it
             recipe = self._get((desc, key, available),
-                               lambda: self._build(desc, device, layout, available))
+                               lambda: self._build(desc, device, layout, available, tuned))
         return recipe
 
     def _get(self, key: tuple, build):
@@ -207,7 +209,17 @@ class _LinearCublasLt(SkuImpl):
         self.element = element
         self.deterministic = deterministic
         self.schemes = DETERMINISTIC_SCHEMES if deterministic else ALL_SCHEMES
+        self.tuned = False  # this object's recipes time the heuristic's candidates
         self._recipes = _Recipes(self._build)
+
+    def configured(self, pref) -> _LinearCublasLt:
+        """The SKU as a plan under ``pref`` runs it: with autotune, a view whose recipes are the
+        timed ones (the recipe cache is shared; tuned and untuned recipes are kept apart)."""
+        if not pref.autotune:
+            return self
+        view = copy.copy(self)
+        view.tuned = True
+        return view
 
     # -- selection -----------------------------------------------------------------------------
     def _static_unfit(self, desc) -> Unfit | None:
@@ -239,7 +251,8 @@ class _LinearCublasLt(SkuImpl):
             return (fixed + (available - fixed) // 256 * 256,
                     "algorithm chosen on the first run (no GPU at selection)")
         try:
-            recipe = self._recipes.get(desc, device, self._canonical(desc), available)
+            recipe = self._recipes.get(desc, device, self._canonical(desc), available,
+                                       pref is not None and pref.autotune)
         except NoAlgorithm as error:
             return Unfit(ReasonCode.shape_unsupported, str(error))
         except BackendUnavailable as error:
@@ -273,7 +286,7 @@ class _LinearCublasLt(SkuImpl):
         if device is None or self._static_unfit(desc) is not None:
             return None
         return self._recipes.get(desc, device, self._canonical(desc),
-                                 self._fixed_bytes(desc) + WORKSPACE_LIMIT).algorithms
+                                 self._fixed_bytes(desc) + WORKSPACE_LIMIT, self.tuned).algorithms
 
     def _canonical(self, desc) -> tuple:
         """The recipe key of contiguous, 256-byte aligned tensors (what selection assumes)."""
@@ -288,7 +301,7 @@ class _LinearCublasLt(SkuImpl):
         layout = (tuple([None if views[name] is None else views[name].strides
                          for name in self.fixed_views]), low & -low)  # strides, alignment
         device = views[self.fixed_views[0]].device
-        return self._recipes.get(desc, device, layout, workspace.size)
+        return self._recipes.get(desc, device, layout, workspace.size, self.tuned)
 
     def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
         self.prepared(desc, args, workspace, stream)()
@@ -315,8 +328,13 @@ class _LinearCublasLt(SkuImpl):
     def _canonical_strides(self, desc) -> tuple:
         raise NotImplementedError
 
-    def _build(self, desc, device: int, layout: tuple, available: int | None):
+    def _build(self, desc, device: int, layout: tuple, available: int | None, tuned: bool):
         raise NotImplementedError
+
+    @staticmethod
+    def _chosen(matmul: Matmul, tuned: bool, limit: int) -> Matmul:
+        """The heuristic's first algorithm, or with ``tuned`` the fastest of its candidates."""
+        return tuning.fastest(matmul, limit) if tuned else matmul
 
 
 def _sku(op: str, element: ElementKind, deterministic: bool, bound: float, epilogue: str,
@@ -411,7 +429,7 @@ class LinearForwardCublasLt(_LinearCublasLt):
         return ((desc.m * desc.k, desc.k, 1) if batched else (desc.k, 1), w, matrix,
                 matrix if desc.residual else None, aux)
 
-    def _build(self, desc, device: int, layout: tuple, available: int | None):
+    def _build(self, desc, device: int, layout: tuple, available: int | None, tuned: bool):
         strides, alignment = layout
         x, w, out, residual, aux = (None if s is None else _rows_of(s) for s in strides)
         others = [r for r in (residual, aux) if r is not None]
@@ -422,11 +440,11 @@ class LinearForwardCublasLt(_LinearCublasLt):
             scale = 8 if desc.activation == "relu" else 1  # the mask's strides count bits
             aux_layout = Aux(scale * aux.ld, scale * aux.batch_stride if gemm.batch > 1 else 0)
         limit = WORKSPACE_LIMIT if available is None else max(0, available // 256 * 256 - 16)
-        return _ForwardRecipe(Matmul(
+        return _ForwardRecipe(self._chosen(Matmul(
             gemm, library.types_for(self.element), epilogue, device=device,
             workspace_limit=limit, schemes=self.schemes,
             c=gemm.like_d(residual) if residual is not None else None, aux=aux_layout,
-            alignment=alignment, what=self.sku.id))
+            alignment=alignment, what=self.sku.id), tuned, limit))
 
 
 def _rows_of(strides: tuple) -> Rows:
@@ -601,7 +619,7 @@ class LinearBackwardCublasLt(_LinearCublasLt):
         ld = -(-desc.n // 8) * 8
         return "d_pre", Rows(ld, desc.m * ld)
 
-    def _build(self, desc, device: int, layout: tuple, available: int | None):
+    def _build(self, desc, device: int, layout: tuple, available: int | None, tuned: bool):
         strides, alignment = layout
         rows = tuple(None if s is None else _rows_of(s) for s in strides)
         regions = self._regions(desc)
@@ -610,11 +628,11 @@ class LinearBackwardCublasLt(_LinearCublasLt):
                                                               - 16)
         bias_by = self._bias_by(desc)
         try:
-            steps = self._steps(desc, device, rows, limit, bias_by, alignment)
+            steps = self._steps(desc, device, rows, limit, bias_by, alignment, tuned)
         except NoAlgorithm:
             if bias_by != "weight":
                 raise
-            steps = self._steps(desc, device, rows, limit, "gemv", alignment)
+            steps = self._steps(desc, device, rows, limit, "gemv", alignment, tuned)
         grad = None
         if desc.activation != "none":
             d_pre_name, d_pre = self._d_pre(desc, rows)
@@ -625,14 +643,15 @@ class LinearBackwardCublasLt(_LinearCublasLt):
                                grad)
 
     def _steps(self, desc, device: int, rows: tuple, limit: int, bias_by: str | None,
-               alignment: int) -> list:
+               alignment: int, tuned: bool) -> list:
         _, x, w, _, grad_x, grad_w, _ = rows
         types = library.types_for(self.element)
 
         def matmul(name, gemm, epilogue) -> Matmul:
-            return Matmul(gemm, types, epilogue, device=device, workspace_limit=limit,
-                          schemes=self.schemes, alignment=alignment,
-                          what=f"{self.sku.id} ({name})")
+            return self._chosen(Matmul(gemm, types, epilogue, device=device,
+                                       workspace_limit=limit, schemes=self.schemes,
+                                       alignment=alignment, what=f"{self.sku.id} ({name})"),
+                                tuned, limit)
 
         d_pre_name, d_pre = self._d_pre(desc, rows)
         steps = []
