@@ -39,8 +39,7 @@ def _explain(args: argparse.Namespace) -> int:
 
     op = op_named(args.op)
     desc = op.descriptor(**_parse_fields(args.fields))
-    pref = {"deterministic": args.deterministic, "objective": args.objective,
-            "autotune": args.autotune}
+    pref = {"deterministic": args.deterministic, "objective": args.objective}
     if args.backend:
         pref["backends"] = args.backend
     if args.workspace_limit is not None:
@@ -84,8 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--backend", action="append", help="allowed backend (repeatable)")
     explain.add_argument("--workspace-limit", type=int)
     explain.add_argument("--objective", choices=("speed", "memory"), default="speed")
-    explain.add_argument("--autotune", action="store_true",
-                         help="time the library's candidate algorithms (needs a GPU)")
     explain.add_argument("--json", action="store_true")
     explain.set_defaults(run=_explain)
 

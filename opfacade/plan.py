@@ -265,7 +265,7 @@ class Plan:
         self._descriptor = desc
         self._preference = pref
         self._target = target
-        self._impl: SkuImpl | None = impl.configured(pref)
+        self._impl: SkuImpl | None = impl
         self._report = report
         self._workspace_size = report.chosen.workspace_size or 0
         # run()'s checked calls; a host plan checks in full (its tensors are NumPy arrays).

@@ -203,9 +203,6 @@ class PlanPreference(_Frozen):
     workspace_limit: int | None = Field(default=None, ge=0)
     objective: Literal["speed", "memory"] = "speed"
     sku: str | None = None  # pin one SKU by id (verification, bisecting a numerical issue)
-    # Library SKUs that rank several algorithms (cuBLASLt) time them at selection, on scratch
-    # buffers as large as the operands, and keep the fastest; off, the library's first choice.
-    autotune: bool = False
 
     @field_validator("backends", mode="before")
     @classmethod

@@ -1,8 +1,5 @@
 """GEMM + bias + GELU(tanh) in bf16 against torch, forward and backward, plus host overhead.
 
-Our plans are selected with ``PlanPreference(autotune=True)`` (cuBLASLt's candidates timed at
-selection); the same problem with the heuristic's first algorithm is reported beside them.
-
 Forward peers: ``torch._addmm_activation(bias, x, W^T, use_gelu=True)`` (torch's own cuBLASLt
 GELU_BIAS path) and the unfused ``gelu(x @ W^T + bias)``. Backward peer: torch autograd of
 ``gelu(linear(x, W, b))`` (gelu backward, then dx, dW and the bias sum), timed alone on a kept
@@ -20,11 +17,8 @@ from ..gemm import (
     LinearDescriptor,
     LinearForwardPlan,
 )
-from ..types import PlanPreference
 from .common import BenchRow, host_us_interleaved, time_interleaved
 
-# Our plans time cuBLASLt's candidates at selection; the untimed plan is shown beside them.
-TUNED = PlanPreference(autotune=True)
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 1024), (64, 8192, 8192))
 QUICK_SHAPES = ((1024, 1024, 1024), (2048, 1024, 512))
 
@@ -44,17 +38,14 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
 
     x, w, b = uniform(m, k), uniform(n, k), uniform(n)
     desc = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh")
-    plan = LinearForwardPlan.select(desc, TUNED)
-    first = LinearForwardPlan.select(desc)  # the heuristic's first algorithm, untimed
+    plan = LinearForwardPlan.select(desc)
     y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-    ws = torch.empty(max(plan.workspace_size, first.workspace_size, 1), device="cuda",
-                     dtype=torch.uint8)
+    ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     args = LinearArgs(x, w, b, out=y)
     wt = w.t()
     times = time_interleaved({
         "ours": lambda: plan.run(args, workspace=ws, stream=0),
         "prepared": plan.prepare(args, workspace=ws, stream=0),
-        "ours, heuristic's first": lambda: first.run(args, workspace=ws, stream=0),
         "torch._addmm_activation": lambda: torch._addmm_activation(b, x, wt, use_gelu=True),
         "torch unfused": lambda: F.gelu(torch.matmul(x, wt) + b, approximate="tanh"),
     }, reps)
@@ -68,11 +59,9 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     # Backward: from the aux our training forward saves.
     train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh",
                              save_aux=True)
-    pair = LinearForwardPlan.select_for_training(train, TUNED)
-    first = LinearForwardPlan.select_for_training(train).backward
+    pair = LinearForwardPlan.select_for_training(train)
     aux = torch.empty((m, -(-n // 8) * 8), device="cuda", dtype=torch.bfloat16)[:, :n]
-    ws = torch.empty(max(pair.workspace_size, first.workspace_size, 1), device="cuda",
-                     dtype=torch.uint8)
+    ws = torch.empty(max(pair.workspace_size, 1), device="cuda", dtype=torch.uint8)
     pair.forward.run(LinearArgs(x, w, b, out=y, aux=aux), workspace=ws, stream=0)
     dy = uniform(m, n)
     grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
@@ -82,7 +71,6 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     out = F.gelu(F.linear(xr, wr, br), approximate="tanh")
     times = time_interleaved({
         "ours": lambda: backward.run(bargs, workspace=ws, stream=0),
-        "ours, heuristic's first": lambda: first.run(bargs, workspace=ws, stream=0),
         "torch autograd": lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
         # The floor of any backward that takes dY as an input: torch's two GEMMs, nothing else.
         "torch dx+dW GEMMs only": lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)),

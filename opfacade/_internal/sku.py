@@ -152,11 +152,6 @@ class SkuImpl(abc.ABC):
         """
         return self.workspace_size_on(desc, target), ""
 
-    def configured(self, pref: Any) -> SkuImpl:
-        """This SKU as a plan selected under ``pref`` runs it (an autotuned view, say); most
-        SKUs run the same whatever the preference."""
-        return self
-
     def check_args(self, desc: Descriptor, args: BoundArgs) -> None:  # noqa: B027 - optional
         """SKU-specific argument checks beyond the op's (alignment a kernel needs, say)."""
 

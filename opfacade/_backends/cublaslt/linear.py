@@ -20,7 +20,6 @@ algorithm needs uses the best algorithm within what it was given.
 
 from __future__ import annotations
 
-import copy
 import functools
 import threading
 from collections import OrderedDict
@@ -41,7 +40,7 @@ from ...types import (
 )
 from ..nvrtc.linear_grad import ActivationGrad, partials_bytes
 from ..nvrtc.linear_grad import unavailable as activation_grad_unavailable
-from . import library, tuning
+from . import library
 from .epilogues import (
     BGRADA,
     BGRADB,
@@ -162,9 +161,8 @@ def _gpu_device(target) -> int | None:
 
 
 class _Recipes:
-    """Prepared work per (descriptor, device, layout, tuned, workspace), built once,
-    LRU-bounded; the layout is the tensors' strides and the alignment their pointers share, and
-    ``tuned`` whether the algorithms were timed (PlanPreference.autotune)."""
+    """Prepared work per (descriptor, device, layout, workspace), built once, LRU-bounded; the
+    layout is the tensors' strides and the alignment their pointers share."""
 
     def __init__(self, build):
         self._build = build
@@ -172,16 +170,16 @@ class _Recipes:
         self._lock = threading.Lock()
         self._last: tuple = (None, None, None)  # (desc, key, recipe): a run skips the hashing
 
-    def get(self, desc, device: int, layout: tuple, available: int, tuned: bool = False):
+    def get(self, desc, device: int, layout: tuple, available: int):
         last_desc, last_key, recipe = self._last
-        key = (device, layout, tuned)
+        key = (device, layout)
         if last_desc is not desc or last_key != key:
             recipe = self._get((desc, key, None), lambda: self._build(desc, device, layout,
-                                                                      None, tuned))
+                                                                      None))
             self._last = (desc, key, recipe)
         if recipe.workspace_size > available:  # a smaller workspace: the best within it
             recipe = self._get((desc, key, available),
-                               lambda: self._build(desc, device, layout, available, tuned))
+                               lambda: self._build(desc, device, layout, available))
         return recipe
 
     def _get(self, key: tuple, build):
@@ -209,17 +207,7 @@ class _LinearCublasLt(SkuImpl):
         self.element = element
         self.deterministic = deterministic
         self.schemes = DETERMINISTIC_SCHEMES if deterministic else ALL_SCHEMES
-        self.tuned = False  # this object's recipes time the heuristic's candidates
         self._recipes = _Recipes(self._build)
-
-    def configured(self, pref) -> _LinearCublasLt:
-        """The SKU as a plan under ``pref`` runs it: with autotune, a view whose recipes are the
-        timed ones (the recipe cache is shared; tuned and untuned recipes are kept apart)."""
-        if not pref.autotune:
-            return self
-        view = copy.copy(self)
-        view.tuned = True
-        return view
 
     # -- selection -----------------------------------------------------------------------------
     def _static_unfit(self, desc) -> Unfit | None:
@@ -251,8 +239,7 @@ class _LinearCublasLt(SkuImpl):
             return (fixed + (available - fixed) // 256 * 256,
                     "algorithm chosen on the first run (no GPU at selection)")
         try:
-            recipe = self._recipes.get(desc, device, self._canonical(desc), available,
-                                       pref is not None and pref.autotune)
+            recipe = self._recipes.get(desc, device, self._canonical(desc), available)
         except NoAlgorithm as error:
             return Unfit(ReasonCode.shape_unsupported, str(error))
         except BackendUnavailable as error:
@@ -286,7 +273,7 @@ class _LinearCublasLt(SkuImpl):
         if device is None or self._static_unfit(desc) is not None:
             return None
         return self._recipes.get(desc, device, self._canonical(desc),
-                                 self._fixed_bytes(desc) + WORKSPACE_LIMIT, self.tuned).algorithms
+                                 self._fixed_bytes(desc) + WORKSPACE_LIMIT).algorithms
 
     def _canonical(self, desc) -> tuple:
         """The recipe key of contiguous, 256-byte aligned tensors (what selection assumes)."""
@@ -301,7 +288,7 @@ class _LinearCublasLt(SkuImpl):
         layout = (tuple([None if views[name] is None else views[name].strides
                          for name in self.fixed_views]), low & -low)  # strides, alignment
         device = views[self.fixed_views[0]].device
-        return self._recipes.get(desc, device, layout, workspace.size, self.tuned)
+        return self._recipes.get(desc, device, layout, workspace.size)
 
     def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
         self.prepared(desc, args, workspace, stream)()
@@ -328,13 +315,8 @@ class _LinearCublasLt(SkuImpl):
     def _canonical_strides(self, desc) -> tuple:
         raise NotImplementedError
 
-    def _build(self, desc, device: int, layout: tuple, available: int | None, tuned: bool):
+    def _build(self, desc, device: int, layout: tuple, available: int | None):
         raise NotImplementedError
-
-    @staticmethod
-    def _chosen(matmul: Matmul, tuned: bool, limit: int) -> Matmul:
-        """The heuristic's first algorithm, or with ``tuned`` the fastest of its candidates."""
-        return tuning.fastest(matmul, limit) if tuned else matmul
 
 
 def _sku(op: str, element: ElementKind, deterministic: bool, bound: float, epilogue: str,
@@ -429,7 +411,7 @@ class LinearForwardCublasLt(_LinearCublasLt):
         return ((desc.m * desc.k, desc.k, 1) if batched else (desc.k, 1), w, matrix,
                 matrix if desc.residual else None, aux)
 
-    def _build(self, desc, device: int, layout: tuple, available: int | None, tuned: bool):
+    def _build(self, desc, device: int, layout: tuple, available: int | None):
         strides, alignment = layout
         x, w, out, residual, aux = (None if s is None else _rows_of(s) for s in strides)
         others = [r for r in (residual, aux) if r is not None]
@@ -440,11 +422,11 @@ class LinearForwardCublasLt(_LinearCublasLt):
             scale = 8 if desc.activation == "relu" else 1  # the mask's strides count bits
             aux_layout = Aux(scale * aux.ld, scale * aux.batch_stride if gemm.batch > 1 else 0)
         limit = WORKSPACE_LIMIT if available is None else max(0, available // 256 * 256 - 16)
-        return _ForwardRecipe(self._chosen(Matmul(
+        return _ForwardRecipe(Matmul(
             gemm, library.types_for(self.element), epilogue, device=device,
             workspace_limit=limit, schemes=self.schemes,
             c=gemm.like_d(residual) if residual is not None else None, aux=aux_layout,
-            alignment=alignment, what=self.sku.id), tuned, limit))
+            alignment=alignment, what=self.sku.id))
 
 
 def _rows_of(strides: tuple) -> Rows:
@@ -619,7 +601,7 @@ class LinearBackwardCublasLt(_LinearCublasLt):
         ld = -(-desc.n // 8) * 8
         return "d_pre", Rows(ld, desc.m * ld)
 
-    def _build(self, desc, device: int, layout: tuple, available: int | None, tuned: bool):
+    def _build(self, desc, device: int, layout: tuple, available: int | None):
         strides, alignment = layout
         rows = tuple(None if s is None else _rows_of(s) for s in strides)
         regions = self._regions(desc)
@@ -628,11 +610,11 @@ class LinearBackwardCublasLt(_LinearCublasLt):
                                                               - 16)
         bias_by = self._bias_by(desc)
         try:
-            steps = self._steps(desc, device, rows, limit, bias_by, alignment, tuned)
+            steps = self._steps(desc, device, rows, limit, bias_by, alignment)
         except NoAlgorithm:
             if bias_by != "weight":
                 raise
-            steps = self._steps(desc, device, rows, limit, "gemv", alignment, tuned)
+            steps = self._steps(desc, device, rows, limit, "gemv", alignment)
         grad = None
         if desc.activation != "none":
             d_pre_name, d_pre = self._d_pre(desc, rows)
@@ -643,15 +625,14 @@ class LinearBackwardCublasLt(_LinearCublasLt):
                                grad)
 
     def _steps(self, desc, device: int, rows: tuple, limit: int, bias_by: str | None,
-               alignment: int, tuned: bool) -> list:
+               alignment: int) -> list:
         _, x, w, _, grad_x, grad_w, _ = rows
         types = library.types_for(self.element)
 
         def matmul(name, gemm, epilogue) -> Matmul:
-            return self._chosen(Matmul(gemm, types, epilogue, device=device,
-                                       workspace_limit=limit, schemes=self.schemes,
-                                       alignment=alignment, what=f"{self.sku.id} ({name})"),
-                                tuned, limit)
+            return Matmul(gemm, types, epilogue, device=device, workspace_limit=limit,
+                          schemes=self.schemes, alignment=alignment,
+                          what=f"{self.sku.id} ({name})")
 
         d_pre_name, d_pre = self._d_pre(desc, rows)
         steps = []

@@ -73,7 +73,6 @@ class AlgoInfo:
     cluster_shape: str
     workspace_size: int
     waves_count: float
-    timing: str = ""  # with PlanPreference.autotune: what the measured choice saw
 
     @property
     def bitwise_repeatable(self) -> bool:
@@ -83,7 +82,7 @@ class AlgoInfo:
     def __str__(self) -> str:
         return (f"algo {self.algo_id} tile {self.tile} stages {self.stages} split-K "
                 f"{self.split_k} ({self.reduction_scheme}) cluster {self.cluster_shape} "
-                f"workspace {self.workspace_size} B" + (f"; {self.timing}" if self.timing else ""))
+                f"workspace {self.workspace_size} B")
 
 
 def _enum_name(enum_type, value: int, prefix: str) -> str:
@@ -102,7 +101,6 @@ class Matmul:
                  what: str = "cublasLtMatmul"):
         self._lt = lt = binding()
         self.gemm, self.epilogue, self.device, self.what = gemm, epilogue, device, what
-        self.types, self.c_matrix, self.aux_matrix = types, gemm.d if c is None else c, aux
         self._owner = True
         self._layouts: list[int] = []
         self.desc = checked("cublasLtMatmulDescCreate", lt.matmul_desc_create, types.compute,
@@ -218,17 +216,6 @@ class Matmul:
             custom_option=config(attrs.CUSTOM_OPTION),
             cluster_shape=_enum_name(lt.ClusterShape, config(attrs.CLUSTER_SHAPE_ID), "SHAPE_"),
             workspace_size=workspace, waves_count=waves)
-
-    def candidate(self, index: int) -> Matmul:
-        """A copy running the heuristic's ``index``-th algorithm (descriptors shared)."""
-        variant = copy.copy(self)
-        variant._owner = False
-        variant._parent = self  # owns the descriptors and the candidates' memory
-        variant._algo_ptr = self.candidates.ptr + index * _HEURISTIC_RESULT_BYTES
-        variant.workspace_size = int(self.candidates[index].workspace_size)
-        variant.info = self._read_info(variant._algo_ptr, variant.workspace_size,
-                                       float(self.candidates[index].waves_count))
-        return variant
 
     def split_k_variant(self, splits: int, scheme: int) -> Matmul | None:
         """A copy running one of the heuristic's algorithms with ``splits`` K-splits reduced by
