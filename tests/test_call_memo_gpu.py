@@ -57,6 +57,19 @@ def _expected(x, w, b):
     return torch.nn.functional.gelu(x.float() @ w.float().t() + b.float(), approximate="tanh")
 
 
+def _assert_matches(out, x, w, b, plan) -> None:
+    torch.cuda.synchronize()
+    want = _expected(x, w, b)
+    assert (out.float() - want).norm() / want.norm() < plan.precision_guarantee.max_rel_error
+
+
+def _problem(seed: int):
+    """A plan, its inputs, an output and the args binding them."""
+    x, w, b = _linear(seed)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    return _plan(), x, w, b, out, LinearArgs(x, w, b, out=out)
+
+
 def _entries(plan) -> int:
     return len(plan._calls.table())
 
@@ -76,21 +89,15 @@ def test_repeated_call_hits_and_matches_the_full_path():
     prepared = torch.empty_like(out)
     plan.prepare(LinearArgs(x, w, b, out=prepared), workspace=ws)()
     assert torch.equal(prepared, first)
-    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
-    assert err < plan.precision_guarantee.max_rel_error
+    _assert_matches(out, x, w, b, plan)
 
 
 def test_new_contents_same_buffers_give_new_results():
-    plan = _plan()
-    x, w, b = _linear(1)
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    args = LinearArgs(x, w, b, out=out)
+    plan, x, w, b, out, args = _problem(1)
     plan.run(args)
     x.copy_(_linear(2)[0])  # same address, new values: the memo holds no results
     plan.run(args)
-    torch.cuda.synchronize()
-    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
-    assert err < plan.precision_guarantee.max_rel_error
+    _assert_matches(out, x, w, b, plan)
 
 
 def test_every_changed_fact_is_checked_again():
@@ -132,10 +139,7 @@ def test_memo_keeps_no_tensor_alive():
 
 
 def test_stream_none_follows_the_current_stream():
-    plan = _plan()
-    x, w, b = _linear(5)
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    args = LinearArgs(x, w, b, out=out)
+    plan, x, w, b, out, args = _problem(5)
     side = torch.cuda.Stream()
     plan.run(args)
     with torch.cuda.stream(side):
@@ -145,15 +149,11 @@ def test_stream_none_follows_the_current_stream():
         plan.run(args)  # must queue behind the fill on the side stream
     side.synchronize()
     assert _entries(plan) == 2  # one launch per stream
-    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
-    assert err < plan.precision_guarantee.max_rel_error
+    _assert_matches(out, x, w, b, plan)
 
 
 def test_each_thread_has_its_own_entries():
-    plan = _plan()
-    x, w, b = _linear(6)
-    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    args = LinearArgs(x, w, b, out=out)
+    plan, x, w, b, out, args = _problem(6)
     plan.run(args, stream=0)
     counts = []
 
@@ -167,8 +167,7 @@ def test_each_thread_has_its_own_entries():
     worker.join()
     torch.cuda.synchronize()
     assert counts == [1] and _entries(plan) == 1
-    err = (out.float() - _expected(x, w, b)).norm() / _expected(x, w, b).norm()
-    assert err < plan.precision_guarantee.max_rel_error
+    _assert_matches(out, x, w, b, plan)
 
 
 def test_freed_plan_raises_after_a_memoised_call():
