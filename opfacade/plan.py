@@ -498,12 +498,7 @@ class Plan:
         if calls is not None and self._impl is not None:
             key = call_key(args, workspace, stream)
             if key is not None:
-                table = calls.table()
-                launch = table.get(key)
-                if launch is None:
-                    launch = self._checked_launch(args, workspace, stream)
-                    calls.store(table, key, launch)
-                launch()
+                calls.launch_for(key, lambda: self._checked_launch(args, workspace, stream))()
                 return
         bound, ws, handle = self._resolve(args, workspace, stream)
         self._impl.launch(self._descriptor, bound, ws, handle)

@@ -159,12 +159,30 @@ class CallMemo:
             return self._local.calls
         except AttributeError:
             self._local.calls = {}
+            self._local.last = (None, None)
             return self._local.calls
 
-    def store(self, table: dict, key: tuple, launch: Callable[[], None]) -> None:
-        if len(table) >= self.CAPACITY:
-            table.clear()
-        table[key] = launch
+    def launch_for(self, key: tuple, checked: Callable[[], Callable[[], None]]
+                   ) -> Callable[[], None]:
+        """The launch stored for ``key``, or ``checked()``'s (stored). The thread's last key is
+        compared first: a loop repeating one call skips hashing the key."""
+        local = self._local
+        try:
+            last_key, last_launch = local.last
+        except AttributeError:
+            self.table()
+            last_key, last_launch = None, None
+        if last_key == key:
+            return last_launch
+        table = local.calls
+        launch = table.get(key)
+        if launch is None:
+            launch = checked()
+            if len(table) >= self.CAPACITY:
+                table.clear()
+            table[key] = launch
+        local.last = (key, launch)
+        return launch
 
     def clear(self) -> None:
         """Forgets this thread's entries (other threads' go with the plan)."""
