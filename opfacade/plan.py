@@ -496,9 +496,10 @@ class Plan:
         """
         calls = self._calls
         if calls is not None and self._impl is not None:
-            key = call_key(args, workspace, stream)
+            key, tensors = call_key(args, workspace, stream)
             if key is not None:
-                calls.launch_for(key, lambda: self._checked_launch(args, workspace, stream))()
+                calls.launch_for(key, tensors,
+                                 lambda: self._checked_launch(args, workspace, stream))()
                 return
         bound, ws, handle = self._resolve(args, workspace, stream)
         self._impl.launch(self._descriptor, bound, ws, handle)
