@@ -13,8 +13,6 @@ the smallest workspace first). ``explain`` returns every candidate with a reason
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -22,6 +20,7 @@ from typing import Any, ClassVar
 from ._internal import registry
 from ._internal.call_memo import CallMemo, call_key
 from ._internal.device import check_ordinal, current_device, device_arch, device_count
+from ._internal.lru import BuildOnceLRU
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, SkuImpl, Unfit, Workspace
 from ._internal.streams import owning_package, resolve_stream
 from ._internal.tensors import TensorView, wrap
@@ -220,38 +219,8 @@ def _rank(op: OpSpec, desc: Descriptor, pref: PlanPreference, target: Target):
     return ExplainReport(op.name, desc, pref, target, tuple(verdicts)), winner
 
 
-class _PlanCache:
-    """Process-wide plans keyed by (op, descriptor, preference, target); thread-safe LRU."""
-
-    def __init__(self, capacity: int = 512):
-        self._capacity = capacity
-        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple, build) -> Plan:
-        with self._lock:
-            plan = self._plans.get(key)
-            if plan is not None and not plan.freed:
-                self._plans.move_to_end(key)
-                return plan
-        built = build()  # outside the lock: selection may compile or build graphs
-        with self._lock:
-            plan = self._plans.get(key)
-            if plan is None or plan.freed:  # check again: another thread may have won
-                plan = self._plans[key] = built
-                while len(self._plans) > self._capacity:
-                    self._plans.popitem(last=False)
-            return plan
-
-    def clear(self) -> None:
-        with self._lock:
-            self._plans.clear()
-
-    def __len__(self) -> int:
-        return len(self._plans)
-
-
-PLAN_CACHE = _PlanCache()
+# Process-wide plans keyed by (op, descriptor, preference, target); a freed plan is a miss.
+PLAN_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU(512, usable=lambda plan: not plan.freed)
 
 
 class Plan:

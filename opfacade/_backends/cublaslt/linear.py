@@ -21,11 +21,10 @@ algorithm needs uses the best algorithm within what it was given.
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..._internal.device import current_device, device_count
+from ..._internal.lru import BuildOnceLRU
 from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
 from ...errors import BackendUnavailable, LaunchFailed, LayoutMismatch, Unsupported
@@ -166,33 +165,19 @@ class _Recipes:
 
     def __init__(self, build):
         self._build = build
-        self._items: OrderedDict[tuple, object] = OrderedDict()
-        self._lock = threading.Lock()
+        self._items: BuildOnceLRU[object] = BuildOnceLRU(_CACHE_CAPACITY)
         self._last: tuple = (None, None, None)  # (desc, key, recipe): a run skips the hashing
 
     def get(self, desc, device: int, layout: tuple, available: int):
         last_desc, last_key, recipe = self._last
         key = (device, layout)
         if last_desc is not desc or last_key != key:
-            recipe = self._get((desc, key, None), lambda: self._build(desc, device, layout,
-                                                                      None))
+            recipe = self._items.get((desc, key, None),
+                                     lambda: self._build(desc, device, layout, None))
             self._last = (desc, key, recipe)
         if recipe.workspace_size > available:  # a smaller workspace: the best within it
-            recipe = self._get((desc, key, available),
-                               lambda: self._build(desc, device, layout, available))
-        return recipe
-
-    def _get(self, key: tuple, build):
-        with self._lock:
-            recipe = self._items.get(key)
-            if recipe is not None:
-                self._items.move_to_end(key)
-                return recipe
-        recipe = build()  # outside the lock: the heuristic takes a while
-        with self._lock:
-            recipe = self._items.setdefault(key, recipe)
-            while len(self._items) > _CACHE_CAPACITY:
-                self._items.popitem(last=False)
+            recipe = self._items.get((desc, key, available),
+                                     lambda: self._build(desc, device, layout, available))
         return recipe
 
 

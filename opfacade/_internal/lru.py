@@ -1,0 +1,51 @@
+"""One thread-safe, bounded cache whose misses are built outside its lock.
+
+Plans and cuBLASLt recipes take a while to build (selection, the heuristic), so building under
+the lock would serialise unrelated misses. Two threads missing the same key may both build; the
+first to store wins and both get its value. (cuDNN graphs are built under their own cache's lock
+instead: a cold build takes about a second, and racing builders would waste it.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["BuildOnceLRU"]
+
+V = TypeVar("V")
+
+
+class BuildOnceLRU(Generic[V]):
+    """Key -> value, least recently used evicted past ``capacity``. ``usable(value)`` False
+    (a freed plan, say) counts as a miss."""
+
+    def __init__(self, capacity: int, usable: Callable[[V], bool] = lambda value: True):
+        self._capacity = capacity
+        self._usable = usable
+        self._items: OrderedDict[Hashable, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, build: Callable[[], V]) -> V:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None and self._usable(value):
+                self._items.move_to_end(key)
+                return value
+        built = build()  # outside the lock
+        with self._lock:
+            value = self._items.get(key)
+            if value is None or not self._usable(value):  # check again: another thread may have won
+                value = self._items[key] = built
+                while len(self._items) > self._capacity:
+                    self._items.popitem(last=False)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
