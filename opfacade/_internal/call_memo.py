@@ -244,7 +244,3 @@ class CallMemo:
         entry = table[key] = (launch, guard)
         local.last = (key, entry)
         return launch
-
-    def clear(self) -> None:
-        """Forgets this thread's entries (other threads' go with the plan)."""
-        self._local = threading.local()
