@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ._internal import registry
-from ._internal.call_memo import CallMemo, call_key
+from ._internal.call_memo import CallMemo
 from ._internal.device import check_ordinal, current_device, device_arch, device_count
 from ._internal.lru import BuildOnceLRU
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, SkuImpl, Unfit, Workspace
@@ -465,10 +465,9 @@ class Plan:
         """
         calls = self._calls
         if calls is not None and self._impl is not None:
-            key, tensors = call_key(args, workspace, stream)
-            if key is not None:
-                calls.launch_for(key, tensors,
-                                 lambda: self._checked_launch(args, workspace, stream))()
+            launch = calls.launch_for(args, workspace, stream, self._checked_launch)
+            if launch is not None:
+                launch()
                 return
         bound, ws, handle = self._resolve(args, workspace, stream)
         self._impl.launch(self._descriptor, bound, ws, handle)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import math
 
@@ -383,6 +384,7 @@ class FakeCublasLt:
         self.objects: dict[int, dict] = {}
         self.calls: list[dict] = []
         self.refuse: set[str] = set()  # epilogues the heuristic finds no algorithm for
+        self.alignment_of_algo: dict[int, int] = {}
 
     def __getattr__(self, name):
         return getattr(self.real, name)
@@ -428,7 +430,8 @@ class FakeCublasLt:
         limit = self.objects[pref]["attrs"][int(self.real.MatmulPreferenceAttribute
                                                 .MAX_WORKSPACE_BYTES)]
         prefs = self.real.MatmulPreferenceAttribute
-        self.objects[desc]["alignment"] = self.objects[pref]["attrs"][int(
+        # The algorithm is chosen for this alignment; every descriptor it runs with must honour it.
+        self.alignment_of_algo[results] = self.objects[pref]["attrs"][int(
             prefs.MIN_ALIGNMENT_A_BYTES)]
         epilogue = self.objects[desc]["attrs"].get(int(self.real.MatmulDescAttribute.EPILOGUE), 1)
         if self.real.Epilogue(epilogue).name in self.refuse:
@@ -456,7 +459,7 @@ class FakeCublasLt:
         names = self.real.MatmulDescAttribute
         get = lambda name, default=0: attrs.get(int(getattr(names, name)), default)  # noqa: E731
         assert ws_size >= min(self.workspace, ws_size) and (ws % 256 == 0 or ws_size == 0)
-        alignment = self.objects[desc]["alignment"]  # what the heuristic was promised
+        alignment = self.alignment_of_algo[algo]  # what the heuristic was promised
         assert all(p % alignment == 0 for p in (a, b, c, d)), "under-aligned pointer"
         A, B = self._matrix(a, adesc), self._matrix(b, bdesc)
         C, D = self._matrix(c, cdesc), self._matrix(d, ddesc)
@@ -548,6 +551,8 @@ def fake_cublaslt(monkeypatch):
     monkeypatch.setattr(matmul, "binding", lambda: fake)
     monkeypatch.setattr(matmul, "handle", lambda device: 4242)
     monkeypatch.setattr(matmul, "on_device", nullcontext)
+    for impl in (*linear.FORWARD_SKUS, *linear.BACKWARD_SKUS):  # recipes built on this fake
+        monkeypatch.setattr(impl, "_recipes", linear._Recipes(impl._build))
     import cupy
 
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
@@ -560,7 +565,10 @@ def fake_cublaslt(monkeypatch):
     monkeypatch.setattr(linear, "_fill", fill)
 
     def activation_grad(self, pointers, stream):
-        """native/linear_grad.cu in float64 on host memory (f32 problems only)."""
+        """native/linear_grad.cu in float64 on host memory (f32 problems only), bound."""
+        return functools.partial(emulated_activation_grad, self, dict(pointers))
+
+    def emulated_activation_grad(self, pointers):
         ld_grad, ld_aux, ld_pre = (int(s) for s in self.strides)
         shape = (self.rows, self.n)
         grad = _strided(pointers["grad_out"], shape, (ld_grad, 1), np.float32)
@@ -578,7 +586,7 @@ def fake_cublaslt(monkeypatch):
             _strided(pointers["grad_bias"], (self.n,), (1,), np.float32)[:] = d_pre.sum(0)
         fake.calls.append({"epilogue": self.name})
 
-    monkeypatch.setattr(linear_grad.ActivationGrad, "launch", activation_grad)
+    monkeypatch.setattr(linear_grad.ActivationGrad, "bind", activation_grad)
     return fake
 
 
@@ -605,11 +613,24 @@ def aligned_workspace(nbytes: int) -> Workspace:
 
 CASES = list(itertools.product(["kn", "nk"], ["plain", "shared", "batched"],
                                ["none", "relu", "gelu_tanh"], [False, True]))
+# launch: one call on the recipe's shared descriptors; prepared: bound once (descriptors of its
+# own), as Plan.prepare and run()'s memo use it; called twice, as they do.
+PATHS = ["launch", "prepared"]
 
 
+def _launch(impl, path, desc, bound, workspace) -> None:
+    if path == "launch":
+        impl.launch(desc, bound, workspace, 0)
+    else:
+        call = impl.prepared(desc, bound, workspace, 0)
+        call()
+        call()
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("layout,batching,activation,deterministic", CASES)
 def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout, batching,
-                                                          activation, deterministic):
+                                                          activation, deterministic, path):
     batch = None if batching == "plain" else 3
     desc = LinearDescriptor(m=5, n=9, k=4, batch=batch, weight_batched=batching == "batched",
                             weight_layout=layout, element="f32", activation=activation,
@@ -631,7 +652,7 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
              view(aux, "u8" if activation == "relu" else "f32")}
     bound = BoundArgs(views, outputs=("out", "aux"))
     impl.check_args(desc, bound)
-    impl.launch(desc, bound, aligned_workspace(4096), 0)
+    _launch(impl, path, desc, bound, aligned_workspace(4096))
     want, pre = gemm_forward(x, w, weight_layout=layout, bias=b, activation=activation,
                              residual=r)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
@@ -644,9 +665,10 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
     assert call["epilogue"] == want_epilogue and call["m"] == 9
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("layout,batching,activation,deterministic", CASES)
 def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout, batching,
-                                                           activation, deterministic):
+                                                           activation, deterministic, path):
     batch = None if batching == "plain" else 3
     need_pre = deterministic and activation != "none"  # both ways of holding d_pre
     desc = LinearBackwardDescriptor(m=5, n=9, k=4, batch=batch,
@@ -677,7 +699,7 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     bound = BoundArgs(views, outputs=("grad_x", "grad_weight", "grad_bias", "grad_pre"))
     impl.check_args(desc, bound)
     need = impl._fixed_bytes(desc) + 4096
-    impl.launch(desc, bound, aligned_workspace(need), 0)
+    _launch(impl, path, desc, bound, aligned_workspace(need))
     pre_like = np.where(pre > 0, 1.0, -1.0) if activation == "relu" else pre
     ref = gemm_backward(dy, x, w, pre_like, weight_layout=layout, activation=activation)
     for got, name in ((gx, "dx"), (gw, "dw"), (gb, "dbias")):
@@ -733,6 +755,37 @@ def test_launch_checks_name_the_argument(fake_cublaslt):
              "grad_bias": None, "grad_pre": None}
     with pytest.raises(LayoutMismatch, match="grad_out must be contiguous across the batch"):
         linear.BACKWARD_SKUS[-2].check_args(backward, BoundArgs(views, ()))
+
+
+def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
+    """Two bound calls with different biases, and a one-off call between them on the shared
+    descriptor: each bound call still adds its own bias, and its descriptor dies with it."""
+    desc = LinearDescriptor(m=4, n=8, k=8, element="f32", activation="relu")
+    impl = linear.FORWARD_SKUS[-2]
+    rng = np.random.default_rng(12)
+    x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((4, 8), (8, 8)))
+    biases = [rng.uniform(-1, 1, 8).astype(np.float32) for _ in range(3)]
+    outs = [np.full((4, 8), np.nan, np.float32) for _ in range(3)]
+
+    def bound(i):
+        return BoundArgs({"x": view(x), "weight": view(w), "bias": view(biases[i]),
+                          "residual": None, "out": view(outs[i]), "aux": None}, ("out",))
+
+    workspace = aligned_workspace(4096)
+    first, second = (impl.prepared(desc, bound(i), workspace, 0) for i in (0, 1))
+    live = sum(1 for o in fake_cublaslt.objects.values() if o["kind"] == "desc")
+    first()
+    impl.launch(desc, bound(2), workspace, 0)
+    second()
+    outs[0][:] = np.nan
+    first()
+    for i in range(3):
+        want, _ = gemm_forward(x, w, weight_layout="nk", bias=biases[i], activation="relu")
+        np.testing.assert_allclose(outs[i], want, rtol=1e-5, atol=1e-6)
+    destroyed = []
+    fake_cublaslt.matmul_desc_destroy = destroyed.append
+    del first, second
+    assert len(destroyed) == 2 and live >= 3  # the shared descriptor and one per bound call
 
 
 def test_the_heuristic_is_told_the_pointers_alignment(fake_cublaslt):

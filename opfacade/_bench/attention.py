@@ -239,7 +239,7 @@ def run(quick: bool = False) -> list[BenchRow]:
     import cudnn
     import torch
 
-    reps = 5 if quick else 10
+    reps = 5 if quick else 30
     handle = cudnn.create_handle()
     raw = _Raw(torch, handle)
     rows = []

@@ -26,47 +26,33 @@ class BenchRow:
         return min(self.peers_ms, key=self.peers_ms.get) if self.peers_ms else None
 
 
+# Each timed sample is a burst of back-to-back calls lasting about this long: long enough that
+# the two event records and the host's issue of the first call are noise, short enough to take
+# many samples.
+BURST_MS = 5.0
+
+
 def time_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
-    """Median GPU milliseconds per call of ``fn`` on the legacy default stream.
-
-    Each sample times a burst of back-to-back calls (about 2 ms of work) between two CUDA
-    events, as a training loop issues them: a call's host time overlaps the previous call's GPU
-    work, so the figure is device throughput for every peer alike. One untimed call goes first,
-    so the GPU is already busy while the host prepares the burst's first call. Host time per
-    call is measured separately (the host-overhead rows).
-    """
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record(cupy.cuda.Stream.null)
-    fn()
-    stop.record(cupy.cuda.Stream.null)
-    stop.synchronize()
-    once = cupy.cuda.get_elapsed_time(start, stop)
-    burst = max(1, min(200, int(2.0 / max(once, 1e-3))))
-    times = []
-    for _ in range(reps):
-        fn()  # untimed: keeps the GPU busy while the host issues the burst
-        start.record(cupy.cuda.Stream.null)
-        for _ in range(burst):
-            fn()
-        stop.record(cupy.cuda.Stream.null)
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / burst)
-    return statistics.median(times)
+    """Median GPU milliseconds per call of ``fn``, timed as ``time_interleaved`` times each of
+    its functions."""
+    return time_interleaved({"fn": fn}, reps, warmup)["fn"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
                      warmup: int = 3) -> dict[str, float]:
     """Median GPU milliseconds per call of each function, sampled in alternating rounds.
 
-    Each round times one burst (as ``time_ms`` does) of every function in turn, so a drift of
-    the GPU's clocks or temperature during the measurement lands on every peer alike instead of
-    on whichever was timed last: back-to-back single measurements of one GEMM differ by up to 8%
-    on an H100. The order rotates every round, so no function always follows the same one (a
-    heavy peer changes the clocks the next burst starts at).
+    Each sample times a burst of back-to-back calls (about BURST_MS of work) between two CUDA
+    events on the legacy default stream, as a training loop issues them: a call's host time
+    overlaps the previous call's GPU work, so the figure is device throughput for every peer
+    alike. One untimed call goes first, so the GPU is already busy while the host issues the
+    burst. Host time per call is measured separately (the host-overhead rows).
+
+    Each round times one burst of every function in turn, so a drift of the GPU's clocks or
+    temperature lands on every peer alike instead of on whichever was timed last: back-to-back
+    single measurements of one GEMM differ by up to 8% on an H100. The order rotates every
+    round, so no function always follows the same one (a heavy peer changes the clocks the next
+    burst starts at).
     """
     import cupy
 
@@ -80,7 +66,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
         stop.record(cupy.cuda.Stream.null)
         stop.synchronize()
         once = cupy.cuda.get_elapsed_time(start, stop)
-        bursts[name] = max(1, min(200, int(2.0 / max(once, 1e-3))))
+        bursts[name] = max(1, min(400, int(BURST_MS / max(once, 1e-3))))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for round_ in range(reps):

@@ -130,13 +130,16 @@ def _host_overhead_row(repeats: int) -> BenchRow:
         "run": lambda: plan.run(args, workspace=buffer, stream=stream),
         "run_views": lambda: plan.run(views, workspace=ws, stream=stream),
         "prepared": plan.prepare(args, workspace=ws, stream=stream),
+        # Where run()'s time goes: finding the checked launch without calling it.
+        "lookup": lambda: plan._calls.launch_for(args, buffer, stream, plan._checked_launch),
     }, calls=200, rounds=repeats)
     raw_us, raw_read_us, ours_us = us["raw"], us["raw_read"], us["run"]
     prepared_us, wrapped_us = us["prepared"], us["run_views"]
     return BenchRow("linear", "host us/call, cached plan, 64^3 bf16", ours_us / 1000,
                     f"run() {ours_us - raw_us:+.2f} us over raw {raw_us:.2f} us "
                     f"({ours_us - raw_read_us:+.2f} us over raw reading data_ptr()); "
-                    f"prepared {prepared_us - raw_us:+.2f} us",
+                    f"prepared {prepared_us - raw_us:+.2f} us; memo lookup alone "
+                    f"{us['lookup']:.2f} us",
                     {"raw cublasLtMatmul": raw_us / 1000,
                      "raw reading data_ptr()": raw_read_us / 1000,
                      "prepared": prepared_us / 1000,
@@ -144,7 +147,7 @@ def _host_overhead_row(repeats: int) -> BenchRow:
 
 
 def run(quick: bool = False) -> list[BenchRow]:
-    reps = 5 if quick else 20
+    reps = 5 if quick else 30
     rows = [r for shape in (QUICK_SHAPES if quick else SHAPES) for r in _case_rows(*shape, reps)]
     rows.append(_host_overhead_row(5 if quick else 25))
     return rows

@@ -24,6 +24,7 @@ run() checks in full every time.
 
 from __future__ import annotations
 
+import operator
 import sys
 import threading
 from collections.abc import Callable
@@ -37,10 +38,12 @@ __all__ = ["CallMemo", "call_key"]
 _TORCH, _CUPY, _VIEW, _OTHER = 1, 2, 3, 4  # none is 0: `_KINDS.get(t) or ...` must work
 _KINDS: dict[type, int] = {TensorView: _VIEW}
 _TORCH_TYPES: set[type] = set()  # the common case, tested first
+_DATA_PTR: Callable[[object], int] | None = None  # torch.Tensor.data_ptr, once torch is seen
 
 
 def _kind_of(kind: type) -> int:
     """How the facts of an argument of type ``kind`` are read; decided once per type."""
+    global _DATA_PTR
     found = _KINDS.get(kind)
     if found is None:
         found = _OTHER
@@ -50,6 +53,7 @@ def _kind_of(kind: type) -> int:
             if kind is torch.Tensor or kind is torch.nn.Parameter:
                 found = _TORCH
                 _TORCH_TYPES.add(kind)
+                _DATA_PTR = torch.Tensor.data_ptr
         elif root == "cupy" and kind is sys.modules["cupy"].ndarray:
             found = _CUPY
         _KINDS[kind] = found
@@ -59,12 +63,20 @@ def _kind_of(kind: type) -> int:
 _read_current_device: Callable[[], int] | None = None
 
 
-def _current_device_now() -> int:
-    """The current device, read cheaply: a process that sees one GPU is always on device 0
-    (CUDA_VISIBLE_DEVICES cannot change once CUDA is up); otherwise CuPy asks the runtime."""
+def _one_gpu() -> bool:
+    """Whether this process sees exactly one GPU (CUDA_VISIBLE_DEVICES cannot change once CUDA
+    is up): then every device tensor and the current device are device 0."""
     global _read_current_device
     if _read_current_device is None:
         _read_current_device = (lambda: 0) if device_count() == 1 else current_device
+    return _read_current_device is not current_device
+
+
+def _current_device_now() -> int:
+    """The current device, read cheaply: always 0 with one GPU; otherwise CuPy asks the
+    runtime."""
+    if _read_current_device is None:
+        _one_gpu()
     return _read_current_device()
 
 
@@ -121,7 +133,7 @@ def _torch_facts(value) -> tuple:
             value.is_neg())
 
 
-# -- the key --------------------------------------------------------------------------------------
+# -- the key ---------------------------------------------------------------------------------------
 
 def call_key(args: object, workspace: object, stream: object
              ) -> tuple[tuple, tuple] | tuple[None, None]:
@@ -130,9 +142,108 @@ def call_key(args: object, workspace: object, stream: object
     read exactly and cheaply (run() then checks in full). Reading raises nothing: an odd object
     gives no key, and the full checks raise the typed error."""
     try:
-        values = args.__dict__.values()
+        values = args.__dict__
     except AttributeError:
         return None, None
+    try:
+        pattern = _torch_call_of(args, values)
+    except Exception:
+        return None, None
+    if pattern is not None:
+        return pattern.key(args, workspace, stream)
+    return _mixed_key(args, values.values(), workspace, stream)
+
+
+# -- the key of an all-torch call -----------------------------------------------------------------
+
+class _TorchCall:
+    """How to read a call whose arrays are all torch tensors, for one args type and one pattern
+    of present and absent (None) fields: the tensors come out of one attrgetter and their
+    addresses out of one map, both in C, and torch's guard checks the rest. Interned, so that a
+    key can hold it."""
+
+    __slots__ = ("args_type", "tensors", "absent", "nones")
+    _interned: dict[tuple, _TorchCall] = {}
+
+    def __init__(self, args_type: type, present: tuple[str, ...], absent: tuple[str, ...]):
+        self.args_type = args_type
+        self.tensors = _getter(present)
+        self.absent = _getter(absent) if absent else None
+        self.nones = (None,) * len(absent)
+
+    @classmethod
+    def of(cls, args_type: type, present: tuple[str, ...], absent: tuple[str, ...]) -> _TorchCall:
+        shape = (args_type, present, absent)
+        found = cls._interned.get(shape)
+        if found is None:
+            found = cls._interned.setdefault(shape, cls(args_type, present, absent))
+        return found
+
+    def key(self, args: object, workspace: object, stream: object
+            ) -> tuple[tuple, tuple] | tuple[None, None]:
+        """(key, tensors to guard) when ``args`` still has this pattern and the workspace and
+        stream read exactly, else (None, None)."""
+        if type(args) is not self.args_type:
+            return None, None
+        try:
+            if self.absent is not None and self.absent(args) != self.nones:
+                return None, None
+            tensors = self.tensors(args)
+            if workspace is None:
+                workspace_facts = None
+            elif type(workspace) is Workspace:
+                workspace_facts = (workspace.ptr, workspace.size, workspace.device)
+            elif type(workspace) in _TORCH_TYPES:
+                # Its size, contiguity and device are the guard's; its address is in the key.
+                tensors += (workspace,)
+                workspace_facts = "tensor"
+            else:
+                return None, None
+            # Tensor.data_ptr on a non-tensor raises; a subclass reads, and fails the guard.
+            addresses = tuple(map(_DATA_PTR, tensors))
+            if type(stream) is int and stream >= 0:
+                handle = stream
+            elif stream is None:
+                # With one GPU the tensors' device is 0 (host tensors fail the guard's device).
+                device = 0 if _one_gpu() else tensors[0].get_device()
+                if device < 0:
+                    return None, None  # host tensors on a GPU plan: the full path says why
+                handle = _current_torch_stream(device)
+            else:
+                return None, None  # a stream object: the full path resolves it
+        except Exception:  # a tensor without storage, a torch without CUDA: the full path
+            return None, None
+        return (self, _current_device_now(), addresses, workspace_facts, handle), tensors
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[object], tuple]:
+    """attrgetter that always returns a tuple (a single name would return the bare value)."""
+    get = operator.attrgetter(*names)
+    return get if len(names) > 1 else (lambda obj: (get(obj),))
+
+
+def _torch_call_of(args: object, values: dict) -> _TorchCall | None:
+    """The all-torch pattern of ``args``, or None when some array is not a plain torch tensor
+    (or torch's guard is unavailable)."""
+    present, absent = [], []
+    for name, value in values.items():
+        if value is None:
+            absent.append(name)
+        elif (_KINDS.get(type(value)) or _kind_of(type(value))) == _TORCH:
+            present.append(name)
+        else:
+            return None
+    if not present or _tensor_guards() is None:
+        return None
+    return _TorchCall.of(type(args), tuple(present), tuple(absent))
+
+
+# -- the key of any other call ---------------------------------------------------------------------
+
+def _mixed_key(args: object, values, workspace: object, stream: object
+               ) -> tuple[tuple, tuple] | tuple[None, None]:
+    """call_key for calls with CuPy arrays or TensorViews (torch tensors among them are keyed
+    by address and guarded), or for any call when torch's guard is unavailable."""
     guards = _guard_class  # resolved at the first torch tensor
     tensors: list = []
     owners = 0  # bit 1: torch, bit 2: CuPy; stream=None needs exactly one of them
@@ -209,7 +320,9 @@ def _workspace_facts(workspace: object):
 
 class CallMemo:
     """Per-thread map from call_key to (launch, guard); bounded (full: it starts over, no LRU
-    upkeep). Per thread because a launch holds this thread's library handles."""
+    upkeep). Per thread because a launch holds this thread's library handles. Each thread also
+    remembers the all-torch pattern of the last call per args type, so a repeated call reads its
+    key without looking at each field's type."""
 
     CAPACITY = 256
 
@@ -220,27 +333,38 @@ class CallMemo:
         try:
             return self._local.calls
         except AttributeError:
-            self._local.calls = {}
-            self._local.last = (None, None)
+            self._local.calls, self._local.patterns = {}, {}
             return self._local.calls
 
-    def launch_for(self, key: tuple, tensors: tuple,
-                   checked: Callable[[], Callable[[], None]]) -> Callable[[], None]:
-        """The launch stored for ``key`` whose guard passes ``tensors``, else ``checked()``'s
-        (stored with a guard built from ``tensors``). The thread's last key is compared first:
-        a loop repeating one call skips hashing it."""
-        table = self.table()
+    def launch_for(self, args: object, workspace: object, stream: object,
+                   checked: Callable[[object, object, object], Callable[[], None]]
+                   ) -> Callable[[], None] | None:
+        """The launch stored for this call's key whose guard passes its tensors, else
+        ``checked(args, workspace, stream)``'s, stored with a guard built from them; None when
+        the call has no key (run() then checks in full)."""
         local = self._local
-        last_key, entry = local.last
-        if last_key != key:
-            entry = table.get(key)
+        try:
+            table, patterns = local.calls, local.patterns
+        except AttributeError:
+            table, patterns = self.table(), local.patterns
+        pattern = patterns.get(type(args))
+        key = None
+        if pattern is not None:
+            key, tensors = pattern.key(args, workspace, stream)
+        if key is None:
+            key, tensors = call_key(args, workspace, stream)
+            if key is None:
+                return None
+            if type(key[0]) is _TorchCall:
+                patterns[type(args)] = key[0]
+        entry = table.get(key)
         if entry is not None and (entry[1] is None or entry[1].check(*tensors)):
-            local.last = (key, entry)
             return entry[0]
-        launch = checked()  # raises the typed error for a bad call: nothing is stored
+        launch = checked(args, workspace, stream)  # raises the typed error: nothing is stored
+        if not all(type(t) in _TORCH_TYPES for t in tensors):
+            return launch  # a torch subclass passed the full checks: launch it, remember nothing
         guard = _make_guard(_guard_class, tensors) if tensors else None
         if len(table) >= self.CAPACITY:
             table.clear()
-        entry = table[key] = (launch, guard)
-        local.last = (key, entry)
+        table[key] = (launch, guard)
         return launch

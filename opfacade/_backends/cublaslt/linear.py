@@ -21,6 +21,7 @@ algorithm needs uses the best algorithm within what it was given.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..._internal.device import current_device, device_count
@@ -276,7 +277,12 @@ class _LinearCublasLt(SkuImpl):
         return self._recipes.get(desc, device, layout, workspace.size)
 
     def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
-        self.prepared(desc, args, workspace, stream)()
+        """One checked call: the recipe's shared descriptors, nothing built for it."""
+        views = args.views
+        device = views[self.fixed_views[0]].device
+        recipe = self._recipe(desc, views, workspace)
+        with library.on_device(device):
+            recipe.run(library.handle(device), views, workspace, stream)
 
     def prepared(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None):
         import cupy
@@ -349,16 +355,19 @@ class _ForwardRecipe:
         return f"{self.matmul.epilogue.name}: {self.matmul.info}"
 
     def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
-        self.bind(lt_handle, views, workspace, stream)()
+        self.matmul.run(*self._arguments(lt_handle, views, workspace, stream))
 
     def bind(self, lt_handle: int, views: dict, workspace: Workspace, stream: int):
         """The one cublasLtMatmul with every pointer fixed."""
+        return self.matmul.bind(*self._arguments(lt_handle, views, workspace, stream))
+
+    def _arguments(self, lt_handle: int, views: dict, workspace: Workspace, stream: int):
         _check_workspace(workspace, self.workspace_size)
         out, bias, residual, aux = views["out"], views["bias"], views["residual"], views["aux"]
-        return self.matmul.bind(lt_handle, views["weight"].ptr, views["x"].ptr,
-                                out.ptr if residual is None else residual.ptr, out.ptr,
-                                workspace.ptr, workspace.size, stream,
-                                0 if bias is None else bias.ptr, 0 if aux is None else aux.ptr)
+        return (lt_handle, views["weight"].ptr, views["x"].ptr,
+                out.ptr if residual is None else residual.ptr, out.ptr, workspace.ptr,
+                workspace.size, stream, 0 if bias is None else bias.ptr,
+                0 if aux is None else aux.ptr)
 
 
 class LinearForwardCublasLt(_LinearCublasLt):
@@ -447,24 +456,43 @@ class _BackwardRecipe:
         return "; ".join(parts)
 
     def bind(self, lt_handle: int, views: dict, workspace: Workspace, stream: int):
-        _check_workspace(workspace, self.workspace_size)
-        return functools.partial(self.run, lt_handle, views, workspace, stream)
+        """The launches with every pointer fixed once: the kernels' arguments are packed and
+        each GEMM is bound to a descriptor of its own."""
+        launches = tuple(self._launches(lt_handle, views, workspace, stream, bound=True))
+
+        def run_bound() -> None:
+            for launch in launches:
+                launch()
+
+        return run_bound
 
     def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
+        for launch in self._launches(lt_handle, views, workspace, stream, bound=False):
+            launch()
+
+    def _launches(self, lt_handle: int, views: dict, workspace: Workspace, stream: int,
+                  bound: bool) -> list[Callable[[], None]]:
+        """The calls in order. ``bound``: GEMMs get descriptors of their own (for calls made
+        again and again); else they run on the shared descriptors (for a call made once)."""
         _check_workspace(workspace, self.workspace_size)
         pointers = {name: (0 if view is None else view.ptr) for name, view in views.items()}
         for name, offset in self.offsets.items():
             pointers[name] = workspace.ptr + offset
+        launches: list[Callable[[], None]] = []
         if self.activation_grad is not None:
-            self.activation_grad.launch(pointers, stream)
+            launches.append(self.activation_grad.bind(pointers, stream))
         if self.gemv:
-            _fill(pointers["ones"], *self.ones, self.rows, stream)
+            launches.append(functools.partial(_fill, pointers["ones"], *self.ones, self.rows,
+                                              stream))
         gemm_ws = workspace.ptr + self.gemm_offset
         gemm_size = workspace.size - self.gemm_offset
         for s in self.steps:
-            s.matmul.run(lt_handle, pointers[s.a], pointers[s.b], pointers[s.c], pointers[s.d],
+            arguments = (lt_handle, pointers[s.a], pointers[s.b], pointers[s.c], pointers[s.d],
                          gemm_ws, gemm_size, stream, pointers[s.bias] if s.bias else 0,
                          pointers[s.aux] if s.aux else 0)
+            launches.append(s.matmul.bind(*arguments) if bound
+                            else functools.partial(s.matmul.run, *arguments))
+        return launches
 
 
 def _check_workspace(workspace: Workspace, need: int) -> None:

@@ -9,6 +9,7 @@ every thread using the plan, so setting those pointers and launching happen unde
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import threading
@@ -99,27 +100,18 @@ class Matmul:
                  workspace_limit: int, schemes: int, c: Matrix | None = None,
                  aux: Aux | None = None, alignment: int = MAX_ALIGNMENT,
                  what: str = "cublasLtMatmul"):
-        self._lt = lt = binding()
+        self._lt = binding()
         self.gemm, self.epilogue, self.device, self.what = gemm, epilogue, device, what
         self._owner = True
         self._layouts: list[int] = []
-        self.desc = checked("cublasLtMatmulDescCreate", lt.matmul_desc_create, types.compute,
-                            types.scale)
-        attrs = lt.MatmulDescAttribute
-        self._desc_attr(attrs.TRANSA, gemm.transa)
-        self._desc_attr(attrs.TRANSB, gemm.transb)
-        if epilogue.value != 1:
-            self._desc_attr(attrs.EPILOGUE, epilogue.value)
-        self._bias_attr = attrs.BIAS_POINTER if epilogue.bias else None
-        self._aux_attr = attrs.EPILOGUE_AUX_POINTER if epilogue.aux else None
+        self._types = types
+        self._aux = aux
         # Until the first run, the bias and aux pointers are stand-ins with the run's alignment,
         # which the heuristic reads.
-        if epilogue.bias:
-            self._desc_attr(attrs.BIAS_POINTER, alignment)
-        if epilogue.aux:
-            self._desc_attr(attrs.EPILOGUE_AUX_LD, aux.ld)
-            self._desc_attr(attrs.EPILOGUE_AUX_BATCH_STRIDE, aux.batch_stride)
-            self._desc_attr(attrs.EPILOGUE_AUX_POINTER, alignment)
+        self.desc = self._new_desc(alignment, alignment)
+        attrs = self._lt.MatmulDescAttribute
+        self._bias_attr = attrs.BIAS_POINTER if epilogue.bias else None
+        self._aux_attr = attrs.EPILOGUE_AUX_POINTER if epilogue.aux else None
         self.a_layout = self._layout(types.data, gemm.a, gemm.batch)
         self.b_layout = self._layout(types.data, gemm.b, gemm.batch)
         self.d_layout = self._layout(types.data, gemm.d, gemm.batch)
@@ -134,11 +126,31 @@ class Matmul:
         self._choose(workspace_limit, schemes, alignment)
 
     # -- building ------------------------------------------------------------------------------
-    def _desc_attr(self, attr, value) -> None:
-        lt = self._lt
-        buf = np.array([value], dtype=lt.get_matmul_desc_attribute_dtype(attr))
-        checked(f"{self.what}: setting {attr.name}", lt.matmul_desc_set_attribute, self.desc,
-                attr, buf.ctypes.data, buf.itemsize)
+    def _new_desc(self, bias: int, aux: int) -> int:
+        """A matmul descriptor with this problem's transposes and epilogue, pointing the
+        epilogue at ``bias`` and ``aux`` (where it has them); the caller destroys it."""
+        lt, gemm, epilogue = self._lt, self.gemm, self.epilogue
+        attrs = lt.MatmulDescAttribute
+        desc = checked("cublasLtMatmulDescCreate", lt.matmul_desc_create, self._types.compute,
+                       self._types.scale)
+        settings = [(attrs.TRANSA, gemm.transa), (attrs.TRANSB, gemm.transb)]
+        if epilogue.value != 1:
+            settings.append((attrs.EPILOGUE, epilogue.value))
+        if epilogue.bias:
+            settings.append((attrs.BIAS_POINTER, bias))
+        if epilogue.aux:
+            settings += [(attrs.EPILOGUE_AUX_LD, self._aux.ld),
+                         (attrs.EPILOGUE_AUX_BATCH_STRIDE, self._aux.batch_stride),
+                         (attrs.EPILOGUE_AUX_POINTER, aux)]
+        try:
+            for attr, value in settings:
+                buf = np.array([value], dtype=lt.get_matmul_desc_attribute_dtype(attr))
+                checked(f"{self.what}: setting {attr.name}", lt.matmul_desc_set_attribute, desc,
+                        attr, buf.ctypes.data, buf.itemsize)
+        except Exception:
+            lt.matmul_desc_destroy(desc)
+            raise
+        return desc
 
     def _layout(self, data_type: int, matrix: Matrix, batch: int) -> int:
         lt = self._lt
@@ -260,11 +272,23 @@ class Matmul:
     # -- running -------------------------------------------------------------------------------
     def run(self, lt_handle: int, a: int, b: int, c: int, d: int, workspace: int,
             workspace_size: int, stream: int, bias: int = 0, aux: int = 0) -> None:
-        """Enqueues the matmul on ``stream``; ``c`` is D's own pointer when there is no C."""
-        self.bind(lt_handle, a, b, c, d, workspace, workspace_size, stream, bias, aux)()
+        """Enqueues the matmul on ``stream``; ``c`` is D's own pointer when there is no C.
+
+        The bias and aux pointers live on the shared descriptor (which the split-K variants and
+        every thread use), so setting them and enqueueing happen under one lock.
+        """
+        arguments = (lt_handle, self.desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
+                     self.beta_ptr, c, self.c_layout, d, self.d_layout, self._algo_ptr, workspace,
+                     workspace_size, stream)
+        with self._lock:
+            try:
+                self._point_epilogue(bias, aux)
+                self._lt.matmul(*arguments)
+            except Exception as error:
+                raise self._failed(error) from error
 
     def _point_epilogue(self, bias: int, aux: int) -> None:
-        """Sets the descriptor's bias and aux pointers where they moved (the lock is held)."""
+        """Sets the shared descriptor's bias and aux pointers where they moved (lock held)."""
         lt, current = self._lt, self._current
         if self._bias_attr is not None and bias != current[0]:
             self._pointer[0] = bias
@@ -275,40 +299,34 @@ class Matmul:
             lt.matmul_desc_set_attribute(self.desc, self._aux_attr, self._pointer_ptr, 8)
             current[1] = aux
 
+    def _failed(self, error: Exception) -> LaunchFailed:
+        return LaunchFailed(f"{self.what} ({self.info}) failed on cuda:{self.device}: {error}")
+
     def bind(self, lt_handle: int, a: int, b: int, c: int, d: int, workspace: int,
              workspace_size: int, stream: int, bias: int = 0, aux: int = 0):
-        """``run`` with every argument fixed, for Plan.prepare and run()'s memo: the call sets
-        the epilogue's pointers only when another call moved them, then enqueues.
+        """``run`` with every argument fixed, for Plan.prepare and run()'s memo.
 
-        The bias and aux pointers live on the descriptor, which the split-K variants and every
-        thread share, so setting them and enqueueing happen under one lock.
+        An epilogue with pointers gets a descriptor of its own, pointing at this call's bias and
+        aux, so the bound call shares no mutable state: it takes no lock and sets nothing.
         """
-        arguments = (lt_handle, self.desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
+        desc = self.desc
+        own = None
+        if self._bias_attr is not None or self._aux_attr is not None:
+            own = _OwnedDesc(self._lt, self._new_desc(bias, aux))
+            desc = own.desc
+        arguments = (lt_handle, desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
                      self.beta_ptr, c, self.c_layout, d, self.d_layout, self._algo_ptr, workspace,
                      workspace_size, stream)
-        matmul, what = self._lt.matmul, f"{self.what} ({self.info}) failed on cuda:{self.device}"
-        if self._bias_attr is None and self._aux_attr is None:
-            def enqueue() -> None:  # nothing on the descriptor changes: no lock needed
-                try:
-                    matmul(*arguments)
-                except Exception as error:
-                    raise LaunchFailed(f"{what}: {error}") from error
+        matmul, failed = self._lt.matmul, self._failed  # holds self: layouts and algo live on
 
-            return enqueue
-        lock, current, point = self._lock, self._current, self._point_epilogue
-        want = [bias if self._bias_attr is not None else current[0],
-                aux if self._aux_attr is not None else current[1]]
+        def enqueue() -> None:
+            try:
+                matmul(*arguments)
+            except Exception as error:
+                raise failed(error) from error
+            own  # noqa: B018 - the closure keeps the call's own descriptor alive
 
-        def enqueue_with_pointers() -> None:
-            with lock:
-                try:
-                    if current != want:
-                        point(bias, aux)
-                    matmul(*arguments)
-                except Exception as error:
-                    raise LaunchFailed(f"{what}: {error}") from error
-
-        return enqueue_with_pointers
+        return enqueue
 
     def __del__(self):
         if not getattr(self, "_owner", False):
@@ -320,3 +338,17 @@ class Matmul:
             lt.matmul_desc_destroy(self.desc)
         except Exception:  # interpreter shutdown: the library may be gone already
             pass
+
+
+class _OwnedDesc:
+    """A bound call's own matmul descriptor, destroyed with the call."""
+
+    __slots__ = ("_lt", "desc")
+
+    def __init__(self, lt, desc: int):
+        self._lt, self.desc = lt, desc
+
+    def __del__(self):
+        # At interpreter shutdown the library may be gone already.
+        with contextlib.suppress(Exception):
+            self._lt.matmul_desc_destroy(self.desc)

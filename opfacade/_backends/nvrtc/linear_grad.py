@@ -10,6 +10,8 @@ memory floor of the step (torch runs the same work as an elementwise kernel and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ...types import ElementKind
@@ -81,15 +83,24 @@ class ActivationGrad:
                 f"{self.per_chunk} rows each{', 16-byte packs' if self.vec else ''})")
 
     def launch(self, pointers: dict[str, int], stream: int) -> None:
+        self.bind(pointers, stream)()
+
+    def bind(self, pointers: dict[str, int], stream: int) -> Callable[[], None]:
+        """The kernel (and the dbias finalize) with every argument packed once."""
         partials = pointers["partials"] if self.bias_grad else 0
-        kernel = get_kernel(SOURCE, self.name, self.device)
-        launch(kernel, (self.tiles, self.chunks), (THREADS,), (
+        calls = [(get_kernel(SOURCE, self.name, self.device), (self.tiles, self.chunks), (
             np.uint64(pointers["grad_out"]), np.uint64(pointers["aux"]),
             np.uint64(pointers[self.d_pre_name]), np.uint64(partials), np.int64(self.rows),
-            np.int32(self.n), *self.strides, np.int32(self.per_chunk), np.int32(self.vec),
-        ), stream, self.device)
+            np.int32(self.n), *self.strides, np.int32(self.per_chunk), np.int32(self.vec)))]
         if self.bias_grad:
-            finalize = get_kernel(SOURCE, self.finalize, self.device)
-            launch(finalize, (-(-self.n // THREADS),), (THREADS,), (
+            calls.append((get_kernel(SOURCE, self.finalize, self.device),
+                          (-(-self.n // THREADS),), (
                 np.uint64(partials), np.uint64(pointers["grad_bias"]), np.int32(self.n),
-                np.int32(self.chunks)), stream, self.device)
+                np.int32(self.chunks))))
+        device = self.device
+
+        def run() -> None:
+            for kernel, grid, args in calls:
+                launch(kernel, grid, (THREADS,), args, stream, device)
+
+        return run
