@@ -661,8 +661,18 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
     desc = forward(save_stats=True, bias="1hqk")
     impl = next(i for i in FORWARD_SKUS if i.sku.element == "bf16")
     calls = []
+
+    class Launch:
+        """The graph's execute, recording what reaches it; bind fixes the arguments."""
+
+        def __call__(self, pointers, ws, handle):
+            calls.append((list(pointers), ws, handle))
+
+        def bind(self, pointers, ws, handle):
+            return lambda: self(pointers, ws, handle)
+
     built = graphs.BuiltGraph(None, ("q", "k", "v", "out", "stats", "bias"), 4096, "fake",
-                              lambda pointers, ws, handle: calls.append((pointers, ws, handle)))
+                              Launch())
     answer = {"graph": built}
     monkeypatch.setattr(graphs, "forward_graph", lambda d, device, **kw: answer["graph"])
     monkeypatch.setattr(runtime, "handle_for", lambda device: f"handle{device}")
@@ -680,7 +690,13 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
     bound = _bind_forward(desc, args)
     impl.check_args(desc, bound)
     impl.launch(desc, bound, Workspace(base + (6 << 24), 4096, 0), stream=77)
-    assert calls == [77, ([base + i * (1 << 24) for i in range(6)], base + (6 << 24), "handle0")]
+    expected = [77, ([base + i * (1 << 24) for i in range(6)], base + (6 << 24), "handle0")]
+    assert calls == expected
+    calls.clear()
+    prepared = impl.prepared(desc, bound, Workspace(base + (6 << 24), 4096, 0), stream=77)
+    prepared()
+    prepared()
+    assert calls == expected * 2
     with pytest.raises(BufferTooSmall, match="needs 4096"):
         impl.launch(desc, bound, Workspace(base + (6 << 24), 4095, 0), stream=77)
     misaligned = AttentionArgs(**{**vars(args), "q": TensorView(

@@ -243,8 +243,7 @@ def test_unreadable_arguments_take_the_full_path():
     assert call_key(LinearArgs(x, w, b, out=out), None, torch.cuda.Stream()) == (None, None)
     assert call_key(LinearArgs(x, w, b, out=out), object(), 0) == (None, None)
     assert call_key({"x": x}, None, 0) == (None, None)
-    assert call_key(LinearArgs(x, w, b, out=out),
-                    Workspace(0, 0, None), 0)[0][-2] == ("workspace", 0, 0, None)
+    assert call_key(LinearArgs(x, w, b, out=out), Workspace(0, 0, None), 0)[0][-2] == (0, 0, None)
 
 
 def test_same_address_and_shape_with_other_strides_is_checked_again():

@@ -201,17 +201,24 @@ class _SdpaCudnn(SkuImpl):
                 _expect_strides(view, name, *wanted)  # differences in size-1 extents pass
 
     def prepared(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None):
-        """Graph, handle, pointer array and stream resolved once; a call binds the stream (the
-        handle is this thread's, shared with other plans) and executes."""
-        device = args.views["q"].device
-        if runtime.current_device() != device:
-            return lambda: self.launch(desc, args, workspace, stream)
+        """Graph, handle, pointers and stream resolved once; a call binds the stream (the handle
+        is this thread's, shared with other plans) and executes, through the pointer array
+        built here when the graph's device is current."""
+        views = args.views
+        device = views["q"].device
         built = self._graph_for_run(desc, device)
         self._check_workspace(built, workspace, device)
         handle = runtime.handle_for(device)
-        execute = built.launch.bind([args.views[name].ptr for name in built.names],
-                                    workspace.ptr, handle)
-        set_stream, stream = runtime.cudnn_module().set_stream, stream or 0
+        pointers = [views[name].ptr for name in built.names]
+        set_stream, stream = runtime.set_stream, stream or 0
+        if runtime.current_device() != device:
+            def run_on_its_device() -> None:
+                set_stream(handle, stream)
+                with graphs._on_device(device):  # cuDNN launches on the current device
+                    built.launch(pointers, workspace.ptr, handle)
+
+            return run_on_its_device
+        execute = built.launch.bind(pointers, workspace.ptr, handle)
 
         def run_prepared() -> None:
             set_stream(handle, stream)
@@ -228,18 +235,7 @@ class _SdpaCudnn(SkuImpl):
                 argument="workspace")
 
     def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
-        views = args.views
-        device = views["q"].device
-        built = self._graph_for_run(desc, device)
-        self._check_workspace(built, workspace, device)
-        handle = runtime.handle_for(device)
-        runtime.set_stream(handle, stream or 0)
-        pointers = [views[name].ptr for name in built.names]
-        if runtime.current_device() == device:
-            built.launch(pointers, workspace.ptr, handle)
-            return
-        with graphs._on_device(device):  # cuDNN launches on the current device
-            built.launch(pointers, workspace.ptr, handle)
+        self.prepared(desc, args, workspace, stream)()
 
 
 def _sku(op: str, element: ElementKind, bound: float, deterministic: bool, suffix: str,
