@@ -238,7 +238,7 @@ class Plan:
         self._report = report
         self._workspace_size = report.chosen.workspace_size or 0
         # run()'s checked calls; a host plan checks in full (its tensors are NumPy arrays).
-        self._calls = None if target.is_host else CallMemo()
+        self._calls = None if target.is_host else CallMemo(self._checked_launch)
 
     # -- selection ---------------------------------------------------------------------------
     @classmethod
@@ -465,7 +465,7 @@ class Plan:
         """
         calls = self._calls
         if calls is not None and self._impl is not None:
-            launch = calls.launch_for(args, workspace, stream, self._checked_launch)
+            launch = calls.launch_for(args, workspace, stream)
             if launch is not None:
                 launch()
                 return
@@ -498,7 +498,7 @@ class Plan:
         """Releases the plan's hold on its kernels; safe to call twice. Later use raises."""
         self._impl = None
         if self._calls is not None:
-            self._calls = CallMemo()  # drops every thread's launches with their recipes
+            self._calls = CallMemo(self._checked_launch)  # drops every thread's launches
 
     def __enter__(self) -> Plan:
         self._live_impl()

@@ -48,39 +48,41 @@ def test_same_facts_same_key_other_facts_other_key():
 
 def test_a_field_that_stops_being_none_is_not_missed():
     """The thread's remembered pattern for LinearArgs must not read a new pattern's call."""
-    memo = CallMemo()
     launches = []
 
     def checked(args, workspace, stream):
         launches.append(args)
         return lambda: None
 
+    memo = CallMemo(checked)
+
     plain = _args()
     with_residual = _args(residual=torch.rand(6, 5))
     for args in (plain, plain, with_residual, with_residual, plain):
-        memo.launch_for(args, None, 7, checked)
+        memo.launch_for(args, None, 7)
     assert launches == [plain, with_residual]
     assert len(memo.table()) == 2
 
 
 def test_other_strides_or_dtype_at_the_same_address_are_checked_again():
-    memo = CallMemo()
     checks = []
 
     def checked(args, workspace, stream):
         checks.append(1)
         return lambda: None
 
+    memo = CallMemo(checked)
+
     storage = torch.rand(40)
     x = storage[:24].view(6, 4)
     args = _args(x=x)
-    memo.launch_for(args, None, 7, checked)
-    memo.launch_for(args, None, 7, checked)
+    memo.launch_for(args, None, 7)
+    memo.launch_for(args, None, 7)
     strided = storage.as_strided((6, 4), (5, 1))
     assert strided.data_ptr() == x.data_ptr()
-    memo.launch_for(LinearArgs(strided, args.weight, args.bias, out=args.out), None, 7, checked)
+    memo.launch_for(LinearArgs(strided, args.weight, args.bias, out=args.out), None, 7)
     as_int = storage.view(torch.int32)[:24].view(6, 4)
-    memo.launch_for(LinearArgs(as_int, args.weight, args.bias, out=args.out), None, 7, checked)
+    memo.launch_for(LinearArgs(as_int, args.weight, args.bias, out=args.out), None, 7)
     assert len(checks) == 3
 
 
@@ -88,19 +90,20 @@ def test_torch_subclasses_are_launched_but_never_remembered():
     class Marked(torch.Tensor):
         pass
 
-    memo = CallMemo()
     checks = []
 
     def checked(args, workspace, stream):
         checks.append(1)
         return lambda: None
 
+    memo = CallMemo(checked)
+
     args = _args()
     marked = LinearArgs(args.x.as_subclass(Marked), args.weight, args.bias, out=args.out)
-    assert memo.launch_for(marked, None, 7, checked) is None  # no key: run() checks in full
-    memo.launch_for(args, None, 7, checked)  # the thread now reads LinearArgs the fast way
+    assert memo.launch_for(marked, None, 7) is None  # no key: run() checks in full
+    memo.launch_for(args, None, 7)  # the thread now reads LinearArgs the fast way
     for _ in range(2):  # same addresses and facts as the stored call, but not a plain tensor
-        assert memo.launch_for(marked, None, 7, checked) is not None
+        assert memo.launch_for(marked, None, 7) is not None
     assert len(checks) == 3 and len(memo.table()) == 1
 
 
@@ -113,4 +116,4 @@ def test_unreadable_calls_have_no_key():
     assert call_key(args, object(), 7) == (None, None)
     assert call_key(args, None, object()) == (None, None)
     assert call_key({"x": args.x}, None, 7) == (None, None)
-    assert CallMemo().launch_for({"x": args.x}, None, 7, lambda *a: 1 / 0) is None
+    assert CallMemo(lambda *a: 1 / 0).launch_for({"x": args.x}, None, 7) is None

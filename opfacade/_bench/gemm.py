@@ -135,7 +135,7 @@ def _host_overhead_row(repeats: int) -> BenchRow:
         "run_views": lambda: plan.run(views, workspace=ws, stream=stream),
         "prepared": plan.prepare(args, workspace=ws, stream=stream),
         # Where run()'s time goes: finding the checked launch without calling it.
-        "lookup": lambda: plan._calls.launch_for(args, buffer, stream, plan._checked_launch),
+        "lookup": lambda: plan._calls.launch_for(args, buffer, stream),
     }, calls=200, rounds=repeats)
     raw_us, raw_read_us, ours_us = us["raw"], us["raw_read"], us["run"]
     prepared_us, wrapped_us = us["prepared"], us["run_views"]

@@ -166,6 +166,7 @@ class _TorchCall:
     _interned: dict[tuple, _TorchCall] = {}
 
     def __init__(self, args_type: type, present: tuple[str, ...], absent: tuple[str, ...]):
+        _one_gpu()  # sets _read_current_device, which key() calls directly
         self.args_type = args_type
         self.tensors = _getter(present)
         self.absent = _getter(absent) if absent else None
@@ -181,10 +182,9 @@ class _TorchCall:
 
     def key(self, args: object, workspace: object, stream: object
             ) -> tuple[tuple, tuple] | tuple[None, None]:
-        """(key, tensors to guard) when ``args`` still has this pattern and the workspace and
-        stream read exactly, else (None, None)."""
-        if type(args) is not self.args_type:
-            return None, None
+        """(key, tensors to guard) when ``args`` (of this pattern's args type: the caller looked
+        the pattern up by it) still has this pattern and the workspace and stream read exactly,
+        else (None, None)."""
         try:
             if self.absent is not None and self.absent(args) != self.nones:
                 return None, None
@@ -213,7 +213,7 @@ class _TorchCall:
                 return None, None  # a stream object: the full path resolves it
         except Exception:  # a tensor without storage, a torch without CUDA: the full path
             return None, None
-        return (self, _current_device_now(), addresses, workspace_facts, handle), tensors
+        return (self, _read_current_device(), addresses, workspace_facts, handle), tensors
 
 
 def _getter(names: tuple[str, ...]) -> Callable[[object], tuple]:
@@ -322,31 +322,38 @@ class CallMemo:
     """Per-thread map from call_key to (launch, guard); bounded (full: it starts over, no LRU
     upkeep). Per thread because a launch holds this thread's library handles. Each thread also
     remembers the all-torch pattern of the last call per args type, so a repeated call reads its
-    key without looking at each field's type."""
+    key without looking at each field's type.
+
+    ``checked(args, workspace, stream)`` checks a call in full and returns its launch, holding no
+    user object; it raises the typed error for a bad call.
+    """
 
     CAPACITY = 256
 
-    def __init__(self) -> None:
+    def __init__(self, checked: Callable[[object, object, object], Callable[[], None]]) -> None:
+        self._checked = checked
         self._local = threading.local()
 
-    def table(self) -> dict[tuple, tuple]:
+    def _state(self) -> tuple[dict, dict]:
+        """This thread's (table, patterns)."""
         try:
-            return self._local.calls
+            return self._local.state
         except AttributeError:
-            self._local.calls, self._local.patterns = {}, {}
-            return self._local.calls
+            self._local.state = ({}, {})
+            return self._local.state
 
-    def launch_for(self, args: object, workspace: object, stream: object,
-                   checked: Callable[[object, object, object], Callable[[], None]]
+    def table(self) -> dict[tuple, tuple]:
+        return self._state()[0]
+
+    def launch_for(self, args: object, workspace: object, stream: object
                    ) -> Callable[[], None] | None:
-        """The launch stored for this call's key whose guard passes its tensors, else
-        ``checked(args, workspace, stream)``'s, stored with a guard built from them; None when
-        the call has no key (run() then checks in full)."""
-        local = self._local
+        """The launch stored for this call's key whose guard passes its tensors, else the
+        checked call's, stored with a guard built from them; None when the call has no key
+        (run() then checks in full)."""
         try:
-            table, patterns = local.calls, local.patterns
+            table, patterns = self._local.state
         except AttributeError:
-            table, patterns = self.table(), local.patterns
+            table, patterns = self._state()
         pattern = patterns.get(type(args))
         key = None
         if pattern is not None:
@@ -360,7 +367,7 @@ class CallMemo:
         entry = table.get(key)
         if entry is not None and (entry[1] is None or entry[1].check(*tensors)):
             return entry[0]
-        launch = checked(args, workspace, stream)  # raises the typed error: nothing is stored
+        launch = self._checked(args, workspace, stream)  # a bad call raises: nothing is stored
         if not all(type(t) in _TORCH_TYPES for t in tensors):
             return launch  # a torch subclass passed the full checks: launch it, remember nothing
         guard = _make_guard(_guard_class, tensors) if tensors else None
