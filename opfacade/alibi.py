@@ -25,7 +25,7 @@ from ._backends.reference.sku import ReferenceSku
 from ._internal.memory import OutputAllocator
 from ._internal.registry import register
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, TensorSpec
-from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
+from ._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlap, wrap
 from .errors import InvalidArgument, LayoutMismatch
 from .plan import plan_class
 from .types import ElementKind, OpCategory
@@ -108,12 +108,6 @@ class AlibiBackwardArgs:
     grad_slopes: Any = None
 
 
-def _check_args_type(args: Any, expected: type) -> None:
-    if not isinstance(args, expected):
-        raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
-                              argument="args")
-
-
 def _score_tensor(obj: Any, name: str, desc: _AlibiShape) -> TensorView:
     view = wrap(obj, name)
     expect(view, name, shape=desc.shape, element=desc.element)
@@ -133,7 +127,7 @@ def _required(obj: Any, name: str, why: str) -> Any:
 
 
 def _bind_forward(desc: AlibiForwardDescriptor, args: AlibiForwardArgs) -> BoundArgs:
-    _check_args_type(args, AlibiForwardArgs)
+    expect_args_type(args, AlibiForwardArgs)
     x = _score_tensor(args.input, "input", desc)
     slopes = _slope_tensor(args.slopes, "slopes", desc)
     if desc.in_place:
@@ -151,7 +145,7 @@ def _bind_forward(desc: AlibiForwardDescriptor, args: AlibiForwardArgs) -> Bound
 
 
 def _bind_backward(desc: AlibiBackwardDescriptor, args: AlibiBackwardArgs) -> BoundArgs:
-    _check_args_type(args, AlibiBackwardArgs)
+    expect_args_type(args, AlibiBackwardArgs)
     dy = _score_tensor(args.grad_output, "grad_output", desc)
     d_in = d_slopes = None
     if desc.need_input_grad:

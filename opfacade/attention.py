@@ -47,7 +47,13 @@ from ._backends.reference.sku import ReferenceSku
 from ._internal.memory import OutputAllocator
 from ._internal.registry import register
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, TensorSpec, Unfit
-from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
+from ._internal.tensors import (
+    TensorView,
+    expect,
+    expect_args_type,
+    expect_no_overlaps,
+    wrap,
+)
 from ._internal.validation import invalid_problem
 from .errors import InvalidArgument, InvalidProblem, LayoutMismatch, ShapeMismatch
 from .plan import plan_class
@@ -303,12 +309,6 @@ class AttentionBackwardArgs:
 # ----------------------------------------------------------------------------- binding
 
 
-def _check_args_type(args: Any, expected: type) -> None:
-    if not isinstance(args, expected):
-        raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
-                              argument="args")
-
-
 def _optional(obj: Any, name: str, wanted: bool, why: str, shape, element) -> TensorView | None:
     """The tensor when the descriptor asks for it (required then), else it must be None."""
     if not wanted:
@@ -352,30 +352,18 @@ def _common(desc: _AttentionProblem, args) -> dict[str, TensorView | None]:
     }
 
 
-def _no_overlaps(views: dict[str, TensorView | None], outputs: tuple[str, ...]) -> None:
-    """No output shares a byte with any other argument (spans computed once: this runs per call)."""
-    spans = {name: view.byte_span() for name, view in views.items() if view is not None}
-    for out_name in outputs:
-        if out_name not in spans:
-            continue
-        lo, hi = spans[out_name]
-        for name, (other_lo, other_hi) in spans.items():
-            if name != out_name and lo < other_hi and other_lo < hi:
-                expect_no_overlap(views[out_name], out_name, views[name], name)
-
-
 def _bind_forward(desc: AttentionDescriptor, args: AttentionArgs) -> BoundArgs:
-    _check_args_type(args, AttentionArgs)
+    expect_args_type(args, AttentionArgs)
     views = _common(desc, args)
     views["stats"] = _optional(args.stats, "stats", desc.save_stats, "save_stats is True",
                                desc.stats_shape, desc.stats_element)
     outputs = ("out", "stats")
-    _no_overlaps(views, outputs)
+    expect_no_overlaps(views, outputs)
     return BoundArgs(views, outputs=outputs)
 
 
 def _bind_backward(desc: AttentionBackwardDescriptor, args: AttentionBackwardArgs) -> BoundArgs:
-    _check_args_type(args, AttentionBackwardArgs)
+    expect_args_type(args, AttentionBackwardArgs)
     views = _common(desc, args)
     views["grad_out"] = _tensor(args.grad_out, "grad_out", desc.o_shape, desc.element)
     views["stats"] = _tensor(args.stats, "stats", desc.stats_shape, desc.stats_element)
@@ -385,7 +373,7 @@ def _bind_backward(desc: AttentionBackwardDescriptor, args: AttentionBackwardArg
     views["grad_bias"] = _optional(args.grad_bias, "grad_bias", desc.need_bias_grad,
                                    "need_bias_grad is True", desc.bias_shape, desc.element)
     outputs = ("grad_q", "grad_k", "grad_v", "grad_bias")
-    _no_overlaps(views, outputs)
+    expect_no_overlaps(views, outputs)
     return BoundArgs(views, outputs=outputs)
 
 

@@ -37,7 +37,13 @@ from ._backends.reference.sku import ReferenceSku
 from ._internal.memory import OutputAllocator
 from ._internal.registry import register
 from ._internal.sku import BoundArgs, Descriptor, OpSpec, TensorSpec
-from ._internal.tensors import TensorView, expect, expect_no_overlap, wrap
+from ._internal.tensors import (
+    TensorView,
+    expect,
+    expect_args_type,
+    expect_no_overlaps,
+    wrap,
+)
 from .errors import InvalidArgument, InvalidProblem, ShapeMismatch
 from .plan import Plan, plan_class
 from .types import ElementKind, OpCategory
@@ -193,12 +199,6 @@ class LinearBackwardArgs:
 
 # -- binding: shapes, types, presence and aliasing, each error naming the argument -------------
 
-def _check_args_type(args: Any, expected: type) -> None:
-    if not isinstance(args, expected):
-        raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
-                              argument="args")
-
-
 def _describe(desc: _LinearShape, name: str) -> str:
     """The expected shape in words, for error messages."""
     lead = "batch, " if desc.batch is not None else ""
@@ -234,34 +234,8 @@ def _optional(obj: Any, name: str, wanted: bool, why: str, make) -> TensorView |
     return None
 
 
-def _span(view: TensorView) -> tuple[int, int]:
-    """``view.byte_span()`` for the common case of non-negative strides, faster."""
-    reach = 0
-    for extent, stride in zip(view.shape, view.strides, strict=True):
-        if stride < 0:
-            return view.byte_span()
-        reach += (extent - 1) * stride
-    return view.ptr, view.ptr + (reach + 1) * view.element.itemsize
-
-
-def _no_overlaps(outputs: dict, inputs: dict) -> None:
-    """No output shares a byte with an input or another output (spans computed once each)."""
-    spans = {name: _span(view) for name, view in (*inputs.items(), *outputs.items())
-             if view is not None}
-    names = list(spans)
-    for i, name in enumerate(names):
-        if name not in outputs:
-            continue
-        lo, hi = spans[name]
-        for other in names[:i] + [n for n in names[i + 1:] if n not in outputs]:
-            other_lo, other_hi = spans[other]
-            if lo < other_hi and other_lo < hi and lo < hi and other_lo < other_hi:
-                view, seen = outputs[name], outputs.get(other) or inputs[other]
-                expect_no_overlap(view, name, seen, other)  # raises the standard error
-
-
 def _bind_forward(desc: LinearDescriptor, args: LinearArgs) -> BoundArgs:
-    _check_args_type(args, LinearArgs)
+    expect_args_type(args, LinearArgs)
     e = desc.element
     x = _tensor(args.x, "x", desc, desc.x_shape, e)
     w = _tensor(args.weight, "weight", desc, desc.weight_shape, e)
@@ -277,13 +251,13 @@ def _bind_forward(desc: LinearDescriptor, args: LinearArgs) -> BoundArgs:
     inputs = {"x": x, "weight": w, "bias": bias}
     if residual is not None and not residual.same_layout(out):  # out += ... in place is fine
         inputs["residual"] = residual  # (an in-place residual is out, which aux is checked against)
-    _no_overlaps({"out": out, "aux": aux}, inputs)
+    expect_no_overlaps({**inputs, "out": out, "aux": aux}, ("out", "aux"))
     return BoundArgs({"x": x, "weight": w, "bias": bias, "residual": residual, "out": out,
                       "aux": aux}, outputs=("out", "aux"))
 
 
 def _bind_backward(desc: LinearBackwardDescriptor, args: LinearBackwardArgs) -> BoundArgs:
-    _check_args_type(args, LinearBackwardArgs)
+    expect_args_type(args, LinearBackwardArgs)
     e = desc.element
     grad_out = _tensor(args.grad_out, "grad_out", desc, desc.out_shape, e)
     x = _tensor(args.x, "x", desc, desc.x_shape, e)
@@ -305,7 +279,8 @@ def _bind_backward(desc: LinearBackwardDescriptor, args: LinearBackwardArgs) -> 
                               "when need_pre_grad",
                               lambda o: _tensor(o, "grad_pre", desc, desc.out_shape, e)),
     }
-    _no_overlaps(outputs, {"grad_out": grad_out, "x": x, "weight": w, "aux": aux})
+    expect_no_overlaps({"grad_out": grad_out, "x": x, "weight": w, "aux": aux, **outputs},
+                       tuple(outputs))
     return BoundArgs({"grad_out": grad_out, "x": x, "weight": w, "aux": aux, **outputs},
                      outputs=tuple(outputs))
 

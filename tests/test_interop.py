@@ -27,7 +27,9 @@ from opfacade._internal.tensors import (
     as_numpy,
     expect,
     expect_aligned,
+    expect_args_type,
     expect_no_overlap,
+    expect_no_overlaps,
     expect_writable,
     wrap,
 )
@@ -479,6 +481,28 @@ def test_expect_aligned():
     expect_aligned(view_of((4,), (1,), ptr=0x1000), "q", 16)
     error = raises(LayoutMismatch, "q", expect_aligned, view_of((4,), (1,), ptr=0x1004), "q", 16)
     assert "0x1004" in str(error) and "16-byte" in str(error)
+
+
+def test_expect_no_overlaps_checks_every_output_against_every_other_argument():
+    base = np.zeros(32, dtype=np.float32)
+    x, w = wrap(base[:8], "x"), wrap(base[8:16], "w")
+    out, aux = wrap(base[16:24], "out"), wrap(base[24:], "aux")
+    expect_no_overlaps({"x": x, "w": w, "bias": None, "out": out, "aux": aux}, ("out", "aux"))
+    error = raises(LayoutMismatch, "out", expect_no_overlaps,
+                   {"x": x, "w": wrap(base[12:20], "w"), "out": out}, ("out",))
+    assert "out overlaps w" in str(error)
+    error = raises(LayoutMismatch, "grad_q", expect_no_overlaps,
+                   {"q": x, "grad_q": out, "grad_k": wrap(base[20:28], "grad_k")},
+                   ("grad_q", "grad_k"))
+    assert "grad_q overlaps grad_k" in str(error)  # the pair is named once, in output order
+    empty = wrap(base[16:16], "out")
+    expect_no_overlaps({"x": wrap(base[:24], "x"), "out": empty}, ("out",))
+
+
+def test_expect_args_type():
+    expect_args_type(types.SimpleNamespace(), types.SimpleNamespace)
+    error = raises(InvalidArgument, "args", expect_args_type, {"x": 1}, types.SimpleNamespace)
+    assert "args must be SimpleNamespace, got dict" in str(error)
 
 
 def test_expect_no_overlap_and_writable():

@@ -38,7 +38,9 @@ __all__ = [
     "type_name",
     "expect",
     "expect_aligned",
+    "expect_args_type",
     "expect_no_overlap",
+    "expect_no_overlaps",
     "expect_writable",
 ]
 
@@ -699,6 +701,29 @@ def expect_no_overlap(
             f"{out_hi:#x}), {in_name} spans [{in_lo:#x}, {in_hi:#x})); pass separate buffers",
             argument=out_name,
         )
+
+
+def expect_no_overlaps(views: dict[str, TensorView | None], outputs: tuple[str, ...]) -> None:
+    """Checks that no output shares a byte with any other argument in ``views`` (absent ones
+    None). Each span is computed once and each pair compared once, outputs in order: this runs
+    on every checked call."""
+    spans = {name: view.byte_span() for name, view in views.items() if view is not None}
+    compared: set[str] = set()
+    for name in outputs:
+        if name not in spans:
+            continue
+        compared.add(name)
+        lo, hi = spans[name]
+        for other, (other_lo, other_hi) in spans.items():
+            if other not in compared and lo < other_hi and other_lo < hi:
+                expect_no_overlap(views[name], name, views[other], other)  # raises if they do
+
+
+def expect_args_type(args: object, expected: type) -> None:
+    """Checks that an op's arguments came in its args class (LinearArgs, AttentionArgs, ...)."""
+    if not isinstance(args, expected):
+        raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
+                              argument="args")
 
 
 def expect_writable(view: TensorView, name: str) -> None:
