@@ -632,7 +632,7 @@ def test_cudnn_not_supported_becomes_a_rejection_naming_the_version(monkeypatch)
             calls.append("finish")
             raise cudnn.cudnnGraphNotSupportedError("no engine for this graph")
 
-    monkeypatch.setattr(graphs, "_on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(graphs, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(runtime, "handle_for", lambda device: None)
     monkeypatch.setattr(graphs, "declare_forward", lambda desc, handle, variant: Refusing())
     graphs.GRAPHS.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from functools import cache
 
 from ..errors import BackendUnavailable, InvalidArgument
@@ -27,6 +28,22 @@ def device_count() -> int:
 
 def current_device() -> int:
     return _runtime().getDevice()
+
+
+@contextlib.contextmanager
+def on_device(device: int):
+    """Makes ``device`` current for the block (the libraries bind and launch on the current
+    device), and restores the previous one after it."""
+    runtime = _runtime()
+    previous = runtime.getDevice()
+    if previous == device:
+        yield
+        return
+    runtime.setDevice(device)
+    try:
+        yield
+    finally:
+        runtime.setDevice(previous)
 
 
 def check_ordinal(device: int) -> int:

@@ -9,9 +9,9 @@ ABI), so that tables can be written and tested without importing nvmath;
 
 from __future__ import annotations
 
-import contextlib
 from functools import cache
 
+from ..._internal.device import on_device
 from ..._internal.handles import PerThreadHandles
 from ...errors import BackendUnavailable, LaunchFailed, Unsupported
 from ...types import ElementKind
@@ -92,23 +92,6 @@ def checked(what: str, call, *args):
         if type(error).__name__ == "NotSupportedError":  # the library or driver cannot load
             raise BackendUnavailable(f"{what}: cuBLASLt cannot be loaded ({error})") from error
         raise
-
-
-@contextlib.contextmanager
-def on_device(device: int):
-    """Makes ``device`` current for the block, and restores the previous one after it."""
-    import cupy
-
-    runtime = cupy.cuda.runtime
-    previous = runtime.getDevice()
-    if previous == device:
-        yield
-        return
-    runtime.setDevice(device)
-    try:
-        yield
-    finally:
-        runtime.setDevice(previous)
 
 
 def _create(device: int) -> int:

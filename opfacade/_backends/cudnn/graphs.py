@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from ..._internal.device import on_device
 from ...types import ElementKind
 from . import runtime
 from .limits import format_version
@@ -322,13 +323,6 @@ class GraphCache:
             self._entries.clear()
 
 
-def _on_device(device: int):
-    """A context in which ``device`` is current (graphs and handles bind the current one)."""
-    import cupy
-
-    return cupy.cuda.Device(device)
-
-
 def _build(direction: str, desc, device: int, variant: bool) -> BuiltGraph | Declined:
     missing = runtime.available()
     if missing is not None:
@@ -336,7 +330,7 @@ def _build(direction: str, desc, device: int, variant: bool) -> BuiltGraph | Dec
     where = f"cuDNN {format_version(runtime.backend_version())}"
     declines = runtime.not_supported_types()
     try:
-        with _on_device(device):
+        with on_device(device):  # graphs and handles bind the current device
             handle = runtime.handle_for(device)
             declare = declare_forward if direction == "forward" else declare_backward
             return declare(desc, handle, variant).finish()

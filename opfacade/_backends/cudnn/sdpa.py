@@ -14,6 +14,7 @@ target-less ``unfit``/``workspace_size``, which use the current device when a GP
 
 from __future__ import annotations
 
+from ..._internal.device import on_device
 from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
 from ...errors import BufferTooSmall, LayoutMismatch, Unsupported
@@ -214,7 +215,7 @@ class _SdpaCudnn(SkuImpl):
         if runtime.current_device() != device:
             def run_on_its_device() -> None:
                 set_stream(handle, stream)
-                with graphs._on_device(device):  # cuDNN launches on the current device
+                with on_device(device):  # cuDNN launches on the current device
                     built.launch(pointers, workspace.ptr, handle)
 
             return run_on_its_device
