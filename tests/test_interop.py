@@ -602,10 +602,16 @@ def fake_cupy(current_stream=777, with_from_external=True):
         allocations.append((nbytes, FakeDevice.entered[-1]))
         return types.SimpleNamespace(ptr=0xABC000, size=nbytes)
 
+    asked = []
+
+    def get_current_stream(device_id=-1):
+        asked.append(FakeDevice.entered[-1] if device_id == -1 else device_id)
+        return types.SimpleNamespace(ptr=current_stream)
+
     module.cuda = types.SimpleNamespace(
         Device=FakeDevice, Stream=Stream, ExternalStream=Stream, alloc=alloc,
-        get_current_stream=lambda: types.SimpleNamespace(ptr=current_stream))
-    module.made, module.allocations = made, allocations
+        get_current_stream=get_current_stream)
+    module.made, module.allocations, module.asked = made, allocations, asked
     return module
 
 
@@ -627,10 +633,14 @@ def test_default_stream_from_torch_and_cupy(monkeypatch, cupy_module):
         return types.SimpleNamespace(cuda_stream=4242)
 
     fake_torch = types.ModuleType("torch")
+    fake_torch._C = types.SimpleNamespace()  # a torch without the raw-stream shortcut
     fake_torch.cuda = types.SimpleNamespace(current_stream=current_stream)
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     assert resolve_stream(None, "torch", 1) == 4242 and asked == [1]
-    assert resolve_stream(None, "cupy", 2) == 777 and FakeDevice.entered == [2]
+    fake_torch._C._cuda_getCurrentRawStream = lambda device: asked.append(device) or 4343
+    assert resolve_stream(None, "torch", 3) == 4343 and asked == [1, 3]
+    # CuPy's current stream of device 2, not of whichever device is current.
+    assert resolve_stream(None, "cupy", 2) == 777 and cupy_module.asked == [2]
 
 
 def test_owning_package():

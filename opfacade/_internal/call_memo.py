@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 from .device import current_device, device_count
 from .sku import Workspace
+from .streams import current_cupy_stream, current_torch_stream
 from .tensors import TensorView
 
 __all__ = ["CallMemo", "call_key"]
@@ -78,16 +79,6 @@ def _current_device_now() -> int:
     if _read_current_device is None:
         _one_gpu()
     return _read_current_device()
-
-
-def _current_torch_stream(device: int) -> int:
-    torch = sys.modules["torch"]
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
-def _current_cupy_stream(device: int) -> int:
-    return sys.modules["cupy"].cuda.get_current_stream(device).ptr
 
 
 # -- torch's C++ tensor guard ---------------------------------------------------------------------
@@ -208,7 +199,7 @@ class _TorchCall:
                 device = 0 if _one_gpu() else tensors[0].get_device()
                 if device < 0:
                     return None, None  # host tensors on a GPU plan: the full path says why
-                handle = _current_torch_stream(device)
+                handle = current_torch_stream(device)
             else:
                 return None, None  # a stream object: the full path resolves it
         except Exception:  # a tensor without storage, a torch without CUDA: the full path
@@ -288,10 +279,10 @@ def _mixed_key(args: object, values, workspace: object, stream: object
                 v for v in values if type(v) in _TORCH_TYPES)).get_device()
             if device < 0:
                 return None, None  # host tensors on a GPU plan: the full path says why
-            append(_current_torch_stream(device))
+            append(current_torch_stream(device))
         elif stream is None and owners == 2:
             device = next(fact[4] for fact in facts[2:] if type(fact) is tuple)
-            append(_current_cupy_stream(device))
+            append(current_cupy_stream(device))
         else:
             return None, None  # a stream object, torch and CuPy together: the full path
     except Exception:  # a tensor without storage, a torch without CUDA: the full path says why

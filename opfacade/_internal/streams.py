@@ -12,12 +12,16 @@ Host tensors (``device=None``) need no stream: ``None`` resolves to 0 without as
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Iterable
 
 from ..errors import InvalidArgument
 from .tensors import TensorView, type_name
 
-__all__ = ["resolve_stream", "owning_package", "cupy_stream"]
+__all__ = [
+    "current_cupy_stream", "current_torch_stream", "cupy_stream", "owning_package",
+    "resolve_stream",
+]
 
 # Packages with a notion of a "current stream", in the order they win when the caller passed one.
 _CURRENT_STREAM_OWNERS = ("torch", "cupy")
@@ -77,15 +81,24 @@ def resolve_stream(stream: object, package: str, device: int | None) -> int:
 
 def _current_stream(package: str, device: int) -> int:
     if package == "torch":
-        import torch
-
-        return int(torch.cuda.current_stream(device).cuda_stream)
+        return current_torch_stream(device)
     if package == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(device):
-            return int(cupy.cuda.get_current_stream().ptr)
+        return current_cupy_stream(device)
     return 0  # jax, numpy, dlpack, cuda_array_interface: the legacy default stream
+
+
+# The two readers of a package's current stream. run()'s memo calls them on every call, so they
+# take the package from sys.modules (the caller's tensors prove it is imported).
+def current_torch_stream(device: int) -> int:
+    """torch's current stream on ``device``, read the cheap way when torch has it."""
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def current_cupy_stream(device: int) -> int:
+    """CuPy's current stream on ``device``."""
+    return sys.modules["cupy"].cuda.get_current_stream(device).ptr
 
 
 def owning_package(views: Iterable[TensorView], stream: object = None) -> str:
