@@ -153,12 +153,11 @@ class _TorchCall:
     addresses out of one map, both in C, and torch's guard checks the rest. Interned, so that a
     key can hold it."""
 
-    __slots__ = ("args_type", "tensors", "absent", "nones")
+    __slots__ = ("tensors", "absent", "nones")
     _interned: dict[tuple, _TorchCall] = {}
 
-    def __init__(self, args_type: type, present: tuple[str, ...], absent: tuple[str, ...]):
+    def __init__(self, present: tuple[str, ...], absent: tuple[str, ...]):
         _one_gpu()  # sets _read_current_device, which key() calls directly
-        self.args_type = args_type
         self.tensors = _getter(present)
         self.absent = _getter(absent) if absent else None
         self.nones = (None,) * len(absent)
@@ -168,7 +167,7 @@ class _TorchCall:
         shape = (args_type, present, absent)
         found = cls._interned.get(shape)
         if found is None:
-            found = cls._interned.setdefault(shape, cls(args_type, present, absent))
+            found = cls._interned.setdefault(shape, cls(present, absent))
         return found
 
     def key(self, args: object, workspace: object, stream: object

@@ -278,19 +278,17 @@ class _LinearCublasLt(SkuImpl):
 
     def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
         """One checked call: the recipe's shared descriptors, nothing built for it."""
-        views = args.views
-        device = views[self.fixed_views[0]].device
-        recipe = self._recipe(desc, views, workspace)
+        device = args.device
+        recipe = self._recipe(desc, args.views, workspace)
         with library.on_device(device):
-            recipe.run(library.handle(device), views, workspace, stream)
+            recipe.run(library.handle(device), args.views, workspace, stream)
 
     def prepared(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None):
         import cupy
 
-        views = args.views
-        device = views[self.fixed_views[0]].device
-        recipe = self._recipe(desc, views, workspace)
-        run = recipe.bind(library.handle(device), views, workspace, stream)
+        device = args.device
+        recipe = self._recipe(desc, args.views, workspace)
+        run = recipe.bind(library.handle(device), args.views, workspace, stream)
         if cupy.cuda.runtime.getDevice() == device:
             return run
 

@@ -2,9 +2,11 @@
 
 Everything that does not change between runs is built here: the matmul descriptor with its
 transposes, epilogue, leading dimension and batch stride of the aux; the four matrix layouts; the
-heuristic query under a workspace limit and a reduction-scheme mask. ``run`` then sets only the
-pointer attributes that changed (bias, aux) and calls cublasLtMatmul. The descriptor is shared by
-every thread using the plan, so setting those pointers and launching happen under one lock.
+heuristic query under a workspace limit and a reduction-scheme mask. ``run`` (a one-off call)
+sets only the pointer attributes that changed (bias, aux) on that descriptor and calls
+cublasLtMatmul; the descriptor is shared by every thread using the plan, so setting those
+pointers and launching happen under one lock. ``bind`` (a call made again and again) gives the
+call a descriptor of its own instead, so it needs no lock.
 """
 
 from __future__ import annotations
@@ -277,9 +279,8 @@ class Matmul:
         The bias and aux pointers live on the shared descriptor (which the split-K variants and
         every thread use), so setting them and enqueueing happen under one lock.
         """
-        arguments = (lt_handle, self.desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
-                     self.beta_ptr, c, self.c_layout, d, self.d_layout, self._algo_ptr, workspace,
-                     workspace_size, stream)
+        arguments = self._arguments(self.desc, lt_handle, a, b, c, d, workspace, workspace_size,
+                                    stream)
         with self._lock:
             try:
                 self._point_epilogue(bias, aux)
@@ -299,6 +300,13 @@ class Matmul:
             lt.matmul_desc_set_attribute(self.desc, self._aux_attr, self._pointer_ptr, 8)
             current[1] = aux
 
+    def _arguments(self, desc: int, lt_handle: int, a: int, b: int, c: int, d: int,
+                   workspace: int, workspace_size: int, stream: int) -> tuple:
+        """cublasLtMatmul's arguments, in its order, on descriptor ``desc``."""
+        return (lt_handle, desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
+                self.beta_ptr, c, self.c_layout, d, self.d_layout, self._algo_ptr, workspace,
+                workspace_size, stream)
+
     def _failed(self, error: Exception) -> LaunchFailed:
         return LaunchFailed(f"{self.what} ({self.info}) failed on cuda:{self.device}: {error}")
 
@@ -314,9 +322,8 @@ class Matmul:
         if self._bias_attr is not None or self._aux_attr is not None:
             own = _OwnedDesc(self._lt, self._new_desc(bias, aux))
             desc = own.desc
-        arguments = (lt_handle, desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
-                     self.beta_ptr, c, self.c_layout, d, self.d_layout, self._algo_ptr, workspace,
-                     workspace_size, stream)
+        arguments = self._arguments(desc, lt_handle, a, b, c, d, workspace, workspace_size,
+                                    stream)
         matmul, failed = self._lt.matmul, self._failed  # holds self: layouts and algo live on
 
         def enqueue() -> None:
