@@ -12,41 +12,40 @@
 // The sums take d_pre before it is rounded to T: dbias is then the exact column sum of what the
 // activation's derivative gives, to f32 accumulation.
 #include "common.cuh"
+#include "activations.cuh"
 
 #define OPFACADE_WARPS 8
 
-struct GeluTanh {
-    // d/dx of 0.5 x (1 + tanh(k0 (x + k1 x^3))).
-    static __device__ __forceinline__ float derivative(float x) {
-        const float k0 = 0.7978845608028654f, k1 = 0.044715f;
-        const float x2 = x * x;
-        const float t = tanhf(k0 * x * (1.0f + k1 * x2));
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k0 * (1.0f + 3.0f * k1 * x2);
+// act'(pre) for the pack's columns j0 .. j0 + N - 1 of one row (zeros past the end), from the
+// saved pre-activation.
+template <typename Act>
+struct FromPre {
+    template <typename T>
+    static __device__ __forceinline__ void slopes(float (&slope)[Pack<T>::N], const void* aux,
+                                                  i64 r, i64 ld_aux, int j0, int n, bool vec) {
+        Pack<T> pre;
+        load_pack(pre, static_cast<const T*>(aux) + r * ld_aux, j0, n, vec);
+#pragma unroll
+        for (int e = 0; e < Pack<T>::N; ++e) slope[e] = Act::derivative(Math<T>::up(pre.v[e]));
     }
 };
 
-// Loads act'(pre) for the pack's columns j0 .. j0 + N - 1 of one row (zeros past the end).
-template <typename T>
-__device__ __forceinline__ void gelu_slopes(float (&slope)[Pack<T>::N], const T* aux_row, int j0,
-                                            int n, bool vec) {
-    Pack<T> pre;
-    load_pack(pre, aux_row, j0, n, vec);
+// cuBLASLt's ReLU aux: bit j of a row is bit (j % 8) of byte j / 8 (row stride in bytes); set
+// where pre > 0.
+struct FromReluMask {
+    template <typename T>
+    static __device__ __forceinline__ void slopes(float (&slope)[Pack<T>::N], const void* aux,
+                                                  i64 r, i64 ld_aux, int j0, int n, bool) {
+        const unsigned char* mask_row = static_cast<const unsigned char*>(aux) + r * ld_aux;
 #pragma unroll
-    for (int e = 0; e < Pack<T>::N; ++e) slope[e] = GeluTanh::derivative(Math<T>::up(pre.v[e]));
-}
-
-// cuBLASLt's ReLU aux: bit j of a row is bit (j % 8) of byte j / 8; set where pre > 0.
-template <typename T>
-__device__ __forceinline__ void relu_slopes(float (&slope)[Pack<T>::N],
-                                            const unsigned char* mask_row, int j0, int n) {
-#pragma unroll
-    for (int e = 0; e < Pack<T>::N; ++e) {
-        const int j = j0 + e;
-        slope[e] = (j < n && ((mask_row[j >> 3] >> (j & 7)) & 1)) ? 1.0f : 0.0f;
+        for (int e = 0; e < Pack<T>::N; ++e) {
+            const int j = j0 + e;
+            slope[e] = (j < n && ((mask_row[j >> 3] >> (j & 7)) & 1)) ? 1.0f : 0.0f;
+        }
     }
-}
+};
 
-template <typename T, bool RELU>
+template <typename T, typename Slopes>
 __device__ __forceinline__ void activation_grad(
     const T* __restrict__ grad_out, const void* __restrict__ aux, T* __restrict__ d_pre,
     float* __restrict__ partials, i64 rows, int n, i64 ld_grad, i64 ld_aux, i64 ld_pre,
@@ -65,11 +64,7 @@ __device__ __forceinline__ void activation_grad(
             Pack<T> g, d;
             load_pack(g, grad_out + r * ld_grad, j0, n, vec);
             float slope[P];
-            if (RELU) {
-                relu_slopes<T>(slope, static_cast<const unsigned char*>(aux) + r * ld_aux, j0, n);
-            } else {
-                gelu_slopes<T>(slope, static_cast<const T*>(aux) + r * ld_aux, j0, n, vec);
-            }
+            Slopes::template slopes<T>(slope, aux, r, ld_aux, j0, n, vec);
 #pragma unroll
             for (int e = 0; e < P; ++e) {
                 const float value = Math<T>::up(g.v[e]) * slope[e];
@@ -104,19 +99,20 @@ __device__ __forceinline__ void bias_grad_finalize(const float* __restrict__ par
     grad_bias[j] = Math<T>::down(total);
 }
 
+// One d_pre kernel per (activation, element): linear_d<activation>_<element>.
+#define OPFACADE_D_PRE_KERNEL(NAME, SUFFIX, T, SLOPES)                                         \
+    extern "C" __global__ void __launch_bounds__(256) linear_d##NAME##_##SUFFIX(                 \
+        const T* grad_out, const void* aux, T* d_pre, float* partials, i64 rows, int n,          \
+        i64 ld_grad, i64 ld_aux, i64 ld_pre, int rows_per_chunk, int vec) {                       \
+        activation_grad<T, SLOPES>(grad_out, aux, d_pre, partials, rows, n, ld_grad, ld_aux,     \
+                                   ld_pre, rows_per_chunk, vec);                                 \
+    }
+
 #define OPFACADE_LINEAR_GRAD_KERNELS(SUFFIX, T)                                                  \
-    extern "C" __global__ void __launch_bounds__(256) linear_dgelu_tanh_##SUFFIX(                \
-        const T* grad_out, const T* aux, T* d_pre, float* partials, i64 rows, int n,             \
-        i64 ld_grad, i64 ld_aux, i64 ld_pre, int rows_per_chunk, int vec) {                       \
-        activation_grad<T, false>(grad_out, aux, d_pre, partials, rows, n, ld_grad, ld_aux,      \
-                                  ld_pre, rows_per_chunk, vec);                                  \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) linear_drelu_##SUFFIX(                     \
-        const T* grad_out, const unsigned char* aux, T* d_pre, float* partials, i64 rows, int n, \
-        i64 ld_grad, i64 ld_aux, i64 ld_pre, int rows_per_chunk, int vec) {                       \
-        activation_grad<T, true>(grad_out, aux, d_pre, partials, rows, n, ld_grad, ld_aux,       \
-                                 ld_pre, rows_per_chunk, vec);                                   \
-    }                                                                                             \
+    OPFACADE_D_PRE_KERNEL(gelu_tanh, SUFFIX, T, FromPre<GeluTanh>)                               \
+    OPFACADE_D_PRE_KERNEL(gelu_erf, SUFFIX, T, FromPre<GeluErf>)                                 \
+    OPFACADE_D_PRE_KERNEL(silu, SUFFIX, T, FromPre<Silu>)                                        \
+    OPFACADE_D_PRE_KERNEL(relu, SUFFIX, T, FromReluMask)                                         \
     extern "C" __global__ void __launch_bounds__(256) linear_bias_grad_finalize_##SUFFIX(        \
         const float* partials, T* grad_bias, int n, int chunks) {                                 \
         bias_grad_finalize<T>(partials, grad_bias, n, chunks);                                    \

@@ -7,12 +7,14 @@
 ``x`` is ``[M, K]`` or ``[batch, M, K]``; the weight is ``[K, N]`` ("kn") or ``[N, K]`` ("nk",
 nn.Linear's layout, the default), one per batch entry (``weight_batched``) or one for the whole
 batch; ``bias`` is ``[N]``; ``residual`` has the output's shape and enters before the activation,
-as cuBLASLt's ``beta * C`` does. Activations: none, relu, gelu_tanh (cuBLASLt's GELU), and
-gelu_erf and silu, which only the float64 reference serves. ``tf32=True`` lets f32 problems use
+as cuBLASLt's ``beta * C`` does. Activations: none, relu, gelu_tanh (cuBLASLt's GELU) fused into
+the GEMM's epilogue; gelu_erf (torch's default GELU) and silu, which cuBLASLt has no epilogue
+for, in a separate element-wise pass after the GEMM (one more rounding, declared in that SKU's
+bound). ``tf32=True`` lets f32 problems use
 TF32 tensor cores (the TF32 SKU's guarantee says what that costs).
 
-The aux a training forward saves (``save_aux``) is the pre-activation for GELU, and cuBLASLt's
-ReLU bit-mask (``u8 [.., M, ceil(N / 128) * 16]``) for ReLU; see
+The aux a training forward saves (``save_aux``) is the pre-activation for GELU and SiLU, and
+cuBLASLt's ReLU bit-mask (``u8 [.., M, ceil(N / 128) * 16]``) for ReLU; see
 ``_backends/cublaslt/epilogues.py`` for the exact layout. ``Plan.select_for_training`` on a
 forward descriptor selects the matching backward with it.
 
@@ -341,9 +343,10 @@ def _backward_signature(desc: LinearBackwardDescriptor) -> dict[str, TensorSpec]
     return signature
 
 
-# M, N and K all different and mostly odd, every layout and batch mode. A saved GELU aux needs
-# N % 8 == 0 (its rows must be 16-byte aligned); the ReLU mask is u8, which verify does not
-# generate, so ReLU training is checked by its own GPU test.
+# M, N and K all different and mostly odd, every layout and batch mode. A saved GELU or SiLU aux
+# needs N % 8 == 0 (its rows must be 16-byte aligned); the ReLU mask is u8, which verify does not
+# generate, so ReLU training is checked by its own GPU test. gelu_erf and silu exercise the
+# separate activation pass: from a saved aux, and in place in a batch with a residual.
 _FORWARD_SAMPLES = (
     dict(m=37, n=72, k=56, weight_layout="kn", activation="gelu_tanh", save_aux=True),
     dict(m=33, n=65, k=47, weight_layout="nk", activation="relu"),
@@ -353,6 +356,9 @@ _FORWARD_SAMPLES = (
     dict(m=31, n=48, k=72, batch=2, weight_layout="kn", activation="relu", residual=True),
     dict(m=9, n=33, k=20, batch=4, weight_batched=True, weight_layout="kn"),
     dict(m=256, n=512, k=384, activation="gelu_tanh", save_aux=True),
+    dict(m=45, n=80, k=36, activation="gelu_erf", save_aux=True),
+    dict(m=23, n=56, k=40, batch=2, weight_layout="kn", activation="silu", residual=True),
+    dict(m=19, n=33, k=24, activation="gelu_erf"),
 )
 _BACKWARD_SAMPLES = (
     dict(m=37, n=72, k=56, weight_layout="kn", activation="gelu_tanh"),
@@ -363,6 +369,8 @@ _BACKWARD_SAMPLES = (
     dict(m=9, n=33, k=20, batch=4, weight_batched=True, weight_layout="kn"),
     dict(m=40, n=64, k=32, activation="gelu_tanh", need_pre_grad=True, need_input_grad=False),
     dict(m=256, n=512, k=384, activation="gelu_tanh"),
+    dict(m=45, n=80, k=36, activation="gelu_erf"),
+    dict(m=23, n=56, k=40, batch=2, weight_layout="kn", activation="silu"),
 )
 
 
@@ -465,7 +473,8 @@ def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
 
 
 def _aux_buffer(desc: _LinearShape, allocate):
-    """An aux whose rows cuBLASLt accepts: GELU rows padded to 8 elements, returned as a view."""
+    """An aux whose rows cuBLASLt accepts: pre-activation rows padded to 8 elements, returned as
+    a view."""
     if desc.activation == "relu" or desc.n % 8 == 0:
         return allocate(desc.aux_shape, desc.aux_element)
     padded = allocate((*desc.lead, desc.m, -(-desc.n // 8) * 8), desc.aux_element)

@@ -28,8 +28,10 @@ from opfacade import (
     Workspace,
 )
 from opfacade._backends.cublaslt import epilogues, layouts, library, linear, matmul
-from opfacade._backends.nvrtc import linear_grad
+from opfacade._backends.nvrtc import linear_act, linear_grad
 from opfacade._backends.reference import gemm_backward, gemm_forward
+from opfacade._backends.reference.gemm import activation as reference_activation
+from opfacade._backends.reference.gemm import activation_grad as reference_activation_grad
 from opfacade._internal.device import device_count
 from opfacade._internal.sku import BoundArgs
 from opfacade._internal.tensors import TensorView
@@ -128,16 +130,24 @@ def test_deterministic_preference_picks_the_restricted_sku():
     assert Plan.select(gelu_bf16(), arch="sm90").sku.id == "linear_forward.cublaslt.bf16"
 
 
-def test_gelu_erf_and_silu_are_honestly_unsupported_on_cublaslt():
+def test_gelu_erf_and_silu_run_as_a_separate_pass_and_explain_says_why():
     for activation in ("gelu_erf", "silu"):
         desc = LinearDescriptor(m=8, n=8, k=8, element="f16", activation=activation)
         report = Plan.explain(desc, arch="sm90")
         verdict = next(v for v in report.verdicts if v.sku.id == "linear_forward.cublaslt.f16")
         assert verdict.code is ReasonCode.feature_unsupported
         assert ("tanh approximation" if activation == "gelu_erf" else "SiLU") in verdict.detail
-        with pytest.raises(NoKernelSku):
-            Plan.select(desc, arch="sm90")
-        assert Plan.select(desc, device="cpu").sku.id == "linear_forward.reference"
+        plan = Plan.select(desc, arch="sm90")
+        assert plan.sku.id == "linear_forward.cublaslt+act.f16"
+        assert plan.precision_guarantee.max_rel_error == 6 * ElementKind.f16.unit_roundoff
+        backward = LinearForwardPlan.select_for_training(desc.model_copy(update={
+            "save_aux": True}), arch="sm90").backward
+        assert backward.sku.id == "linear_backward.cublaslt.f16"
+    # Activations cuBLASLt fuses never take the two-pass SKU, and explain says so.
+    fused = LinearDescriptor(m=8, n=8, k=8, element="f16", activation="relu")
+    verdict = next(v for v in Plan.explain(fused, arch="sm90").verdicts
+                   if v.sku.id == "linear_forward.cublaslt+act.f16")
+    assert verdict.code is ReasonCode.feature_unsupported and "fused" in verdict.detail
 
 
 def test_tf32_is_chosen_only_when_allowed_and_precision_preferences_grade_it():
@@ -163,7 +173,7 @@ def test_unsupported_elements_and_archs():
 
 
 def test_workspace_limit_and_selection_hook_without_a_gpu():
-    impl = linear.FORWARD_SKUS[0]
+    impl = impl_of("linear_forward.cublaslt.bf16")
     from opfacade.types import PlanPreference
 
     planned = impl.plan_for(gelu_bf16(), PlanPreference(workspace_limit=4000))
@@ -173,19 +183,20 @@ def test_workspace_limit_and_selection_hook_without_a_gpu():
                                                      activation="silu")),
                       type(impl.unfit(LinearDescriptor(**SHAPE, element="f16",
                                                        activation="silu"))))
-    backward = linear.BACKWARD_SKUS[1]  # bf16, deterministic
+    backward = impl_of("linear_backward.cublaslt.bf16.deterministic")
+    plain_sku = impl_of("linear_backward.cublaslt.bf16")
     desc = LinearBackwardDescriptor(m=37, n=72, k=56, element="bf16", activation="gelu_tanh")
     regions = backward._regions(desc)
     assert set(regions) == {"d_pre", "partials"}  # the activation kernel's d_pre and dbias sums
     tiles, per_chunk, chunks = linear_grad.chunking(37, 72, ElementKind.bf16)
     assert (tiles, per_chunk, chunks) == (1, 8, 5)
     assert regions["d_pre"] == 37 * 72 * 2 and regions["partials"] == chunks * 72 * 4
-    assert linear.BACKWARD_SKUS[0]._regions(desc) == regions
+    assert plain_sku._regions(desc) == regions
     tight = backward.plan_for(desc, PlanPreference(workspace_limit=1024))
     assert tight.code is ReasonCode.workspace_over_limit and "intermediate" in tight.detail
-    assert linear.BACKWARD_SKUS[0]._bias_by(desc) == backward._bias_by(desc) == "kernel"
+    assert plain_sku._bias_by(desc) == backward._bias_by(desc) == "kernel"
     plain = LinearBackwardDescriptor(m=37, n=72, k=56, element="bf16")
-    assert linear.BACKWARD_SKUS[0]._bias_by(plain) == "weight"  # BGRADB on the dW GEMM
+    assert plain_sku._bias_by(plain) == "weight"  # BGRADB on the dW GEMM
     assert backward._bias_by(plain) == "gemv"
     assert set(backward._regions(plain)) == {"ones"}
 
@@ -216,8 +227,9 @@ def test_training_pair_and_its_rules():
     with pytest.raises(InvalidProblem, match="save_aux"):
         Plan.select_for_training(gelu_bf16(), arch="sm90")
     erf = LinearDescriptor(m=8, n=8, k=8, element="bf16", activation="gelu_erf", save_aux=True)
-    with pytest.raises(NoKernelSku):
-        Plan.select_for_training(erf, arch="sm90")
+    pair = Plan.select_for_training(erf, arch="sm90")
+    assert pair.forward.sku.id == "linear_forward.cublaslt+act.bf16"
+    assert pair.backward.descriptor.activation == "gelu_erf"
 
 
 def test_cli_explain_lists_the_gemm_skus(capsys):
@@ -572,20 +584,31 @@ def fake_cublaslt(monkeypatch):
         ld_grad, ld_aux, ld_pre = (int(s) for s in self.strides)
         shape = (self.rows, self.n)
         grad = _strided(pointers["grad_out"], shape, (ld_grad, 1), np.float32)
-        if self.name.startswith("linear_drelu"):
+        if self.activation == "relu":
             mask = _strided(pointers["aux"], (self.rows, -(-self.n // 8)), (ld_aux, 1), np.uint8)
             slope = epilogues.unpack_relu_mask(mask, self.n).astype(np.float64)
         else:
-            pre = _strided(pointers["aux"], shape, (ld_aux, 1), np.float32).astype(np.float64)
-            t = np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre ** 3))
-            slope = 0.5 * (1 + t) + 0.5 * pre * (1 - t * t) * np.sqrt(2 / np.pi) * (
-                1 + 3 * 0.044715 * pre ** 2)
+            pre = _strided(pointers["aux"], shape, (ld_aux, 1), np.float32)
+            slope = reference_activation_grad(pre, self.activation)
         d_pre = grad * slope
         _strided(pointers[self.d_pre_name], shape, (ld_pre, 1), np.float32)[:] = d_pre
         if self.bias_grad:
             _strided(pointers["grad_bias"], (self.n,), (1,), np.float32)[:] = d_pre.sum(0)
         fake.calls.append({"epilogue": self.name})
 
+    def activation_pass(self, pre, out, stream):
+        """native/linear_act.cu in float64 on host memory (f32 problems only), bound."""
+        return functools.partial(emulated_activation_pass, self, pre, out)
+
+    def emulated_activation_pass(self, pre, out):
+        shape = (self.batch, self.m, self.n)
+        (ld_pre, batch_pre), (ld_out, batch_out) = self.pre, self.out
+        values = _strided(pre, shape, (batch_pre, ld_pre, 1), np.float32).astype(np.float64)
+        _strided(out, shape, (batch_out, ld_out, 1), np.float32)[:] = reference_activation(
+            values, self.activation)
+        fake.calls.append({"epilogue": self.name})
+
+    monkeypatch.setattr(linear_act.ActivationPass, "bind", activation_pass)
     monkeypatch.setattr(linear_grad.ActivationGrad, "bind", activation_grad)
     return fake
 
@@ -612,7 +635,7 @@ def aligned_workspace(nbytes: int) -> Workspace:
 
 
 CASES = list(itertools.product(["kn", "nk"], ["plain", "shared", "batched"],
-                               ["none", "relu", "gelu_tanh"], [False, True]))
+                               ["none", "relu", "gelu_tanh", "gelu_erf", "silu"], [False, True]))
 # launch: one call on the recipe's shared descriptors; prepared: bound once (descriptors of its
 # own), as Plan.prepare and run()'s memo use it; called twice, as they do.
 PATHS = ["launch", "prepared"]
@@ -635,15 +658,14 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
     desc = LinearDescriptor(m=5, n=9, k=4, batch=batch, weight_batched=batching == "batched",
                             weight_layout=layout, element="f32", activation=activation,
                             residual=True, save_aux=activation != "none")
-    impl = next(i for i in linear.FORWARD_SKUS if i.element == "f32"
-                and i.deterministic == deterministic)
+    impl = _serving(linear.FORWARD_SKUS, desc, deterministic)
     rng = np.random.default_rng(6)
     x, w = padded(rng, desc.x_shape), padded(rng, desc.weight_shape, pad=5)
     b, r = rng.uniform(-1, 1, 9).astype(np.float32), padded(rng, desc.out_shape, pad=2)
     out = padded(rng, desc.out_shape, pad=1, values=False)
     if activation == "relu":
         aux = np.zeros(desc.aux_shape, np.uint8)
-    elif activation == "gelu_tanh":
+    elif activation != "none":
         aux = np.full((*desc.lead, 5, 16), np.nan, np.float32)[..., :9]  # rows of 16 >= 8 * k
     else:
         aux = None
@@ -658,11 +680,24 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     if activation == "relu":
         np.testing.assert_array_equal(epilogues.unpack_relu_mask(aux, 9), pre > 0)
-    elif activation == "gelu_tanh":
+    elif activation != "none":
         np.testing.assert_allclose(aux, pre, rtol=1e-5, atol=1e-6)
-    call = fake_cublaslt.calls[-1]
-    want_epilogue = epilogues.forward_epilogue(activation, True, activation != "none").name
-    assert call["epilogue"] == want_epilogue and call["m"] == 9
+    calls = [call["epilogue"] for call in fake_cublaslt.calls[-2:]]
+    if activation in linear_act.ACTIVATIONS:  # the GEMM writes pre, then the pass
+        assert calls == ["BIAS", f"linear_{activation}_f32"]
+    else:
+        want_epilogue = epilogues.forward_epilogue(activation, True, activation != "none").name
+        assert calls[-1] == want_epilogue and fake_cublaslt.calls[-1]["m"] == 9
+
+
+def impl_of(sku_id: str):
+    return next(i for i in (*linear.FORWARD_SKUS, *linear.BACKWARD_SKUS) if i.sku.id == sku_id)
+
+
+def _serving(impls, desc, deterministic: bool):
+    """The f32 SKU among ``impls`` that serves ``desc``, plain or deterministic."""
+    return next(i for i in impls if i.element == "f32" and i.deterministic == deterministic
+                and i._static_unfit(desc) is None)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -674,8 +709,7 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     desc = LinearBackwardDescriptor(m=5, n=9, k=4, batch=batch,
                                     weight_batched=batching == "batched", weight_layout=layout,
                                     element="f32", activation=activation, need_pre_grad=need_pre)
-    impl = next(i for i in linear.BACKWARD_SKUS if i.element == "f32"
-                and i.deterministic == deterministic)
+    impl = _serving(linear.BACKWARD_SKUS, desc, deterministic)
     rng = np.random.default_rng(7)
     x = rng.uniform(-1, 1, desc.x_shape).astype(np.float32)  # batch-contiguous, as required
     w = padded(rng, desc.weight_shape, pad=2)
@@ -686,7 +720,7 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     else:
         aux = np.zeros((*desc.lead, 5, 16), np.float32)
         aux[..., :9] = pre
-        aux = aux[..., :9] if activation == "gelu_tanh" else None
+        aux = aux[..., :9] if activation != "none" else None
         if aux is not None and batch:  # keep it batch-contiguous with 16-element rows
             aux = np.lib.stride_tricks.as_strided(aux, aux.shape, (16 * 5 * 4, 16 * 4, 4))
     nan = lambda shape: np.full(shape, np.nan, np.float32)  # noqa: E731
@@ -710,8 +744,8 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     if deterministic:
         assert not any("BGRAD" in name for name in used)
     if activation != "none":
-        assert used[0] == {"relu": "linear_drelu_f32", "gelu_tanh": "linear_dgelu_tanh_f32"}[
-            activation] and not any("BGRAD" in name for name in used)
+        assert used[0] == f"linear_d{activation}_f32"
+        assert not any("BGRAD" in name for name in used)
     elif not deterministic and batching != "batched":
         assert used[0] == ("BGRADA" if layout == "kn" else "BGRADB")
 
@@ -721,7 +755,7 @@ def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused
     fake_cublaslt.refuse.add(refused)
     desc = LinearBackwardDescriptor(m=6, n=8, k=4, weight_layout="kn", element="f32",
                                     activation=activation)
-    impl = linear.BACKWARD_SKUS[-2]  # f32, not deterministic: would fuse dbias
+    impl = impl_of("linear_backward.cublaslt.f32")  # not deterministic: would fuse dbias
     recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 30)
     assert recipe.gemv and "grad_bias" in recipe.algorithms
     assert refused not in recipe.describe()
@@ -731,7 +765,7 @@ def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused
 def test_launch_checks_name_the_argument(fake_cublaslt):
     desc = LinearDescriptor(m=4, n=12, k=8, element="f32", activation="gelu_tanh",
                             save_aux=True)
-    impl = linear.FORWARD_SKUS[-2]
+    impl = impl_of("linear_forward.cublaslt.f32")
     rng = np.random.default_rng(8)
     x, w = rng.uniform(-1, 1, (4, 9)).astype(np.float32), np.ones((12, 8), np.float32)
     good = {"x": view(x[:, :8]), "weight": view(w), "bias": None, "residual": None,
@@ -754,14 +788,14 @@ def test_launch_checks_name_the_argument(fake_cublaslt):
              "weight": view(w[:8]), "aux": None, "grad_x": None, "grad_weight": None,
              "grad_bias": None, "grad_pre": None}
     with pytest.raises(LayoutMismatch, match="grad_out must be contiguous across the batch"):
-        linear.BACKWARD_SKUS[-2].check_args(backward, BoundArgs(views, ()))
+        impl_of("linear_backward.cublaslt.f32").check_args(backward, BoundArgs(views, ()))
 
 
 def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
     """Two bound calls with different biases, and a one-off call between them on the shared
     descriptor: each bound call still adds its own bias, and its descriptor dies with it."""
     desc = LinearDescriptor(m=4, n=8, k=8, element="f32", activation="relu")
-    impl = linear.FORWARD_SKUS[-2]
+    impl = impl_of("linear_forward.cublaslt.f32")
     rng = np.random.default_rng(12)
     x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((4, 8), (8, 8)))
     biases = [rng.uniform(-1, 1, 8).astype(np.float32) for _ in range(3)]
@@ -790,7 +824,7 @@ def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
 
 def test_the_heuristic_is_told_the_pointers_alignment(fake_cublaslt):
     desc = LinearDescriptor(m=4, n=8, k=8, element="f32", bias=False)
-    impl = linear.FORWARD_SKUS[-2]
+    impl = impl_of("linear_forward.cublaslt.f32")
     buf = np.zeros(4 * 8 + 8 * 8 + 4 * 8 + 128, np.float32)
     start = -(-buf.ctypes.data // 256) * 256 // 4 - buf.ctypes.data // 4  # first 256-aligned
 
@@ -807,7 +841,7 @@ def test_the_heuristic_is_told_the_pointers_alignment(fake_cublaslt):
 
 def test_workspace_smaller_than_the_choice_gets_the_best_within_it(fake_cublaslt):
     desc = LinearDescriptor(m=4, n=8, k=8, element="f32")
-    impl = linear.FORWARD_SKUS[-2]
+    impl = impl_of("linear_forward.cublaslt.f32")
     recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 20)
     assert recipe.workspace_size == matmul.round_workspace(1024 + 16)  # BIAS: +16, like nvmath
     small = impl._recipes.get(desc, 0, impl._canonical(desc), 512)
@@ -839,4 +873,28 @@ def test_relu_mask_layout_round_trips():
     assert mask.shape == (2, 3, 32) and mask.dtype == np.uint8
     np.testing.assert_array_equal(epilogues.unpack_relu_mask(mask, 130), pre > 0)
     assert epilogues.relu_mask_bytes(1) == 16 and epilogues.relu_mask_bytes(129) == 32
-    assert math.isclose(linear.FORWARD_SKUS[0].sku.precision_guarantee.max_rel_error, 2 ** -7)
+    bound = impl_of("linear_forward.cublaslt.bf16").sku.precision_guarantee.max_rel_error
+    assert math.isclose(bound, 2 ** -7)
+
+
+@pytest.mark.parametrize("activation", linear_act.ACTIVATIONS)
+@pytest.mark.parametrize("path", PATHS)
+def test_separate_activation_pass_runs_in_place_without_an_aux(fake_cublaslt, activation, path):
+    """Without a saved aux the GEMM writes pre into out and the pass rewrites it in place; out
+    here has padded rows and gapped batch entries."""
+    desc = LinearDescriptor(m=5, n=9, k=4, batch=2, element="f32", activation=activation,
+                            residual=True)
+    impl = _serving(linear.FORWARD_SKUS, desc, False)
+    rng = np.random.default_rng(8)
+    x, w = padded(rng, desc.x_shape), padded(rng, desc.weight_shape, pad=5)
+    b, r = rng.uniform(-1, 1, 9).astype(np.float32), padded(rng, desc.out_shape, pad=2)
+    out = np.full((2, 7, 12), np.nan, np.float32)[:, :5, :9]
+    views = {"x": view(x), "weight": view(w), "bias": view(b), "residual": view(r),
+             "out": view(out), "aux": None}
+    bound = BoundArgs(views, outputs=("out", "aux"))
+    impl.check_args(desc, bound)
+    _launch(impl, path, desc, bound, aligned_workspace(4096))
+    want, _ = gemm_forward(x, w, weight_layout="nk", bias=b, activation=activation, residual=r)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    assert [call["epilogue"] for call in fake_cublaslt.calls[-2:]] == [
+        "BIAS", f"linear_{activation}_f32"]

@@ -1,12 +1,15 @@
-"""GEMM + bias + GELU(tanh) in bf16 against torch, forward and backward, plus host overhead.
+"""GEMM + bias + GELU in bf16 against torch, forward and backward, plus host overhead.
 
-Forward peers: ``torch._addmm_activation(bias, x, W^T, use_gelu=True)`` (torch's own cuBLASLt
-GELU_BIAS path) and the unfused ``gelu(x @ W^T + bias)``. Backward peer: torch autograd of
-``gelu(linear(x, W, b))`` (gelu backward, then dx, dW and the bias sum), timed alone on a kept
-graph. The weight is nn.Linear's [N, K] ("nk"), as torch users hold it. The host-overhead row times
-``plan.run`` on a cached plan (workspace and stream given) against a bare cublasLtMatmul through
-the nvmath binding on the same prepared descriptor, on a tiny problem; once with torch tensors
-and once with tensors wrapped beforehand (TensorViews), which shows what the argument checks cost.
+GELU(tanh), fused in cuBLASLt's epilogue: forward peers ``torch._addmm_activation(bias, x, W^T,
+use_gelu=True)`` (torch's own cuBLASLt GELU_BIAS path) and the unfused ``gelu(x @ W^T + bias)``.
+GELU(erf), torch's default, which cuBLASLt has no epilogue for (our GEMM, then a separate pass):
+forward peers ``gelu(addmm(bias, x, W^T))`` (torch's best: bias fused in cuBLAS, then its gelu
+kernel) and the unfused form. Backward peer: torch autograd of ``gelu(linear(x, W, b))`` (gelu
+backward, then dx, dW and the bias sum), timed alone on a kept graph. The weight is nn.Linear's
+[N, K] ("nk"), as torch users hold it. The host-overhead row times ``plan.run`` on a cached plan
+(workspace and stream given) against a bare cublasLtMatmul through the nvmath binding on the same
+prepared descriptor, on a tiny problem; once with torch tensors and once with tensors wrapped
+beforehand (TensorViews), which shows what the argument checks cost.
 """
 
 from __future__ import annotations
@@ -20,14 +23,19 @@ from ..gemm import (
 from .common import BenchRow, host_us_interleaved, time_interleaved
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 1024), (64, 8192, 8192))
+ERF_SHAPES = ((4096, 4096, 4096), (16384, 4096, 1024))
 QUICK_SHAPES = ((1024, 1024, 1024), (2048, 1024, 512))
+# How each GELU is named in the rows, and torch's name for it.
+_LABEL = {"gelu_tanh": "gelu", "gelu_erf": "gelu(erf)"}
+_APPROXIMATE = {"gelu_tanh": "tanh", "gelu_erf": "none"}
 
 
 def _tflops(flops: float, ms: float) -> str:
     return f"{flops / ms / 1e9:.0f} TFLOP/s"
 
 
-def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
+def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
+               ) -> list[BenchRow]:
     import torch
     import torch.nn.functional as F
 
@@ -37,27 +45,34 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
         return (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
 
     x, w, b = uniform(m, k), uniform(n, k), uniform(n)
-    desc = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh")
+    approximate, label = _APPROXIMATE[activation], _LABEL[activation]
+    desc = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation=activation)
     plan = LinearForwardPlan.select(desc)
     y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     args = LinearArgs(x, w, b, out=y)
     wt = w.t()
+    if activation == "gelu_tanh":
+        best = {"torch._addmm_activation": lambda: torch._addmm_activation(b, x, wt,
+                                                                           use_gelu=True)}
+    else:
+        best = {"torch gelu(addmm)": lambda: F.gelu(torch.addmm(b, x, wt))}
     times = time_interleaved({
         "ours": lambda: plan.run(args, workspace=ws, stream=0),
         "prepared": plan.prepare(args, workspace=ws, stream=0),
-        "torch._addmm_activation": lambda: torch._addmm_activation(b, x, wt, use_gelu=True),
-        "torch unfused": lambda: F.gelu(torch.matmul(x, wt) + b, approximate="tanh"),
+        **best,
+        "torch unfused": lambda: F.gelu(torch.matmul(x, wt) + b, approximate=approximate),
     }, reps)
     ours, prepared = times.pop("ours"), times.pop("prepared")
     peers = times
     flops = 2.0 * m * n * k
-    case = f"fwd bias+gelu bf16 {m}x{n}x{k}"
+    case = f"fwd bias+{label} bf16 {m}x{n}x{k}"
     rows = [BenchRow("linear", case, ours, _tflops(flops, ours), peers,
-                     notes=f"prepared call {prepared:.3f} ms; {plan.algorithm}")]
+                     notes=f"{plan.sku.id}; prepared call {prepared:.3f} ms; "
+                           f"{plan.report.chosen.detail}")]
 
     # Backward: from the aux our training forward saves.
-    train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation="gelu_tanh",
+    train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation=activation,
                              save_aux=True)
     pair = LinearForwardPlan.select_for_training(train)
     aux = torch.empty((m, -(-n // 8) * 8), device="cuda", dtype=torch.bfloat16)[:, :n]
@@ -68,7 +83,7 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
     bargs = LinearBackwardArgs(dy, x, w, aux, *grads)
     backward = pair.backward
     xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
-    out = F.gelu(F.linear(xr, wr, br), approximate="tanh")
+    out = F.gelu(F.linear(xr, wr, br), approximate=approximate)
     times = time_interleaved({
         "ours": lambda: backward.run(bargs, workspace=ws, stream=0),
         "torch autograd": lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
@@ -76,7 +91,7 @@ def _case_rows(m: int, n: int, k: int, reps: int) -> list[BenchRow]:
         "torch dx+dW GEMMs only": lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)),
     }, reps)
     ours_bwd = times.pop("ours")
-    rows.append(BenchRow("linear", f"bwd dgelu+dbias+dx+dW bf16 {m}x{n}x{k}", ours_bwd,
+    rows.append(BenchRow("linear", f"bwd d{label}+dbias+dx+dW bf16 {m}x{n}x{k}", ours_bwd,
                          _tflops(2 * flops, ours_bwd), times,
                          notes=f"{backward.sku.id}: {backward.report.chosen.detail}"))
     return rows
@@ -153,5 +168,7 @@ def _host_overhead_row(repeats: int) -> BenchRow:
 def run(quick: bool = False) -> list[BenchRow]:
     reps = 5 if quick else 30
     rows = [r for shape in (QUICK_SHAPES if quick else SHAPES) for r in _case_rows(*shape, reps)]
+    rows += [r for shape in (QUICK_SHAPES[:1] if quick else ERF_SHAPES)
+             for r in _case_rows(*shape, reps, activation="gelu_erf")]
     rows.append(_host_overhead_row(5 if quick else 25))
     return rows

@@ -6,7 +6,8 @@ writes the aux matrix. cuBLASLt has GELU only in its tanh approximation, and no 
 
 The aux (what a training forward saves for the backward) is, by activation:
 
-- ``gelu_tanh``: the pre-activation ``x @ W + bias (+ residual)`` in the output's element type and
+- ``gelu_tanh`` (and ``gelu_erf`` and ``silu``, whose activation runs in a separate pass): the
+  pre-activation ``x @ W + bias (+ residual)`` in the output's element type and
   shape ``[.., M, N]``; cuBLASLt needs its row stride (its leading dimension) to be a multiple of
   8 elements.
 - ``relu``: cuBLASLt's bit-mask of ``pre > 0``, one bit per output element, as ``u8``

@@ -11,6 +11,12 @@ both SKUs take d_pre and dbias from a fixed-order NVRTC kernel), and declares
 ``deterministic=True``; ``tests/test_gemm_gpu.py`` checks both claims. Neither is ``bit_stable``:
 the heuristic's choice depends on the device's SM count.
 
+cuBLASLt has no epilogue for the exact (erf) GELU or SiLU. For those, a second pair of SKUs per
+element type (``linear_forward.cublaslt+act.*``) lets the GEMM write ``x @ W + bias (+ residual)``
+and applies the activation in an NVRTC pass of its own (nvrtc/linear_act.py); it declares the
+extra rounding in its bound. The backward serves every activation: its d_pre kernel takes each
+derivative from the saved pre-activation.
+
 Selection runs the heuristic on the current GPU when there is one (``workspace_size`` is then the
 chosen algorithm's exact need); without a GPU, a plan selected for an ``arch`` reports the
 workspace limit as its workspace and the algorithm is chosen on the first run. Prepared matmuls
@@ -38,8 +44,10 @@ from ...types import (
     OpCategory,
     PrecisionGuarantee,
 )
+from ..nvrtc import linear_act
+from ..nvrtc.linear_act import ActivationPass
 from ..nvrtc.linear_grad import ActivationGrad, partials_bytes
-from ..nvrtc.linear_grad import unavailable as activation_grad_unavailable
+from ..nvrtc.linear_grad import unavailable as nvrtc_unavailable
 from . import library
 from .epilogues import (
     BGRADA,
@@ -82,6 +90,12 @@ _MATH = {ElementKind.bf16: MathPrecision.bf16, ElementKind.f16: MathPrecision.f1
 _FORWARD_BOUND = {ElementKind.bf16: 2 * ElementKind.bf16.unit_roundoff,
                   ElementKind.f16: 2 * ElementKind.f16.unit_roundoff,
                   ElementKind.tf32: 4e-3, ElementKind.f32: 1e-5}
+# The separate activation pass rounds twice: pre to the element type (an error act' <= 1.13
+# carries on, relative to ||act(pre)|| ~ ||pre|| / 1.4-1.7 on symmetric inputs), then act(pre).
+# That is ~3u at worst; 6u keeps the one-pass bound's 2x margin. f32 and TF32 are dominated by
+# the GEMM's own error.
+_ACT_PASS_BOUND = {**_FORWARD_BOUND, ElementKind.bf16: 6 * ElementKind.bf16.unit_roundoff,
+                   ElementKind.f16: 6 * ElementKind.f16.unit_roundoff}
 _CACHE_CAPACITY = 1024
 
 
@@ -200,8 +214,12 @@ class _LinearCublasLt(SkuImpl):
         unfit = _element_unfit(self.element, desc)
         if unfit is not None:
             return unfit
-        reason = unsupported(desc.activation)
+        reason = self._activation_unserved(desc.activation)
         return None if reason is None else Unfit(ReasonCode.feature_unsupported, reason)
+
+    def _activation_unserved(self, activation: str) -> str | None:
+        """Why this SKU does not compute ``activation``, or None."""
+        raise NotImplementedError
 
     def plan_for(self, desc, pref=None, target=None) -> tuple[int, str] | Unfit:
         """(exact workspace bytes, chosen algorithm) for ``desc`` under ``pref`` on ``target``.
@@ -309,9 +327,9 @@ class _LinearCublasLt(SkuImpl):
 
 
 def _sku(op: str, element: ElementKind, deterministic: bool, bound: float, epilogue: str,
-         description: str) -> KernelSku:
+         description: str, variant: str = "cublaslt") -> KernelSku:
     return KernelSku(
-        id=f"{op}.cublaslt.{element.value}{'.deterministic' if deterministic else ''}",
+        id=f"{op}.{variant}.{element.value}{'.deterministic' if deterministic else ''}",
         category=OpCategory.gemm,
         op=op,
         element=element,
@@ -343,27 +361,44 @@ class _Step:
 
 
 class _ForwardRecipe:
-    def __init__(self, matmul: Matmul):
-        self.matmul = matmul
+    """One cublasLtMatmul writing into ``pre`` ("out", or "aux" for a separate activation pass
+    that saves it), then the activation pass when there is one."""
+
+    def __init__(self, matmul: Matmul, activation: ActivationPass | None = None,
+                 pre: str = "out"):
+        self.matmul, self.activation, self.pre = matmul, activation, pre
         extra = 16 if matmul.workspace_size and matmul.epilogue is not DEFAULT else 0
         self.workspace_size = round_workspace(matmul.workspace_size + extra)  # nvmath does too
         self.algorithms = matmul.info
 
     def describe(self) -> str:
-        return f"{self.matmul.epilogue.name}: {self.matmul.info}"
+        then = "" if self.activation is None else f"; {self.activation.describe()}"
+        return f"{self.matmul.epilogue.name}: {self.matmul.info}{then}"
 
     def run(self, lt_handle: int, views: dict, workspace: Workspace, stream: int) -> None:
         self.matmul.run(*self._arguments(lt_handle, views, workspace, stream))
+        if self.activation is not None:
+            self.activation.bind(views[self.pre].ptr, views["out"].ptr, stream)()
 
     def bind(self, lt_handle: int, views: dict, workspace: Workspace, stream: int):
-        """The one cublasLtMatmul with every pointer fixed."""
-        return self.matmul.bind(*self._arguments(lt_handle, views, workspace, stream))
+        """The cublasLtMatmul (and the activation pass) with every pointer fixed."""
+        gemm = self.matmul.bind(*self._arguments(lt_handle, views, workspace, stream))
+        if self.activation is None:
+            return gemm
+        activation = self.activation.bind(views[self.pre].ptr, views["out"].ptr, stream)
+
+        def gemm_then_activation() -> None:
+            gemm()
+            activation()
+
+        return gemm_then_activation
 
     def _arguments(self, lt_handle: int, views: dict, workspace: Workspace, stream: int):
         _check_workspace(workspace, self.workspace_size)
-        out, bias, residual, aux = views["out"], views["bias"], views["residual"], views["aux"]
+        d, bias, residual = views[self.pre], views["bias"], views["residual"]
+        aux = views["aux"] if self.matmul.epilogue.aux else None
         return (lt_handle, views["weight"].ptr, views["x"].ptr,
-                out.ptr if residual is None else residual.ptr, out.ptr, workspace.ptr,
+                d.ptr if residual is None else residual.ptr, d.ptr, workspace.ptr,
                 workspace.size, stream, 0 if bias is None else bias.ptr,
                 0 if aux is None else aux.ptr)
 
@@ -374,12 +409,15 @@ class LinearForwardCublasLt(_LinearCublasLt):
     op = "linear_forward"
     fixed_views = ("x", "weight", "out", "residual", "aux")
 
-    def __init__(self, element: ElementKind, deterministic: bool):
-        super().__init__(_sku(
+    def __init__(self, element: ElementKind, deterministic: bool, sku: KernelSku | None = None):
+        super().__init__(sku or _sku(
             self.op, element, deterministic, _FORWARD_BOUND[element],
             "bias, relu, gelu_tanh (+ aux), residual",
             "act(x @ W + bias + residual) in one cublasLtMatmul with a fused epilogue; the aux "
             "is the GELU pre-activation or cuBLASLt's ReLU bit-mask."), element, deterministic)
+
+    def _activation_unserved(self, activation: str) -> str | None:
+        return unsupported(activation)
 
     def check_args(self, desc, args: BoundArgs) -> None:
         views = args.views
@@ -404,21 +442,72 @@ class LinearForwardCublasLt(_LinearCublasLt):
                 matrix if desc.residual else None, aux)
 
     def _build(self, desc, device: int, layout: tuple, available: int | None):
-        strides, alignment = layout
-        x, w, out, residual, aux = (None if s is None else _rows_of(s) for s in strides)
-        others = [r for r in (residual, aux) if r is not None]
-        gemm = forward_gemm(desc, x, w, out, others)
         epilogue = forward_epilogue(desc.activation, desc.bias, desc.save_aux)
-        aux_layout = None
-        if aux is not None:
+        return _ForwardRecipe(self._matmul(desc, device, layout, available, "out", epilogue))
+
+    def _rows(self, layout: tuple) -> dict[str, Rows | None]:
+        return {name: None if s is None else _rows_of(s)
+                for name, s in zip(self.fixed_views, layout[0], strict=True)}
+
+    @staticmethod
+    def _gemm(desc, rows: dict, d: str):
+        """x @ W written to the view named ``d``; the other [.., M, N] matrices only decide
+        whether the batch folds into rows."""
+        others = [r for name, r in rows.items()
+                  if name not in ("x", "weight", d) and r is not None]
+        return forward_gemm(desc, rows["x"], rows["weight"], rows[d], others)
+
+    def _matmul(self, desc, device: int, layout: tuple, available: int | None, d: str,
+                epilogue) -> Matmul:
+        """The cublasLtMatmul of ``epilogue(x @ W + bias + residual)`` into the view ``d``, with
+        the epilogue's aux written to the view "aux"."""
+        rows, alignment = self._rows(layout), layout[1]
+        gemm = self._gemm(desc, rows, d)
+        residual, aux = rows["residual"], None
+        if epilogue.aux:
             scale = 8 if desc.activation == "relu" else 1  # the mask's strides count bits
-            aux_layout = Aux(scale * aux.ld, scale * aux.batch_stride if gemm.batch > 1 else 0)
+            aux = Aux(scale * rows["aux"].ld,
+                      scale * rows["aux"].batch_stride if gemm.batch > 1 else 0)
         limit = WORKSPACE_LIMIT if available is None else max(0, available // 256 * 256 - 16)
-        return _ForwardRecipe(Matmul(
-            gemm, library.types_for(self.element), epilogue, device=device,
-            workspace_limit=limit, schemes=self.schemes,
-            c=gemm.like_d(residual) if residual is not None else None, aux=aux_layout,
-            alignment=alignment, what=self.sku.id))
+        return Matmul(gemm, library.types_for(self.element), epilogue, device=device,
+                      workspace_limit=limit, schemes=self.schemes,
+                      c=gemm.like_d(residual) if residual is not None else None, aux=aux,
+                      alignment=alignment, what=self.sku.id)
+
+
+class LinearForwardCublasLtActPass(LinearForwardCublasLt):
+    """``pre = x @ W + bias + residual`` in one cublasLtMatmul (into the aux when it is saved,
+    else into out), then ``out = act(pre)`` in an NVRTC pass: for the activations cuBLASLt has no
+    epilogue for."""
+
+    def __init__(self, element: ElementKind, deterministic: bool):
+        super().__init__(element, deterministic, _sku(
+            self.op, element, deterministic, _ACT_PASS_BOUND[element],
+            "bias, residual (+ aux) in cuBLASLt; then gelu_erf or silu in an NVRTC pass",
+            "x @ W + bias + residual in a cublasLtMatmul, then the activation cuBLASLt has no "
+            "epilogue for (exact GELU, SiLU) in one element-wise NVRTC pass; the aux is the "
+            "pre-activation.", variant="cublaslt+act"))
+
+    def _activation_unserved(self, activation: str) -> str | None:
+        if activation in linear_act.ACTIVATIONS:
+            return None
+        return (f"serves only the activations cuBLASLt has no epilogue for "
+                f"({', '.join(linear_act.ACTIVATIONS)}); {activation} runs fused in one "
+                f"cublasLtMatmul")
+
+    def unavailable(self) -> str | None:
+        return library.available() or nvrtc_unavailable()
+
+    def _build(self, desc, device: int, layout: tuple, available: int | None):
+        rows, alignment = self._rows(layout), layout[1]
+        pre = "aux" if desc.save_aux else "out"
+        matmul = self._matmul(desc, device, layout, available, pre,
+                              forward_epilogue("none", desc.bias, False))
+        activation = ActivationPass(
+            desc.activation, self.element, device, desc.batch or 1, desc.m, desc.n,
+            (rows[pre].ld, rows[pre].batch_stride), (rows["out"].ld, rows["out"].batch_stride),
+            alignment)
+        return _ForwardRecipe(matmul, activation, pre)
 
 
 def _rows_of(strides: tuple) -> Rows:
@@ -534,13 +623,16 @@ class LinearBackwardCublasLt(_LinearCublasLt):
     def __init__(self, element: ElementKind, deterministic: bool):
         super().__init__(_sku(
             self.op, element, deterministic, 2 * _FORWARD_BOUND[element],
-            "d_pre + dbias kernel (gelu_tanh, relu), bgrada/bgradb, dW, dx",
+            "d_pre + dbias kernel (relu, gelu_tanh, gelu_erf, silu), bgrada/bgradb, dW, dx",
             "grad_out * act'(aux) with the bias gradient in one NVRTC kernel (fixed-order "
             "reduction), then dW and dx in cublasLtMatmul calls sharing one workspace."),
             element, deterministic)
 
     def unavailable(self) -> str | None:
-        return library.available() or activation_grad_unavailable()
+        return library.available() or nvrtc_unavailable()
+
+    def _activation_unserved(self, activation: str) -> str | None:
+        return None  # the d_pre kernel takes every activation's derivative
 
     def check_args(self, desc, args: BoundArgs) -> None:
         views = args.views
@@ -667,5 +759,6 @@ class LinearBackwardCublasLt(_LinearCublasLt):
         return steps
 
 
-FORWARD_SKUS = tuple(LinearForwardCublasLt(e, det) for e in ELEMENTS for det in (False, True))
+FORWARD_SKUS = (*(LinearForwardCublasLt(e, det) for e in ELEMENTS for det in (False, True)),
+                *(LinearForwardCublasLtActPass(e, det) for e in ELEMENTS for det in (False, True)))
 BACKWARD_SKUS = tuple(LinearBackwardCublasLt(e, det) for e in ELEMENTS for det in (False, True))

@@ -1,11 +1,12 @@
 """The linear backward's activation step as one bespoke kernel (native/linear_grad.cu).
 
-``d_pre = grad_out * act'(pre)`` for GELU (tanh) from the saved pre-activation, or ReLU from
-cuBLASLt's bit-mask, with the bias gradient's column sums reduced in a fixed order: per (chunk of
-rows, column) partials in the workspace, then one pass adding each column's partials in chunk
-order. The chunking is a function of the problem alone, never of the device, so the bias gradient
-is deterministic and bit-stable. It reads grad_out and the aux once and writes d_pre once: the
-memory floor of the step (torch runs the same work as an elementwise kernel and a separate sum).
+``d_pre = grad_out * act'(pre)`` for GELU (tanh or erf) and SiLU from the saved pre-activation,
+or ReLU from cuBLASLt's bit-mask, with the bias gradient's column sums reduced in a fixed order:
+per (chunk of rows, column) partials in the workspace, then one pass adding each column's
+partials in chunk order. The chunking is a function of the problem alone, never of the device,
+so the bias gradient is deterministic and bit-stable. It reads grad_out and the aux once and
+writes d_pre once: the memory floor of the step (torch runs the same work as an elementwise
+kernel and a separate sum).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from ...types import ElementKind
 from .launch import available, get_kernel, launch
 
-__all__ = ["ActivationGrad", "chunking", "partials_bytes", "unavailable"]
+__all__ = ["ACTIVATIONS", "ActivationGrad", "chunking", "partials_bytes", "unavailable"]
 
 SOURCE = "linear_grad.cu"
 THREADS = 256
@@ -27,7 +28,7 @@ WARPS = THREADS // 32
 # the problem alone.
 TARGET_BLOCKS = 2048
 MAX_CHUNKS = 65535  # the grid's y extent
-_KERNEL = {"gelu_tanh": "linear_dgelu_tanh", "relu": "linear_drelu"}
+ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu")  # whose derivative the kernel takes
 
 
 def unavailable() -> str | None:
@@ -68,9 +69,9 @@ class ActivationGrad:
     def __init__(self, activation: str, element: ElementKind, device: int, rows: int, n: int,
                  ld_grad: int, ld_aux: int, ld_pre: int, alignment: int, d_pre_name: str,
                  bias_grad: bool):
-        self.device, self.rows, self.n = device, rows, n
+        self.activation, self.device, self.rows, self.n = activation, device, rows, n
         self.d_pre_name, self.bias_grad = d_pre_name, bias_grad
-        self.name = f"{_KERNEL[activation]}_{_suffix(element)}"
+        self.name = f"linear_d{activation}_{_suffix(element)}"
         self.finalize = f"linear_bias_grad_finalize_{_suffix(element)}"
         self.tiles, self.per_chunk, self.chunks = chunking(rows, n, element)
         pack = _pack(element)

@@ -1,0 +1,67 @@
+"""The linear forward's activation as a pass of its own (native/linear_act.cu), for the
+activations cuBLASLt has no epilogue for: exact (erf) GELU and SiLU.
+
+A cublasLtMatmul writes ``pre = x @ W + bias (+ residual)`` into the output (or into the aux a
+training forward saves), then this kernel writes ``out = act(pre)``, in place or from the aux. It
+reads and writes each element once: the memory floor of an unfused activation. Element-wise with
+no reduction, so its bits depend on nothing but its input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ...types import ElementKind
+from .launch import get_kernel, launch
+
+__all__ = ["ACTIVATIONS", "ActivationPass"]
+
+SOURCE = "linear_act.cu"
+ACTIVATIONS = ("gelu_erf", "silu")
+THREADS = 256
+WARPS = THREADS // 32
+# Row blocks: enough, with the column tiles, to fill any current GPU several times over; the
+# kernel strides over rows beyond them.
+TARGET_BLOCKS = 2048
+MAX_GRID_Y = 65535
+
+
+def _suffix(element: ElementKind) -> str:
+    return "f32" if element in (ElementKind.f32, ElementKind.tf32) else element.value
+
+
+class ActivationPass:
+    """One problem's launch: rows of ``n`` columns in ``batch`` entries of ``m`` rows, the
+    layouts ``(row stride, batch stride)`` of pre and out in elements fixed at build time, the
+    pointers given per run."""
+
+    def __init__(self, activation: str, element: ElementKind, device: int, batch: int, m: int,
+                 n: int, pre: tuple[int, int], out: tuple[int, int], alignment: int):
+        self.activation, self.device = activation, device
+        self.batch, self.m, self.n, self.pre, self.out = batch, m, n, pre, out
+        self.name = f"linear_{activation}_{_suffix(element)}"
+        pack = 16 // element.itemsize
+        self.tiles = -(-n // (32 * pack))
+        rows = batch * m
+        self.row_blocks = max(1, min(-(-TARGET_BLOCKS // self.tiles), -(-rows // WARPS),
+                                     MAX_GRID_Y))
+        self.vec = alignment >= 16 and all(ld % pack == 0 for ld in (pre[0], out[0])) and (
+            batch == 1 or all(stride % pack == 0 for stride in (pre[1], out[1])))
+        self.args = (np.int64(rows), np.int64(m), np.int32(n), np.int64(pre[0]),
+                     np.int64(pre[1]), np.int64(out[0]), np.int64(out[1]), np.int32(self.vec))
+
+    def describe(self) -> str:
+        return (f"then nvrtc {self.name} ({self.tiles}x{self.row_blocks} blocks"
+                f"{', 16-byte packs' if self.vec else ''})")
+
+    def bind(self, pre: int, out: int, stream: int) -> Callable[[], None]:
+        """The kernel with every argument packed once."""
+        kernel, device = get_kernel(SOURCE, self.name, self.device), self.device
+        grid, args = (self.tiles, self.row_blocks), (np.uint64(pre), np.uint64(out), *self.args)
+
+        def run() -> None:
+            launch(kernel, grid, (THREADS,), args, stream, device)
+
+        return run
