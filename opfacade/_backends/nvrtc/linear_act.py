@@ -21,11 +21,10 @@ __all__ = ["ACTIVATIONS", "ActivationPass"]
 SOURCE = "linear_act.cu"
 ACTIVATIONS = ("gelu_erf", "silu")
 THREADS = 256
-WARPS = THREADS // 32
-# Row blocks: enough, with the column tiles, to fill any current GPU several times over; the
-# kernel strides over rows beyond them.
+# Blocks: enough, over column tiles, row blocks and batch entries, to fill any current GPU several
+# times over; the kernel strides over rows and entries beyond them.
 TARGET_BLOCKS = 2048
-MAX_GRID_Y = 65535
+MAX_GRID_YZ = 65535
 
 
 def _suffix(element: ElementKind) -> str:
@@ -43,23 +42,32 @@ class ActivationPass:
         self.batch, self.m, self.n, self.pre, self.out = batch, m, n, pre, out
         self.name = f"linear_{activation}_{_suffix(element)}"
         pack = 16 // element.itemsize
-        self.tiles = -(-n // (32 * pack))
-        rows = batch * m
-        self.row_blocks = max(1, min(-(-TARGET_BLOCKS // self.tiles), -(-rows // WARPS),
-                                     MAX_GRID_Y))
+        packs = -(-n // pack)
+        # Lanes per row: the row's packs, as a power of two between a warp and the block.
+        self.row_shift = min(max(packs - 1, 31).bit_length(), THREADS.bit_length() - 1)
+        self.tiles = -(-packs >> self.row_shift)
+        if batch > 1 and pre[1] == m * pre[0] and out[1] == m * out[0]:
+            batch, m = 1, batch * m  # contiguous entries: one block of rows
+        self.entries = min(batch, MAX_GRID_YZ)  # the kernel strides over the rest
+        rows_per_block = THREADS >> self.row_shift
+        self.row_blocks = max(1, min(-(-TARGET_BLOCKS // (self.tiles * self.entries)),
+                                     -(-m // rows_per_block), MAX_GRID_YZ))
         self.vec = alignment >= 16 and all(ld % pack == 0 for ld in (pre[0], out[0])) and (
             batch == 1 or all(stride % pack == 0 for stride in (pre[1], out[1])))
-        self.args = (np.int64(rows), np.int64(m), np.int32(n), np.int64(pre[0]),
-                     np.int64(pre[1]), np.int64(out[0]), np.int64(out[1]), np.int32(self.vec))
+        self.args = (np.int64(batch), np.int64(m), np.int32(n), np.int64(pre[0]),
+                     np.int64(pre[1]), np.int64(out[0]), np.int64(out[1]),
+                     np.int32(self.row_shift), np.int32(self.vec))
 
     def describe(self) -> str:
-        return (f"then nvrtc {self.name} ({self.tiles}x{self.row_blocks} blocks"
+        return (f"then nvrtc {self.name} ({self.tiles}x{self.row_blocks}x{self.entries} blocks, "
+                f"{1 << self.row_shift} lanes per row"
                 f"{', 16-byte packs' if self.vec else ''})")
 
     def bind(self, pre: int, out: int, stream: int) -> Callable[[], None]:
         """The kernel with every argument packed once."""
         kernel, device = get_kernel(SOURCE, self.name, self.device), self.device
-        grid, args = (self.tiles, self.row_blocks), (np.uint64(pre), np.uint64(out), *self.args)
+        grid = (self.tiles, self.row_blocks, self.entries)
+        args = (np.uint64(pre), np.uint64(out), *self.args)
 
         def run() -> None:
             launch(kernel, grid, (THREADS,), args, stream, device)
