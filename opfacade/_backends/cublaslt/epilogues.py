@@ -23,11 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "ACTIVATIONS_SERVED", "BGRADA", "BGRADB", "DEFAULT", "Epilogue",
+    "BGRADA", "BGRADB", "DEFAULT", "Epilogue",
     "forward_epilogue", "pack_relu_mask", "relu_mask_bytes", "unpack_relu_mask", "unsupported",
 ]
-
-ACTIVATIONS_SERVED = ("none", "relu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
