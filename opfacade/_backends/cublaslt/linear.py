@@ -45,9 +45,9 @@ from ...types import (
     PrecisionGuarantee,
 )
 from ..nvrtc import linear_act
+from ..nvrtc.launch import available as nvrtc_unavailable
 from ..nvrtc.linear_act import ActivationPass
 from ..nvrtc.linear_grad import ActivationGrad, partials_bytes
-from ..nvrtc.linear_grad import unavailable as nvrtc_unavailable
 from . import library
 from .epilogues import (
     BGRADA,

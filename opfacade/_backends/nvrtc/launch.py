@@ -13,9 +13,10 @@ import numpy as np
 from ..._internal.device import device_arch
 from ..._internal.streams import cupy_stream
 from ...errors import BackendUnavailable, LaunchFailed
+from ...types import ElementKind
 from .compiler import compile_cubin
 
-__all__ = ["available", "get_kernel", "launch", "pointer"]
+__all__ = ["available", "element_suffix", "get_kernel", "launch", "pointer"]
 
 _lock = threading.Lock()
 _functions: dict[tuple[str, str, int], object] = {}
@@ -30,6 +31,12 @@ def available() -> str | None:
     except ImportError as error:
         return f"CuPy or cuda-python failed to import: {error}"
     return None
+
+
+def element_suffix(element: ElementKind) -> str:
+    """The element part of a linear kernel's name: TF32 problems store f32 (the kernels read and
+    write storage types only)."""
+    return "f32" if element in (ElementKind.f32, ElementKind.tf32) else element.value
 
 
 def _module(source: str, device: int):

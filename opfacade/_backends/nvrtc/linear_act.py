@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...types import ElementKind
-from .launch import get_kernel, launch
+from .launch import element_suffix, get_kernel, launch
 
 __all__ = ["ACTIVATIONS", "ActivationPass"]
 
@@ -27,10 +27,6 @@ TARGET_BLOCKS = 2048
 MAX_GRID_YZ = 65535
 
 
-def _suffix(element: ElementKind) -> str:
-    return "f32" if element in (ElementKind.f32, ElementKind.tf32) else element.value
-
-
 class ActivationPass:
     """One problem's launch: rows of ``n`` columns in ``batch`` entries of ``m`` rows, the
     layouts ``(row stride, batch stride)`` of pre and out in elements fixed at build time, the
@@ -40,7 +36,7 @@ class ActivationPass:
                  n: int, pre: tuple[int, int], out: tuple[int, int], alignment: int):
         self.activation, self.device = activation, device
         self.batch, self.m, self.n, self.pre, self.out = batch, m, n, pre, out
-        self.name = f"linear_{activation}_{_suffix(element)}"
+        self.name = f"linear_{activation}_{element_suffix(element)}"
         pack = 16 // element.itemsize
         packs = -(-n // pack)
         # Lanes per row: the row's packs, as a power of two between a warp and the block.

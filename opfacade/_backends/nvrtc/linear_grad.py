@@ -16,9 +16,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ...types import ElementKind
-from .launch import available, get_kernel, launch
+from .launch import element_suffix, get_kernel, launch
 
-__all__ = ["ACTIVATIONS", "ActivationGrad", "chunking", "partials_bytes", "unavailable"]
+__all__ = ["ACTIVATIONS", "ActivationGrad", "chunking", "partials_bytes"]
 
 SOURCE = "linear_grad.cu"
 THREADS = 256
@@ -29,15 +29,6 @@ WARPS = THREADS // 32
 TARGET_BLOCKS = 2048
 MAX_CHUNKS = 65535  # the grid's y extent
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu")  # whose derivative the kernel takes
-
-
-def unavailable() -> str | None:
-    """Why the kernel cannot run in this process, or None."""
-    return available()
-
-
-def _suffix(element: ElementKind) -> str:
-    return "f32" if element in (ElementKind.f32, ElementKind.tf32) else element.value
 
 
 def _pack(element: ElementKind) -> int:
@@ -71,8 +62,8 @@ class ActivationGrad:
                  bias_grad: bool):
         self.activation, self.device, self.rows, self.n = activation, device, rows, n
         self.d_pre_name, self.bias_grad = d_pre_name, bias_grad
-        self.name = f"linear_d{activation}_{_suffix(element)}"
-        self.finalize = f"linear_bias_grad_finalize_{_suffix(element)}"
+        self.name = f"linear_d{activation}_{element_suffix(element)}"
+        self.finalize = f"linear_bias_grad_finalize_{element_suffix(element)}"
         self.tiles, self.per_chunk, self.chunks = chunking(rows, n, element)
         pack = _pack(element)
         aux_packed = activation == "relu" or ld_aux % pack == 0  # the mask is read bytewise
