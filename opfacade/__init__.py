@@ -8,31 +8,13 @@ handed over; importing opfacade needs no GPU.
 __version__ = "0.1.0"
 
 from . import errors
-from ._internal.sku import Descriptor, ReasonCode, Workspace
-from .alibi import (
-    AlibiBackwardArgs,
-    AlibiBackwardDescriptor,
-    AlibiBackwardPlan,
-    AlibiForwardArgs,
-    AlibiForwardDescriptor,
-    AlibiForwardPlan,
-    alibi_backward,
-    alibi_forward,
-)
-from .attention import (
-    AttentionArgs,
-    AttentionBackwardArgs,
-    AttentionBackwardDescriptor,
-    AttentionBackwardPlan,
-    AttentionDescriptor,
-    AttentionPlan,
-    SlidingWindow,
-    attention,
-    attention_backward,
-)
+from ._internal.contract import Descriptor
+from ._internal.sku import ReasonCode, Workspace
+from .caches import clear_caches
 from .errors import (
     BackendUnavailable,
     BufferTooSmall,
+    CompileError,
     DeviceMismatch,
     DTypeMismatch,
     InvalidArgument,
@@ -45,7 +27,17 @@ from .errors import (
     ShapeMismatch,
     Unsupported,
 )
-from .gemm import (
+from .ops.alibi import (
+    AlibiBackwardArgs,
+    AlibiBackwardDescriptor,
+    AlibiBackwardPlan,
+    AlibiForwardArgs,
+    AlibiForwardDescriptor,
+    AlibiForwardPlan,
+    alibi_backward,
+    alibi_forward,
+)
+from .ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
     LinearBackwardDescriptor,
@@ -54,6 +46,17 @@ from .gemm import (
     LinearForwardPlan,
     linear,
     linear_backward,
+)
+from .ops.sdpa import (
+    SdpaArgs,
+    SdpaBackwardArgs,
+    SdpaBackwardDescriptor,
+    SdpaBackwardPlan,
+    SdpaDescriptor,
+    SdpaForwardPlan,
+    SlidingWindow,
+    sdpa,
+    sdpa_backward,
 )
 from .plan import ExplainReport, Plan, Target, TrainingPair, Verdict
 from .types import (
@@ -73,6 +76,7 @@ __all__ = [
     "Descriptor",
     "ReasonCode",
     "Workspace",
+    "clear_caches",
     "Plan",
     "ExplainReport",
     "Target",
@@ -93,15 +97,15 @@ __all__ = [
     "AlibiBackwardPlan",
     "alibi_forward",
     "alibi_backward",
-    "AttentionDescriptor",
-    "AttentionBackwardDescriptor",
-    "AttentionArgs",
-    "AttentionBackwardArgs",
-    "AttentionPlan",
-    "AttentionBackwardPlan",
+    "SdpaDescriptor",
+    "SdpaBackwardDescriptor",
+    "SdpaArgs",
+    "SdpaBackwardArgs",
+    "SdpaForwardPlan",
+    "SdpaBackwardPlan",
     "SlidingWindow",
-    "attention",
-    "attention_backward",
+    "sdpa",
+    "sdpa_backward",
     "LinearDescriptor",
     "LinearBackwardDescriptor",
     "LinearArgs",
@@ -124,4 +128,27 @@ __all__ = [
     "BackendUnavailable",
     "LaunchFailed",
     "PlanFreed",
+    "CompileError",
 ]
+
+# The sdpa family's names before it had one name (0.1.0); importing them warns.
+_RENAMED = {
+    "attention": "sdpa",
+    "attention_backward": "sdpa_backward",
+    "AttentionDescriptor": "SdpaDescriptor",
+    "AttentionBackwardDescriptor": "SdpaBackwardDescriptor",
+    "AttentionArgs": "SdpaArgs",
+    "AttentionBackwardArgs": "SdpaBackwardArgs",
+    "AttentionPlan": "SdpaForwardPlan",
+    "AttentionBackwardPlan": "SdpaBackwardPlan",
+}
+
+
+def __getattr__(name: str):
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module 'opfacade' has no attribute {name!r}")
+    import warnings
+
+    warnings.warn(f"opfacade.{name} is now opfacade.{new}", DeprecationWarning, stacklevel=2)
+    return globals()[new]

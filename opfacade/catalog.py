@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ._internal.registry import all_ops
+from ._registry import all_ops
 from .types import KernelSku
 
 __all__ = ["all_skus", "catalog_json", "catalog_table", "write_catalog"]

@@ -34,7 +34,7 @@ def _parse_fields(pairs: list[str]) -> dict[str, str]:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ._internal.registry import op_named
+    from ._registry import op_named
     from .plan import Plan
 
     op = op_named(args.op)

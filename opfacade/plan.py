@@ -1,31 +1,30 @@
-"""Select-then-run, shared by every op: selection, explain, checks, workspaces, streams, caching.
+"""Select-then-run, shared by every op: checks, workspaces, streams, the plan cache, lifetime.
 
     plan = Plan.select(desc, PlanPreference(deterministic=True), device=0)
     plan.workspace_size; plan.can_implement(args); plan.run(args, workspace=ws, stream=s)
     Plan.explain(desc, pref, arch="sm90")   # works without a GPU
 
-Selection never runs a kernel. Candidates are the op's SKUs in the order the op lists them (its
-documented preference, fastest first); ``select`` drops those that cannot serve the problem on the
-target or that miss the preference, then keeps the first survivor (with ``objective="memory"``,
-the smallest workspace first). ``explain`` returns every candidate with a reason code.
+How a SKU is chosen is ``_internal/selection.py``; which SKUs an op has is ``_registry.py``.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from ._internal import registry
+from . import _registry as registry
 from ._internal.call_memo import CallMemo
-from ._internal.device import check_ordinal, current_device, device_arch, device_count
+from ._internal.contract import BoundArgs, Descriptor
+from ._internal.device import device_arch
 from ._internal.lru import BuildOnceLRU
-from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, SkuImpl, Unfit, Workspace
+from ._internal.selection import ExplainReport, Target, Verdict, rank
+from ._internal.sku import SkuImpl, Workspace
 from ._internal.streams import owning_package, resolve_stream
 from ._internal.tensors import TensorView, wrap
+from ._registry import OpSpec
 from .errors import (
-    BackendUnavailable,
     BufferTooSmall,
     DeviceMismatch,
     InvalidProblem,
@@ -33,194 +32,14 @@ from .errors import (
     NoKernelSku,
     PlanFreed,
 )
-from .types import ArchSku, BackendKind, KernelSku, PlanPreference, PrecisionGuarantee
+from .types import ArchSku, KernelSku, PlanPreference, PrecisionGuarantee
 
-__all__ = ["ExplainReport", "Plan", "PreparedRun", "Target", "TrainingPair", "Verdict"]
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a plan will run: a GPU architecture (and maybe a fixed device), or the host."""
-
-    arch: ArchSku | None
-    device: int | None = None
-
-    @property
-    def is_host(self) -> bool:
-        return self.arch is None
-
-    def __str__(self) -> str:
-        if self.is_host:
-            return "host"
-        return f"cuda:{self.device} ({self.arch})" if self.device is not None else str(self.arch)
-
-    @classmethod
-    def resolve(cls, device: int | str | None, arch: str | ArchSku | None) -> Target:
-        """device='cpu' is the host (reference oracle); arch alone selects without a GPU."""
-        if device == "cpu":
-            if arch is not None:
-                raise InvalidProblem("give either device='cpu' or arch, not both", field="arch")
-            return cls(None)
-        if device is not None and isinstance(device, str):
-            raise InvalidProblem(f"device must be an int ordinal or 'cpu', got {device!r}",
-                                 field="device")
-        if device is None and arch is not None:
-            return cls(ArchSku.parse(arch))
-        if device is None:
-            if device_count() == 0:
-                raise BackendUnavailable(
-                    "no CUDA device is visible: pass arch='sm90' (say) to select without a GPU, "
-                    "or device='cpu' for the float64 reference"
-                )
-            device = current_device()
-        check_ordinal(device)
-        actual = device_arch(device)
-        if arch is not None and ArchSku.parse(arch) != actual:
-            raise InvalidProblem(f"arch {arch} does not match cuda:{device}, which is {actual}",
-                                 field="arch")
-        return cls(actual, device)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One candidate SKU's fate in a selection."""
-
-    sku: KernelSku
-    code: ReasonCode
-    detail: str
-    workspace_size: int | None
-
-    @property
-    def chosen(self) -> bool:
-        return self.code is ReasonCode.chosen
-
-    @property
-    def viable(self) -> bool:
-        return self.code in (ReasonCode.chosen, ReasonCode.ranked_lower)
-
-    def to_dict(self) -> dict:
-        return {"sku": self.sku.id, "backend": self.sku.backend.value, "code": self.code.value,
-                "detail": self.detail, "workspace_size": self.workspace_size}
-
-
-@dataclass(frozen=True)
-class ExplainReport:
-    """Every candidate for a problem, chosen or rejected, with the reason: data first, then text."""
-
-    op: str
-    descriptor: Descriptor
-    preference: PlanPreference
-    target: Target
-    verdicts: tuple[Verdict, ...]
-
-    @property
-    def chosen(self) -> Verdict | None:
-        return next((v for v in self.verdicts if v.chosen), None)
-
-    def to_dict(self) -> dict:
-        return {
-            "op": self.op,
-            "descriptor": self.descriptor.model_dump(mode="json"),
-            "preference": self.preference.model_dump(mode="json"),
-            "target": str(self.target),
-            "candidates": [v.to_dict() for v in self.verdicts],
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def table(self) -> str:
-        fields = " ".join(f"{k}={v}" for k, v in self.descriptor.model_dump(mode="json").items())
-        header = f"{self.op} on {self.target}: {fields}"
-        rows = [("sku", "backend", "verdict", "workspace", "why")]
-        for v in self.verdicts:
-            ws = "-" if v.workspace_size is None else str(v.workspace_size)
-            rows.append((v.sku.id, v.sku.backend.value, v.code.value, ws, v.detail))
-        widths = [max(len(row[i]) for row in rows) for i in range(4)]
-        lines = [header]
-        for row in rows:
-            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
-                         + "  " + row[4])
-        return "\n".join(lines)
-
-    __str__ = table
-
-
-def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Target) -> Verdict:
-    """The first reason ``impl`` cannot serve (desc, pref) on ``target``, as a verdict."""
-    sku = impl.sku
-    workspace = None
-
-    def reject(code: ReasonCode, detail: str) -> Verdict:
-        return Verdict(sku, code, detail, workspace)
-
-    if pref.sku is not None and sku.id != pref.sku:
-        return reject(ReasonCode.not_requested, f"preference pins {pref.sku}")
-    if pref.backends is not None and sku.backend not in pref.backends:
-        allowed = ", ".join(sorted(b.value for b in pref.backends))
-        return reject(ReasonCode.backend_not_allowed, f"preference allows only {allowed}")
-    if sku.backend is BackendKind.reference and not target.is_host:
-        return reject(ReasonCode.reference_is_oracle,
-                      "the float64 reference is the test oracle; select it with device='cpu'")
-    if sku.backend is not BackendKind.reference and target.is_host:
-        return reject(ReasonCode.needs_gpu, "runs on a GPU; the target is the host")
-    if sku.arch is not None and not target.arch.covers(sku.arch):
-        return reject(ReasonCode.arch_too_old,
-                      f"needs {sku.arch} or newer, target is {target.arch}")
-    unfit: Unfit | None = impl.unfit_on(desc, target)
-    if unfit is not None:
-        return reject(unfit.code, unfit.detail)
-    guarantee = sku.precision_guarantee
-    if pref.deterministic and not guarantee.deterministic:
-        return reject(ReasonCode.not_deterministic,
-                      "not bitwise repeatable; preference requires it")
-    if pref.bit_stable and not guarantee.bit_stable:
-        return reject(ReasonCode.not_bit_stable,
-                      "reduction order not fixed; preference requires it")
-    if pref.min_math_precision and not guarantee.math_precision.at_least(pref.min_math_precision):
-        return reject(ReasonCode.precision_below_minimum,
-                      f"math in {guarantee.math_precision}, preference needs at least "
-                      f"{pref.min_math_precision}")
-    if pref.max_rel_error is not None and guarantee.max_rel_error > pref.max_rel_error:
-        return reject(ReasonCode.error_bound_too_loose,
-                      f"declares max_rel_error {guarantee.max_rel_error:g} > preference "
-                      f"{pref.max_rel_error:g}")
-    planned = impl.plan_for(desc, pref, target)
-    if isinstance(planned, Unfit):
-        return reject(planned.code, planned.detail)
-    workspace, chosen = planned
-    if pref.workspace_limit is not None and workspace > pref.workspace_limit:
-        return reject(ReasonCode.workspace_over_limit,
-                      f"needs {workspace} bytes of workspace, limit is {pref.workspace_limit}")
-    missing = impl.unavailable()
-    if missing is not None:
-        return reject(ReasonCode.backend_unavailable, missing)
-    return Verdict(sku, ReasonCode.ranked_lower, chosen, workspace)
-
-
-def _rank(op: OpSpec, desc: Descriptor, pref: PlanPreference, target: Target):
-    """Screens every candidate and marks the winner; returns (report, winning impl or None)."""
-    screened = [(impl, _screen(impl, desc, pref, target)) for impl in op.skus]
-    viable = [(impl, v) for impl, v in screened if v.viable]
-    if pref.objective == "memory":
-        viable.sort(key=lambda pair: pair[1].workspace_size)  # stable: ties keep the op's order
-    winner = viable[0][0] if viable else None
-    verdicts = []
-    for impl, v in screened:
-        inner = f"; {v.detail}" if v.detail else ""  # what the SKU chose inside (an algorithm)
-        if impl is winner:
-            rule = "smallest workspace" if pref.objective == "memory" else "op order"
-            v = Verdict(v.sku, ReasonCode.chosen, f"first of {len(viable)} viable ({rule}){inner}",
-                        v.workspace_size)
-        elif v.viable:
-            v = Verdict(v.sku, ReasonCode.ranked_lower,
-                        f"viable; ranked below {winner.sku.id}{inner}", v.workspace_size)
-        verdicts.append(v)
-    return ExplainReport(op.name, desc, pref, target, tuple(verdicts)), winner
+__all__ = ["ExplainReport", "Plan", "PreparedRun", "Target", "TrainingPair", "Verdict",
+           "plan_class"]
 
 
 # Process-wide plans keyed by (op, descriptor, preference, target); a freed plan is a miss.
-PLAN_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU(512, usable=lambda plan: not plan.freed)
+PLAN_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU("plan", 512, usable=lambda plan: not plan.freed)
 
 
 class Plan:
@@ -255,7 +74,7 @@ class Plan:
                 device: int | str | None = None, arch: str | ArchSku | None = None
                 ) -> ExplainReport:
         """Every candidate SKU with its reason code; works without a GPU when ``arch`` is given."""
-        report, _ = _rank(cls._op_for(desc), desc, PlanPreference.coerce(pref),
+        report, _ = rank(cls._op_for(desc), desc, PlanPreference.coerce(pref),
                           Target.resolve(device, arch))
         return report
 
@@ -270,12 +89,12 @@ class Plan:
         """
         op = cls._op_for(desc)
         pref = PlanPreference.coerce(pref)
-        report, impl = _rank(op, desc, pref, Target.resolve(device, arch))
+        report, impl = rank(op, desc, pref, Target.resolve(device, arch))
         if impl is None:
             raise NoKernelSku(f"no SKU serves {op.name} for this problem:\n{report.table()}",
                               report)
-        plan_class = cls if cls.op is not None else _PLAN_CLASSES.get(op.name, Plan)
-        return plan_class(op, desc, pref, report.target, impl, report)
+        chosen_class = cls if cls.op is not None else plan_class(op.name)
+        return chosen_class(op, desc, pref, report.target, impl, report)
 
     @classmethod
     def cached(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,
@@ -495,8 +314,12 @@ class Plan:
 
     # -- lifetime ----------------------------------------------------------------------------
     def free(self) -> None:
-        """Releases the plan's hold on its kernels; safe to call twice. Later use raises."""
-        self._impl = None
+        """Releases what the plan holds (its checked calls, and what its SKU built for this
+        problem: a cuDNN graph, cuBLASLt recipes); safe to call twice. Later use raises
+        PlanFreed."""
+        impl, self._impl = self._impl, None
+        if impl is not None:
+            impl.release(self._descriptor)
         if self._calls is not None:
             self._calls = CallMemo(self._checked_launch)  # drops every thread's launches
 
@@ -540,13 +363,11 @@ class TrainingPair:
         self.backward.free()
 
 
-_PLAN_CLASSES: dict[str, type[Plan]] = {}
-
-
-def plan_class(op: OpSpec) -> type[Plan]:
-    """A Plan subclass pinned to ``op`` (AlibiForwardPlan, ...), for typing and isinstance."""
+@functools.cache  # one class per op, made on first use: the same object every time
+def plan_class(op_name: str) -> type[Plan]:
+    """The Plan subclass pinned to one op (AlibiForwardPlan, SdpaBackwardPlan, ...), for typing
+    and isinstance."""
+    op = registry.op_named(op_name)
     name = "".join(part.title() for part in op.name.split("_")) + "Plan"
-    cls = type(name, (Plan,), {"op": op, "__doc__": f"Plan for {op.name}: {op.summary}",
-                               "__module__": "opfacade"})
-    _PLAN_CLASSES[op.name] = cls
-    return cls
+    return type(name, (Plan,), {"op": op, "__doc__": f"Plan for {op.name}: {op.summary}",
+                                "__module__": "opfacade"})

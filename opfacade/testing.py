@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._internal.registry import op_for
-from ._internal.sku import Descriptor, TensorSpec, Workspace
+from ._internal.contract import Descriptor, TensorSpec
+from ._internal.sku import Workspace
 from ._internal.tensors import TensorView
+from ._registry import op_for
 from .plan import Plan
 from .types import ElementKind, PlanPreference
 
@@ -213,7 +214,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
 def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: int | None = None
                ) -> list[VerificationResult]:
     """verify_plan over every sample problem of the SKU's op that the SKU serves."""
-    from ._internal.registry import all_ops
+    from ._registry import all_ops
 
     for op in all_ops():
         for impl in op.skus:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ._internal.device import current_device, device_arch, device_name
-from ._internal.registry import all_ops
+from ._registry import all_ops
 from .errors import NoKernelSku
 from .testing import verify_sku
 from .types import BackendKind

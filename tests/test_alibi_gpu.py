@@ -22,11 +22,13 @@ from opfacade import (
     alibi_backward,
     alibi_forward,
 )
-from opfacade._backends.nvrtc.alibi import BACKWARD_SKUS, FORWARD_SKUS
+from opfacade._backends.nvrtc.alibi import SKUS as ALIBI_SKUS
 from opfacade._backends.reference.alibi import alibi_backward as ref_backward
 from opfacade._backends.reference.alibi import alibi_forward as ref_forward
 from opfacade._internal.tensors import TensorView
 from opfacade.testing import relative_error, verify_plan
+
+FORWARD_SKUS, BACKWARD_SKUS = ALIBI_SKUS["alibi_forward"], ALIBI_SKUS["alibi_backward"]
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ import pytest
 from opfacade import Workspace
 from opfacade._internal import call_memo
 from opfacade._internal.call_memo import CallMemo, call_key
-from opfacade.gemm import LinearArgs
+from opfacade.ops.linear import LinearArgs
 
 torch = pytest.importorskip("torch")
 

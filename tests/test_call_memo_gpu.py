@@ -11,8 +11,6 @@ import weakref
 import numpy as np
 import pytest
 
-import opfacade.attention  # noqa: F401  (registers the ops)
-import opfacade.gemm  # noqa: F401
 from opfacade import (
     DeviceMismatch,
     DTypeMismatch,
@@ -22,7 +20,7 @@ from opfacade import (
     Workspace,
 )
 from opfacade._internal.call_memo import call_key
-from opfacade.gemm import (
+from opfacade.ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
     LinearBackwardDescriptor,

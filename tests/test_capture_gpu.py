@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from opfacade import Plan, PlanPreference, Workspace
-from opfacade._internal.registry import all_ops
+from opfacade._registry import all_ops
 from opfacade.testing import _device_tensor, download_bits, random_inputs
 from opfacade.types import BackendKind
 

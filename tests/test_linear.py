@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-import opfacade.gemm  # noqa: F401  (registers the ops)
+import opfacade
 from opfacade import (
     ArchSku,
     DTypeMismatch,
@@ -29,13 +29,14 @@ from opfacade import (
 )
 from opfacade._backends.cublaslt import epilogues, layouts, library, linear, matmul
 from opfacade._backends.nvrtc import linear_act, linear_grad
-from opfacade._backends.reference import gemm_backward, gemm_forward
-from opfacade._backends.reference.gemm import activation as reference_activation
-from opfacade._backends.reference.gemm import activation_grad as reference_activation_grad
+from opfacade._backends.reference import linear_backward, linear_forward
+from opfacade._backends.reference.linear import activation as reference_activation
+from opfacade._backends.reference.linear import activation_grad as reference_activation_grad
+from opfacade._internal.contract import BoundArgs
 from opfacade._internal.device import device_count
-from opfacade._internal.sku import BoundArgs
 from opfacade._internal.tensors import TensorView
-from opfacade.gemm import (
+from opfacade.contracts import linear as linear_contract
+from opfacade.ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
     LinearBackwardDescriptor,
@@ -43,8 +44,8 @@ from opfacade.gemm import (
     LinearDescriptor,
     LinearForwardPlan,
 )
-from opfacade.gemm import linear as linear_fn
-from opfacade.gemm import linear_backward as linear_backward_fn
+from opfacade.ops.linear import linear as linear_fn
+from opfacade.ops.linear import linear_backward as linear_backward_fn
 from opfacade.types import ElementKind
 
 NO_GPU = device_count() == 0
@@ -262,11 +263,11 @@ def test_host_reference_plans_match_the_oracle(layout, batching, activation):
     aux = np.empty(desc.aux_shape, np.uint8 if activation == "relu" else np.float64) \
         if desc.save_aux else None
     Plan.select(desc, device="cpu").run(LinearArgs(x, w, b, r, out, aux))
-    want, pre = gemm_forward(x, w, weight_layout=layout, bias=b, activation=activation,
+    want, pre = linear_forward(x, w, weight_layout=layout, bias=b, activation=activation,
                              residual=r)
     np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
     if activation == "relu":
-        np.testing.assert_array_equal(epilogues.unpack_relu_mask(aux, desc.n), pre > 0)
+        np.testing.assert_array_equal(linear_contract.unpack_relu_mask(aux, desc.n), pre > 0)
     elif aux is not None:
         np.testing.assert_allclose(aux, pre, rtol=1e-13, atol=1e-13)
 
@@ -316,7 +317,7 @@ def test_residual_may_be_the_output_itself():
     desc, plan = host_forward(residual=True, save_aux=False, activation="none")
     rng = np.random.default_rng(3)
     x, w, b, r = host_operands(desc, rng)
-    want, _ = gemm_forward(x, w, bias=b, residual=r, weight_layout="nk")
+    want, _ = linear_forward(x, w, bias=b, residual=r, weight_layout="nk")
     plan.run(LinearArgs(x, w, b, r, r))  # out += x @ W^T + b, in place
     np.testing.assert_allclose(r, want, rtol=1e-13)
     with pytest.raises(ShapeMismatch, match="residual must have shape"):
@@ -349,11 +350,11 @@ def test_host_backward_and_functional_forms_match_the_oracle(activation):
     x, w, b = rng.uniform(-1, 1, (2, 5, 3)), rng.uniform(-1, 1, (7, 3)), rng.uniform(-1, 1, 7)
     result = linear_fn(x, w, b, activation=activation, save_aux=activation != "none")
     out, aux = result if activation != "none" else (result, None)
-    want, pre = gemm_forward(x, w, weight_layout="nk", bias=b, activation=activation)
+    want, pre = linear_forward(x, w, weight_layout="nk", bias=b, activation=activation)
     np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
     dy = rng.uniform(-1, 1, out.shape)
     gx, gw, gb = linear_backward_fn(dy, x, w, aux, activation=activation)
-    ref = gemm_backward(dy, x, w, pre, weight_layout="nk", activation=activation)
+    ref = linear_backward(dy, x, w, pre, weight_layout="nk", activation=activation)
     for got, name in ((gx, "dx"), (gw, "dw"), (gb, "dbias")):
         np.testing.assert_allclose(got, ref[name], rtol=1e-12, atol=1e-12)
     with pytest.raises(ShapeMismatch, match="weight .* has K=4; x .* has K=3"):
@@ -498,7 +499,7 @@ class FakeCublasLt:
         if epi.name.startswith("RELU"):
             acc = np.maximum(acc, 0)
         elif epi.name.startswith("GELU"):
-            acc = gemm_forward(acc.reshape(-1, 1), np.ones((1, 1)), activation="gelu_tanh",
+            acc = linear_forward(acc.reshape(-1, 1), np.ones((1, 1)), activation="gelu_tanh",
                                weight_layout="kn")[0].reshape(acc.shape)
         elif epi.aux == "in":
             if epi.aux_is_mask:
@@ -563,8 +564,9 @@ def fake_cublaslt(monkeypatch):
     monkeypatch.setattr(matmul, "binding", lambda: fake)
     monkeypatch.setattr(matmul, "handle", lambda device: 4242)
     monkeypatch.setattr(matmul, "on_device", nullcontext)
-    for impl in (*linear.FORWARD_SKUS, *linear.BACKWARD_SKUS):  # recipes built on this fake
-        monkeypatch.setattr(impl, "_recipes", linear._Recipes(impl._build))
+    opfacade.clear_caches()  # recipes are built on this fake, and dropped after it
+    for impl in (*linear.SKUS["linear_forward"], *linear.SKUS["linear_backward"]):
+        monkeypatch.setattr(impl, "_recipes", linear._Recipes(impl._build, impl.sku.id))
     import cupy
 
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
@@ -586,7 +588,7 @@ def fake_cublaslt(monkeypatch):
         grad = _strided(pointers["grad_out"], shape, (ld_grad, 1), np.float32)
         if self.activation == "relu":
             mask = _strided(pointers["aux"], (self.rows, -(-self.n // 8)), (ld_aux, 1), np.uint8)
-            slope = epilogues.unpack_relu_mask(mask, self.n).astype(np.float64)
+            slope = linear_contract.unpack_relu_mask(mask, self.n).astype(np.float64)
         else:
             pre = _strided(pointers["aux"], shape, (ld_aux, 1), np.float32)
             slope = reference_activation_grad(pre, self.activation)
@@ -610,7 +612,8 @@ def fake_cublaslt(monkeypatch):
 
     monkeypatch.setattr(linear_act.ActivationPass, "bind", activation_pass)
     monkeypatch.setattr(linear_grad.ActivationGrad, "bind", activation_grad)
-    return fake
+    yield fake
+    opfacade.clear_caches()
 
 
 def view(array: np.ndarray, element="f32") -> TensorView:
@@ -658,7 +661,7 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
     desc = LinearDescriptor(m=5, n=9, k=4, batch=batch, weight_batched=batching == "batched",
                             weight_layout=layout, element="f32", activation=activation,
                             residual=True, save_aux=activation != "none")
-    impl = _serving(linear.FORWARD_SKUS, desc, deterministic)
+    impl = _serving(linear.SKUS["linear_forward"], desc, deterministic)
     rng = np.random.default_rng(6)
     x, w = padded(rng, desc.x_shape), padded(rng, desc.weight_shape, pad=5)
     b, r = rng.uniform(-1, 1, 9).astype(np.float32), padded(rng, desc.out_shape, pad=2)
@@ -675,11 +678,11 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
     bound = BoundArgs(views, outputs=("out", "aux"))
     impl.check_args(desc, bound)
     _launch(impl, path, desc, bound, aligned_workspace(4096))
-    want, pre = gemm_forward(x, w, weight_layout=layout, bias=b, activation=activation,
+    want, pre = linear_forward(x, w, weight_layout=layout, bias=b, activation=activation,
                              residual=r)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     if activation == "relu":
-        np.testing.assert_array_equal(epilogues.unpack_relu_mask(aux, 9), pre > 0)
+        np.testing.assert_array_equal(linear_contract.unpack_relu_mask(aux, 9), pre > 0)
     elif activation != "none":
         np.testing.assert_allclose(aux, pre, rtol=1e-5, atol=1e-6)
     calls = [call["epilogue"] for call in fake_cublaslt.calls[-2:]]
@@ -691,7 +694,8 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
 
 
 def impl_of(sku_id: str):
-    return next(i for i in (*linear.FORWARD_SKUS, *linear.BACKWARD_SKUS) if i.sku.id == sku_id)
+    impls = (*linear.SKUS["linear_forward"], *linear.SKUS["linear_backward"])
+    return next(i for i in impls if i.sku.id == sku_id)
 
 
 def _serving(impls, desc, deterministic: bool):
@@ -709,14 +713,14 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     desc = LinearBackwardDescriptor(m=5, n=9, k=4, batch=batch,
                                     weight_batched=batching == "batched", weight_layout=layout,
                                     element="f32", activation=activation, need_pre_grad=need_pre)
-    impl = _serving(linear.BACKWARD_SKUS, desc, deterministic)
+    impl = _serving(linear.SKUS["linear_backward"], desc, deterministic)
     rng = np.random.default_rng(7)
     x = rng.uniform(-1, 1, desc.x_shape).astype(np.float32)  # batch-contiguous, as required
     w = padded(rng, desc.weight_shape, pad=2)
     dy = rng.uniform(-1, 1, desc.out_shape).astype(np.float32)
     pre = rng.uniform(-1, 1, desc.out_shape)
     if activation == "relu":
-        aux = epilogues.pack_relu_mask(pre)
+        aux = linear_contract.pack_relu_mask(pre)
     else:
         aux = np.zeros((*desc.lead, 5, 16), np.float32)
         aux[..., :9] = pre
@@ -735,7 +739,7 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     need = impl._fixed_bytes(desc) + 4096
     _launch(impl, path, desc, bound, aligned_workspace(need))
     pre_like = np.where(pre > 0, 1.0, -1.0) if activation == "relu" else pre
-    ref = gemm_backward(dy, x, w, pre_like, weight_layout=layout, activation=activation)
+    ref = linear_backward(dy, x, w, pre_like, weight_layout=layout, activation=activation)
     for got, name in ((gx, "dx"), (gw, "dw"), (gb, "dbias")):
         np.testing.assert_allclose(got, ref[name], rtol=1e-5, atol=1e-5, err_msg=name)
     if gp is not None:
@@ -814,7 +818,7 @@ def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
     outs[0][:] = np.nan
     first()
     for i in range(3):
-        want, _ = gemm_forward(x, w, weight_layout="nk", bias=biases[i], activation="relu")
+        want, _ = linear_forward(x, w, weight_layout="nk", bias=biases[i], activation="relu")
         np.testing.assert_allclose(outs[i], want, rtol=1e-5, atol=1e-6)
     destroyed = []
     fake_cublaslt.matmul_desc_destroy = destroyed.append
@@ -869,10 +873,10 @@ def test_constants_match_nvmath():
 def test_relu_mask_layout_round_trips():
     rng = np.random.default_rng(9)
     pre = rng.uniform(-1, 1, (2, 3, 130))
-    mask = epilogues.pack_relu_mask(pre)
+    mask = linear_contract.pack_relu_mask(pre)
     assert mask.shape == (2, 3, 32) and mask.dtype == np.uint8
-    np.testing.assert_array_equal(epilogues.unpack_relu_mask(mask, 130), pre > 0)
-    assert epilogues.relu_mask_bytes(1) == 16 and epilogues.relu_mask_bytes(129) == 32
+    np.testing.assert_array_equal(linear_contract.unpack_relu_mask(mask, 130), pre > 0)
+    assert linear_contract.relu_mask_bytes(1) == 16 and linear_contract.relu_mask_bytes(129) == 32
     bound = impl_of("linear_forward.cublaslt.bf16").sku.precision_guarantee.max_rel_error
     assert math.isclose(bound, 2 ** -7)
 
@@ -884,7 +888,7 @@ def test_separate_activation_pass_runs_in_place_without_an_aux(fake_cublaslt, ac
     here has padded rows and gapped batch entries."""
     desc = LinearDescriptor(m=5, n=9, k=4, batch=2, element="f32", activation=activation,
                             residual=True)
-    impl = _serving(linear.FORWARD_SKUS, desc, False)
+    impl = _serving(linear.SKUS["linear_forward"], desc, False)
     rng = np.random.default_rng(8)
     x, w = padded(rng, desc.x_shape), padded(rng, desc.weight_shape, pad=5)
     b, r = rng.uniform(-1, 1, 9).astype(np.float32), padded(rng, desc.out_shape, pad=2)
@@ -894,7 +898,7 @@ def test_separate_activation_pass_runs_in_place_without_an_aux(fake_cublaslt, ac
     bound = BoundArgs(views, outputs=("out", "aux"))
     impl.check_args(desc, bound)
     _launch(impl, path, desc, bound, aligned_workspace(4096))
-    want, _ = gemm_forward(x, w, weight_layout="nk", bias=b, activation=activation, residual=r)
+    want, _ = linear_forward(x, w, weight_layout="nk", bias=b, activation=activation, residual=r)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     assert [call["epilogue"] for call in fake_cublaslt.calls[-2:]] == [
         "BIAS", f"linear_{activation}_f32"]

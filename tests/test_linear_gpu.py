@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import opfacade.gemm  # noqa: F401  (registers the ops)
+import opfacade.ops.linear
 from opfacade import (
     ArchSku,
     BufferTooSmall,
@@ -21,10 +21,11 @@ from opfacade import (
     ReasonCode,
     Workspace,
 )
-from opfacade._backends.cublaslt import epilogues, linear, matmul
-from opfacade._backends.reference import gemm_backward, gemm_forward
+from opfacade._backends.cublaslt import linear, matmul
+from opfacade._backends.reference import linear_backward, linear_forward
 from opfacade._internal.tensors import TensorView
-from opfacade.gemm import (
+from opfacade.contracts import linear as linear_contract
+from opfacade.ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
     LinearBackwardDescriptor,
@@ -37,9 +38,9 @@ from opfacade.types import ElementKind
 pytestmark = pytest.mark.gpu
 
 def _cases():
-    for impl in (*linear.FORWARD_SKUS, *linear.BACKWARD_SKUS):
+    for impl in (*linear.SKUS["linear_forward"], *linear.SKUS["linear_backward"]):
         op = LinearForwardPlan.op if impl.sku.op == "linear_forward" else \
-            opfacade.gemm.LinearBackwardPlan.op
+            opfacade.ops.linear.LinearBackwardPlan.op
         for desc in op.sample_problems(impl.sku.element):
             if impl._static_unfit(desc) is not None:  # an activation another SKU serves
                 continue
@@ -115,7 +116,7 @@ def test_padded_rows_and_gapped_batches(element, layout, activation, save_aux):
     plan.run(LinearArgs(**views))
     cupy.cuda.runtime.deviceSynchronize()
     vals = {name: _host(v) for name, v in views.items() if v is not None}
-    want, pre = gemm_forward(vals["x"], vals["weight"], weight_layout=layout, bias=vals["bias"],
+    want, pre = linear_forward(vals["x"], vals["weight"], weight_layout=layout, bias=vals["bias"],
                              activation=activation, residual=vals["residual"])
     bound = plan.precision_guarantee.max_rel_error
     assert relative_error(vals["out"], want) <= bound
@@ -157,7 +158,8 @@ def test_which_split_k_reductions_are_bitwise_repeatable(scheme, record_property
     scheme on a split-K-friendly problem (small M*N, long K) and checks 20 runs bitwise; INPLACE
     (partials added into the output) is reported, not asserted: the SKUs exclude it either way."""
     desc = LinearDescriptor(m=64, n=128, k=16384, element="f32", activation="gelu_tanh")
-    impl = next(i for i in linear.FORWARD_SKUS if i.sku.id == "linear_forward.cublaslt.f32")
+    impl = next(i for i in linear.SKUS["linear_forward"]
+                if i.sku.id == "linear_forward.cublaslt.f32")
     recipe = impl._recipes.get(desc, 0, impl._canonical(desc), linear.WORKSPACE_LIMIT)
     variant = recipe.matmul.split_k_variant(8, SCHEMES[scheme])
     if variant is None:
@@ -175,7 +177,7 @@ def test_which_split_k_reductions_are_bitwise_repeatable(scheme, record_property
                                          f"({variant.info})")
     print(f"split-K {scheme}: {len(bits)} distinct results over 20 runs with {variant.info}")
     out = np.frombuffer(next(iter(bits)), dtype=np.float32).reshape(desc.out_shape)
-    want, _ = gemm_forward(_host(views["x"]), _host(views["weight"]), bias=_host(views["bias"]),
+    want, _ = linear_forward(_host(views["x"]), _host(views["weight"]), bias=_host(views["bias"]),
                            activation="gelu_tanh", weight_layout="nk")
     assert relative_error(out, want) < 1e-5
     if SCHEMES[scheme] & matmul.DETERMINISTIC_SCHEMES:
@@ -259,14 +261,14 @@ def test_training_pair_round_trip(activation, batching):
     pair.backward.run(LinearBackwardArgs(dyv, xv, wv, aux, dx, dw, db))
     cupy.cuda.runtime.deviceSynchronize()
     x, w, b, dy = (_host(v) for v in (xv, wv, bv, dyv))
-    want, pre = gemm_forward(x, w, weight_layout="nk", bias=b, activation=activation)
+    want, pre = linear_forward(x, w, weight_layout="nk", bias=b, activation=activation)
     bound = pair.forward.precision_guarantee.max_rel_error
     assert relative_error(_host(out), want) <= bound
     if activation == "relu":  # the mask's meaningful bits, away from rounding ties at zero
-        got = epilogues.unpack_relu_mask(_host(aux), desc.n)
+        got = linear_contract.unpack_relu_mask(_host(aux), desc.n)
         clear = np.abs(pre) > 1e-2
         np.testing.assert_array_equal(got[clear], (pre > 0)[clear])
-    grads = gemm_backward(dy, x, w, pre, weight_layout="nk", activation=activation)
+    grads = linear_backward(dy, x, w, pre, weight_layout="nk", activation=activation)
     bound = pair.backward.precision_guarantee.max_rel_error
     for view, name in ((dx, "dx"), (dw, "dw"), (db, "dbias")):
         assert relative_error(_host(view), grads[name]) <= bound, name
@@ -336,16 +338,16 @@ def test_functional_forms_with_torch_tensors_and_streams():
     x, w, b = uniform(3, 50, 64), uniform(96, 64), uniform(96)  # nn.Linear(64, 96) on [3, 50, 64]
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        y, aux = opfacade.gemm.linear(x, w, b, activation="gelu_tanh", save_aux=True)
+        y, aux = opfacade.ops.linear.linear(x, w, b, activation="gelu_tanh", save_aux=True)
     side.synchronize()
     ref = F.gelu(F.linear(x.double(), w.double(), b.double()), approximate="tanh")
     assert relative_error(y.double().cpu().numpy(), ref.cpu().numpy()) < 8e-3
-    plain = opfacade.gemm.linear(x, w, b)
+    plain = opfacade.ops.linear.linear(x, w, b)
     torch.cuda.synchronize()
     assert relative_error(plain.double().cpu().numpy(),
                           F.linear(x.double(), w.double(), b.double()).cpu().numpy()) < 8e-3
     dy = uniform(3, 50, 96)
-    gx, gw, gb = opfacade.gemm.linear_backward(dy, x, w, aux, activation="gelu_tanh")
+    gx, gw, gb = opfacade.ops.linear.linear_backward(dy, x, w, aux, activation="gelu_tanh")
     xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
     F.gelu(F.linear(xr, wr, br), approximate="tanh").backward(dy.double())
     torch.cuda.synchronize()
@@ -365,8 +367,8 @@ def test_torch_default_gelu_and_silu_match_torch_modules(activation):
         return (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
 
     x, w, b, dy = uniform(2, 40, 64), uniform(96, 64), uniform(96), uniform(2, 40, 96)
-    y, aux = opfacade.gemm.linear(x, w, b, activation=activation, save_aux=True)
-    gx, gw, gb = opfacade.gemm.linear_backward(dy, x, w, aux, activation=activation)
+    y, aux = opfacade.ops.linear.linear(x, w, b, activation=activation, save_aux=True)
+    gx, gw, gb = opfacade.ops.linear.linear_backward(dy, x, w, aux, activation=activation)
     xr, wr, br = (t.double().requires_grad_() for t in (x, w, b))
     ref = module(torch.nn.functional.linear(xr, wr, br))
     ref.backward(dy.double())

@@ -12,8 +12,8 @@ from opfacade._backends.reference import (
     ACTIVATIONS,
     activation,
     activation_grad,
-    gemm_backward,
-    gemm_forward,
+    linear_backward,
+    linear_forward,
 )
 
 M, K, N, BT = 3, 4, 5, 2
@@ -75,7 +75,7 @@ def loop_gemm(x, w, layout, bias, name, residual, alpha, beta):
 def test_forward_matches_loops(name, layout, batching, residual):
     x, w, bias, res, _ = make_operands(batching, layout, residual, seed=len(name + batching))
     alpha, beta = 0.8, 1.3
-    out, pre = gemm_forward(x, w, weight_layout=layout, bias=bias, activation=name,
+    out, pre = linear_forward(x, w, weight_layout=layout, bias=bias, activation=name,
                             residual=res, alpha=alpha, beta=beta)
     want = loop_gemm(x, w, layout, bias, name, res, alpha, beta)
     want_pre = loop_gemm(x, w, layout, bias, "none", res, alpha, beta)
@@ -86,7 +86,7 @@ def test_forward_matches_loops(name, layout, batching, residual):
 def test_forward_without_epilogue_is_a_matmul():
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K))
-    out, pre = gemm_forward(x, w, weight_layout="nk")
+    out, pre = linear_forward(x, w, weight_layout="nk")
     assert out.dtype == np.float64
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-14)
     np.testing.assert_array_equal(out, pre)
@@ -99,9 +99,9 @@ def test_forward_without_epilogue_is_a_matmul():
 def test_backward_matches_finite_differences(name, layout, batching, residual):
     x, w, bias, res, weights = make_operands(batching, layout, residual, seed=len(name) + 17)
     alpha, beta = 0.7, 1.4
-    _, pre = gemm_forward(x, w, weight_layout=layout, bias=bias, activation=name, residual=res,
+    _, pre = linear_forward(x, w, weight_layout=layout, bias=bias, activation=name, residual=res,
                           alpha=alpha, beta=beta)
-    grads = gemm_backward(weights, x, w, pre, weight_layout=layout, activation=name,
+    grads = linear_backward(weights, x, w, pre, weight_layout=layout, activation=name,
                           alpha=alpha, beta=beta,
                           residual_shape=None if res is None else res.shape)
     tensors = {"x": x, "w": w, "bias": bias}
@@ -113,7 +113,7 @@ def test_backward_matches_finite_differences(name, layout, batching, residual):
     for key, value in tensors.items():
         def loss(bumped, key=key):
             inputs = {**tensors, key: bumped}
-            out, _ = gemm_forward(inputs["x"], inputs["w"], weight_layout=layout,
+            out, _ = linear_forward(inputs["x"], inputs["w"], weight_layout=layout,
                                   bias=inputs["bias"], activation=name,
                                   residual=inputs.get("residual"), alpha=alpha, beta=beta)
             return float(np.sum(out * weights))
@@ -125,9 +125,9 @@ def test_backward_matches_finite_differences(name, layout, batching, residual):
 
 def test_backward_options():
     x, w, bias, res, weights = make_operands("shared_weight", "nk", "full", seed=5)
-    _, pre = gemm_forward(x, w, weight_layout="nk", bias=bias, residual=res, activation="silu",
+    _, pre = linear_forward(x, w, weight_layout="nk", bias=bias, residual=res, activation="silu",
                           beta=0.5)
-    grads = gemm_backward(weights, x, w, pre, weight_layout="nk", activation="silu",
+    grads = linear_backward(weights, x, w, pre, weight_layout="nk", activation="silu",
                           need_bias_grad=False, beta=0.5, has_residual=True)
     assert grads["dbias"] is None
     np.testing.assert_allclose(grads["dresidual"], 0.5 * grads["d_pre"], rtol=1e-15)
@@ -162,10 +162,10 @@ def test_silu_does_not_overflow():
 def test_invalid_arguments_raise_value_error(kwargs, message):
     rng = np.random.default_rng(1)
     with pytest.raises(ValueError, match=message):
-        gemm_forward(rng.standard_normal((M, K)), rng.standard_normal((K, N)), **kwargs)
+        linear_forward(rng.standard_normal((M, K)), rng.standard_normal((K, N)), **kwargs)
 
 
 def test_mismatched_inner_dimension_is_named():
     rng = np.random.default_rng(1)
     with pytest.raises(ValueError, match="must have K=4"):
-        gemm_forward(rng.standard_normal((M, K)), rng.standard_normal((K, N)), weight_layout="nk")
+        linear_forward(rng.standard_normal((M, K)), rng.standard_normal((K, N)), weight_layout="nk")

@@ -26,27 +26,32 @@ from opfacade import (
     ShapeMismatch,
 )
 from opfacade._backends.cudnn import graphs, limits, runtime
-from opfacade._backends.cudnn.sdpa import BACKWARD_SKUS, FORWARD_SKUS, estimate_workspace
-from opfacade._backends.reference import attention as reference
-from opfacade.attention import (  # from the module: opfacade.attention may be the function
+from opfacade._backends.cudnn.sdpa import SKUS as SDPA_SKUS
+from opfacade._backends.cudnn.sdpa import estimate_workspace
+from opfacade._backends.reference import sdpa as reference
+from opfacade.contracts.sdpa import (
     SDPA_BACKWARD,
-    AttentionArgs,
-    AttentionBackwardArgs,
-    AttentionBackwardDescriptor,
-    AttentionBackwardPlan,
-    AttentionDescriptor,
-    AttentionPlan,
-    SlidingWindow,
     _bind_forward,
     alibi_slopes,
-    attention,
-    attention_backward,
     reference_options,
     verification_inputs,
+)
+from opfacade.ops.sdpa import (
+    SdpaArgs,
+    SdpaBackwardArgs,
+    SdpaBackwardDescriptor,
+    SdpaBackwardPlan,
+    SdpaDescriptor,
+    SdpaForwardPlan,
+    SlidingWindow,
+    sdpa,
+    sdpa_backward,
 )
 from opfacade.plan import Target
 from opfacade.testing import _from_bits, _to_bits, random_inputs
 from opfacade.types import ElementKind
+
+FORWARD_SKUS, BACKWARD_SKUS = SDPA_SKUS["sdpa_forward"], SDPA_SKUS["sdpa_backward"]
 
 # Small enough for the host reference, and a shape cuDNN serves: on a machine with a GPU the
 # selections below build real graphs (the target-less SKU calls use the current device).
@@ -54,11 +59,11 @@ COMMON = dict(batch=2, heads_q=4, heads_kv=2, seq_q=16, seq_kv=24, head_dim=64)
 
 
 def forward(element="bf16", **kw):
-    return AttentionDescriptor(**{**COMMON, "element": element, **kw})
+    return SdpaDescriptor(**{**COMMON, "element": element, **kw})
 
 
 def backward(element="bf16", **kw):
-    return AttentionBackwardDescriptor(**{**COMMON, "element": element, **kw})
+    return SdpaBackwardDescriptor(**{**COMMON, "element": element, **kw})
 
 
 def codes(report):
@@ -112,7 +117,7 @@ def test_descriptor_forms_json_round_trip_and_hash():
     desc = backward(causal=True, window="8,none", bias="1hqk", need_bias_grad=True, scale=0.3,
                     padding=True, dropout_p=0.25, layout="bshd")
     assert desc.causal == "top_left" and desc.window == SlidingWindow(left=8)
-    again = AttentionBackwardDescriptor.from_json(desc.model_dump_json())
+    again = SdpaBackwardDescriptor.from_json(desc.model_dump_json())
     assert again == desc and hash(again) == hash(desc)
     assert forward(window=[4, 2]) == forward(window={"left": 4, "right": 2})
     assert forward(causal=False).causal is None
@@ -141,7 +146,7 @@ def test_explain_without_a_gpu_gives_every_candidate_a_reason():
     assert found["sdpa_forward.cudnn.bf16"] is ReasonCode.chosen
     assert found["sdpa_forward.cudnn.f16"] is ReasonCode.element_unsupported
     assert found["sdpa_forward.reference"] is ReasonCode.reference_is_oracle
-    assert isinstance(Plan.select(forward(), arch="sm90"), AttentionPlan)
+    assert isinstance(Plan.select(forward(), arch="sm90"), SdpaForwardPlan)
     with pytest.raises(NoKernelSku) as caught:
         Plan.select(forward(element="f32"), arch="sm90")
     assert "serves bf16, problem is f32" in str(caught.value)
@@ -270,21 +275,21 @@ def test_workspace_is_estimated_without_a_gpu_and_weighed_against_the_limit():
 
 def test_training_pair_selects_a_backward_that_can_run():
     desc = forward(save_stats=True, causal="top_left")
-    pair = AttentionPlan.select_for_training(desc, arch="sm90")
+    pair = SdpaForwardPlan.select_for_training(desc, arch="sm90")
     assert pair.forward.sku.id == "sdpa_forward.cudnn.bf16"
     assert pair.backward.sku.id == "sdpa_backward.cudnn.bf16"
-    assert isinstance(pair.backward, AttentionBackwardPlan)
-    strict = AttentionPlan.select_for_training(desc, {"deterministic": True}, arch="sm90")
+    assert isinstance(pair.backward, SdpaBackwardPlan)
+    strict = SdpaForwardPlan.select_for_training(desc, {"deterministic": True}, arch="sm90")
     assert strict.backward.sku.id == "sdpa_backward.cudnn.bf16.deterministic"
     assert strict.workspace_size == strict.backward.workspace_size
     with pytest.raises(NoKernelSku):  # no backward fits in no workspace: no forward either
-        AttentionPlan.select_for_training(desc, {"workspace_limit": 0}, arch="sm90")
+        SdpaForwardPlan.select_for_training(desc, {"workspace_limit": 0}, arch="sm90")
     with pytest.raises(InvalidProblem, match="save_stats") as caught:
-        AttentionPlan.select_for_training(forward(), arch="sm90")
+        SdpaForwardPlan.select_for_training(forward(), arch="sm90")
     assert caught.value.field == "save_stats"
     # The forward serves seq 1 x 1; its backward does not, so training is refused whole.
     with pytest.raises(NoKernelSku, match="seq_q = seq_kv = 1"):
-        AttentionPlan.select_for_training(forward(seq_q=1, seq_kv=1, save_stats=True),
+        SdpaForwardPlan.select_for_training(forward(seq_q=1, seq_kv=1, save_stats=True),
                                           arch="sm90")
 
 
@@ -489,7 +494,7 @@ def test_host_plan_is_the_reference_with_the_stats_contract(kw):
     a = host_arrays(desc, rng)
     with Plan.select(desc, device="cpu") as plan:
         assert plan.sku.id == "sdpa_forward.reference"
-        plan.run(AttentionArgs(**a))
+        plan.run(SdpaArgs(**a))
     out, lse = reference.sdpa_forward(a["q"], a["k"], a["v"], bias=a.get("bias"),
                                       seq_len_q=a.get("seq_len_q"),
                                       seq_len_kv=a.get("seq_len_kv"),
@@ -502,16 +507,16 @@ def test_host_backward_and_functional_forms():
     rng = np.random.default_rng(6)
     q, k, v = (rng.uniform(-1, 1, s) for s in ((2, 4, 8, 8), (2, 2, 10, 8), (2, 2, 10, 8)))
     bias = rng.uniform(-1, 1, (1, 4, 8, 10))
-    out, stats = attention(q, k, v, causal=True, bias=bias, return_stats=True)
+    out, stats = sdpa(q, k, v, causal=True, bias=bias, return_stats=True)
     assert stats.shape == (2, 4, 8, 1)
     d_out = rng.uniform(-1, 1, out.shape)
-    dq, dk, dv, dbias = attention_backward(q, k, v, out, d_out, stats, causal=True,
+    dq, dk, dv, dbias = sdpa_backward(q, k, v, out, d_out, stats, causal=True,
                                                      bias=bias, need_bias_grad=True)
     grads = reference.sdpa_backward(q, k, v, d_out, causal="top_left", bias=bias,
                                     need_bias_grad=True)
     for ours, name in ((dq, "dq"), (dk, "dk"), (dv, "dv"), (dbias, "dbias")):
         np.testing.assert_allclose(ours, grads[name], rtol=1e-12, atol=1e-14)
-    assert attention(q, k, v).shape == (2, 4, 8, 8)
+    assert sdpa(q, k, v).shape == (2, 4, 8, 8)
 
 
 def test_host_plan_bad_input_is_typed_and_named():
@@ -522,7 +527,7 @@ def test_host_plan_bad_input_is_typed_and_named():
 
     def check(error, match, **change):
         with pytest.raises(error, match=match) as caught:
-            plan.can_implement(AttentionArgs(**{**good, **change}))
+            plan.can_implement(SdpaArgs(**{**good, **change}))
         return caught.value
 
     assert check(ShapeMismatch, r"stats must have shape \(2, 4, 16, 1\)",
@@ -545,10 +550,10 @@ def test_host_plan_bad_input_is_typed_and_named():
                  dropout_seed=np.zeros(1, np.int64)).argument == "dropout_seed"
     no_stats = Plan.select(forward(element="f64"), device="cpu")
     with pytest.raises(InvalidArgument, match="stats must be None unless save_stats"):
-        no_stats.can_implement(AttentionArgs(**host_arrays(forward(element="f64",
+        no_stats.can_implement(SdpaArgs(**host_arrays(forward(element="f64",
                                                                    save_stats=True), rng)))
-    with pytest.raises(InvalidArgument, match="args must be AttentionArgs"):
-        plan.run(AttentionBackwardArgs(*range(9)))
+    with pytest.raises(InvalidArgument, match="args must be SdpaArgs"):
+        plan.run(SdpaBackwardArgs(*range(9)))
 
 
 def test_host_backward_bad_input_is_typed_and_named():
@@ -561,34 +566,34 @@ def test_host_backward_bad_input_is_typed_and_named():
                   grad_q=np.empty(desc.q_shape), grad_k=np.empty(desc.k_shape),
                   grad_v=np.empty(desc.v_shape), bias=rng.uniform(-1, 1, desc.bias_shape),
                   grad_bias=np.empty(desc.bias_shape))
-    plan.can_implement(AttentionBackwardArgs(**arrays))
+    plan.can_implement(SdpaBackwardArgs(**arrays))
     with pytest.raises(ShapeMismatch, match="stats must have shape") as caught:
-        plan.can_implement(AttentionBackwardArgs(**{**arrays, "stats": np.zeros((2, 4, 16))}))
+        plan.can_implement(SdpaBackwardArgs(**{**arrays, "stats": np.zeros((2, 4, 16))}))
     assert caught.value.argument == "stats"
     with pytest.raises(InvalidArgument, match="grad_bias is required") as caught:
-        plan.can_implement(AttentionBackwardArgs(**{**arrays, "grad_bias": None}))
+        plan.can_implement(SdpaBackwardArgs(**{**arrays, "grad_bias": None}))
     size_q, size_k = math.prod(desc.q_shape), math.prod(desc.k_shape)
     flat = np.empty(size_q + size_k)
     sharing = {**arrays, "grad_q": flat[:size_q].reshape(desc.q_shape),
                "grad_k": flat[size_q - 8:size_q - 8 + size_k].reshape(desc.k_shape)}
     with pytest.raises(LayoutMismatch, match="grad_q overlaps grad_k"):
-        plan.can_implement(AttentionBackwardArgs(**sharing))
+        plan.can_implement(SdpaBackwardArgs(**sharing))
 
 
 def test_functional_bad_input_names_the_argument():
     rng = np.random.default_rng(9)
     q, k, v = (rng.uniform(-1, 1, s) for s in ((2, 6, 8, 8), (2, 4, 10, 8), (2, 4, 10, 8)))
     with pytest.raises(InvalidProblem, match="heads_q 6 must be a multiple of heads_kv 4") as e:
-        attention(q, k, v)
+        sdpa(q, k, v)
     assert e.value.field == "heads_kv"
     q4 = q[:, :4]
     with pytest.raises(ShapeMismatch, match="bias must have shape") as e:
-        attention(q4, k, v, bias=np.zeros((2, 3, 8, 10)))
+        sdpa(q4, k, v, bias=np.zeros((2, 3, 8, 10)))
     assert e.value.argument == "bias"
     with pytest.raises(ShapeMismatch, match="q must be 4-D"):
-        attention(q4[0], k, v)
+        sdpa(q4[0], k, v)
     with pytest.raises(NoKernelSku, match="Philox"):
-        attention(q4, k, v, dropout_p=0.1, dropout_seed=np.zeros(1, np.int64),
+        sdpa(q4, k, v, dropout_p=0.1, dropout_seed=np.zeros(1, np.int64),
                             dropout_offset=np.zeros(1, np.int64))
 
 
@@ -684,7 +689,7 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
         strides = graphs.row_major(shape)
         return TensorView(base + index * (1 << 24), shape, strides, element, 0, "cupy", None)
 
-    args = AttentionArgs(view(0, desc.q_shape), view(1, desc.k_shape), view(2, desc.v_shape),
+    args = SdpaArgs(view(0, desc.q_shape), view(1, desc.k_shape), view(2, desc.v_shape),
                          view(3, desc.o_shape), view(4, desc.stats_shape, ElementKind.f32),
                          view(5, desc.bias_shape))
     bound = _bind_forward(desc, args)
@@ -699,12 +704,12 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
     assert calls == expected * 2
     with pytest.raises(BufferTooSmall, match="needs 4096"):
         impl.launch(desc, bound, Workspace(base + (6 << 24), 4095, 0), stream=77)
-    misaligned = AttentionArgs(**{**vars(args), "q": TensorView(
+    misaligned = SdpaArgs(**{**vars(args), "q": TensorView(
         base + 8, desc.q_shape, graphs.row_major(desc.q_shape), desc.element, 0, "cupy", None)})
     with pytest.raises(LayoutMismatch, match="q must be 16-byte aligned"):
         impl.check_args(desc, _bind_forward(desc, misaligned))
     bshd = graphs.dense_strides("bshd", *desc.q_shape)
-    transposed = AttentionArgs(**{**vars(args), "q": TensorView(
+    transposed = SdpaArgs(**{**vars(args), "q": TensorView(
         base, desc.q_shape, bshd, desc.element, 0, "cupy", None)})
     with pytest.raises(LayoutMismatch, match="q must have the dense bhsd strides"):
         impl.check_args(desc, _bind_forward(desc, transposed))
@@ -735,7 +740,7 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
 def test_random_problems_get_typed_errors_or_reasons_never_crashes(fields, backward_op, arch):
     """Descriptors validate themselves; the data limits answer every valid problem for every
     arch without a GPU, with a reason or a workspace estimate."""
-    cls = AttentionBackwardDescriptor if backward_op else AttentionDescriptor
+    cls = SdpaBackwardDescriptor if backward_op else SdpaDescriptor
     if not backward_op:
         fields.pop("need_bias_grad", None)
     try:

@@ -34,23 +34,25 @@ from opfacade._backends.cudnn.sdpa import (
     FORWARD_BOUND,
     run_forward_dumping_dropout,
 )
-from opfacade._backends.reference import attention as reference
-from opfacade._internal.sku import TensorSpec
+from opfacade._backends.reference import sdpa as reference
+from opfacade._backends.reference.skus import _sdpa_backward as _reference_backward
+from opfacade._backends.reference.skus import _sdpa_forward as _reference_forward
+from opfacade._internal.contract import TensorSpec
 from opfacade._internal.tensors import TensorView, wrap
-from opfacade.attention import (  # from the module: opfacade.attention may be the function
+from opfacade.contracts.sdpa import (
     SDPA_BACKWARD,
     SDPA_FORWARD,
-    AttentionArgs,
-    AttentionBackwardArgs,
-    AttentionBackwardDescriptor,
-    AttentionDescriptor,
-    AttentionPlan,
-    _reference_backward,
-    _reference_forward,
-    attention,
-    attention_backward,
     reference_options,
     verification_inputs,
+)
+from opfacade.ops.sdpa import (
+    SdpaArgs,
+    SdpaBackwardArgs,
+    SdpaBackwardDescriptor,
+    SdpaDescriptor,
+    SdpaForwardPlan,
+    sdpa,
+    sdpa_backward,
 )
 from opfacade.testing import (
     _device_tensor,
@@ -116,14 +118,14 @@ def _rng(*parts) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32("/".join(map(str, parts)).encode()))
 
 
-def _forward(element, name, **extra) -> AttentionDescriptor:
-    return AttentionDescriptor(**{**BASE, **CASES[name], **extra}, element=element,
+def _forward(element, name, **extra) -> SdpaDescriptor:
+    return SdpaDescriptor(**{**BASE, **CASES[name], **extra}, element=element,
                                save_stats=True)
 
 
-def _backward(element, name, **extra) -> AttentionBackwardDescriptor:
+def _backward(element, name, **extra) -> SdpaBackwardDescriptor:
     fields = {**BASE, **CASES[name], **extra}
-    return AttentionBackwardDescriptor(**fields, element=element,
+    return SdpaBackwardDescriptor(**fields, element=element,
                                        need_bias_grad=fields.get("bias") is not None)
 
 
@@ -255,7 +257,7 @@ def test_verify_plan_passes_every_forward_sample(element):
 
 
 def test_forward_without_stats_writes_only_out():
-    desc = AttentionDescriptor(**{**BASE, **CASES["causal_top_left"]}, element="bf16")
+    desc = SdpaDescriptor(**{**BASE, **CASES["causal_top_left"]}, element="bf16")
     plan = Plan.select(desc, device=0)
     signature = SDPA_FORWARD.signature(desc)
     assert "stats" not in signature
@@ -268,7 +270,7 @@ def test_forward_without_stats_writes_only_out():
 # ----------------------------------------------------------------------------- dropout
 
 
-def _dropout_mask(desc: AttentionDescriptor, inputs) -> np.ndarray:
+def _dropout_mask(desc: SdpaDescriptor, inputs) -> np.ndarray:
     """cuDNN's keep mask for the inputs' seed and offset, from the forward's dump variant."""
     import cupy
 
@@ -289,7 +291,7 @@ def _dropout_mask(desc: AttentionDescriptor, inputs) -> np.ndarray:
 def test_dropout_forward_repeats_by_seed_and_matches_the_reference_with_cudnns_mask(element,
                                                                                      extra):
     p = 0.2
-    desc = AttentionDescriptor(**{**BASE, **extra}, element=element, dropout_p=p,
+    desc = SdpaDescriptor(**{**BASE, **extra}, element=element, dropout_p=p,
                                save_stats=True)
     plan = Plan.select(desc, device=0)
     signature = SDPA_FORWARD.signature(desc)
@@ -320,8 +322,8 @@ def test_dropout_backward_uses_the_forwards_mask(deterministic):
     p = 0.15
     common = dict(BASE, heads_q=8, heads_kv=2, causal="top_left", element="bf16",
                   dropout_p=p)
-    fwd = AttentionDescriptor(**common, save_stats=True)
-    desc = AttentionBackwardDescriptor(**common)
+    fwd = SdpaDescriptor(**common, save_stats=True)
+    desc = SdpaBackwardDescriptor(**common)
     signature = SDPA_BACKWARD.signature(desc)
     rng = _rng("dropout-bwd", deterministic)
     floats = {n: s for n, s in signature.items() if s.element.is_float and s.role != "out"}
@@ -369,7 +371,7 @@ def test_workspace_of_exactly_workspace_size_suffices_and_less_is_refused():
     inputs = _inputs(desc, signature, _rng("guard"))
     views = {name: _upload(spec, None if spec.role == "out" else inputs[name])
              for name, spec in signature.items()}
-    args = AttentionBackwardArgs(**views)
+    args = SdpaBackwardArgs(**views)
     guard = 4096
     pool = cupy.full(plan.workspace_size + 2 * guard, 0xA5, dtype=cupy.uint8)
     with pytest.raises(BufferTooSmall, match="workspace has"):
@@ -438,9 +440,9 @@ def test_one_plan_from_several_threads_each_with_its_own_handle_and_stream():
 def test_training_pair_runs_forward_then_backward_in_one_workspace():
     import cupy
 
-    desc = AttentionDescriptor(**{**BASE, **CASES["gqa"]}, element="bf16", causal="top_left",
+    desc = SdpaDescriptor(**{**BASE, **CASES["gqa"]}, element="bf16", causal="top_left",
                                save_stats=True)
-    pair = AttentionPlan.select_for_training(desc, {"deterministic": True}, device=0)
+    pair = SdpaForwardPlan.select_for_training(desc, {"deterministic": True}, device=0)
     assert pair.backward.sku.id == "sdpa_backward.cudnn.bf16.deterministic"
     fsig = SDPA_FORWARD.signature(desc)
     bdesc = pair.backward.descriptor
@@ -452,9 +454,9 @@ def test_training_pair_runs_forward_then_backward_in_one_workspace():
     views = {name: _upload(spec, None if spec.role == "out" else inputs[name])
              for name, spec in fsig.items()}
     workspace = cupy.empty(pair.workspace_size, dtype=cupy.uint8)
-    pair.forward.run(AttentionArgs(**views), workspace=workspace, stream=0)
+    pair.forward.run(SdpaArgs(**views), workspace=workspace, stream=0)
     grads = {name: _upload(bsig[name], None) for name in ("grad_q", "grad_k", "grad_v")}
-    pair.backward.run(AttentionBackwardArgs(
+    pair.backward.run(SdpaBackwardArgs(
         views["q"], views["k"], views["v"], views["out"], _upload(bsig["grad_out"],
                                                                   inputs["grad_out"]),
         views["stats"], grads["grad_q"], grads["grad_k"], grads["grad_v"]),
@@ -474,18 +476,18 @@ def test_training_pair_runs_forward_then_backward_in_one_workspace():
 def test_bad_input_on_the_gpu_is_typed_and_named():
     import cupy
 
-    desc = AttentionDescriptor(**BASE, element="f16", padding=True, save_stats=True)
+    desc = SdpaDescriptor(**BASE, element="f16", padding=True, save_stats=True)
     plan = Plan.select(desc, device=0)
     q = cupy.zeros(desc.q_shape, cupy.float16)
     k, v, out = cupy.zeros_like(q), cupy.zeros_like(q), cupy.empty_like(q)
     stats = cupy.empty(desc.stats_shape, cupy.float32)
     lengths = cupy.full((2,), 128, cupy.int32)
     good = dict(q=q, k=k, v=v, out=out, stats=stats, seq_len_q=lengths, seq_len_kv=lengths)
-    plan.can_implement(AttentionArgs(**good))
+    plan.can_implement(SdpaArgs(**good))
 
     def check(error, match, argument, **change):
         with pytest.raises(error, match=match) as caught:
-            plan.run(AttentionArgs(**{**good, **change}))
+            plan.run(SdpaArgs(**{**good, **change}))
         assert caught.value.argument == argument
 
     check(DTypeMismatch, "stats must have element type f32", "stats",
@@ -507,7 +509,7 @@ def test_bad_input_on_the_gpu_is_typed_and_named():
     check(LayoutMismatch, "out must have unit stride", "out",
           out=cupy.empty((2, 4, 64, 128), cupy.float16).transpose(0, 1, 3, 2))
     with pytest.raises(NoKernelSku, match="head_dim 100 and head_dim_v 100 must be multiples"):
-        Plan.select(AttentionDescriptor(**{**BASE, "head_dim": 100}, element="f16"), device=0)
+        Plan.select(SdpaDescriptor(**{**BASE, "head_dim": 100}, element="f16"), device=0)
 
 
 def test_functional_forms_with_cupy_arrays():
@@ -516,7 +518,7 @@ def test_functional_forms_with_cupy_arrays():
     rng = _rng("cupy")
     q, k, v = (cupy.asarray(rng.uniform(-1, 1, s).astype(np.float16))
                for s in ((2, 4, 64, 64), (2, 2, 96, 64), (2, 2, 96, 64)))
-    out, stats = attention(q, k, v, causal="bottom_right", return_stats=True)
+    out, stats = sdpa(q, k, v, causal="bottom_right", return_stats=True)
     cupy.cuda.get_current_stream().synchronize()
     ref_out, ref_lse = reference.sdpa_forward(q.get(), k.get(), v.get(), causal="bottom_right")
     from opfacade.testing import relative_error
@@ -524,7 +526,7 @@ def test_functional_forms_with_cupy_arrays():
     assert relative_error(out.get(), ref_out) <= FORWARD_BOUND[ElementKind.f16]
     assert relative_error(stats.get()[..., 0], ref_lse) <= FORWARD_BOUND[ElementKind.f16]
     d_out = cupy.asarray(rng.uniform(-1, 1, out.shape).astype(np.float16))
-    dq, dk, dv = attention_backward(q, k, v, out, d_out, stats,
+    dq, dk, dv = sdpa_backward(q, k, v, out, d_out, stats,
                                               causal="bottom_right", deterministic=True)
     cupy.cuda.get_current_stream().synchronize()
     grads = reference.sdpa_backward(q.get(), k.get(), v.get(), d_out.get(),
@@ -545,7 +547,7 @@ def test_torch_tensors_layouts_streams_and_functional_forms():
     k, v = rand(2, 256, 2, 128).transpose(1, 2), rand(2, 256, 2, 128).transpose(1, 2)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):  # None: torch's current stream, here the side stream
-        out, stats = attention(q, k, v, causal=True, return_stats=True)
+        out, stats = sdpa(q, k, v, causal=True, return_stats=True)
     side.synchronize()
     assert out.shape == (2, 8, 200, 128) and out.stride() == (200 * 8 * 128, 128, 8 * 128, 1)
     from opfacade.testing import relative_error
@@ -556,7 +558,7 @@ def test_torch_tensors_layouts_streams_and_functional_forms():
     assert relative_error(out.double().cpu().numpy(), ref_out) <= bound
     assert relative_error(stats[..., 0].double().cpu().numpy(), ref_lse) <= bound
     d_out = rand(2, 200, 8, 128).transpose(1, 2)
-    dq, dk, dv = attention_backward(q, k, v, out, d_out, stats, causal=True)
+    dq, dk, dv = sdpa_backward(q, k, v, out, d_out, stats, causal=True)
     torch.cuda.synchronize()
     grads = reference.sdpa_backward(q64, k64, v64, d_out.double().cpu().numpy(),
                                     causal="top_left")
@@ -568,4 +570,4 @@ def test_torch_tensors_layouts_streams_and_functional_forms():
         is_causal=True)
     assert relative_error(out.double().cpu().numpy(), expected.cpu().numpy()) <= bound
     with pytest.raises(LayoutMismatch, match="q must be a dense"):
-        attention(rand(2, 8, 128, 200).transpose(2, 3), k, v)
+        sdpa(rand(2, 8, 128, 200).transpose(2, 3), k, v)

@@ -14,7 +14,7 @@ beforehand (TensorViews), which shows what the argument checks cost.
 
 from __future__ import annotations
 
-from ..gemm import (
+from ..ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
     LinearDescriptor,

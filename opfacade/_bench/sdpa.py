@@ -14,13 +14,13 @@ import math
 
 from .._internal.sku import Workspace
 from .._internal.tensors import wrap
-from ..attention import (
-    AttentionArgs,
-    AttentionBackwardArgs,
-    AttentionBackwardDescriptor,
-    AttentionBackwardPlan,
-    AttentionDescriptor,
-    AttentionPlan,
+from ..ops.sdpa import (
+    SdpaArgs,
+    SdpaBackwardArgs,
+    SdpaBackwardDescriptor,
+    SdpaBackwardPlan,
+    SdpaDescriptor,
+    SdpaForwardPlan,
 )
 from ..types import PlanPreference
 from .common import BenchRow, host_us_interleaved, time_interleaved
@@ -148,9 +148,9 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
     def workspace(plan):
         return torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
 
-    forward = AttentionPlan.select(AttentionDescriptor(**fields), device=0)
+    forward = SdpaForwardPlan.select(SdpaDescriptor(**fields), device=0)
     fwd_ws = workspace(forward)
-    fwd_args = AttentionArgs(q, k, v, o)
+    fwd_args = SdpaArgs(q, k, v, o)
     raw_fwd, *_ = raw.forward(q, k, v, o, None, scale, causal)
     times = time_interleaved({
         "ours": lambda: forward.run(fwd_args, workspace=fwd_ws, stream=0),
@@ -163,11 +163,11 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
                      "; ".join(notes))]
 
     # The backward reads a forward's out and stats.
-    stats_plan = AttentionPlan.select(AttentionDescriptor(**fields, save_stats=True), device=0)
-    stats_plan.run(AttentionArgs(q, k, v, o, stats), workspace=workspace(stats_plan), stream=0)
-    bwd_args = AttentionBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv)
+    stats_plan = SdpaForwardPlan.select(SdpaDescriptor(**fields, save_stats=True), device=0)
+    stats_plan.run(SdpaArgs(q, k, v, o, stats), workspace=workspace(stats_plan), stream=0)
+    bwd_args = SdpaBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv)
     flops = _flops(b, hq, s, d, causal, backward=True)
-    plans = {det: AttentionBackwardPlan.select(AttentionBackwardDescriptor(**fields),
+    plans = {det: SdpaBackwardPlan.select(SdpaBackwardDescriptor(**fields),
                                                PlanPreference(deterministic=det), device=0)
              for det in (False, True)}
     default_ws = workspace(plans[False])
@@ -203,12 +203,12 @@ def _host_rows(torch, raw: _Raw, calls: int = 2000) -> list[BenchRow]:
     stats = torch.empty(b, hq, s, 1, device="cuda", dtype=torch.float32)
     fields = dict(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s, seq_kv=s, head_dim=d,
                   element="bf16")
-    forward = AttentionPlan.cached(AttentionDescriptor(**fields, save_stats=True), device=0)
-    backward = AttentionBackwardPlan.cached(AttentionBackwardDescriptor(**fields), device=0)
+    forward = SdpaForwardPlan.cached(SdpaDescriptor(**fields, save_stats=True), device=0)
+    backward = SdpaBackwardPlan.cached(SdpaBackwardDescriptor(**fields), device=0)
     cases = (
-        ("forward", forward, AttentionArgs(q, k, v, o, stats),
+        ("forward", forward, SdpaArgs(q, k, v, o, stats),
          raw.forward(q, k, v, o, stats, scale, False)[0]),
-        ("backward", backward, AttentionBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv),
+        ("backward", backward, SdpaBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv),
          raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, False, False)[0]),
     )
     rows = []

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from .log import LOG
+
 __all__ = ["BuildOnceLRU"]
 
 V = TypeVar("V")
@@ -20,9 +22,11 @@ V = TypeVar("V")
 
 class BuildOnceLRU(Generic[V]):
     """Key -> value, least recently used evicted past ``capacity``. ``usable(value)`` False
-    (a freed plan, say) counts as a miss."""
+    (a freed plan, say) counts as a miss. ``name`` labels its hits and misses in the log."""
 
-    def __init__(self, capacity: int, usable: Callable[[V], bool] = lambda value: True):
+    def __init__(self, name: str, capacity: int,
+                 usable: Callable[[V], bool] = lambda value: True):
+        self.name = name
         self._capacity = capacity
         self._usable = usable
         self._items: OrderedDict[Hashable, V] = OrderedDict()
@@ -33,7 +37,9 @@ class BuildOnceLRU(Generic[V]):
             value = self._items.get(key)
             if value is not None and self._usable(value):
                 self._items.move_to_end(key)
+                LOG.debug("%s cache hit: %s", self.name, key)
                 return value
+        LOG.debug("%s cache miss: %s", self.name, key)
         built = build()  # outside the lock
         with self._lock:
             value = self._items.get(key)
@@ -46,6 +52,12 @@ class BuildOnceLRU(Generic[V]):
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+
+    def discard(self, matches: Callable[[Hashable], bool]) -> None:
+        """Drops every entry whose key ``matches`` (what a freed plan held, say)."""
+        with self._lock:
+            for key in [key for key in self._items if matches(key)]:
+                del self._items[key]
 
     def __len__(self) -> int:
         return len(self._items)

@@ -720,7 +720,7 @@ def expect_no_overlaps(views: dict[str, TensorView | None], outputs: tuple[str, 
 
 
 def expect_args_type(args: object, expected: type) -> None:
-    """Checks that an op's arguments came in its args class (LinearArgs, AttentionArgs, ...)."""
+    """Checks that an op's arguments came in its args class (LinearArgs, SdpaArgs, ...)."""
     if not isinstance(args, expected):
         raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
                               argument="args")

@@ -1,4 +1,4 @@
-"""ALiBi (attention with linear biases) as a standalone op over [B, H, Q, K] score tensors.
+"""The alibi family's contract: ALiBi (attention with linear biases) over [B, H, Q, K] scores.
 
     forward   Y[b,h,i,j] = A[b,h,i,j] + slope[h] * (j - i)         (optionally in place)
     backward  dA = dY,  dslope[h] = sum over b, i, j of dY[b,h,i,j] * (j - i)
@@ -7,9 +7,8 @@ Slopes and their gradient are f64 for f64 problems and f32 otherwise (the accumu
 Either backward output may be skipped, not both. The GPU SKUs are bespoke NVRTC kernels whose
 dslope reduction has a fixed order: deterministic and bit-stable.
 
-    desc = AlibiBackwardDescriptor(batch=2, heads=4, query_len=16, key_len=16, element="bf16")
-    plan = AlibiBackwardPlan.select(desc)
-    plan.run(AlibiBackwardArgs(grad_output=dy, grad_input=da, grad_slopes=ds), stream=s)
+Backends implement ``ALIBI_FORWARD`` and ``ALIBI_BACKWARD`` against the types here; the plans
+and functional forms are in ``opfacade/ops/alibi.py``.
 """
 
 from __future__ import annotations
@@ -19,30 +18,30 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from ._backends.nvrtc import alibi as nvrtc_alibi
-from ._backends.reference import alibi as reference_alibi
-from ._backends.reference.sku import ReferenceSku
-from ._internal.memory import OutputAllocator
-from ._internal.registry import register
-from ._internal.sku import BoundArgs, Descriptor, OpSpec, TensorSpec
-from ._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlap, wrap
-from .errors import InvalidArgument, LayoutMismatch
-from .plan import plan_class
-from .types import ElementKind, OpCategory
+from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
+from .._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlap, wrap
+from ..errors import InvalidArgument, LayoutMismatch
+from ..types import ElementKind, OpCategory
 
 __all__ = [
+    "OPS",
     "AlibiForwardDescriptor",
     "AlibiBackwardDescriptor",
     "AlibiForwardArgs",
     "AlibiBackwardArgs",
-    "AlibiForwardPlan",
-    "AlibiBackwardPlan",
-    "alibi_forward",
-    "alibi_backward",
+    "ALIBI_BACKWARD",
+    "ALIBI_FORWARD",
+    "MAX_LENGTH",
+    "accumulator",
 ]
 
 # |j - i| must stay exact in the f32 accumulator.
 MAX_LENGTH = 1 << 24
+
+
+def accumulator(element: ElementKind) -> ElementKind:
+    """What ALiBi computes and accumulates in, and the slopes' (and dslope's) element type."""
+    return ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
 
 
 class _AlibiShape(Descriptor):
@@ -66,20 +65,18 @@ class _AlibiShape(Descriptor):
     @property
     def slope_element(self) -> ElementKind:
         """Slopes and dslope: the accumulator type (f64 for f64 problems, else f32)."""
-        return nvrtc_alibi.accumulator(self.element)
+        return accumulator(self.element)
 
 
 class AlibiForwardDescriptor(_AlibiShape):
     """Y = A + slope[h]*(j - i) over [batch, heads, query_len, key_len]."""
 
-    op_name = "alibi_forward"
     in_place: bool = False
 
 
 class AlibiBackwardDescriptor(_AlibiShape):
     """dA = dY and dslope[h] = sum dY*(j - i); either output may be skipped, not both."""
 
-    op_name = "alibi_backward"
     need_input_grad: bool = True
     need_slope_grad: bool = True
 
@@ -170,18 +167,6 @@ def _bind_backward(desc: AlibiBackwardDescriptor, args: AlibiBackwardArgs) -> Bo
                      outputs=("grad_input", "grad_slopes"))
 
 
-def _reference_forward(desc: AlibiForwardDescriptor, arrays: dict) -> dict:
-    return {"output": reference_alibi.alibi_forward(arrays["input"], arrays["slopes"])}
-
-
-def _reference_backward(desc: AlibiBackwardDescriptor, arrays: dict) -> dict:
-    d_in, d_slopes = reference_alibi.alibi_backward(
-        arrays["grad_output"], need_input_grad=desc.need_input_grad,
-        need_slope_grad=desc.need_slope_grad)
-    results = {"grad_input": d_in, "grad_slopes": d_slopes}
-    return {name: value for name, value in results.items() if value is not None}
-
-
 def _forward_signature(desc: AlibiForwardDescriptor) -> dict[str, TensorSpec]:
     scores = TensorSpec(desc.shape, desc.element, "inout" if desc.in_place else "in")
     signature = {"input": scores, "slopes": TensorSpec((desc.heads,), desc.slope_element)}
@@ -221,75 +206,32 @@ def _backward_samples(element: ElementKind) -> list[AlibiBackwardDescriptor]:
             for shape in _SAMPLE_SHAPES for d_in, d_slopes in flags]
 
 
-ALIBI_FORWARD = register(OpSpec(
+def _training_backward(desc: AlibiForwardDescriptor) -> AlibiBackwardDescriptor:
+    return AlibiBackwardDescriptor(batch=desc.batch, heads=desc.heads, query_len=desc.query_len,
+                                   key_len=desc.key_len, element=desc.element)
+
+
+ALIBI_FORWARD: OpContract[AlibiForwardDescriptor] = OpContract(
     name="alibi_forward",
     category=OpCategory.positional_bias,
     descriptor=AlibiForwardDescriptor,
     args=AlibiForwardArgs,
     bind=_bind_forward,
-    skus=(*nvrtc_alibi.FORWARD_SKUS,
-          ReferenceSku("alibi_forward", OpCategory.positional_bias, _reference_forward,
-                       "Y = A + slope[h]*(j - i).")),
     summary="Y = A + slope[h]*(j - i) over [B, H, Q, K]",
     signature=_forward_signature,
     sample_problems=_forward_samples,
-    training_backward=lambda desc: AlibiBackwardDescriptor(
-        batch=desc.batch, heads=desc.heads, query_len=desc.query_len, key_len=desc.key_len,
-        element=desc.element),
-))
+    training_backward=_training_backward,
+)
 
-ALIBI_BACKWARD = register(OpSpec(
+ALIBI_BACKWARD: OpContract[AlibiBackwardDescriptor] = OpContract(
     name="alibi_backward",
     category=OpCategory.positional_bias,
     descriptor=AlibiBackwardDescriptor,
     args=AlibiBackwardArgs,
     bind=_bind_backward,
-    skus=(*nvrtc_alibi.BACKWARD_SKUS,
-          ReferenceSku("alibi_backward", OpCategory.positional_bias, _reference_backward,
-                       "dA = dY; dslope[h] = sum dY*(j - i).")),
     summary="dA = dY, dslope[h] = sum dY*(j - i) over [B, H, Q, K]",
     signature=_backward_signature,
     sample_problems=_backward_samples,
-))
+)
 
-AlibiForwardPlan = plan_class(ALIBI_FORWARD)
-AlibiBackwardPlan = plan_class(ALIBI_BACKWARD)
-
-
-def _descriptor_shape(view: TensorView, name: str) -> dict:
-    if view.ndim != 4:
-        raise InvalidArgument(f"{name} must be 4-D [batch, heads, query_len, key_len], got "
-                              f"shape {view.shape}", argument=name)
-    batch, heads, query_len, key_len = view.shape
-    return dict(batch=batch, heads=heads, query_len=query_len, key_len=key_len,
-                element=view.element)
-
-
-def alibi_forward(input: Any, slopes: Any, *, out: Any = None, in_place: bool = False,
-                  stream: Any = None) -> Any:
-    """Functional form of AlibiForwardPlan: returns ``out`` (allocated when None) or ``input``.
-
-    Uses the process-wide plan cache; arguments are those of AlibiForwardArgs and Plan.run.
-    """
-    view = wrap(input, "input")
-    desc = AlibiForwardDescriptor(**_descriptor_shape(view, "input"), in_place=in_place)
-    plan = AlibiForwardPlan.cached(desc, device="cpu" if view.device is None else view.device)
-    if not in_place and out is None:
-        out = OutputAllocator(view, stream)(view.shape, view.element)
-    plan.run(AlibiForwardArgs(input, slopes, None if in_place else out), stream=stream)
-    return input if in_place else out
-
-
-def alibi_backward(grad_output: Any, *, need_input_grad: bool = True,
-                   need_slope_grad: bool = True, stream: Any = None) -> tuple[Any, Any]:
-    """Functional form of AlibiBackwardPlan: returns (grad_input, grad_slopes), None if skipped."""
-    view = wrap(grad_output, "grad_output")
-    desc = AlibiBackwardDescriptor(**_descriptor_shape(view, "grad_output"),
-                                   need_input_grad=need_input_grad,
-                                   need_slope_grad=need_slope_grad)
-    plan = AlibiBackwardPlan.cached(desc, device="cpu" if view.device is None else view.device)
-    allocate = OutputAllocator(view, stream)
-    d_in = allocate(view.shape, view.element) if need_input_grad else None
-    d_slopes = allocate((desc.heads,), desc.slope_element) if need_slope_grad else None
-    plan.run(AlibiBackwardArgs(grad_output, d_in, d_slopes), stream=stream)
-    return d_in, d_slopes
+OPS = (ALIBI_FORWARD, ALIBI_BACKWARD)

@@ -15,13 +15,9 @@ TF32 tensor cores (the TF32 SKU's guarantee says what that costs).
 
 The aux a training forward saves (``save_aux``) is the pre-activation for GELU and SiLU, and
 cuBLASLt's ReLU bit-mask (``u8 [.., M, ceil(N / 128) * 16]``) for ReLU; see
-``_backends/cublaslt/epilogues.py`` for the exact layout. ``Plan.select_for_training`` on a
-forward descriptor selects the matching backward with it.
-
-    desc = LinearDescriptor(m=4096, n=4096, k=1024, element="bf16", activation="gelu_tanh")
-    plan = LinearForwardPlan.select(desc)
-    plan.algorithm                     # the cuBLASLt algorithm the heuristic chose
-    plan.run(LinearArgs(x, w, bias, out=y), stream=s)
+``relu_mask_bytes`` below for the exact layout. ``Plan.select_for_training`` on a forward
+descriptor selects the matching backward with it. The plans and functional forms are in
+``opfacade/ops/linear.py``.
 """
 
 from __future__ import annotations
@@ -32,38 +28,54 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from ._backends.cublaslt import linear as cublaslt_linear
-from ._backends.cublaslt.epilogues import pack_relu_mask, relu_mask_bytes, unpack_relu_mask
-from ._backends.reference import gemm as reference_gemm
-from ._backends.reference.sku import ReferenceSku
-from ._internal.memory import OutputAllocator
-from ._internal.registry import register
-from ._internal.sku import BoundArgs, Descriptor, OpSpec, TensorSpec
-from ._internal.tensors import (
-    TensorView,
-    expect,
-    expect_args_type,
-    expect_no_overlaps,
-    wrap,
-)
-from .errors import InvalidArgument, InvalidProblem, ShapeMismatch
-from .plan import Plan, plan_class
-from .types import ElementKind, OpCategory
+from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
+from .._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlaps, wrap
+from ..errors import InvalidArgument, InvalidProblem, ShapeMismatch
+from ..types import ElementKind, OpCategory
 
 __all__ = [
-    "LinearDescriptor",
-    "LinearBackwardDescriptor",
+    "OPS",
+    "LINEAR_BACKWARD",
+    "LINEAR_FORWARD",
     "LinearArgs",
     "LinearBackwardArgs",
-    "LinearForwardPlan",
-    "LinearBackwardPlan",
-    "linear",
-    "linear_backward",
+    "LinearBackwardDescriptor",
+    "LinearDescriptor",
+    "pack_relu_mask",
+    "relu_mask_bytes",
+    "unpack_relu_mask",
 ]
 
 Activation = Literal["none", "relu", "gelu_tanh", "gelu_erf", "silu"]
 WeightLayout = Literal["kn", "nk"]
 MAX_EXTENT = (1 << 31) - 1  # cuBLASLt's matrix extents are int32
+
+
+# -- the saved aux's layouts ----------------------------------------------------------------------
+# The pre-activation aux has the output's element type and shape [.., M, N]; cuBLASLt needs its row
+# stride (leading dimension) to be a multiple of 8 elements. The ReLU aux is cuBLASLt's bit-mask
+# of pre > 0, one bit per output element, as u8 [.., M, relu_mask_bytes(N)]: row m holds the bits
+# of out[m, :], bit n in byte n // 8 at position n % 8 (least significant first); bits past N are
+# unspecified. cuBLASLt needs the row length in bits to be a multiple of 128, hence 16-byte rows.
+
+def relu_mask_bytes(n: int) -> int:
+    """Bytes per row of the ReLU bit-mask for ``n`` outputs: 128-bit (16-byte) multiples."""
+    return -(-n // 128) * 16
+
+
+def pack_relu_mask(pre: np.ndarray) -> np.ndarray:
+    """The bit-mask of ``pre > 0`` for ``pre`` [.., M, N], padded with zero bits to full rows."""
+    pre = np.asarray(pre)
+    n = pre.shape[-1]
+    bits = np.zeros(pre.shape[:-1] + (relu_mask_bytes(n) * 8,), dtype=np.uint8)
+    bits[..., :n] = pre > 0
+    return np.packbits(bits, axis=-1, bitorder="little")
+
+
+def unpack_relu_mask(mask: np.ndarray, n: int) -> np.ndarray:
+    """``pre > 0`` as booleans [.., M, n] from a bit-mask made by ``pack_relu_mask``."""
+    bits = np.unpackbits(np.asarray(mask, dtype=np.uint8), axis=-1, bitorder="little")
+    return bits[..., :n].astype(bool)
 
 
 class _LinearShape(Descriptor):
@@ -133,7 +145,6 @@ class _LinearShape(Descriptor):
 class LinearDescriptor(_LinearShape):
     """``out = act(x @ W + bias + residual)``; ``save_aux`` keeps what the backward needs."""
 
-    op_name = "linear_forward"
     bias: bool = True
     residual: bool = False
     save_aux: bool = False
@@ -150,7 +161,6 @@ class LinearDescriptor(_LinearShape):
 class LinearBackwardDescriptor(_LinearShape):
     """Gradients of a LinearDescriptor's forward, from grad_out and the aux it saved."""
 
-    op_name = "linear_backward"
     need_input_grad: bool = True
     need_weight_grad: bool = True
     need_bias_grad: bool = True
@@ -287,32 +297,6 @@ def _bind_backward(desc: LinearBackwardDescriptor, args: LinearBackwardArgs) -> 
                      outputs=tuple(outputs))
 
 
-# -- the float64 reference ---------------------------------------------------------------------
-
-def _reference_forward(desc: LinearDescriptor, arrays: dict) -> dict:
-    out, pre = reference_gemm.gemm_forward(
-        arrays["x"], arrays["weight"], weight_layout=desc.weight_layout, bias=arrays.get("bias"),
-        activation=desc.activation, residual=arrays.get("residual"))
-    results = {"out": out}
-    if desc.save_aux:
-        results["aux"] = pack_relu_mask(pre) if desc.activation == "relu" else pre
-    return results
-
-
-def _reference_backward(desc: LinearBackwardDescriptor, arrays: dict) -> dict:
-    grad_out = arrays["grad_out"]
-    if desc.activation == "relu":  # the mask's signs stand in for the pre-activation
-        pre = np.where(unpack_relu_mask(arrays["aux"], desc.n), 1.0, -1.0)
-    else:
-        pre = arrays["aux"] if desc.activation != "none" else np.zeros(grad_out.shape)
-    grads = reference_gemm.gemm_backward(
-        grad_out, arrays["x"], arrays["weight"], pre, weight_layout=desc.weight_layout,
-        activation=desc.activation, need_bias_grad=desc.need_bias_grad)
-    results = {"grad_x": grads["dx"], "grad_weight": grads["dw"], "grad_bias": grads["dbias"],
-               "grad_pre": grads["d_pre"]}
-    return {name: value for name, value in results.items() if name in arrays}
-
-
 # -- what verify and the bench allocate, and the standard problems ------------------------------
 
 def _forward_signature(desc: LinearDescriptor) -> dict[str, TensorSpec]:
@@ -400,124 +384,27 @@ def _training_backward(desc: LinearDescriptor) -> LinearBackwardDescriptor:
                                     need_pre_grad=desc.residual and desc.activation != "none")
 
 
-LINEAR_FORWARD = register(OpSpec(
+LINEAR_FORWARD: OpContract[LinearDescriptor] = OpContract(
     name="linear_forward",
     category=OpCategory.gemm,
     descriptor=LinearDescriptor,
     args=LinearArgs,
     bind=_bind_forward,
-    skus=(*cublaslt_linear.FORWARD_SKUS,
-          ReferenceSku("linear_forward", OpCategory.gemm, _reference_forward,
-                       "act(x @ W + bias + residual), and the aux.")),
     summary="out = act(x @ W + bias + residual) [+ aux], row-major",
     signature=_forward_signature,
     sample_problems=_forward_samples,
     training_backward=_training_backward,
-))
+)
 
-LINEAR_BACKWARD = register(OpSpec(
+LINEAR_BACKWARD: OpContract[LinearBackwardDescriptor] = OpContract(
     name="linear_backward",
     category=OpCategory.gemm,
     descriptor=LinearBackwardDescriptor,
     args=LinearBackwardArgs,
     bind=_bind_backward,
-    skus=(*cublaslt_linear.BACKWARD_SKUS,
-          ReferenceSku("linear_backward", OpCategory.gemm, _reference_backward,
-                       "d_pre = grad_out * act'(pre); dbias, dx = d_pre W^T, dW = x^T d_pre.")),
     summary="grad_x, grad_weight, grad_bias (and d_pre) of linear_forward, from its aux",
     signature=_backward_signature,
     sample_problems=_backward_samples,
-))
+)
 
-LinearForwardPlan = plan_class(LINEAR_FORWARD)
-LinearBackwardPlan = plan_class(LINEAR_BACKWARD)
-
-
-def _algorithm(plan: Plan):
-    """The cuBLASLt algorithm this plan runs with contiguous tensors on its device (the current
-    GPU for a plan selected by arch): an AlgoInfo for the forward, {step: AlgoInfo} for the
-    backward; None for the host reference or without a GPU. Selecting by arch, it is chosen on
-    first use."""
-    impl = plan._live_impl()
-    if not hasattr(impl, "algorithm") or plan.target.is_host:
-        return None
-    return impl.algorithm(plan.descriptor, plan.target.device)
-
-
-LinearForwardPlan.algorithm = property(_algorithm)
-LinearBackwardPlan.algorithm = property(_algorithm)
-
-
-# -- functional forms ---------------------------------------------------------------------------
-
-def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
-    if x.ndim not in (2, 3):
-        raise InvalidArgument(f"x must be [M, K] or [batch, M, K], got shape {x.shape}",
-                              argument="x")
-    if w.ndim not in (2, 3) or (w.ndim == 3 and x.ndim != 3):
-        raise InvalidArgument(f"weight must be 2-D, or 3-D for a batched x, got shape {w.shape}",
-                              argument="weight")
-    if weight_layout not in ("kn", "nk"):
-        raise InvalidArgument(f"weight_layout must be 'kn' or 'nk', got {weight_layout!r}",
-                              argument="weight_layout")
-    k_w, n = w.shape[-2:] if weight_layout == "kn" else w.shape[-1:-3:-1]
-    if k_w != x.shape[-1]:
-        raise ShapeMismatch(f"weight {w.shape} in the '{weight_layout}' layout has K={k_w}; x "
-                            f"{x.shape} has K={x.shape[-1]}", argument="weight")
-    if w.ndim == 3 and w.shape[0] != x.shape[0]:
-        raise ShapeMismatch(f"weight has batch {w.shape[0]}; x has batch {x.shape[0]}",
-                            argument="weight")
-    return dict(m=x.shape[-2], n=n, k=x.shape[-1], batch=x.shape[0] if x.ndim == 3 else None,
-                weight_layout=weight_layout, weight_batched=w.ndim == 3,
-                element=x.element)
-
-
-def _aux_buffer(desc: _LinearShape, allocate):
-    """An aux whose rows cuBLASLt accepts: pre-activation rows padded to 8 elements, returned as
-    a view."""
-    if desc.activation == "relu" or desc.n % 8 == 0:
-        return allocate(desc.aux_shape, desc.aux_element)
-    padded = allocate((*desc.lead, desc.m, -(-desc.n // 8) * 8), desc.aux_element)
-    return padded[..., :desc.n]
-
-
-def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
-           residual: Any = None, weight_layout: str = "nk", tf32: bool = False,
-           save_aux: bool = False, out: Any = None, stream: Any = None) -> Any:
-    """Functional LinearForwardPlan: ``out``, or ``(out, aux)`` when ``save_aux``.
-
-    Same semantics as torch's ``F.linear`` with the default "nk" weight; uses the process-wide
-    plan cache and allocates what is not given. Arguments are LinearDescriptor's and LinearArgs'.
-    """
-    xv, wv = wrap(x, "x"), wrap(weight, "weight")
-    desc = LinearDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32, activation=activation,
-                            bias=bias is not None, residual=residual is not None,
-                            save_aux=save_aux)
-    plan = LinearForwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
-    allocate = OutputAllocator(xv, stream)
-    out = allocate(desc.out_shape, desc.element) if out is None else out
-    aux = _aux_buffer(desc, allocate) if save_aux else None
-    plan.run(LinearArgs(x, weight, bias, residual, out, aux), stream=stream)
-    return (out, aux) if save_aux else out
-
-
-def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
-                    activation: str = "none", weight_layout: str = "nk", tf32: bool = False,
-                    need_input_grad: bool = True, need_weight_grad: bool = True,
-                    need_bias_grad: bool = True, stream: Any = None) -> tuple[Any, Any, Any]:
-    """Functional LinearBackwardPlan: ``(grad_x, grad_weight, grad_bias)``, None where not asked.
-
-    ``aux`` is what ``linear(..., save_aux=True)`` returned; needed unless activation is "none".
-    """
-    xv, wv = wrap(x, "x"), wrap(weight, "weight")
-    desc = LinearBackwardDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32,
-                                    activation=activation, need_input_grad=need_input_grad,
-                                    need_weight_grad=need_weight_grad,
-                                    need_bias_grad=need_bias_grad)
-    plan = LinearBackwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
-    allocate = OutputAllocator(xv, stream)
-    grads = (allocate(desc.x_shape, desc.element) if need_input_grad else None,
-             allocate(desc.weight_shape, desc.element) if need_weight_grad else None,
-             allocate((desc.n,), desc.element) if need_bias_grad else None)
-    plan.run(LinearBackwardArgs(grad_out, x, weight, aux, *grads), stream=stream)
-    return grads
+OPS = (LINEAR_FORWARD, LINEAR_BACKWARD)

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention (SDPA) forward and backward over [B, H, S, D] tensors.
+"""The sdpa family's contract: scaled dot-product attention forward and backward, [B, H, S, D].
 
     out = softmax(scale * q k^T + bias + alibi, masked) . v        (dropout on the probabilities)
     stats = logsumexp of the masked, undropped scores (natural log), for the backward
@@ -9,7 +9,7 @@ problem), contiguous. Tensors are indexed [batch, heads, seq, dim] whatever thei
 the descriptor's ``layout`` names the dense order they are stored in ("bhsd", "bshd" or
 "sbhd"), and the GPU plans check that the strides are exactly those.
 
-Masks follow the float64 reference (``_backends/reference/attention.py``): with ``d`` the
+Masks follow the float64 reference (``_backends/reference/sdpa.py``): with ``d`` the
 diagonal offset (0 top-left, ``seq_len_kv - seq_len_q`` bottom-right), ``causal`` keeps keys
 ``j <= i + d`` and ``window=(left, right)`` keeps ``i + d - left <= j <= i + d + right``. ALiBi
 adds ``slope[h] * (j - i)`` with cuDNN's standard slopes (``alibi_slopes``). With ``padding``,
@@ -18,10 +18,10 @@ gradient rows past the lengths are unspecified (cuDNN may leave them unwritten).
 its Philox seed and offset from int64 [1] device tensors (read by the kernel, so a CUDA graph
 can be replayed with new values); the backward must be given the forward's seed and offset.
 
-    desc = AttentionDescriptor(batch=2, heads_q=32, heads_kv=8, seq_q=4096, seq_kv=4096,
-                               head_dim=128, element="bf16", causal="top_left", save_stats=True)
-    pair = AttentionPlan.select_for_training(desc, PlanPreference(deterministic=True))
-    pair.forward.run(AttentionArgs(q, k, v, out, stats), stream=s)
+    desc = SdpaDescriptor(batch=2, heads_q=32, heads_kv=8, seq_q=4096, seq_kv=4096,
+                          head_dim=128, element="bf16", causal="top_left", save_stats=True)
+    pair = SdpaForwardPlan.select_for_training(desc, PlanPreference(deterministic=True))
+    pair.forward.run(SdpaArgs(q, k, v, out, stats), stream=s)
 """
 
 from __future__ import annotations
@@ -40,37 +40,50 @@ from pydantic import (
     field_validator,
 )
 
-from ._backends.cudnn import sdpa as cudnn_sdpa
-from ._backends.cudnn.graphs import LAYOUTS, dense_strides
-from ._backends.reference import attention as reference
-from ._backends.reference.sku import ReferenceSku
-from ._internal.memory import OutputAllocator
-from ._internal.registry import register
-from ._internal.sku import BoundArgs, Descriptor, OpSpec, ReasonCode, TensorSpec, Unfit
-from ._internal.tensors import (
-    TensorView,
-    expect,
-    expect_args_type,
-    expect_no_overlaps,
-    wrap,
-)
-from ._internal.validation import invalid_problem
-from .errors import InvalidArgument, InvalidProblem, LayoutMismatch, ShapeMismatch
-from .plan import plan_class
-from .types import ElementKind, OpCategory, PlanPreference
+from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
+from .._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlaps, wrap
+from .._internal.validation import invalid_problem
+from ..errors import InvalidArgument, InvalidProblem
+from ..types import ElementKind, OpCategory
 
 __all__ = [
+    "OPS",
+    "LAYOUTS",
+    "SDPA_BACKWARD",
+    "SDPA_FORWARD",
+    "SdpaArgs",
+    "SdpaBackwardArgs",
+    "SdpaBackwardDescriptor",
+    "SdpaDescriptor",
     "SlidingWindow",
-    "AttentionDescriptor",
-    "AttentionBackwardDescriptor",
-    "AttentionArgs",
-    "AttentionBackwardArgs",
-    "AttentionPlan",
-    "AttentionBackwardPlan",
     "alibi_slopes",
-    "attention",
-    "attention_backward",
+    "dense_strides",
+    "reference_options",
+    "stats_strides",
 ]
+
+# The dense memory orders q, k, v, out (and their gradients) may be stored in; indexing is
+# [batch, heads, seq, dim] whatever the order.
+LAYOUTS = ("bhsd", "bshd", "sbhd")
+
+
+def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
+                  ) -> tuple[int, int, int, int]:
+    """Element strides of a dense tensor indexed [batch, heads, seq, dim] stored in ``layout``
+    order ("bshd": memory is [batch, seq, heads, dim])."""
+    if layout == "bhsd":
+        return (heads * seq * dim, seq * dim, dim, 1)
+    if layout == "bshd":
+        return (seq * heads * dim, dim, heads * dim, 1)
+    if layout == "sbhd":
+        return (heads * dim, dim, batch * heads * dim, 1)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def stats_strides(desc: _SdpaProblem) -> tuple[int, int, int, int]:
+    """The saved stats (log-sum-exp) are [B, Hq, Sq, 1], C-contiguous: the layout every backward
+    reads."""
+    return (desc.heads_q * desc.seq_q, desc.seq_q, 1, 1)
 
 Alignment = Literal["top_left", "bottom_right"]
 BiasShape = Literal["bhqk", "1hqk", "b1qk", "11qk"]
@@ -112,7 +125,7 @@ def _parse_window(value: Any) -> Any:
     return value
 
 
-class _AttentionProblem(Descriptor):
+class _SdpaProblem(Descriptor):
     """The fields forward and backward share.
 
     heads_q must be a multiple of heads_kv; head_dim_v (Dv) defaults to head_dim. ``layout``:
@@ -243,19 +256,17 @@ class _AttentionProblem(Descriptor):
                 else 1, self.seq_q, self.seq_kv)
 
 
-class AttentionDescriptor(_AttentionProblem):
+class SdpaDescriptor(_SdpaProblem):
     """One SDPA forward problem; ``save_stats`` writes the log-sum-exp the backward needs."""
 
-    op_name = "sdpa_forward"
     save_stats: bool = False
 
 
-class AttentionBackwardDescriptor(_AttentionProblem):
+class SdpaBackwardDescriptor(_SdpaProblem):
     """The SDPA backward: dq, dk, dv (and dbias when ``need_bias_grad``) from q, k, v, out,
     grad_out and stats. Determinism is a preference (``PlanPreference(deterministic=True)``
     selects cuDNN's deterministic algorithm), not part of the problem."""
 
-    op_name = "sdpa_backward"
     need_bias_grad: bool = False
 
     @field_validator("need_bias_grad")
@@ -267,7 +278,7 @@ class AttentionBackwardDescriptor(_AttentionProblem):
 
 
 @dataclass
-class AttentionArgs:
+class SdpaArgs:
     """q [B,Hq,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv], out [B,Hq,Sq,Dv]; stats [B,Hq,Sq,1] f32
     when save_stats; bias as the descriptor's bias shape; seq_len_q/seq_len_kv int32 [B] when
     padding; dropout_seed/dropout_offset int64 [1] on the device when dropout_p > 0."""
@@ -285,9 +296,9 @@ class AttentionArgs:
 
 
 @dataclass
-class AttentionBackwardArgs:
+class SdpaBackwardArgs:
     """The forward's q, k, v, out and stats, grad_out like out; grad_q, grad_k, grad_v like q, k,
-    v; grad_bias like bias when need_bias_grad; the rest as in AttentionArgs."""
+    v; grad_bias like bias when need_bias_grad; the rest as in SdpaArgs."""
 
     q: Any
     k: Any
@@ -330,7 +341,7 @@ def _tensor(obj: Any, name: str, shape, element) -> TensorView:
     return view
 
 
-def _common(desc: _AttentionProblem, args) -> dict[str, TensorView | None]:
+def _common(desc: _SdpaProblem, args) -> dict[str, TensorView | None]:
     lengths = dict(shape=(desc.batch,), element=ElementKind.i32)
     philox = dict(shape=(1,), element=ElementKind.i64)
     dropout = desc.dropout_p > 0.0
@@ -352,8 +363,8 @@ def _common(desc: _AttentionProblem, args) -> dict[str, TensorView | None]:
     }
 
 
-def _bind_forward(desc: AttentionDescriptor, args: AttentionArgs) -> BoundArgs:
-    expect_args_type(args, AttentionArgs)
+def _bind_forward(desc: SdpaDescriptor, args: SdpaArgs) -> BoundArgs:
+    expect_args_type(args, SdpaArgs)
     views = _common(desc, args)
     views["stats"] = _optional(args.stats, "stats", desc.save_stats, "save_stats is True",
                                desc.stats_shape, desc.stats_element)
@@ -362,8 +373,8 @@ def _bind_forward(desc: AttentionDescriptor, args: AttentionArgs) -> BoundArgs:
     return BoundArgs(views, outputs=outputs)
 
 
-def _bind_backward(desc: AttentionBackwardDescriptor, args: AttentionBackwardArgs) -> BoundArgs:
-    expect_args_type(args, AttentionBackwardArgs)
+def _bind_backward(desc: SdpaBackwardDescriptor, args: SdpaBackwardArgs) -> BoundArgs:
+    expect_args_type(args, SdpaBackwardArgs)
     views = _common(desc, args)
     views["grad_out"] = _tensor(args.grad_out, "grad_out", desc.o_shape, desc.element)
     views["stats"] = _tensor(args.stats, "stats", desc.stats_shape, desc.stats_element)
@@ -392,7 +403,7 @@ def alibi_slopes(heads: int) -> np.ndarray:
         np.float64)
 
 
-def reference_options(desc: _AttentionProblem) -> dict:
+def reference_options(desc: _SdpaProblem) -> dict:
     """The float64 reference's keywords for this descriptor (everything but the tensors)."""
     window = None
     if desc.window is not None:
@@ -407,51 +418,16 @@ def reference_options(desc: _AttentionProblem) -> dict:
     }
 
 
-def _lengths(arrays: dict) -> dict:
-    return {"seq_len_q": arrays.get("seq_len_q"), "seq_len_kv": arrays.get("seq_len_kv")}
-
-
-def _reference_forward(desc: AttentionDescriptor, arrays: dict) -> dict:
-    out, lse = reference.sdpa_forward(arrays["q"], arrays["k"], arrays["v"],
-                                      bias=arrays.get("bias"), **_lengths(arrays),
-                                      **reference_options(desc))
-    results = {"out": out}
-    if desc.save_stats:
-        results["stats"] = lse[..., None]  # the [B, Hq, Sq, 1] layout contract
-    return results
-
-
-def _reference_backward(desc: AttentionBackwardDescriptor, arrays: dict) -> dict:
-    grads = reference.sdpa_backward(arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"],
-                                    bias=arrays.get("bias"), need_bias_grad=desc.need_bias_grad,
-                                    **_lengths(arrays), **reference_options(desc))
-    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
-    if desc.need_bias_grad:
-        results["grad_bias"] = grads["dbias"]
-    return results
-
-
-class _AttentionReference(ReferenceSku):
-    """The float64 oracle; it draws no dropout mask, so it cannot serve dropout on its own."""
-
-    def unfit(self, desc) -> Unfit | None:
-        if desc.dropout_p > 0.0:
-            return Unfit(ReasonCode.feature_unsupported,
-                         "the reference has no Philox generator; dropout is checked against it "
-                         "with the mask cuDNN dumps (reference.sdpa_forward(dropout_keep=...))")
-        return None
-
-
 # ----------------------------------------------------------------------------- op specs
 
 
-def _layout_spec(desc: _AttentionProblem, shape: tuple[int, ...], role: str = "in"
+def _layout_spec(desc: _SdpaProblem, shape: tuple[int, ...], role: str = "in"
                  ) -> TensorSpec:
     """A [B, H, S, D] argument stored in the descriptor's layout (BSHD memory, say)."""
     return TensorSpec(shape, desc.element, role, dense_strides(desc.layout, *shape))
 
 
-def _forward_signature(desc: AttentionDescriptor) -> dict[str, TensorSpec]:
+def _forward_signature(desc: SdpaDescriptor) -> dict[str, TensorSpec]:
     signature = {
         "q": _layout_spec(desc, desc.q_shape),
         "k": _layout_spec(desc, desc.k_shape),
@@ -463,7 +439,7 @@ def _forward_signature(desc: AttentionDescriptor) -> dict[str, TensorSpec]:
     return {**signature, **_extra_signature(desc)}
 
 
-def _extra_signature(desc: _AttentionProblem) -> dict[str, TensorSpec]:
+def _extra_signature(desc: _SdpaProblem) -> dict[str, TensorSpec]:
     extra = {}
     if desc.bias is not None:
         extra["bias"] = TensorSpec(desc.bias_shape, desc.element)
@@ -476,7 +452,7 @@ def _extra_signature(desc: _AttentionProblem) -> dict[str, TensorSpec]:
     return extra
 
 
-def _backward_signature(desc: AttentionBackwardDescriptor) -> dict[str, TensorSpec]:
+def _backward_signature(desc: SdpaBackwardDescriptor) -> dict[str, TensorSpec]:
     signature = {
         "q": _layout_spec(desc, desc.q_shape),
         "k": _layout_spec(desc, desc.k_shape),
@@ -496,7 +472,7 @@ def _backward_signature(desc: AttentionBackwardDescriptor) -> dict[str, TensorSp
     return {**signature, **extra}
 
 
-def verification_inputs(desc: _AttentionProblem, inputs: dict[str, np.ndarray],
+def verification_inputs(desc: _SdpaProblem, inputs: dict[str, np.ndarray],
                         rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Makes random inputs (float64, already rounded) consistent where the op needs it.
 
@@ -506,7 +482,7 @@ def verification_inputs(desc: _AttentionProblem, inputs: dict[str, np.ndarray],
     backward ``out`` and ``stats`` become the reference forward's, rounded to their elements:
     the backward reads them as the forward left them.
     """
-    from .testing import _from_bits, _to_bits
+    from ..testing import _from_bits, _to_bits
 
     result = dict(inputs)
     if desc.padding:
@@ -519,13 +495,15 @@ def verification_inputs(desc: _AttentionProblem, inputs: dict[str, np.ndarray],
     if desc.dropout_p > 0.0:
         result["dropout_seed"] = rng.integers(1, 1 << 40, size=1, dtype=np.int64)
         result["dropout_offset"] = rng.integers(0, 1 << 20, size=1, dtype=np.int64)
-    if isinstance(desc, AttentionBackwardDescriptor):
+    if isinstance(desc, SdpaBackwardDescriptor):
         if desc.dropout_p > 0.0:
             raise InvalidProblem("a dropout backward is checked with cuDNN's dumped mask",
                                  field="dropout_p")
-        out, lse = reference.sdpa_forward(result["q"], result["k"], result["v"],
-                                          bias=result.get("bias"), **_lengths(result),
-                                          **reference_options(desc))
+        from .._backends.reference.sdpa import sdpa_forward  # the oracle's forward
+
+        out, lse = sdpa_forward(result["q"], result["k"], result["v"], bias=result.get("bias"),
+                                seq_len_q=result.get("seq_len_q"),
+                                seq_len_kv=result.get("seq_len_kv"), **reference_options(desc))
         result["out"] = _from_bits(_to_bits(out, desc.element), desc.element)
         # Padded rows' stats are unspecified: any finite value must do.
         lse = np.where(np.isfinite(lse), lse, 0.0)
@@ -551,177 +529,50 @@ _SAMPLES = (
 )
 
 
-def _forward_samples(element: ElementKind) -> list[AttentionDescriptor]:
-    return [AttentionDescriptor(**shape, element=element, save_stats=True) for shape in _SAMPLES]
+def _forward_samples(element: ElementKind) -> list[SdpaDescriptor]:
+    return [SdpaDescriptor(**shape, element=element, save_stats=True) for shape in _SAMPLES]
 
 
-def _backward_samples(element: ElementKind) -> list[AttentionBackwardDescriptor]:
-    return [AttentionBackwardDescriptor(**shape, element=element,
+def _backward_samples(element: ElementKind) -> list[SdpaBackwardDescriptor]:
+    return [SdpaBackwardDescriptor(**shape, element=element,
                                         need_bias_grad="bias" in shape)
             for shape in _SAMPLES]
 
 
-def _shared_fields(desc: _AttentionProblem) -> dict:
-    return {name: getattr(desc, name) for name in _AttentionProblem.model_fields}
+def _shared_fields(desc: _SdpaProblem) -> dict:
+    return {name: getattr(desc, name) for name in _SdpaProblem.model_fields}
 
 
-def _training_backward(desc: AttentionDescriptor) -> AttentionBackwardDescriptor:
+def _training_backward(desc: SdpaDescriptor) -> SdpaBackwardDescriptor:
     if not desc.save_stats:
         raise InvalidProblem("save_stats must be True to train: the backward reads the forward's "
                              "stats", field="save_stats")
-    return AttentionBackwardDescriptor(**_shared_fields(desc))
+    return SdpaBackwardDescriptor(**_shared_fields(desc))
 
 
-SDPA_FORWARD = register(OpSpec(
+SDPA_FORWARD: OpContract[SdpaDescriptor] = OpContract(
     name="sdpa_forward",
     category=OpCategory.attention,
-    descriptor=AttentionDescriptor,
-    args=AttentionArgs,
+    descriptor=SdpaDescriptor,
+    args=SdpaArgs,
     bind=_bind_forward,
-    skus=(*cudnn_sdpa.FORWARD_SKUS,
-          _AttentionReference("sdpa_forward", OpCategory.attention, _reference_forward,
-                              "softmax(scale*q.k + bias + alibi, masked).v and its log-sum-exp.")),
     summary="out = softmax(scale*q.k^T + bias, masked).v over [B, H, S, D], stats = LSE",
     signature=_forward_signature,
     sample_problems=_forward_samples,
     training_backward=_training_backward,
     verification_inputs=verification_inputs,
-))
+)
 
-SDPA_BACKWARD = register(OpSpec(
+SDPA_BACKWARD: OpContract[SdpaBackwardDescriptor] = OpContract(
     name="sdpa_backward",
     category=OpCategory.attention,
-    descriptor=AttentionBackwardDescriptor,
-    args=AttentionBackwardArgs,
+    descriptor=SdpaBackwardDescriptor,
+    args=SdpaBackwardArgs,
     bind=_bind_backward,
-    skus=(*cudnn_sdpa.BACKWARD_SKUS,
-          _AttentionReference("sdpa_backward", OpCategory.attention, _reference_backward,
-                              "Analytic dq, dk, dv (and dbias), recomputing the probabilities.")),
     summary="dq, dk, dv (and dbias) of SDPA from q, k, v, out, grad_out and stats",
     signature=_backward_signature,
     sample_problems=_backward_samples,
     verification_inputs=verification_inputs,
-))
+)
 
-AttentionPlan = plan_class(SDPA_FORWARD)
-AttentionBackwardPlan = plan_class(SDPA_BACKWARD)
-for _cls, _name in ((AttentionPlan, "AttentionPlan"),
-                    (AttentionBackwardPlan, "AttentionBackwardPlan")):
-    _cls.__name__ = _cls.__qualname__ = _name
-
-
-# ----------------------------------------------------------------------------- functional
-
-
-def _infer_layout(view: TensorView, name: str) -> str:
-    """The dense layout whose strides ``view`` has (size-1 extents ignored)."""
-    if view.ndim != 4:
-        raise ShapeMismatch(f"{name} must be 4-D [batch, heads, seq, dim], got shape "
-                            f"{view.shape}", argument=name)
-    for layout in LAYOUTS:
-        expected = dense_strides(layout, *view.shape)
-        if all(e == 1 or s == x for e, s, x in zip(view.shape, view.strides, expected,
-                                                  strict=True)):
-            return layout
-    if view.device is None:
-        return "bhsd"  # the host reference reads any strides
-    raise LayoutMismatch(f"{name} must be a dense {'/'.join(LAYOUTS)} tensor, got strides "
-                         f"{view.strides} for shape {view.shape}", argument=name)
-
-
-def _bias_spec(bias: Any, q: TensorView, k: TensorView) -> str | None:
-    if bias is None:
-        return None
-    view = wrap(bias, "bias")
-    batch, heads, seq_q, seq_kv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    shape = view.shape
-    if (len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads)
-            or shape[2:] != (seq_q, seq_kv)):
-        raise ShapeMismatch(f"bias must have shape ({batch} or 1, {heads} or 1, {seq_q}, "
-                            f"{seq_kv}) to broadcast over the scores, got {shape}",
-                            argument="bias")
-    return ("b" if shape[0] == batch and batch > 1 else "1") + (
-        "h" if shape[1] == heads and heads > 1 else "1") + "qk"
-
-
-def _problem(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, dropout_p,
-             seq_len_q) -> tuple[dict, TensorView]:
-    qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
-    layout = _infer_layout(qv, "q")
-    _infer_layout(kv, "k")
-    _infer_layout(vv, "v")
-    batch, heads_q, seq_q, head_dim = qv.shape
-    fields = dict(batch=batch, heads_q=heads_q, heads_kv=kv.shape[1], seq_q=seq_q,
-                  seq_kv=kv.shape[2], head_dim=head_dim, head_dim_v=vv.shape[3],
-                  element=qv.element, layout=layout, scale=scale, causal=causal, window=window,
-                  bias=_bias_spec(bias, qv, kv), alibi=alibi, dropout_p=dropout_p,
-                  padding=seq_len_q is not None)
-    return fields, qv
-
-
-def _allocate(shape: tuple[int, ...], layout: str, like: TensorView, stream: Any,
-              element: ElementKind | None = None) -> Any:
-    """A new array of logical ``shape`` stored in ``layout`` order, from like's framework."""
-    allocate = OutputAllocator(like, stream)
-    order = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}[layout]
-    memory = allocate(tuple(shape[i] for i in order), element or like.element)
-    inverse = tuple(order.index(i) for i in range(4))
-    if inverse == (0, 1, 2, 3):
-        return memory
-    return memory.permute(*inverse) if allocate.owner == "torch" else memory.transpose(inverse)
-
-
-def _device_of(view: TensorView) -> int | str:
-    return "cpu" if view.device is None else view.device
-
-
-def attention(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
-              window: tuple[int | None, int | None] | None = None, scale: float | None = None,
-              bias: Any = None, alibi: bool = False, dropout_p: float = 0.0,
-              dropout_seed: Any = None, dropout_offset: Any = None, seq_len_q: Any = None,
-              seq_len_kv: Any = None, return_stats: bool = False, out: Any = None,
-              stream: Any = None) -> Any:
-    """Functional form of AttentionPlan: returns ``out`` (allocated when None), or
-    ``(out, stats)`` when ``return_stats``.
-
-    The descriptor comes from the tensors (layout from q's strides, bias shape from bias);
-    ``causal`` is True/"top_left" or "bottom_right"; the other arguments are those of
-    AttentionDescriptor and AttentionArgs. Uses the process-wide plan cache.
-    """
-    fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
-                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
-    desc = AttentionDescriptor(**fields, save_stats=return_stats)
-    plan = AttentionPlan.cached(desc, device=_device_of(qv))
-    if out is None:
-        out = _allocate(desc.o_shape, desc.layout, qv, stream)
-    stats = (_allocate(desc.stats_shape, "bhsd", qv, stream, desc.stats_element)
-             if return_stats else None)
-    plan.run(AttentionArgs(q, k, v, out, stats, bias, seq_len_q, seq_len_kv, dropout_seed,
-                           dropout_offset), stream=stream)
-    return (out, stats) if return_stats else out
-
-
-def attention_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *,
-                       causal: bool | str | None = None,
-                       window: tuple[int | None, int | None] | None = None,
-                       scale: float | None = None, bias: Any = None,
-                       need_bias_grad: bool = False, alibi: bool = False,
-                       dropout_p: float = 0.0, dropout_seed: Any = None,
-                       dropout_offset: Any = None, seq_len_q: Any = None,
-                       seq_len_kv: Any = None, deterministic: bool = False,
-                       stream: Any = None) -> tuple:
-    """Functional form of AttentionBackwardPlan: returns ``(grad_q, grad_k, grad_v)``, plus
-    ``grad_bias`` when ``need_bias_grad``. ``deterministic`` selects cuDNN's deterministic
-    algorithm (PlanPreference(deterministic=True)); the options must be the forward's."""
-    fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
-                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
-    desc = AttentionBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)
-    plan = AttentionBackwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
-                                        device=_device_of(qv))
-    grads = [_allocate(shape, desc.layout, qv, stream)
-             for shape in (desc.q_shape, desc.k_shape, desc.v_shape)]
-    grad_bias = _allocate(desc.bias_shape, "bhsd", qv, stream) if need_bias_grad else None
-    plan.run(AttentionBackwardArgs(q, k, v, out, grad_out, stats, *grads, bias, grad_bias,
-                                   seq_len_q, seq_len_kv, dropout_seed, dropout_offset),
-             stream=stream)
-    return (*grads, grad_bias) if need_bias_grad else tuple(grads)
+OPS = (SDPA_FORWARD, SDPA_BACKWARD)

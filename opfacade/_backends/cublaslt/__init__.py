@@ -8,3 +8,10 @@
 
 nvmath is imported on first GPU use only; importing opfacade does not load it.
 """
+
+
+def clear_caches() -> None:
+    """Drops every prepared matmul recipe (descriptors, layouts, the heuristic's choice)."""
+    from .linear import RECIPES
+
+    RECIPES.clear()

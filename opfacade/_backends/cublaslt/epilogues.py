@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from ...contracts.linear import relu_mask_bytes
 
 __all__ = [
     "BGRADA", "BGRADB", "DEFAULT", "Epilogue",
-    "forward_epilogue", "pack_relu_mask", "relu_mask_bytes", "unpack_relu_mask", "unsupported",
+    "forward_epilogue", "relu_mask_bytes", "unsupported",
 ]
 
 
@@ -82,23 +82,3 @@ def forward_epilogue(activation: str, bias: bool, save_aux: bool) -> Epilogue:
     if not prefix:
         return EPILOGUES["BIAS"] if bias else DEFAULT
     return EPILOGUES[prefix + ("_AUX" if save_aux else "") + ("_BIAS" if bias else "")]
-
-
-def relu_mask_bytes(n: int) -> int:
-    """Bytes per row of the ReLU bit-mask for ``n`` outputs: 128-bit (16-byte) multiples."""
-    return -(-n // 128) * 16
-
-
-def pack_relu_mask(pre: np.ndarray) -> np.ndarray:
-    """The bit-mask of ``pre > 0`` for ``pre`` [.., M, N], padded with zero bits to full rows."""
-    pre = np.asarray(pre)
-    n = pre.shape[-1]
-    bits = np.zeros(pre.shape[:-1] + (relu_mask_bytes(n) * 8,), dtype=np.uint8)
-    bits[..., :n] = pre > 0
-    return np.packbits(bits, axis=-1, bitorder="little")
-
-
-def unpack_relu_mask(mask: np.ndarray, n: int) -> np.ndarray:
-    """``pre > 0`` as booleans [.., M, n] from a bit-mask made by ``pack_relu_mask``."""
-    bits = np.unpackbits(np.asarray(mask, dtype=np.uint8), axis=-1, bitorder="little")
-    return bits[..., :n].astype(bool)

@@ -30,10 +30,12 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..._internal.contract import BoundArgs, OpContract
 from ..._internal.device import current_device, device_count
 from ..._internal.lru import BuildOnceLRU
-from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
+from ...contracts.linear import LINEAR_BACKWARD, LINEAR_FORWARD
 from ...errors import BackendUnavailable, LaunchFailed, LayoutMismatch, Unsupported
 from ...types import (
     ArchSku,
@@ -41,7 +43,6 @@ from ...types import (
     ElementKind,
     KernelSku,
     MathPrecision,
-    OpCategory,
     PrecisionGuarantee,
 )
 from ..nvrtc import linear_act
@@ -76,7 +77,7 @@ from .matmul import (
     round_workspace,
 )
 
-__all__ = ["BACKWARD_SKUS", "FORWARD_SKUS", "WORKSPACE_LIMIT"]
+__all__ = ["SKUS", "WORKSPACE_LIMIT"]
 
 # The heuristic's workspace budget when the preference sets none (what torch gives cuBLASLt on
 # Hopper); a smaller workspace_limit is honoured.
@@ -174,32 +175,42 @@ def _gpu_device(target) -> int | None:
     return current_device() if device_count() > 0 else None
 
 
-class _Recipes:
-    """Prepared work per (descriptor, device, layout, workspace), built once, LRU-bounded; the
-    layout is the tensors' strides and the alignment their pointers share."""
+# Every SKU's prepared work, keyed by (SKU id, descriptor, (device, layout), workspace): the
+# backend's one recipe cache (``opfacade.clear_caches`` clears it, ``Plan.free`` drops its
+# problem's entries).
+RECIPES: BuildOnceLRU[object] = BuildOnceLRU("cuBLASLt recipe", _CACHE_CAPACITY)
 
-    def __init__(self, build):
+
+class _Recipes:
+    """One SKU's view of RECIPES: prepared work per (descriptor, device, layout, workspace),
+    built once; the layout is the tensors' strides and the alignment their pointers share."""
+
+    def __init__(self, build, owner: str):
         self._build = build
-        self._items: BuildOnceLRU[object] = BuildOnceLRU(_CACHE_CAPACITY)
+        self._owner = owner
         self._last: tuple = (None, None, None)  # (desc, key, recipe): a run skips the hashing
 
     def get(self, desc, device: int, layout: tuple, available: int):
         last_desc, last_key, recipe = self._last
         key = (device, layout)
         if last_desc is not desc or last_key != key:
-            recipe = self._items.get((desc, key, None),
-                                     lambda: self._build(desc, device, layout, None))
+            recipe = RECIPES.get((self._owner, desc, key, None),
+                                 lambda: self._build(desc, device, layout, None))
             self._last = (desc, key, recipe)
         if recipe.workspace_size > available:  # a smaller workspace: the best within it
-            recipe = self._items.get((desc, key, available),
-                                     lambda: self._build(desc, device, layout, available))
+            recipe = RECIPES.get((self._owner, desc, key, available),
+                                 lambda: self._build(desc, device, layout, available))
         return recipe
+
+    def release(self, desc) -> None:
+        self._last = (None, None, None)
+        RECIPES.discard(lambda key: key[0] == self._owner and key[1] == desc)
 
 
 class _LinearCublasLt(SkuImpl):
     """What the forward and backward SKUs share: element rules, selection, the recipe cache."""
 
-    op: str
+    op: OpContract
     fixed_views: tuple[str, ...]
 
     def __init__(self, sku: KernelSku, element: ElementKind, deterministic: bool):
@@ -207,7 +218,10 @@ class _LinearCublasLt(SkuImpl):
         self.element = element
         self.deterministic = deterministic
         self.schemes = DETERMINISTIC_SCHEMES if deterministic else ALL_SCHEMES
-        self._recipes = _Recipes(self._build)
+        self._recipes = _Recipes(self._build, sku.id)
+
+    def release(self, desc) -> None:
+        self._recipes.release(desc)
 
     # -- selection -----------------------------------------------------------------------------
     def _static_unfit(self, desc) -> Unfit | None:
@@ -326,19 +340,16 @@ class _LinearCublasLt(SkuImpl):
         raise NotImplementedError
 
 
-def _sku(op: str, element: ElementKind, deterministic: bool, bound: float, epilogue: str,
-         description: str, variant: str = "cublaslt") -> KernelSku:
-    return KernelSku(
-        id=f"{op}.{variant}.{element.value}{'.deterministic' if deterministic else ''}",
-        category=OpCategory.gemm,
-        op=op,
-        element=element,
+def _sku(op: OpContract, element: ElementKind, deterministic: bool, bound: float,
+         epilogue: str, description: str, variant: str = "") -> KernelSku:
+    return op.sku(
+        BackendKind.cublaslt, element, variant=variant,
+        qualifier="deterministic" if deterministic else "",
         layout="row-major x [.., M, K], W [K, N] (kn) or [N, K] (nk), out [.., M, N]; "
                "16-byte aligned pointers",
         epilogue=epilogue,
         arch=ArchSku.sm80,
-        backend=BackendKind.cublaslt,
-        precision_guarantee=PrecisionGuarantee(
+        guarantee=PrecisionGuarantee(
             math_precision=_MATH[element], accumulator=ElementKind.f32,
             deterministic=deterministic, bit_stable=False, max_rel_error=bound),
         description=description + (" Deterministic: split-K only with out-of-place reductions, "
@@ -406,7 +417,7 @@ class _ForwardRecipe:
 class LinearForwardCublasLt(_LinearCublasLt):
     """``out = act(x @ W + bias + residual)`` [+ aux] in one cublasLtMatmul."""
 
-    op = "linear_forward"
+    op = LINEAR_FORWARD
     fixed_views = ("x", "weight", "out", "residual", "aux")
 
     def __init__(self, element: ElementKind, deterministic: bool, sku: KernelSku | None = None):
@@ -486,7 +497,7 @@ class LinearForwardCublasLtActPass(LinearForwardCublasLt):
             "bias, residual (+ aux) in cuBLASLt; then gelu_erf or silu in an NVRTC pass",
             "x @ W + bias + residual in a cublasLtMatmul, then the activation cuBLASLt has no "
             "epilogue for (exact GELU, SiLU) in one element-wise NVRTC pass; the aux is the "
-            "pre-activation.", variant="cublaslt+act"))
+            "pre-activation.", variant="act"))
 
     def _activation_unserved(self, activation: str) -> str | None:
         if activation in linear_act.ACTIVATIONS:
@@ -617,7 +628,7 @@ class LinearBackwardCublasLt(_LinearCublasLt):
     deterministic one uses no epilogue reduction: dbias = grad_out^T @ ones.
     """
 
-    op = "linear_backward"
+    op = LINEAR_BACKWARD
     fixed_views = ("grad_out", "x", "weight", "aux", "grad_x", "grad_weight", "grad_pre")
 
     def __init__(self, element: ElementKind, deterministic: bool):
@@ -759,6 +770,10 @@ class LinearBackwardCublasLt(_LinearCublasLt):
         return steps
 
 
-FORWARD_SKUS = (*(LinearForwardCublasLt(e, det) for e in ELEMENTS for det in (False, True)),
-                *(LinearForwardCublasLtActPass(e, det) for e in ELEMENTS for det in (False, True)))
-BACKWARD_SKUS = tuple(LinearBackwardCublasLt(e, det) for e in ELEMENTS for det in (False, True))
+SKUS = {
+    LINEAR_FORWARD.name: (
+        *(LinearForwardCublasLt(e, det) for e in ELEMENTS for det in (False, True)),
+        *(LinearForwardCublasLtActPass(e, det) for e in ELEMENTS for det in (False, True))),
+    LINEAR_BACKWARD.name: tuple(LinearBackwardCublasLt(e, det) for e in ELEMENTS
+                                for det in (False, True)),
+}

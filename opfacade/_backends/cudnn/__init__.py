@@ -5,3 +5,10 @@
     graphs.py   tensor UIDs, building in the fixed order, the graph cache, executing by UID
     sdpa.py     the SKUs: forward per element, default and deterministic backward per element
 """
+
+
+def clear_caches() -> None:
+    """Drops every built graph and every cached "not supported" verdict."""
+    from .graphs import GRAPHS
+
+    GRAPHS.clear()

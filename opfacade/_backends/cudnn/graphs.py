@@ -28,18 +28,18 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..._internal.device import on_device
+from ...contracts.sdpa import dense_strides
 from ...types import ElementKind
 from . import runtime
 from .limits import format_version
 
-__all__ = ["EXECUTE_PATH", "BuiltGraph", "Declined", "Uid", "GRAPHS", "dense_strides",
+__all__ = ["EXECUTE_PATH", "BuiltGraph", "Declined", "Uid", "GRAPHS",
            "declare_backward", "declare_forward", "diagonal_band", "forward_graph",
            "backward_graph"]
 
 # "auto": the backend's raw-pointer call when available; "public": always pygraph.execute.
 EXECUTE_PATH = "auto"
 
-LAYOUTS = ("bhsd", "bshd", "sbhd")
 
 
 class Uid(enum.IntEnum):
@@ -70,19 +70,6 @@ ARGUMENT = {
     Uid.OFFSET: "dropout_offset", Uid.DO: "grad_out", Uid.DQ: "grad_q", Uid.DK: "grad_k",
     Uid.DV: "grad_v", Uid.DBIAS: "grad_bias", Uid.DROPOUT_MASK: "dropout_mask",
 }
-
-
-def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
-                  ) -> tuple[int, int, int, int]:
-    """Element strides of a dense tensor indexed [batch, heads, seq, dim] stored in ``layout``
-    order ("bshd": memory is [batch, seq, heads, dim])."""
-    if layout == "bhsd":
-        return (heads * seq * dim, seq * dim, dim, 1)
-    if layout == "bshd":
-        return (seq * heads * dim, dim, heads * dim, 1)
-    if layout == "sbhd":
-        return (heads * dim, dim, batch * heads * dim, 1)
-    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:

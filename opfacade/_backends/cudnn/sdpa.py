@@ -14,9 +14,11 @@ target-less ``unfit``/``workspace_size``, which use the current device when a GP
 
 from __future__ import annotations
 
+from ..._internal.contract import BoundArgs, OpContract
 from ..._internal.device import on_device
-from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
+from ...contracts.sdpa import SDPA_BACKWARD, SDPA_FORWARD
 from ...errors import BufferTooSmall, LayoutMismatch, Unsupported
 from ...types import (
     ArchSku,
@@ -24,12 +26,11 @@ from ...types import (
     ElementKind,
     KernelSku,
     MathPrecision,
-    OpCategory,
     PrecisionGuarantee,
 )
 from . import graphs, limits, runtime
 
-__all__ = ["FORWARD_SKUS", "BACKWARD_SKUS", "SdpaForwardCudnn", "SdpaBackwardCudnn",
+__all__ = ["SKUS", "SdpaForwardCudnn", "SdpaBackwardCudnn",
            "estimate_workspace", "run_forward_dumping_dropout"]
 
 # Relative error bounds (Frobenius, against the float64 reference on uniform [-1, 1) inputs).
@@ -235,24 +236,12 @@ class _SdpaCudnn(SkuImpl):
                 f"{built.workspace_size} (select the plan with a device for an exact size)",
                 argument="workspace")
 
-    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
-        self.prepared(desc, args, workspace, stream)()
 
-
-def _sku(op: str, element: ElementKind, bound: float, deterministic: bool, suffix: str,
-         description: str) -> KernelSku:
-    return KernelSku(
-        id=f"{op}.cudnn.{element.value}{suffix}",
-        category=OpCategory.attention,
-        op=op,
-        element=element,
-        aux_element=ElementKind.f32,
-        layout=LAYOUT,
-        arch=ArchSku.sm80,
-        backend=BackendKind.cudnn,
-        precision_guarantee=_guarantee(element, bound, deterministic),
-        description=description,
-    )
+def _sku(op: OpContract, element: ElementKind, bound: float, deterministic: bool,
+         qualifier: str, description: str) -> KernelSku:
+    return op.sku(BackendKind.cudnn, element, guarantee=_guarantee(element, bound, deterministic),
+                  qualifier=qualifier, aux_element=ElementKind.f32, layout=LAYOUT,
+                  arch=ArchSku.sm80, description=description)
 
 
 class SdpaForwardCudnn(_SdpaCudnn):
@@ -261,7 +250,7 @@ class SdpaForwardCudnn(_SdpaCudnn):
 
     def __init__(self, element: ElementKind):
         super().__init__(_sku(
-            "sdpa_forward", element, FORWARD_BOUND[element], True, "",
+            SDPA_FORWARD, element, FORWARD_BOUND[element], True, "",
             "cuDNN fused flash attention forward (softmax stats optional): every row is reduced "
             "by one thread block, so runs repeat bitwise on one GPU."), variant=False)
 
@@ -283,19 +272,21 @@ class SdpaBackwardCudnn(_SdpaCudnn):
         else:
             description = ("cuDNN fused attention backward (default algorithm): dQ is "
                            "accumulated with atomics, so bits may differ run to run.")
-        super().__init__(_sku("sdpa_backward", element, BACKWARD_BOUND[element], deterministic,
-                              ".deterministic" if deterministic else "", description),
+        super().__init__(_sku(SDPA_BACKWARD, element, BACKWARD_BOUND[element], deterministic,
+                              "deterministic" if deterministic else "", description),
                          variant=deterministic)
 
     def _graph(self, desc, device: int):
         return graphs.backward_graph(desc, device, deterministic=self.variant)
 
 
-FORWARD_SKUS = tuple(SdpaForwardCudnn(e) for e in limits.ELEMENTS)
-# The default backward first (faster, smaller workspace); PlanPreference(deterministic=True) or
-# a workspace limit picks between them.
-BACKWARD_SKUS = tuple(SdpaBackwardCudnn(e, deterministic)
-                      for deterministic in (False, True) for e in limits.ELEMENTS)
+SKUS = {
+    SDPA_FORWARD.name: tuple(SdpaForwardCudnn(e) for e in limits.ELEMENTS),
+    # The default backward first (faster, smaller workspace); PlanPreference(deterministic=True)
+    # or a workspace limit picks between them.
+    SDPA_BACKWARD.name: tuple(SdpaBackwardCudnn(e, deterministic)
+                              for deterministic in (False, True) for e in limits.ELEMENTS),
+}
 
 
 def run_forward_dumping_dropout(desc, views: dict[str, TensorView], mask: TensorView,
@@ -304,7 +295,7 @@ def run_forward_dumping_dropout(desc, views: dict[str, TensorView], mask: Tensor
 
     ``mask`` is float32 [B, Hq, Sq, Skv], contiguous; cuDNN writes 1 where a probability is
     kept and 0 where it is dropped. ``views`` are the forward's arguments by name, already
-    checked (a bound AttentionArgs). Allocates its own workspace with CuPy.
+    checked (a bound SdpaArgs). Allocates its own workspace with CuPy.
     """
     import cupy
 

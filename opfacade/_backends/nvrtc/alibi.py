@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from ..._internal.sku import BoundArgs, ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.contract import BoundArgs, OpContract
+from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
-from ...types import (
-    ArchSku,
-    BackendKind,
-    ElementKind,
-    KernelSku,
-    MathPrecision,
-    OpCategory,
-    PrecisionGuarantee,
+from ...contracts.alibi import (
+    ALIBI_BACKWARD,
+    ALIBI_FORWARD,
+    AlibiBackwardDescriptor,
+    AlibiForwardDescriptor,
+    accumulator,
 )
+from ...types import ArchSku, BackendKind, ElementKind, KernelSku, MathPrecision, PrecisionGuarantee
 from .launch import available, get_kernel, launch, pointer
+
+__all__ = ["SKUS", "backward_chunking"]
 
 SOURCE = "alibi.cu"
 ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
@@ -28,11 +32,6 @@ MAX_FORWARD_BLOCKS = 16384
 # problem alone (never on the device).
 BYTES_PER_CHUNK = 256 * 1024
 MAX_GRID_Y = 65535
-
-
-def accumulator(element: ElementKind) -> ElementKind:
-    """What the kernels compute and accumulate in, and the slopes' element type."""
-    return ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
 
 
 def _forward_bound(element: ElementKind) -> float:
@@ -53,26 +52,12 @@ def _vector_ok(views: list[TensorView], element: ElementKind) -> bool:
     return all(v.ptr % 16 == 0 and all(s % per_pack == 0 for s in v.strides[:-1]) for v in views)
 
 
-def _sku(op: str, element: ElementKind, bound: float, description: str) -> KernelSku:
+def _sku(op: OpContract, element: ElementKind, bound: float, description: str) -> KernelSku:
     acc = accumulator(element)
-    return KernelSku(
-        id=f"{op}.nvrtc.{element}",
-        category=OpCategory.positional_bias,
-        op=op,
-        element=element,
-        aux_element=acc,
-        layout="bhqk,k-contiguous",
-        arch=ArchSku.sm80,
-        backend=BackendKind.nvrtc,
-        precision_guarantee=PrecisionGuarantee(
-            math_precision=MathPrecision(acc.value),
-            accumulator=acc,
-            deterministic=True,
-            bit_stable=True,
-            max_rel_error=bound,
-        ),
-        description=description,
-    )
+    guarantee = PrecisionGuarantee(math_precision=MathPrecision(acc.value), accumulator=acc,
+                                   deterministic=True, bit_stable=True, max_rel_error=bound)
+    return op.sku(BackendKind.nvrtc, element, guarantee=guarantee, aux_element=acc,
+                  layout="bhqk,k-contiguous", arch=ArchSku.sm80, description=description)
 
 
 class _AlibiNvrtc(SkuImpl):
@@ -80,7 +65,7 @@ class _AlibiNvrtc(SkuImpl):
         self.sku = sku
         self.element = sku.element
 
-    def unfit(self, desc) -> Unfit | None:
+    def unfit(self, desc: AlibiForwardDescriptor | AlibiBackwardDescriptor) -> Unfit | None:
         if desc.element is not self.element:
             return Unfit(ReasonCode.element_unsupported,
                          f"serves {self.element}, problem is {desc.element}")
@@ -92,32 +77,36 @@ class _AlibiNvrtc(SkuImpl):
     def unavailable(self) -> str | None:
         return available()
 
-    def check_args(self, desc, args: BoundArgs) -> None:
+    def check_args(self, desc: AlibiForwardDescriptor | AlibiBackwardDescriptor,
+                   args: BoundArgs) -> None:
         # Element alignment is what the scalar path needs; 16-byte packs are used when possible.
         for name, view in args.present().items():
             expect_aligned(view, name, view.element.itemsize)
 
 
-class AlibiForwardNvrtc(_AlibiNvrtc):
+class AlibiForwardNvrtc(_AlibiNvrtc, SkuImpl[AlibiForwardDescriptor]):
     def __init__(self, element: ElementKind):
         super().__init__(_sku(
-            "alibi_forward", element, _forward_bound(element),
+            ALIBI_FORWARD, element, _forward_bound(element),
             "Y = A + slope[h]*(j - i), one fma in the accumulator type; in place allowed."))
 
-    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+    def prepared(self, desc: AlibiForwardDescriptor, args: BoundArgs, workspace: Workspace,
+                 stream: int | None):
         x, out, slopes = args["input"], args["output"], args["slopes"]
         rows = desc.batch * desc.heads * desc.query_len
         blocks = min(-(-rows // WARPS), MAX_FORWARD_BLOCKS)
         kernel = get_kernel(SOURCE, f"alibi_forward_{self.element}", x.device)
-        launch(kernel, (blocks,), (THREADS,), (
+        arguments = (
             pointer(x), pointer(out), pointer(slopes), np.int64(rows), np.int32(desc.heads),
             np.int32(desc.query_len), np.int32(desc.key_len),
             *(np.int64(s) for s in x.strides[:3]), *(np.int64(s) for s in out.strides[:3]),
             np.int32(_vector_ok([x, out], self.element)),
-        ), stream, x.device)
+        )
+        return functools.partial(launch, kernel, (blocks,), (THREADS,), arguments, stream,
+                                 x.device)
 
 
-def backward_chunking(desc) -> tuple[int, int]:
+def backward_chunking(desc: AlibiBackwardDescriptor) -> tuple[int, int]:
     """(rows_per_chunk, chunks) for one head's B*Q rows: a function of the problem alone."""
     rows_per_head = desc.batch * desc.query_len
     row_bytes = desc.key_len * desc.element.itemsize
@@ -127,44 +116,55 @@ def backward_chunking(desc) -> tuple[int, int]:
     return rows, -(-rows_per_head // rows)
 
 
-class AlibiBackwardNvrtc(_AlibiNvrtc):
+class AlibiBackwardNvrtc(_AlibiNvrtc, SkuImpl[AlibiBackwardDescriptor]):
     def __init__(self, element: ElementKind):
         super().__init__(_sku(
-            "alibi_backward", element, _backward_bound(element),
+            ALIBI_BACKWARD, element, _backward_bound(element),
             "dA = dY; dslope[h] = sum dY*(j - i) in fixed-order blocks (no atomics), "
             "then a fixed tree over each head's partials."))
 
-    def workspace_size(self, desc) -> int:
+    def workspace_size(self, desc: AlibiBackwardDescriptor) -> int:
         if not desc.need_slope_grad:
             return 0
         _, chunks = backward_chunking(desc)
         raw = desc.heads * chunks * accumulator(self.element).itemsize
         return Workspace.round_up(raw)
 
-    def launch(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None) -> None:
+    def prepared(self, desc: AlibiBackwardDescriptor, args: BoundArgs, workspace: Workspace,
+                 stream: int | None):
         dy, d_in, d_slopes = args["grad_output"], args["grad_input"], args["grad_slopes"]
         device = dy.device
         if d_in is not None and d_in.same_layout(dy):
             d_in = None  # dA aliases dY exactly: dA = dY is already true
+        launches = []
         if d_in is None and d_slopes is None:
-            return
+            return lambda: None
         rows_per_chunk, chunks = backward_chunking(desc)
         partials = workspace.ptr if d_slopes is not None else 0
         din_strides = d_in.strides[:3] if d_in is not None else (0, 0, 0)
         kernel = get_kernel(SOURCE, f"alibi_backward_partials_{self.element}", device)
-        launch(kernel, (chunks, desc.heads), (THREADS,), (
+        launches.append(functools.partial(launch, kernel, (chunks, desc.heads), (THREADS,), (
             pointer(dy), pointer(d_in), np.uint64(partials), np.int32(desc.query_len),
             np.int32(desc.key_len), np.int64(desc.batch * desc.query_len),
             np.int32(rows_per_chunk), *(np.int64(s) for s in dy.strides[:3]),
             *(np.int64(s) for s in din_strides),
             np.int32(_vector_ok([v for v in (dy, d_in) if v is not None], self.element)),
-        ), stream, device)
+        ), stream, device))
         if d_slopes is not None:
             finalize = get_kernel(SOURCE, f"alibi_backward_finalize_{accumulator(self.element)}",
                                   device)
-            launch(finalize, (desc.heads,), (THREADS,),
-                   (np.uint64(partials), pointer(d_slopes), np.int32(chunks)), stream, device)
+            launches.append(functools.partial(
+                launch, finalize, (desc.heads,), (THREADS,),
+                (np.uint64(partials), pointer(d_slopes), np.int32(chunks)), stream, device))
+
+        def run_in_order() -> None:
+            for step in launches:
+                step()
+
+        return run_in_order
 
 
-FORWARD_SKUS = tuple(AlibiForwardNvrtc(e) for e in ELEMENTS)
-BACKWARD_SKUS = tuple(AlibiBackwardNvrtc(e) for e in ELEMENTS)
+SKUS = {
+    ALIBI_FORWARD.name: tuple(AlibiForwardNvrtc(e) for e in ELEMENTS),
+    ALIBI_BACKWARD.name: tuple(AlibiBackwardNvrtc(e) for e in ELEMENTS),
+}

@@ -11,17 +11,14 @@ import threading
 import numpy as np
 
 from ..._internal.device import device_arch
+from ..._internal.log import timed
 from ..._internal.streams import cupy_stream
 from ...errors import BackendUnavailable, LaunchFailed
 from ...types import ElementKind
 from .compiler import compile_cubin
 
-__all__ = ["available", "element_suffix", "get_kernel", "launch", "pointer"]
-
-_lock = threading.Lock()
-_functions: dict[tuple[str, str, int], object] = {}
-_modules: dict[tuple[str, int], object] = {}
-
+__all__ = ["KERNELS", "KernelCache", "available", "element_suffix", "get_kernel", "launch",
+           "pointer"]
 
 def available() -> str | None:
     """Why NVRTC kernels cannot run in this process, or None."""
@@ -39,35 +36,56 @@ def element_suffix(element: ElementKind) -> str:
     return "f32" if element in (ElementKind.f32, ElementKind.tf32) else element.value
 
 
-def _module(source: str, device: int):
-    key = (source, device)
-    module = _modules.get(key)
-    if module is None:
-        with _lock:
-            module = _modules.get(key)
-            if module is None:
-                import cupy
+class KernelCache:
+    """Modules loaded per (source file, device) and their kernels, built once under a lock that
+    is checked again after it is taken."""
 
-                compiled = compile_cubin(source, device_arch(device))
-                with cupy.cuda.Device(device):
-                    module = cupy.cuda.function.Module()
-                    module.load(compiled.cubin)
-                _modules[key] = module
-    return module
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._modules: dict[tuple[str, int], object] = {}
+        self._functions: dict[tuple[str, str, int], object] = {}
+
+    def _module(self, source: str, device: int):
+        key = (source, device)
+        module = self._modules.get(key)
+        if module is None:
+            with self._lock:
+                module = self._modules.get(key)
+                if module is None:
+                    import cupy
+
+                    compiled = compile_cubin(source, device_arch(device))
+                    with timed("load %s on cuda:%d", source, device), cupy.cuda.Device(device):
+                        module = cupy.cuda.function.Module()
+                        module.load(compiled.cubin)
+                    self._modules[key] = module
+        return module
+
+    def get(self, source: str, name: str, device: int):
+        """The CuPy Function for kernel ``name`` of native/<source> on ``device``."""
+        key = (source, name, device)
+        function = self._functions.get(key)
+        if function is None:
+            try:
+                function = self._module(source, device).get_function(name)
+            except Exception as error:
+                raise BackendUnavailable(f"cannot load {name} from {source} on cuda:{device}: "
+                                         f"{error}") from error
+            self._functions[key] = function
+        return function
+
+    def clear(self) -> None:
+        with self._lock:
+            self._modules.clear()
+            self._functions.clear()
+
+
+KERNELS = KernelCache()
 
 
 def get_kernel(source: str, name: str, device: int):
     """The CuPy Function for kernel ``name`` of native/<source> on ``device``."""
-    key = (source, name, device)
-    function = _functions.get(key)
-    if function is None:
-        try:
-            function = _module(source, device).get_function(name)
-        except Exception as error:
-            raise BackendUnavailable(f"cannot load {name} from {source} on cuda:{device}: "
-                                     f"{error}") from error
-        _functions[key] = function
-    return function
+    return KERNELS.get(source, name, device)
 
 
 def pointer(view) -> np.uint64:

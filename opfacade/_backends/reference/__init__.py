@@ -6,16 +6,16 @@ finite differences) in ``tests/test_reference_*.py``.
 """
 
 from .alibi import alibi_backward, alibi_distance, alibi_forward
-from .attention import CAUSAL_MODES, sdpa_backward, sdpa_forward, sdpa_mask
 from .decode import decode_forward, gather_kv
-from .gemm import (
+from .linear import (
     ACTIVATIONS,
     WEIGHT_LAYOUTS,
     activation,
     activation_grad,
-    gemm_backward,
-    gemm_forward,
+    linear_backward,
+    linear_forward,
 )
+from .sdpa import CAUSAL_MODES, sdpa_backward, sdpa_forward, sdpa_mask
 from .varlen import varlen_backward, varlen_forward
 
 __all__ = [
@@ -29,8 +29,8 @@ __all__ = [
     "alibi_forward",
     "decode_forward",
     "gather_kv",
-    "gemm_backward",
-    "gemm_forward",
+    "linear_backward",
+    "linear_forward",
     "sdpa_backward",
     "sdpa_forward",
     "sdpa_mask",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import sdpa_forward
+from .sdpa import sdpa_forward
 
 __all__ = ["gather_kv", "decode_forward"]
 

@@ -17,8 +17,8 @@ __all__ = [
     "WEIGHT_LAYOUTS",
     "activation",
     "activation_grad",
-    "gemm_forward",
-    "gemm_backward",
+    "linear_forward",
+    "linear_backward",
 ]
 
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
@@ -48,7 +48,7 @@ def activation(x: np.ndarray, name: str) -> np.ndarray:
 
 
 def _activate(x: np.ndarray, name: str) -> np.ndarray:
-    # Separate from ``activation`` because gemm_forward's keyword of that name shadows it.
+    # Separate from ``activation`` because linear_forward's keyword of that name shadows it.
     _check_activation(name)
     x = np.asarray(x, dtype=np.float64)
     if name == "none":
@@ -101,7 +101,7 @@ def _check_operands(x: np.ndarray, w_kn: np.ndarray, weight_layout: str) -> None
         raise ValueError(f"w must have batch {x.shape[0]} to match x, got {w_kn.shape[0]}")
 
 
-def gemm_forward(
+def linear_forward(
     x: np.ndarray,
     w: np.ndarray,
     *,
@@ -168,7 +168,7 @@ def _sum_to_shape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-def gemm_backward(
+def linear_backward(
     d_out: np.ndarray,
     x: np.ndarray,
     w: np.ndarray,
@@ -182,7 +182,7 @@ def gemm_backward(
     has_residual: bool = False,
     residual_shape: tuple[int, ...] | None = None,
 ) -> dict[str, np.ndarray | None]:
-    """Gradients of ``gemm_forward`` from the saved pre-activation.
+    """Gradients of ``linear_forward`` from the saved pre-activation.
 
     Args:
         d_out: gradient of the output, shaped like ``pre``.

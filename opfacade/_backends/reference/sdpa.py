@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .alibi import alibi_distance
-from .gemm import _broadcasts_to, _sum_to_shape
+from .linear import _broadcasts_to, _sum_to_shape
 
 __all__ = ["CAUSAL_MODES", "sdpa_mask", "sdpa_forward", "sdpa_backward"]
 

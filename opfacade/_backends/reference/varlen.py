@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import sdpa_backward, sdpa_forward
+from .sdpa import sdpa_backward, sdpa_forward
 
 __all__ = ["varlen_forward", "varlen_backward"]
 

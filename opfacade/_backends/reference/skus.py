@@ -1,0 +1,164 @@
+"""The float64 reference as host SKUs, one table per family: the oracle behind the tests and
+`opfacade verify`.
+
+Selection never offers them for a GPU target (reason ``reference_is_oracle``); they are chosen
+only for ``device='cpu'``, with NumPy arrays, for debugging and for checking the GPU SKUs. The
+math lives beside this module (``alibi.py``, ``linear.py``, ``sdpa.py``), free of any opfacade
+type, and is tested against independent formulas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from ..._internal.contract import BoundArgs, Descriptor, OpContract
+from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.tensors import as_numpy
+from ...contracts import alibi, linear, sdpa
+from ...types import BackendKind, ElementKind, MathPrecision, PrecisionGuarantee
+from . import alibi as alibi_math
+from . import linear as linear_math
+from . import sdpa as sdpa_math
+
+__all__ = ["ALIBI", "LINEAR", "SDPA", "ReferenceSku"]
+
+D = TypeVar("D", bound=Descriptor)
+
+REFERENCE_GUARANTEE = PrecisionGuarantee(
+    math_precision=MathPrecision.f64,
+    accumulator=ElementKind.f64,
+    deterministic=True,
+    bit_stable=True,
+    max_rel_error=1e-14,
+    capture_safe=False,  # runs on the host
+)
+
+# compute(descriptor, arrays by argument name) -> results by output argument name, in float64.
+Compute = Callable[[D, dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class ReferenceSku(SkuImpl[D], Generic[D]):
+    """Runs ``compute`` in float64 and rounds once into the caller's output arrays."""
+
+    def __init__(self, op: OpContract[D], compute: Compute, description: str):
+        self.compute = compute
+        self.sku = op.sku(BackendKind.reference, ElementKind.f64, guarantee=REFERENCE_GUARANTEE,
+                          layout="any", arch=None,
+                          description=description + " Float64 on the host; output rounded once "
+                                                    "to its type.")
+
+    def prepared(self, desc: D, args: BoundArgs, workspace: Workspace, stream: int | None):
+        arrays = {name: as_numpy(view) for name, view in args.present().items()}
+
+        def compute_into_outputs() -> None:
+            for name, value in self.compute(desc, arrays).items():
+                np.copyto(arrays[name], value, casting="unsafe")
+
+        return compute_into_outputs
+
+
+# -- alibi ----------------------------------------------------------------------------------------
+
+def _alibi_forward(desc: alibi.AlibiForwardDescriptor, arrays: dict) -> dict:
+    return {"output": alibi_math.alibi_forward(arrays["input"], arrays["slopes"])}
+
+
+def _alibi_backward(desc: alibi.AlibiBackwardDescriptor, arrays: dict) -> dict:
+    d_in, d_slopes = alibi_math.alibi_backward(
+        arrays["grad_output"], need_input_grad=desc.need_input_grad,
+        need_slope_grad=desc.need_slope_grad)
+    results = {"grad_input": d_in, "grad_slopes": d_slopes}
+    return {name: value for name, value in results.items() if value is not None}
+
+
+ALIBI = {
+    alibi.ALIBI_FORWARD.name: (ReferenceSku(alibi.ALIBI_FORWARD, _alibi_forward,
+                                            "Y = A + slope[h]*(j - i)."),),
+    alibi.ALIBI_BACKWARD.name: (ReferenceSku(alibi.ALIBI_BACKWARD, _alibi_backward,
+                                             "dA = dY; dslope[h] = sum dY*(j - i)."),),
+}
+
+
+# -- linear ---------------------------------------------------------------------------------------
+
+def _linear_forward(desc: linear.LinearDescriptor, arrays: dict) -> dict:
+    out, pre = linear_math.linear_forward(
+        arrays["x"], arrays["weight"], weight_layout=desc.weight_layout, bias=arrays.get("bias"),
+        activation=desc.activation, residual=arrays.get("residual"))
+    results = {"out": out}
+    if desc.save_aux:
+        results["aux"] = linear.pack_relu_mask(pre) if desc.activation == "relu" else pre
+    return results
+
+
+def _linear_backward(desc: linear.LinearBackwardDescriptor, arrays: dict) -> dict:
+    grad_out = arrays["grad_out"]
+    if desc.activation == "relu":  # the mask's signs stand in for the pre-activation
+        pre = np.where(linear.unpack_relu_mask(arrays["aux"], desc.n), 1.0, -1.0)
+    else:
+        pre = arrays["aux"] if desc.activation != "none" else np.zeros(grad_out.shape)
+    grads = linear_math.linear_backward(
+        grad_out, arrays["x"], arrays["weight"], pre, weight_layout=desc.weight_layout,
+        activation=desc.activation, need_bias_grad=desc.need_bias_grad)
+    results = {"grad_x": grads["dx"], "grad_weight": grads["dw"], "grad_bias": grads["dbias"],
+               "grad_pre": grads["d_pre"]}
+    return {name: value for name, value in results.items() if name in arrays}
+
+
+LINEAR = {
+    linear.LINEAR_FORWARD.name: (ReferenceSku(linear.LINEAR_FORWARD, _linear_forward,
+                                              "act(x @ W + bias + residual), and the aux."),),
+    linear.LINEAR_BACKWARD.name: (ReferenceSku(
+        linear.LINEAR_BACKWARD, _linear_backward,
+        "d_pre = grad_out * act'(pre); dbias, dx = d_pre W^T, dW = x^T d_pre."),),
+}
+
+
+# -- sdpa -----------------------------------------------------------------------------------------
+
+def _lengths(arrays: dict) -> dict:
+    return {"seq_len_q": arrays.get("seq_len_q"), "seq_len_kv": arrays.get("seq_len_kv")}
+
+
+def _sdpa_forward(desc: sdpa.SdpaDescriptor, arrays: dict) -> dict:
+    out, lse = sdpa_math.sdpa_forward(arrays["q"], arrays["k"], arrays["v"],
+                                      bias=arrays.get("bias"), **_lengths(arrays),
+                                      **sdpa.reference_options(desc))
+    results = {"out": out}
+    if desc.save_stats:
+        results["stats"] = lse[..., None]  # the [B, Hq, Sq, 1] layout contract
+    return results
+
+
+def _sdpa_backward(desc: sdpa.SdpaBackwardDescriptor, arrays: dict) -> dict:
+    grads = sdpa_math.sdpa_backward(arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"],
+                                    bias=arrays.get("bias"), need_bias_grad=desc.need_bias_grad,
+                                    **_lengths(arrays), **sdpa.reference_options(desc))
+    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
+    if desc.need_bias_grad:
+        results["grad_bias"] = grads["dbias"]
+    return results
+
+
+class _SdpaReference(ReferenceSku):
+    """The float64 oracle; it draws no dropout mask, so it cannot serve dropout on its own."""
+
+    def unfit(self, desc) -> Unfit | None:
+        if desc.dropout_p > 0.0:
+            return Unfit(ReasonCode.feature_unsupported,
+                         "the reference has no Philox generator; dropout is checked against it "
+                         "with the mask cuDNN dumps (reference.sdpa_forward(dropout_keep=...))")
+        return None
+
+
+SDPA = {
+    sdpa.SDPA_FORWARD.name: (_SdpaReference(
+        sdpa.SDPA_FORWARD, _sdpa_forward,
+        "softmax(scale*q.k + bias + alibi, masked).v and its log-sum-exp."),),
+    sdpa.SDPA_BACKWARD.name: (_SdpaReference(
+        sdpa.SDPA_BACKWARD, _sdpa_backward,
+        "Analytic dq, dk, dv (and dbias), recomputing the probabilities."),),
+}

@@ -1,0 +1,136 @@
+"""What every op family's contract module declares, and what its backends import.
+
+A family (alibi, linear, sdpa, ...) has one contract module in ``opfacade/contracts/``: its
+descriptors (the problem), its Args (the tensors), the layouts of what a forward saves for its
+backward, the bind that wraps and checks a call's tensors, and one ``OpContract`` per op. Backends
+implement SKUs against those types; ``opfacade/_registry.py`` joins each contract to its SKUs in
+one table. Nothing here imports a backend.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import InvalidProblem
+from ..types import (
+    ArchSku,
+    BackendKind,
+    ElementKind,
+    KernelSku,
+    OpCategory,
+    PrecisionGuarantee,
+)
+from .tensors import TensorView
+from .validation import invalid_problem
+
+__all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec"]
+
+
+class Descriptor(BaseModel):
+    """A problem statement: frozen (hashable, a plan-cache key), storage-free, self-validating.
+
+    Construction errors are ``InvalidProblem`` naming the field, never pydantic's own error.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    def __init__(self, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise invalid_problem(type(self), error) from None
+
+    @classmethod
+    def from_json(cls, text: str):
+        """Round trip of ``model_dump_json`` (for logs and bug reports), with typed errors."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise InvalidProblem(f"{cls.__name__} JSON does not parse: {error}") from None
+        if not isinstance(data, dict):
+            raise InvalidProblem(f"{cls.__name__} JSON must be an object, got "
+                                 f"{type(data).__name__}")
+        return cls(**data)
+
+
+D = TypeVar("D", bound=Descriptor)
+
+
+@dataclass(frozen=True)
+class BoundArgs:
+    """A run's tensors, wrapped once at the edge and checked against the descriptor."""
+
+    views: dict[str, TensorView | None]
+    outputs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        # run() consults these several times; compute them once per bind.
+        present = {name: view for name, view in self.views.items() if view is not None}
+        object.__setattr__(self, "_present", present)
+        first = next(iter(present.values()), None)
+        object.__setattr__(self, "device", None if first is None else first.device)
+
+    def __getitem__(self, name: str) -> TensorView | None:
+        return self.views[name]
+
+    def present(self) -> dict[str, TensorView]:
+        return self._present
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One argument of an op for a given descriptor: what verify and the bench allocate.
+
+    ``role`` is "in", "out" or "inout" (an in-place input that is also the result).
+    ``strides`` (in elements) when the op needs a layout other than C order, e.g. attention's
+    [B, H, S, D] tensors stored as BSHD; a permutation of a dense layout.
+    """
+
+    shape: tuple[int, ...]
+    element: ElementKind
+    role: str = "in"
+    strides: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class OpContract(Generic[D]):
+    """One op of a family (alibi_forward, sdpa_backward, ...) as its contract states it."""
+
+    name: str
+    category: OpCategory
+    descriptor: type[D]
+    args: type
+    bind: Callable[[D, Any], BoundArgs]  # (descriptor, args) -> checked BoundArgs
+    summary: str
+    # The op's arguments for a descriptor (name -> spec), in Args field order; None is omitted.
+    signature: Callable[[D], dict[str, TensorSpec]]
+    # Small standard problems for one element type, used by `opfacade verify` and the GPU tests.
+    sample_problems: Callable[[ElementKind], list[D]]
+    # For a forward op used in training: the backward problem its saved tensors feed. Selecting
+    # for training selects that backward too, so no forward is chosen whose backward cannot run.
+    training_backward: Callable[[D], Descriptor] | None = None
+    # Verification inputs that random values cannot be (the saved stats a backward consumes,
+    # valid sequence lengths): (descriptor, random inputs, rng) -> inputs to use instead.
+    verification_inputs: Callable[[D, dict, Any], dict] | None = None
+
+    def sku(self, backend: BackendKind, element: ElementKind, *, guarantee: PrecisionGuarantee,
+            layout: str, arch: ArchSku | None, description: str, variant: str = "",
+            qualifier: str = "", aux_element: ElementKind | None = None,
+            epilogue: str | None = None) -> KernelSku:
+        """The catalog entry of one SKU of this op. Its id is
+        ``op.backend[+variant].element[.qualifier]`` (``op.reference`` for the host oracle):
+        the one naming scheme of every SKU, e.g. ``linear_forward.cublaslt+act.bf16`` or
+        ``sdpa_backward.cudnn.f16.deterministic``."""
+        backend_part = backend.value + (f"+{variant}" if variant else "")
+        sku_id = (f"{self.name}.{backend_part}" if backend is BackendKind.reference
+                  else f"{self.name}.{backend_part}.{element.value}")
+        if qualifier:
+            sku_id += f".{qualifier}"
+        return KernelSku(id=sku_id, category=self.category, op=self.name, element=element,
+                         aux_element=aux_element, layout=layout, epilogue=epilogue, arch=arch,
+                         backend=backend, precision_guarantee=guarantee, description=description)

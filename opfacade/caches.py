@@ -1,0 +1,30 @@
+"""Every cache opfacade keeps, and the one call that clears them all.
+
+Each cache is an object owned by the module that fills it:
+
+- plans: ``plan.PLAN_CACHE`` (the functional forms' and ``Plan.cached``'s plans);
+- cuDNN graphs (and cuDNN's genuine "not supported" verdicts): ``_backends/cudnn``;
+- cuBLASLt recipes (matmul descriptors, layouts, the heuristic's algorithm):
+  ``_backends/cublaslt``;
+- compiled NVRTC kernels loaded on each device: ``_backends/nvrtc`` (cubins also persist on disk
+  in ``$OPFACADE_CACHE_DIR``, which clearing leaves alone: they are checked on load).
+
+``plan.free()`` releases what one plan holds; ``clear_caches()`` drops everything (tests call it
+between cases that must not share state). Plans already handed out keep working: what they need
+is built again on their next run.
+"""
+
+from __future__ import annotations
+
+from ._backends import cublaslt, cudnn, nvrtc
+
+__all__ = ["clear_caches"]
+
+
+def clear_caches() -> None:
+    """Drops every in-process cache: plans, cuDNN graphs, cuBLASLt recipes, loaded kernels."""
+    from .plan import PLAN_CACHE
+
+    PLAN_CACHE.clear()
+    for backend in (cudnn, cublaslt, nvrtc):
+        backend.clear_caches()

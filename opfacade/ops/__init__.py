@@ -1,0 +1,1 @@
+"""The public face of each op family: its plans and functional forms, over its contract."""

@@ -1,0 +1,129 @@
+"""Linear plans and functional forms, over the linear contract (``opfacade/contracts/linear.py``).
+
+    desc = LinearDescriptor(m=4096, n=4096, k=1024, element="bf16", activation="gelu_tanh")
+    plan = LinearForwardPlan.select(desc)
+    plan.algorithm                     # the cuBLASLt algorithm the heuristic chose
+    plan.run(LinearArgs(x, w, bias, out=y), stream=s)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._internal.memory import OutputAllocator
+from .._internal.tensors import TensorView, wrap
+from ..contracts.linear import (
+    LINEAR_BACKWARD,
+    LINEAR_FORWARD,
+    LinearArgs,
+    LinearBackwardArgs,
+    LinearBackwardDescriptor,
+    LinearDescriptor,
+    _LinearShape,
+)
+from ..errors import InvalidArgument, ShapeMismatch
+from ..plan import Plan, plan_class
+
+__all__ = [
+    "LinearDescriptor",
+    "LinearBackwardDescriptor",
+    "LinearArgs",
+    "LinearBackwardArgs",
+    "LinearForwardPlan",
+    "LinearBackwardPlan",
+    "linear",
+    "linear_backward",
+]
+
+LinearForwardPlan = plan_class(LINEAR_FORWARD.name)
+LinearBackwardPlan = plan_class(LINEAR_BACKWARD.name)
+
+
+def _algorithm(plan: Plan):
+    """The cuBLASLt algorithm this plan runs with contiguous tensors on its device (the current
+    GPU for a plan selected by arch): an AlgoInfo for the forward, {step: AlgoInfo} for the
+    backward; None for the host reference or without a GPU. Selecting by arch, it is chosen on
+    first use."""
+    impl = plan._live_impl()
+    if not hasattr(impl, "algorithm") or plan.target.is_host:
+        return None
+    return impl.algorithm(plan.descriptor, plan.target.device)
+
+
+LinearForwardPlan.algorithm = property(_algorithm)
+LinearBackwardPlan.algorithm = property(_algorithm)
+
+
+# -- functional forms ---------------------------------------------------------------------------
+
+def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
+    if x.ndim not in (2, 3):
+        raise InvalidArgument(f"x must be [M, K] or [batch, M, K], got shape {x.shape}",
+                              argument="x")
+    if w.ndim not in (2, 3) or (w.ndim == 3 and x.ndim != 3):
+        raise InvalidArgument(f"weight must be 2-D, or 3-D for a batched x, got shape {w.shape}",
+                              argument="weight")
+    if weight_layout not in ("kn", "nk"):
+        raise InvalidArgument(f"weight_layout must be 'kn' or 'nk', got {weight_layout!r}",
+                              argument="weight_layout")
+    k_w, n = w.shape[-2:] if weight_layout == "kn" else w.shape[-1:-3:-1]
+    if k_w != x.shape[-1]:
+        raise ShapeMismatch(f"weight {w.shape} in the '{weight_layout}' layout has K={k_w}; x "
+                            f"{x.shape} has K={x.shape[-1]}", argument="weight")
+    if w.ndim == 3 and w.shape[0] != x.shape[0]:
+        raise ShapeMismatch(f"weight has batch {w.shape[0]}; x has batch {x.shape[0]}",
+                            argument="weight")
+    return dict(m=x.shape[-2], n=n, k=x.shape[-1], batch=x.shape[0] if x.ndim == 3 else None,
+                weight_layout=weight_layout, weight_batched=w.ndim == 3,
+                element=x.element)
+
+
+def _aux_buffer(desc: _LinearShape, allocate):
+    """An aux whose rows cuBLASLt accepts: pre-activation rows padded to 8 elements, returned as
+    a view."""
+    if desc.activation == "relu" or desc.n % 8 == 0:
+        return allocate(desc.aux_shape, desc.aux_element)
+    padded = allocate((*desc.lead, desc.m, -(-desc.n // 8) * 8), desc.aux_element)
+    return padded[..., :desc.n]
+
+
+def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
+           residual: Any = None, weight_layout: str = "nk", tf32: bool = False,
+           save_aux: bool = False, out: Any = None, stream: Any = None) -> Any:
+    """Functional LinearForwardPlan: ``out``, or ``(out, aux)`` when ``save_aux``.
+
+    Same semantics as torch's ``F.linear`` with the default "nk" weight; uses the process-wide
+    plan cache and allocates what is not given. Arguments are LinearDescriptor's and LinearArgs'.
+    """
+    xv, wv = wrap(x, "x"), wrap(weight, "weight")
+    desc = LinearDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32, activation=activation,
+                            bias=bias is not None, residual=residual is not None,
+                            save_aux=save_aux)
+    plan = LinearForwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
+    allocate = OutputAllocator(xv, stream)
+    out = allocate(desc.out_shape, desc.element) if out is None else out
+    aux = _aux_buffer(desc, allocate) if save_aux else None
+    plan.run(LinearArgs(x, weight, bias, residual, out, aux), stream=stream)
+    return (out, aux) if save_aux else out
+
+
+def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
+                    activation: str = "none", weight_layout: str = "nk", tf32: bool = False,
+                    need_input_grad: bool = True, need_weight_grad: bool = True,
+                    need_bias_grad: bool = True, stream: Any = None) -> tuple[Any, Any, Any]:
+    """Functional LinearBackwardPlan: ``(grad_x, grad_weight, grad_bias)``, None where not asked.
+
+    ``aux`` is what ``linear(..., save_aux=True)`` returned; needed unless activation is "none".
+    """
+    xv, wv = wrap(x, "x"), wrap(weight, "weight")
+    desc = LinearBackwardDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32,
+                                    activation=activation, need_input_grad=need_input_grad,
+                                    need_weight_grad=need_weight_grad,
+                                    need_bias_grad=need_bias_grad)
+    plan = LinearBackwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
+    allocate = OutputAllocator(xv, stream)
+    grads = (allocate(desc.x_shape, desc.element) if need_input_grad else None,
+             allocate(desc.weight_shape, desc.element) if need_weight_grad else None,
+             allocate((desc.n,), desc.element) if need_bias_grad else None)
+    plan.run(LinearBackwardArgs(grad_out, x, weight, aux, *grads), stream=stream)
+    return grads
