@@ -660,7 +660,7 @@ def test_cudnn_not_supported_becomes_a_rejection_naming_the_version(monkeypatch)
 def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
     """The SKU's run path with the graph, handle and device faked: what reaches the graph."""
     from opfacade._internal.sku import Workspace
-    from opfacade._internal.tensors import TensorView
+    from opfacade._internal.tensors import TensorView, c_strides
     from opfacade.errors import BufferTooSmall, Unsupported
 
     desc = forward(save_stats=True, bias="1hqk")
@@ -686,7 +686,7 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
     base = 1 << 32
 
     def view(index, shape, element=desc.element):
-        strides = graphs.row_major(shape)
+        strides = c_strides(shape)
         return TensorView(base + index * (1 << 24), shape, strides, element, 0, "cupy", None)
 
     args = SdpaArgs(view(0, desc.q_shape), view(1, desc.k_shape), view(2, desc.v_shape),
@@ -705,7 +705,7 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
     with pytest.raises(BufferTooSmall, match="needs 4096"):
         impl.launch(desc, bound, Workspace(base + (6 << 24), 4095, 0), stream=77)
     misaligned = SdpaArgs(**{**vars(args), "q": TensorView(
-        base + 8, desc.q_shape, graphs.row_major(desc.q_shape), desc.element, 0, "cupy", None)})
+        base + 8, desc.q_shape, c_strides(desc.q_shape), desc.element, 0, "cupy", None)})
     with pytest.raises(LayoutMismatch, match="q must be 16-byte aligned"):
         impl.check_args(desc, _bind_forward(desc, misaligned))
     bshd = graphs.dense_strides("bshd", *desc.q_shape)

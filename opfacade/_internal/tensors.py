@@ -31,6 +31,7 @@ from ..types import ElementKind
 
 __all__ = [
     "TensorView",
+    "c_strides",
     "wrap",
     "as_numpy",
     "dtype_name",
@@ -232,7 +233,11 @@ def _element_strides(byte_strides, itemsize: int, name: str) -> tuple[int, ...]:
     return tuple(stride // itemsize for stride in byte_strides)
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a dense C-order (row-major) array of ``shape``: the one helper for it.
+
+    A zero extent counts as one, as torch and NumPy lay out empty arrays, so that an empty
+    tensor's strides still match what its framework reports."""
     strides, running = [], 1
     for extent in reversed(shape):
         strides.append(running)
@@ -410,7 +415,7 @@ def _wrap_cuda_array_interface(obj, interface: dict, name: str, root: str) -> Te
     ptr = int(ptr or 0)
     byte_strides = interface.get("strides")
     if byte_strides is None:
-        strides = _c_strides(shape)
+        strides = c_strides(shape)
     else:
         strides = _element_strides(tuple(int(s) for s in byte_strides), element.itemsize, name)
     if root == "cupy":
@@ -547,7 +552,7 @@ def _wrap_dlpack(obj, name: str, root: str) -> TensorView:
     if tensor.strides:
         strides = tuple(int(tensor.strides[i]) for i in range(tensor.ndim))
     else:
-        strides = _c_strides(shape)
+        strides = c_strides(shape)
     ptr = (tensor.data or 0) + tensor.byte_offset
     readonly = readonly or root in ("jax", "jaxlib")
     # The capsule stays unconsumed and referenced: its destructor calls the producer's deleter

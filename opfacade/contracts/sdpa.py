@@ -41,7 +41,14 @@ from pydantic import (
 )
 
 from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
-from .._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlaps, wrap
+from .._internal.tensors import (
+    TensorView,
+    c_strides,
+    expect,
+    expect_args_type,
+    expect_no_overlaps,
+    wrap,
+)
 from .._internal.validation import invalid_problem
 from ..errors import InvalidArgument, InvalidProblem
 from ..types import ElementKind, OpCategory
@@ -83,7 +90,7 @@ def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
 def stats_strides(desc: _SdpaProblem) -> tuple[int, int, int, int]:
     """The saved stats (log-sum-exp) are [B, Hq, Sq, 1], C-contiguous: the layout every backward
     reads."""
-    return (desc.heads_q * desc.seq_q, desc.seq_q, 1, 1)
+    return c_strides(desc.stats_shape)
 
 Alignment = Literal["top_left", "bottom_right"]
 BiasShape = Literal["bhqk", "1hqk", "b1qk", "11qk"]

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..._internal.device import on_device
+from ..._internal.tensors import c_strides
 from ...contracts.sdpa import dense_strides
 from ...types import ElementKind
 from . import runtime
@@ -70,14 +71,6 @@ ARGUMENT = {
     Uid.OFFSET: "dropout_offset", Uid.DO: "grad_out", Uid.DQ: "grad_q", Uid.DK: "grad_k",
     Uid.DV: "grad_v", Uid.DBIAS: "grad_bias", Uid.DROPOUT_MASK: "dropout_mask",
 }
-
-
-def row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, running = [], 1
-    for extent in reversed(shape):
-        strides.append(running)
-        running *= extent
-    return tuple(reversed(strides))
 
 
 def diagonal_band(desc) -> tuple[str, int | None, int | None]:
@@ -218,7 +211,7 @@ class _Builder:
         if right is not None:
             options["diagonal_band_right_bound"] = right
         if d.bias is not None:
-            options["bias"] = self.tensor(Uid.BIAS, d.bias_shape, row_major(d.bias_shape))
+            options["bias"] = self.tensor(Uid.BIAS, d.bias_shape, c_strides(d.bias_shape))
         if d.padding:
             lengths = ((d.batch, 1, 1, 1), (1, 1, 1, 1), cudnn.data_type.INT32)
             options["seq_len_q"] = self.tensor(Uid.SEQ_LEN_Q, *lengths)
@@ -244,7 +237,7 @@ class _Builder:
 
 def _stats_layout(desc) -> tuple[tuple[int, ...], tuple[int, ...]]:
     shape = (desc.batch, desc.heads_q, desc.seq_q, 1)
-    return shape, row_major(shape)
+    return shape, c_strides(shape)
 
 
 def declare_forward(desc, handle, dump_dropout: bool = False) -> _Builder:
@@ -254,7 +247,7 @@ def declare_forward(desc, handle, dump_dropout: bool = False) -> _Builder:
     options = b.options()
     if dump_dropout:
         shape = (desc.batch, desc.heads_q, desc.seq_q, desc.seq_kv)
-        options["rng_dump"] = b.tensor(Uid.DROPOUT_MASK, shape, row_major(shape), b.f32)
+        options["rng_dump"] = b.tensor(Uid.DROPOUT_MASK, shape, c_strides(shape), b.f32)
     out, stats = b.graph.sdpa(q, k, v, name="sdpa", generate_stats=bool(desc.save_stats),
                               **options)
     b.output(out, Uid.O, desc.o_shape, dense_strides(desc.layout, *desc.o_shape))
@@ -273,7 +266,7 @@ def declare_backward(desc, handle, deterministic: bool = False) -> _Builder:
     stats = b.tensor(Uid.STATS, *_stats_layout(desc), b.f32)
     options = b.options()
     if desc.need_bias_grad:
-        options["dBias"] = b.tensor(Uid.DBIAS, desc.bias_shape, row_major(desc.bias_shape))
+        options["dBias"] = b.tensor(Uid.DBIAS, desc.bias_shape, c_strides(desc.bias_shape))
     dq, dk, dv = b.graph.sdpa_backward(q, k, v, o, d_o, stats, name="sdpa_backward",
                                        use_deterministic_algorithm=bool(deterministic),
                                        **options)

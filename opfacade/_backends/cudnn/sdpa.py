@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..._internal.contract import BoundArgs, OpContract
 from ..._internal.device import on_device
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
-from ..._internal.tensors import TensorView, expect_aligned
+from ..._internal.tensors import TensorView, c_strides, expect_aligned
 from ...contracts.sdpa import SDPA_BACKWARD, SDPA_FORWARD
 from ...errors import BufferTooSmall, LayoutMismatch, Unsupported
 from ...types import (
@@ -185,7 +185,7 @@ class _SdpaCudnn(SkuImpl):
         for name, shape in (("stats", desc.stats_shape), ("bias", desc.bias_shape),
                             ("grad_bias", desc.bias_shape)):
             if shape is not None:
-                table[name] = (graphs.row_major(shape), "row-major")
+                table[name] = (c_strides(shape), "row-major")
         if len(self._strides) > 1024:
             self._strides.clear()
         self._strides[key] = (desc, table)
