@@ -15,9 +15,9 @@ __all__ = ["run_bench"]
 
 
 def _families():
-    from ._bench import alibi, attention, gemm
+    from ._bench import alibi, linear, sdpa
 
-    return {"alibi": alibi.run, "gemm": gemm.run, "attention": attention.run}
+    return {"alibi": alibi.run, "linear": linear.run, "sdpa": sdpa.run}
 
 
 def _warm_up(seconds: float = 2.0) -> None:

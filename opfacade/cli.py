@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="GPU: each op against its peers, as ratios")
     bench.add_argument("--json", help="also write the results here")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
-    bench.add_argument("--op", action="append", help="only this family (alibi, gemm, attention)")
+    bench.add_argument("--op", action="append", help="only this family (alibi, linear, sdpa)")
     bench.set_defaults(run=_bench)
     return parser
 

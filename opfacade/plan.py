@@ -367,7 +367,13 @@ class TrainingPair:
 def plan_class(op_name: str) -> type[Plan]:
     """The Plan subclass pinned to one op (AlibiForwardPlan, SdpaBackwardPlan, ...), for typing
     and isinstance."""
-    op = registry.op_named(op_name)
+    try:
+        op = registry.op_named(op_name)
+    except InvalidProblem:
+        # Called as a family's public module is imported: a family missing from the table is an
+        # import error, never a silent hole.
+        raise ImportError(f"op {op_name!r} is not in opfacade/_registry.py's FAMILIES "
+                          "table") from None
     name = "".join(part.title() for part in op.name.split("_")) + "Plan"
     return type(name, (Plan,), {"op": op, "__doc__": f"Plan for {op.name}: {op.summary}",
                                 "__module__": "opfacade"})

@@ -21,10 +21,10 @@ python3 -c "import torch, cupy, cudnn, nvmath, pydantic; print('torch', torch.__
 
 if wants tests; then
     stage tests
-    families="alibi gemm attention"
-    others=$(ls tests/test_*.py | grep -v -E "test_(gemm|attention)" | tr '\n' ' ')
+    families="alibi linear sdpa"
+    others=$(ls tests/test_*.py | grep -v -E "test_(linear|sdpa)" | tr '\n' ' ')
     timeout 240 python3 -m pytest -q -p no:cacheprovider -rs $others 2>&1 | tee "$OUT/pytest.log" | tail -6
-    for family in gemm attention; do
+    for family in linear sdpa; do
         files=$(ls tests/test_${family}*.py 2>/dev/null | tr '\n' ' ')
         [ -n "$files" ] || continue
         echo "--- $family"

@@ -4,7 +4,7 @@ reported against every torch formulation tried)."""
 
 from __future__ import annotations
 
-from ..alibi import (
+from ..ops.alibi import (
     AlibiBackwardArgs,
     AlibiBackwardDescriptor,
     AlibiBackwardPlan,
