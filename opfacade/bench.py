@@ -15,9 +15,13 @@ __all__ = ["run_bench"]
 
 
 def _families():
-    from ._bench import alibi, linear, sdpa
+    """Each family's bench (``_bench/<family>.py``), in the registry table's order."""
+    import importlib
 
-    return {"alibi": alibi.run, "linear": linear.run, "sdpa": sdpa.run}
+    from ._registry import FAMILIES
+
+    return {family.name: importlib.import_module(f"._bench.{family.name}", __package__).run
+            for family in FAMILIES}
 
 
 def _warm_up(seconds: float = 2.0) -> None:

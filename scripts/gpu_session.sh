@@ -21,10 +21,11 @@ python3 -c "import torch, cupy, cudnn, nvmath, pydantic; print('torch', torch.__
 
 if wants tests; then
     stage tests
-    families="alibi linear sdpa"
-    others=$(ls tests/test_*.py | grep -v -E "test_(linear|sdpa)" | tr '\n' ' ')
+    # One pytest per family of the registry table (tests/test_<family>*.py), then the rest.
+    families=$(python3 -c "from opfacade._registry import FAMILIES; print(*[f.name for f in FAMILIES])")
+    others=$(ls tests/test_*.py | grep -v -E "test_($(echo $families | tr ' ' '|'))" | tr '\n' ' ')
     timeout 240 python3 -m pytest -q -p no:cacheprovider -rs $others 2>&1 | tee "$OUT/pytest.log" | tail -6
-    for family in linear sdpa; do
+    for family in $families; do
         files=$(ls tests/test_${family}*.py 2>/dev/null | tr '\n' ' ')
         [ -n "$files" ] || continue
         echo "--- $family"
