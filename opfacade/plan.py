@@ -288,8 +288,10 @@ class Plan:
             if launch is not None:
                 launch()
                 return
+            LOG.debug("%s run: checked in full (its tensors, workspace or stream cannot be "
+                      "keyed exactly)", self._op.name)
         bound, ws, handle = self._resolve(args, workspace, stream)
-        self._impl.launch(self._descriptor, bound, ws, handle)
+        self._live_impl().launch(self._descriptor, bound, ws, handle)
 
     def _checked_launch(self, args: Any, workspace: Any, stream: Any) -> Callable[[], None]:
         """Checks a call in full and returns its launch, holding addresses but no user object."""

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..._internal.config import cache_dir
+from ..._internal.log import LOG, timed
 from ...errors import BackendUnavailable, CompileError
 from ...types import ArchSku
 
@@ -123,7 +124,8 @@ def _load_cached(path: Path) -> bytes | None:
         return None
     digest, payload = blob[:_DIGEST_BYTES], blob[_DIGEST_BYTES:]
     if len(digest) != _DIGEST_BYTES or hashlib.sha256(payload).digest() != digest:
-        return None  # torn or corrupted: recompile and overwrite
+        LOG.debug("cubin cache: %s is torn or corrupted; compiling again", path)
+        return None  # recompile and overwrite
     return payload
 
 
@@ -140,8 +142,9 @@ def _store_cached(path: Path, cubin: bytes) -> None:
         except BaseException:
             os.unlink(tmp)
             raise
-    except OSError:
-        pass  # a read-only or full cache directory costs a recompile, not a failure
+    except OSError as error:  # a read-only or full cache directory costs a recompile, no failure
+        LOG.debug("cubin cache: cannot store %s (%s); the next process compiles again", path,
+                  error)
 
 
 def _nvrtc_compile(name: str, source: str, headers: dict[str, str], options: tuple[str, ...]):
@@ -190,8 +193,11 @@ def compile_cubin(
     key = cache_key(text, headers, options, arch)
     path = _cache_path(name, arch, key)
     if use_cache and (cubin := _load_cached(path)) is not None:
+        LOG.debug("cubin cache hit: %s for %s", name, arch)
         return CompiledKernel(name, arch, cubin, key, from_cache=True)
-    cubin = _nvrtc_compile(name, text, headers, options)
+    LOG.debug("cubin cache miss: %s for %s", name, arch)
+    with timed("NVRTC compile of %s for %s", name, arch):
+        cubin = _nvrtc_compile(name, text, headers, options)
     if use_cache:
         _store_cached(path, cubin)
     return CompiledKernel(name, arch, cubin, key, from_cache=False)
