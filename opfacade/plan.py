@@ -18,6 +18,7 @@ from . import _registry as registry
 from ._internal.call_memo import CallMemo
 from ._internal.contract import BoundArgs, Descriptor
 from ._internal.device import device_arch
+from ._internal.log import LOG
 from ._internal.lru import BuildOnceLRU
 from ._internal.selection import ExplainReport, Target, Verdict, rank
 from ._internal.sku import SkuImpl, Workspace
