@@ -1,7 +1,8 @@
 // The linear layer's activations and their derivatives, in float: one definition shared by the
 // forward pass (linear_act.cu) and the backward's d_pre kernel (linear_grad.cu). The formulas are
-// the float64 reference's (opfacade/_backends/reference/gemm.py), evaluated with full-precision
-// libdevice calls (NVRTC builds without fast math).
+// the float64 reference's (opfacade/_backends/reference/linear.py), evaluated with full-precision
+// libdevice calls (NVRTC builds without fast math). Which activation uses which is the linear
+// contract's table (opfacade/contracts/linear_activations.py).
 #pragma once
 
 struct GeluTanh {

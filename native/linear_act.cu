@@ -38,7 +38,8 @@ __device__ __forceinline__ void activation_forward(const T* pre, T* out, i64 bat
     }
 }
 
-// One kernel per (activation, element): linear_<activation>_<element>.
+// One kernel per (activation, element): linear_<activation>_<element>. The list is the linear
+// contract's activation table's `act_pass` entries (tests/test_linear.py checks they agree).
 #define OPFACADE_ACT_KERNEL(NAME, SUFFIX, T, ACT)                                               \
     extern "C" __global__ void __launch_bounds__(256) linear_##NAME##_##SUFFIX(                  \
         const T* pre, T* out, i64 batch, i64 m, int n, i64 ld_pre, i64 batch_pre, i64 ld_out,   \

@@ -99,7 +99,8 @@ __device__ __forceinline__ void bias_grad_finalize(const float* __restrict__ par
     grad_bias[j] = Math<T>::down(total);
 }
 
-// One d_pre kernel per (activation, element): linear_d<activation>_<element>.
+// One d_pre kernel per (activation, element): linear_d<activation>_<element>. The list is the
+// linear contract's activation table's `d_pre` entries (tests/test_linear.py checks they agree).
 #define OPFACADE_D_PRE_KERNEL(NAME, SUFFIX, T, SLOPES)                                         \
     extern "C" __global__ void __launch_bounds__(256) linear_d##NAME##_##SUFFIX(                 \
         const T* grad_out, const void* aux, T* d_pre, float* partials, i64 rows, int n,          \

@@ -1,15 +1,17 @@
-"""linear_forward / linear_backward without a GPU: descriptors, selection and explain for an
-arch, every bad input on the host reference, the row-major -> column-major mapping, and the
-cuBLASLt SKUs' whole launch path run against a NumPy emulation of the cuBLASLt binding (what
-the real library computes is checked in test_gemm_gpu.py)."""
+"""linear_forward / linear_backward without a GPU: the activation table, descriptors, selection
+and explain for an arch, every bad input on the host reference, the row-major -> column-major
+mapping, and the cuBLASLt SKUs' whole launch path run against a NumPy emulation of the cuBLASLt
+binding (what the real library computes is checked in test_linear_gpu.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import itertools
+import logging
 import math
+import re
+import typing
 
 import numpy as np
 import pytest
@@ -27,8 +29,11 @@ from opfacade import (
     ShapeMismatch,
     Workspace,
 )
+from opfacade._backends.cublaslt import backward as cublaslt_backward
 from opfacade._backends.cublaslt import epilogues, layouts, library, linear, matmul
 from opfacade._backends.nvrtc import linear_act, linear_grad
+from opfacade._backends.nvrtc.compiler import read_native
+from opfacade._backends.reference import ACTIVATIONS as REFERENCE_ACTIVATIONS
 from opfacade._backends.reference import linear_backward, linear_forward
 from opfacade._backends.reference.linear import activation as reference_activation
 from opfacade._backends.reference.linear import activation_grad as reference_activation_grad
@@ -36,6 +41,7 @@ from opfacade._internal.contract import BoundArgs
 from opfacade._internal.device import device_count
 from opfacade._internal.tensors import TensorView
 from opfacade.contracts import linear as linear_contract
+from opfacade.contracts.linear import ACTIVATIONS
 from opfacade.ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
@@ -50,10 +56,79 @@ from opfacade.types import ElementKind
 
 NO_GPU = device_count() == 0
 SHAPE = dict(m=5, n=7, k=3)
+# The activations cuBLASLt has no epilogue for: the GEMM, then the separate NVRTC pass.
+UNFUSED = [name for name, spec in ACTIVATIONS.items() if not spec.fused]
 
 
 def codes(report):
     return {v.sku.id: v.code for v in report.verdicts}
+
+
+# -- the activation table -------------------------------------------------------------------------
+
+def _native_kernels(source: str, macro: str, prefix: str) -> dict[str, str]:
+    """{kernel name stem: the code it instantiates} from a native source's kernel list (the
+    macro's uses, indented inside the per-element list; not its #define)."""
+    text = read_native(source)
+    found = re.findall(r"^\s+" + macro + r"\((\w+), SUFFIX, T, ([\w<>]+)\)", text, re.MULTILINE)
+    return {f"{prefix}{name}": code for name, code in found}
+
+
+def test_the_activation_table_is_complete_and_consistent():
+    """Every activation the descriptor takes has a row; fused ones name existing epilogues whose
+    aux is the row's; the others name a pass kernel in native/ (and say why cuBLASLt cannot);
+    every derivative kernel exists; the reference math knows every activation."""
+    assert tuple(ACTIVATIONS) == typing.get_args(linear_contract.Activation)
+    assert set(REFERENCE_ACTIVATIONS) == set(ACTIVATIONS)
+    passes = _native_kernels("linear_act.cu", "OPFACADE_ACT_KERNEL", "linear_")
+    grads = _native_kernels("linear_grad.cu", "OPFACADE_D_PRE_KERNEL", "linear_d")
+    functors = set(re.findall(r"struct (\w+)", read_native("activations.cuh")))
+    for name, spec in ACTIVATIONS.items():
+        assert spec.name == name
+        if spec.fused:
+            assert spec.unfused is None and spec.act_pass is None
+            for bias, save_aux in itertools.product((False, True), repeat=2):
+                if save_aux and spec.aux is None:
+                    continue
+                epilogue = epilogues.forward_epilogue(spec.epilogue, bias, save_aux)
+                assert epilogue.name in epilogues.EPILOGUES and (epilogue.bias == "in") == bias
+                assert (epilogue.aux == "out") == save_aux
+                if save_aux:
+                    assert epilogue.aux_is_mask == spec.aux.mask
+        else:
+            assert spec.unfused and spec.act_pass is not None
+            assert spec.act_pass.source == "linear_act.cu"
+            assert passes[spec.act_pass.name] == spec.act_pass.code
+            assert spec.act_pass.code in functors
+        if spec.aux is None:
+            assert spec.d_pre is None
+            continue
+        assert spec.d_pre.source == "linear_grad.cu"
+        assert grads[spec.d_pre.name] == spec.d_pre.code
+        wrapped = re.fullmatch(r"FromPre<(\w+)>", spec.d_pre.code)
+        assert (wrapped is None) == spec.aux.mask  # the mask is read as bits, not values
+        assert wrapped is None or wrapped.group(1) in functors
+    for source, macro in (("linear_act.cu", "OPFACADE_LINEAR_ACT_KERNELS"),
+                          ("linear_grad.cu", "OPFACADE_LINEAR_GRAD_KERNELS")):
+        suffixes = set(re.findall("^" + macro + r"\((\w+), ", read_native(source), re.MULTILINE))
+        assert suffixes == {"f32", "f16", "bf16"}, source
+    # What cuBLASLt cannot fuse, it says why in words users search for.
+    assert "tanh approximation" in ACTIVATIONS["gelu_erf"].unfused
+    assert "SiLU" in ACTIVATIONS["silu"].unfused
+    assert UNFUSED == ["gelu_erf", "silu"]
+
+
+def test_aux_layouts_and_the_one_row_padding_rule():
+    pre, mask = ACTIVATIONS["gelu_tanh"].aux, ACTIVATIONS["relu"].aux
+    bf16 = ElementKind.bf16
+    assert [linear_contract.padded_row(n) for n in (1, 8, 9, 16, 17)] == [8, 8, 16, 16, 24]
+    assert pre.row_stride(9) == 16 and pre.columns(9) == 9 and pre.element(bf16) is bf16
+    assert mask.row_stride(9) == mask.columns(9) == 16 and mask.element(bf16) is ElementKind.u8
+    assert mask.row_stride(129) % mask.row_multiple == 0
+    assert all(s.aux is pre for s in ACTIVATIONS.values() if s.aux is not None and not s.aux.mask)
+    values = np.random.default_rng(3).uniform(-1, 1, (2, 3, 9))
+    np.testing.assert_array_equal(mask.decode(mask.encode(values), 9), np.sign(values))
+    assert pre.decode(pre.encode(values), 9) is values
 
 
 # -- descriptors ---------------------------------------------------------------------------------
@@ -132,12 +207,12 @@ def test_deterministic_preference_picks_the_restricted_sku():
 
 
 def test_gelu_erf_and_silu_run_as_a_separate_pass_and_explain_says_why():
-    for activation in ("gelu_erf", "silu"):
+    for activation in UNFUSED:
         desc = LinearDescriptor(m=8, n=8, k=8, element="f16", activation=activation)
         report = Plan.explain(desc, arch="sm90")
         verdict = next(v for v in report.verdicts if v.sku.id == "linear_forward.cublaslt.f16")
         assert verdict.code is ReasonCode.feature_unsupported
-        assert ("tanh approximation" if activation == "gelu_erf" else "SiLU") in verdict.detail
+        assert ACTIVATIONS[activation].unfused in verdict.detail
         plan = Plan.select(desc, arch="sm90")
         assert plan.sku.id == "linear_forward.cublaslt+act.f16"
         assert plan.precision_guarantee.max_rel_error == 6 * ElementKind.f16.unit_roundoff
@@ -256,17 +331,18 @@ def test_host_reference_plans_match_the_oracle(layout, batching, activation):
     batch = None if batching == "plain" else 2
     desc = LinearDescriptor(**SHAPE, batch=batch, weight_batched=batching == "batched",
                             weight_layout=layout, element="f64", activation=activation,
-                            residual=True, save_aux=activation != "none")
+                            residual=True, save_aux=ACTIVATIONS[activation].aux is not None)
     rng = np.random.default_rng(1)
     x, w, b, r = host_operands(desc, rng)
     out = np.empty(desc.out_shape)
-    aux = np.empty(desc.aux_shape, np.uint8 if activation == "relu" else np.float64) \
+    saved = desc.aux_layout
+    aux = np.empty(desc.aux_shape, np.uint8 if saved.mask else np.float64) \
         if desc.save_aux else None
     Plan.select(desc, device="cpu").run(LinearArgs(x, w, b, r, out, aux))
     want, pre = linear_forward(x, w, weight_layout=layout, bias=b, activation=activation,
                              residual=r)
     np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
-    if activation == "relu":
+    if aux is not None and saved.mask:
         np.testing.assert_array_equal(linear_contract.unpack_relu_mask(aux, desc.n), pre > 0)
     elif aux is not None:
         np.testing.assert_allclose(aux, pre, rtol=1e-13, atol=1e-13)
@@ -348,8 +424,9 @@ def test_backward_bad_input_is_typed_and_named():
 def test_host_backward_and_functional_forms_match_the_oracle(activation):
     rng = np.random.default_rng(5)
     x, w, b = rng.uniform(-1, 1, (2, 5, 3)), rng.uniform(-1, 1, (7, 3)), rng.uniform(-1, 1, 7)
-    result = linear_fn(x, w, b, activation=activation, save_aux=activation != "none")
-    out, aux = result if activation != "none" else (result, None)
+    saves = ACTIVATIONS[activation].aux is not None
+    result = linear_fn(x, w, b, activation=activation, save_aux=saves)
+    out, aux = result if saves else (result, None)
     want, pre = linear_forward(x, w, weight_layout="nk", bias=b, activation=activation)
     np.testing.assert_allclose(out, want, rtol=1e-13, atol=1e-13)
     dy = rng.uniform(-1, 1, out.shape)
@@ -557,18 +634,17 @@ def fake_cublaslt(monkeypatch):
     """The SKUs' launch path with the emulated binding and host memory posing as cuda:0."""
     pytest.importorskip("nvmath.bindings.cublasLt")
     fake = FakeCublasLt()
-    nullcontext = lambda device: contextlib.nullcontext()  # noqa: E731
     monkeypatch.setattr(library, "binding", lambda: fake)
     monkeypatch.setattr(library, "handle", lambda device: 4242)
-    monkeypatch.setattr(library, "on_device", nullcontext)
     monkeypatch.setattr(matmul, "binding", lambda: fake)
     monkeypatch.setattr(matmul, "handle", lambda device: 4242)
-    monkeypatch.setattr(matmul, "on_device", nullcontext)
-    opfacade.clear_caches()  # recipes are built on this fake, and dropped after it
-    for impl in (*linear.SKUS["linear_forward"], *linear.SKUS["linear_backward"]):
-        monkeypatch.setattr(impl, "_recipes", linear._Recipes(impl._build, impl.sku.id))
+    # Recipes are built on this fake and dropped after it: clear_caches also retires every SKU's
+    # shortcut to its last recipe (test_clear_caches_and_release_rebuild_the_recipe).
+    opfacade.clear_caches()
     import cupy
 
+    # cuda:0 is current: _internal.device's current_device() and on_device(0) (which then sets
+    # nothing) read it, as every module of the launch path does.
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
     monkeypatch.setattr(cupy.cuda.runtime, "memsetAsync",
                         lambda ptr, value, size, stream: ctypes.memset(ptr, value, size))
@@ -576,7 +652,7 @@ def fake_cublaslt(monkeypatch):
     def fill(ptr, pattern, width, count, stream):
         _strided(ptr, (count,), (1,), np.uint32 if width == 4 else np.uint16)[:] = pattern
 
-    monkeypatch.setattr(linear, "_fill", fill)
+    monkeypatch.setattr(cublaslt_backward, "_fill", fill)
 
     def activation_grad(self, pointers, stream):
         """native/linear_grad.cu in float64 on host memory (f32 problems only), bound."""
@@ -586,12 +662,10 @@ def fake_cublaslt(monkeypatch):
         ld_grad, ld_aux, ld_pre = (int(s) for s in self.strides)
         shape = (self.rows, self.n)
         grad = _strided(pointers["grad_out"], shape, (ld_grad, 1), np.float32)
-        if self.activation == "relu":
-            mask = _strided(pointers["aux"], (self.rows, -(-self.n // 8)), (ld_aux, 1), np.uint8)
-            slope = linear_contract.unpack_relu_mask(mask, self.n).astype(np.float64)
-        else:
-            pre = _strided(pointers["aux"], shape, (ld_aux, 1), np.float32)
-            slope = reference_activation_grad(pre, self.activation)
+        saved = self.spec.aux  # the mask's bits, or the pre-activation
+        aux = _strided(pointers["aux"], (self.rows, saved.columns(self.n)), (ld_aux, 1),
+                       np.uint8 if saved.mask else np.float32)
+        slope = reference_activation_grad(saved.decode(aux, self.n), self.activation)
         d_pre = grad * slope
         _strided(pointers[self.d_pre_name], shape, (ld_pre, 1), np.float32)[:] = d_pre
         if self.bias_grad:
@@ -637,10 +711,11 @@ def aligned_workspace(nbytes: int) -> Workspace:
     return Workspace(ptr, nbytes, 0, buf)
 
 
-CASES = list(itertools.product(["kn", "nk"], ["plain", "shared", "batched"],
-                               ["none", "relu", "gelu_tanh", "gelu_erf", "silu"], [False, True]))
-# launch: one call on the recipe's shared descriptors; prepared: bound once (descriptors of its
-# own), as Plan.prepare and run()'s memo use it; called twice, as they do.
+CASES = list(itertools.product(["kn", "nk"], ["plain", "shared", "batched"], list(ACTIVATIONS),
+                               [False, True]))
+# Both take the one execution path: launch is prepared(...)() (a call made once, as Plan.run
+# without a workspace makes it); prepared is bound once, as Plan.prepare and run()'s memo use
+# it, and called twice, as they do.
 PATHS = ["launch", "prepared"]
 
 
@@ -660,36 +735,37 @@ def test_forward_launch_path_against_the_emulated_library(fake_cublaslt, layout,
     batch = None if batching == "plain" else 3
     desc = LinearDescriptor(m=5, n=9, k=4, batch=batch, weight_batched=batching == "batched",
                             weight_layout=layout, element="f32", activation=activation,
-                            residual=True, save_aux=activation != "none")
+                            residual=True, save_aux=ACTIVATIONS[activation].aux is not None)
     impl = _serving(linear.SKUS["linear_forward"], desc, deterministic)
     rng = np.random.default_rng(6)
     x, w = padded(rng, desc.x_shape), padded(rng, desc.weight_shape, pad=5)
     b, r = rng.uniform(-1, 1, 9).astype(np.float32), padded(rng, desc.out_shape, pad=2)
     out = padded(rng, desc.out_shape, pad=1, values=False)
-    if activation == "relu":
-        aux = np.zeros(desc.aux_shape, np.uint8)
-    elif activation != "none":
-        aux = np.full((*desc.lead, 5, 16), np.nan, np.float32)[..., :9]  # rows of 16 >= 8 * k
-    else:
+    saved = desc.aux_layout
+    if saved is None:
         aux = None
+    elif saved.mask:
+        aux = np.zeros(desc.aux_shape, np.uint8)
+    else:
+        aux = np.full((*desc.lead, 5, 16), np.nan, np.float32)[..., :9]  # rows of 16 >= 8 * k
     views = {"x": view(x), "weight": view(w), "bias": view(b), "residual": view(r),
-             "out": view(out), "aux": None if aux is None else
-             view(aux, "u8" if activation == "relu" else "f32")}
+             "out": view(out), "aux": None if aux is None else view(aux, desc.aux_element)}
     bound = BoundArgs(views, outputs=("out", "aux"))
     impl.check_args(desc, bound)
     _launch(impl, path, desc, bound, aligned_workspace(4096))
     want, pre = linear_forward(x, w, weight_layout=layout, bias=b, activation=activation,
                              residual=r)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
-    if activation == "relu":
+    if saved is not None and saved.mask:
         np.testing.assert_array_equal(linear_contract.unpack_relu_mask(aux, 9), pre > 0)
-    elif activation != "none":
+    elif saved is not None:
         np.testing.assert_allclose(aux, pre, rtol=1e-5, atol=1e-6)
     calls = [call["epilogue"] for call in fake_cublaslt.calls[-2:]]
-    if activation in linear_act.ACTIVATIONS:  # the GEMM writes pre, then the pass
+    if activation in UNFUSED:  # the GEMM writes pre, then the pass
         assert calls == ["BIAS", f"linear_{activation}_f32"]
     else:
-        want_epilogue = epilogues.forward_epilogue(activation, True, activation != "none").name
+        spec = desc.activation_spec
+        want_epilogue = epilogues.forward_epilogue(spec.epilogue, True, spec.aux is not None).name
         assert calls[-1] == want_epilogue and fake_cublaslt.calls[-1]["m"] == 9
 
 
@@ -709,7 +785,7 @@ def _serving(impls, desc, deterministic: bool):
 def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout, batching,
                                                            activation, deterministic, path):
     batch = None if batching == "plain" else 3
-    need_pre = deterministic and activation != "none"  # both ways of holding d_pre
+    need_pre = deterministic and ACTIVATIONS[activation].d_pre is not None  # both homes of d_pre
     desc = LinearBackwardDescriptor(m=5, n=9, k=4, batch=batch,
                                     weight_batched=batching == "batched", weight_layout=layout,
                                     element="f32", activation=activation, need_pre_grad=need_pre)
@@ -719,26 +795,29 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     w = padded(rng, desc.weight_shape, pad=2)
     dy = rng.uniform(-1, 1, desc.out_shape).astype(np.float32)
     pre = rng.uniform(-1, 1, desc.out_shape)
-    if activation == "relu":
+    saved = desc.aux_layout
+    if saved is None:
+        aux = None
+    elif saved.mask:
         aux = linear_contract.pack_relu_mask(pre)
     else:
         aux = np.zeros((*desc.lead, 5, 16), np.float32)
         aux[..., :9] = pre
-        aux = aux[..., :9] if activation != "none" else None
-        if aux is not None and batch:  # keep it batch-contiguous with 16-element rows
+        aux = aux[..., :9]
+        if batch:  # keep it batch-contiguous with 16-element rows
             aux = np.lib.stride_tricks.as_strided(aux, aux.shape, (16 * 5 * 4, 16 * 4, 4))
     nan = lambda shape: np.full(shape, np.nan, np.float32)  # noqa: E731
     gx, gw, gb = nan(desc.x_shape), padded(rng, desc.weight_shape, 1, values=False), nan(9)
     gp = nan(desc.out_shape) if need_pre else None
     views = {"grad_out": view(dy), "x": view(x), "weight": view(w),
-             "aux": None if aux is None else view(aux, "u8" if activation == "relu" else "f32"),
+             "aux": None if aux is None else view(aux, desc.aux_element),
              "grad_x": view(gx), "grad_weight": view(gw), "grad_bias": view(gb),
              "grad_pre": None if gp is None else view(gp)}
     bound = BoundArgs(views, outputs=("grad_x", "grad_weight", "grad_bias", "grad_pre"))
     impl.check_args(desc, bound)
     need = impl._fixed_bytes(desc) + 4096
     _launch(impl, path, desc, bound, aligned_workspace(need))
-    pre_like = np.where(pre > 0, 1.0, -1.0) if activation == "relu" else pre
+    pre_like = pre if saved is None else saved.decode(saved.encode(pre), 9)  # the mask: signs
     ref = linear_backward(dy, x, w, pre_like, weight_layout=layout, activation=activation)
     for got, name in ((gx, "dx"), (gw, "dw"), (gb, "dbias")):
         np.testing.assert_allclose(got, ref[name], rtol=1e-5, atol=1e-5, err_msg=name)
@@ -747,7 +826,7 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
     used = [call["epilogue"] for call in fake_cublaslt.calls]
     if deterministic:
         assert not any("BGRAD" in name for name in used)
-    if activation != "none":
+    if desc.activation_spec.d_pre is not None:
         assert used[0] == f"linear_d{activation}_f32"
         assert not any("BGRAD" in name for name in used)
     elif not deterministic and batching != "batched":
@@ -755,15 +834,20 @@ def test_backward_launch_path_against_the_emulated_library(fake_cublaslt, layout
 
 
 @pytest.mark.parametrize("activation,refused", [("none", "BGRADA")])
-def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused):
+def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused, caplog):
     fake_cublaslt.refuse.add(refused)
     desc = LinearBackwardDescriptor(m=6, n=8, k=4, weight_layout="kn", element="f32",
                                     activation=activation)
     impl = impl_of("linear_backward.cublaslt.f32")  # not deterministic: would fuse dbias
-    recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 30)
+    with caplog.at_level(logging.DEBUG, logger="opfacade"):
+        recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 30)
     assert recipe.gemv and "grad_bias" in recipe.algorithms
     assert refused not in recipe.describe()
     assert recipe.workspace_size <= impl._fixed_bytes(desc) + matmul.round_workspace(1024 + 16)
+    logged = caplog.text  # no silent fallback: the refusal, the fallback, the timed build
+    assert f"no algorithm for the {refused} epilogue" in logged
+    assert "reducing dbias with a GEMV" in logged
+    assert "built in" in logged and "cuBLASLt recipe linear_backward.cublaslt.f32" in logged
 
 
 def test_launch_checks_name_the_argument(fake_cublaslt):
@@ -796,8 +880,9 @@ def test_launch_checks_name_the_argument(fake_cublaslt):
 
 
 def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
-    """Two bound calls with different biases, and a one-off call between them on the shared
-    descriptor: each bound call still adds its own bias, and its descriptor dies with it."""
+    """Two bound calls with different biases, and a one-off call between them: each bound call
+    still adds its own bias, its descriptor dies with it, and no call (the one-off included,
+    which takes the same path) touches the recipe's shared descriptor."""
     desc = LinearDescriptor(m=4, n=8, k=8, element="f32", activation="relu")
     impl = impl_of("linear_forward.cublaslt.f32")
     rng = np.random.default_rng(12)
@@ -824,6 +909,11 @@ def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
     fake_cublaslt.matmul_desc_destroy = destroyed.append
     del first, second
     assert len(destroyed) == 2 and live >= 3  # the shared descriptor and one per bound call
+    last = impl._recipes._last
+    bias_pointer = int(fake_cublaslt.real.MatmulDescAttribute.BIAS_POINTER)
+    stand_in = fake_cublaslt.objects[last.recipe.matmul.desc]["attrs"][bias_pointer]
+    assert stand_in == last.key[1][1]  # still the alignment the heuristic was told
+    assert stand_in not in {bias.ctypes.data for bias in biases}
 
 
 def test_the_heuristic_is_told_the_pointers_alignment(fake_cublaslt):
@@ -840,17 +930,71 @@ def test_the_heuristic_is_told_the_pointers_alignment(fake_cublaslt):
         views = {"x": at(shift, (4, 8)), "weight": at(64, (8, 8)), "bias": None,
                  "residual": None, "out": at(128 + shift, (4, 8)), "aux": None}
         impl.launch(desc, BoundArgs(views, ("out",)), aligned_workspace(4096), 0)
-        assert impl._recipes._last[1][1][1] == alignment
+        assert impl._recipes._last.key[1][1] == alignment  # (device, (strides, alignment))
 
 
-def test_workspace_smaller_than_the_choice_gets_the_best_within_it(fake_cublaslt):
+def test_workspace_smaller_than_the_choice_gets_the_best_within_it(fake_cublaslt, caplog):
     desc = LinearDescriptor(m=4, n=8, k=8, element="f32")
     impl = impl_of("linear_forward.cublaslt.f32")
     recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 20)
     assert recipe.workspace_size == matmul.round_workspace(1024 + 16)  # BIAS: +16, like nvmath
-    small = impl._recipes.get(desc, 0, impl._canonical(desc), 512)
+    with caplog.at_level(logging.DEBUG, logger="opfacade"):
+        small = impl._recipes.get(desc, 0, impl._canonical(desc), 512)
     assert small.workspace_size <= 512
+    assert "gives 512 bytes of workspace, less than the 1280" in caplog.text  # never silent
+    assert "within 512 bytes" in caplog.text  # its build, timed
     assert impl.algorithm(desc, 0).algo_id == 0
+
+
+def _count_heuristic_calls(fake) -> list[int]:
+    calls = []
+    real = fake.matmul_algo_get_heuristic
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    fake.matmul_algo_get_heuristic = counted
+    return calls
+
+
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_clear_caches_and_release_rebuild_the_recipe(fake_cublaslt, op):
+    """Nothing built survives opfacade.clear_caches() or release(desc): not RECIPES' entries and
+    not a SKU's shortcut to its last recipe. The emulated library counts the heuristic queries
+    (one per cublasLtMatmul a recipe prepares)."""
+    rng = np.random.default_rng(21)
+    if op == "forward":
+        desc = LinearDescriptor(m=4, n=8, k=8, element="f32", activation="relu")
+        impl = impl_of("linear_forward.cublaslt.f32")
+        x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((4, 8), (8, 8)))
+        views = {"x": view(x), "weight": view(w), "bias": view(np.zeros(8, np.float32)),
+                 "residual": None, "out": view(np.empty((4, 8), np.float32)), "aux": None}
+        bound = BoundArgs(views, ("out",))
+    else:
+        desc = LinearBackwardDescriptor(m=4, n=8, k=8, element="f32", need_bias_grad=False)
+        impl = impl_of("linear_backward.cublaslt.f32")
+        views = {"grad_out": view(rng.uniform(-1, 1, (4, 8)).astype(np.float32)),
+                 "x": view(rng.uniform(-1, 1, (4, 8)).astype(np.float32)),
+                 "weight": view(rng.uniform(-1, 1, (8, 8)).astype(np.float32)), "aux": None,
+                 "grad_x": view(np.empty((4, 8), np.float32)),
+                 "grad_weight": view(np.empty((8, 8), np.float32)), "grad_bias": None,
+                 "grad_pre": None}
+        bound = BoundArgs(views, ("grad_x", "grad_weight"))
+    workspace = aligned_workspace(4096)
+    queries = _count_heuristic_calls(fake_cublaslt)
+
+    def run_and_count() -> int:
+        before = len(queries)
+        impl.launch(desc, bound, workspace, 0)
+        return len(queries) - before
+
+    built = run_and_count()
+    assert built >= 1 and run_and_count() == 0  # built once, then the recipe is reused
+    opfacade.clear_caches()
+    assert len(linear.RECIPES) == 0 and run_and_count() == built
+    impl.release(desc)
+    assert run_and_count() == built and run_and_count() == 0
 
 
 # -- constants against the binding ----------------------------------------------------------------
@@ -881,7 +1025,7 @@ def test_relu_mask_layout_round_trips():
     assert math.isclose(bound, 2 ** -7)
 
 
-@pytest.mark.parametrize("activation", linear_act.ACTIVATIONS)
+@pytest.mark.parametrize("activation", UNFUSED)
 @pytest.mark.parametrize("path", PATHS)
 def test_separate_activation_pass_runs_in_place_without_an_aux(fake_cublaslt, activation, path):
     """Without a saved aux the GEMM writes pre into out and the pass rewrites it in place; out

@@ -24,17 +24,23 @@ BATCHING = {"plain": (False, False), "shared_weight": (True, False), "batched": 
 RESIDUALS = {"none": None, "full": "out", "row": (N,), "column": (M, 1)}
 
 
+# The activations from their textbook formulas, one float at a time.
+TEXTBOOK = {
+    "none": lambda x: x,
+    "relu": lambda x: x if x > 0 else 0.0,
+    "gelu_tanh": lambda x: 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi)
+                                                    * (x + 0.044715 * x**3))),
+    "gelu_erf": lambda x: 0.5 * x * (1 + math.erf(x / math.sqrt(2))),
+    "silu": lambda x: x / (1 + math.exp(-x)),
+}
+
+
 def scalar_activation(x: float, name: str) -> float:
-    """The activations from their textbook formulas, one float at a time."""
-    if name == "none":
-        return x
-    if name == "relu":
-        return x if x > 0 else 0.0
-    if name == "gelu_tanh":
-        return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    if name == "gelu_erf":
-        return 0.5 * x * (1 + math.erf(x / math.sqrt(2)))
-    return x / (1 + math.exp(-x))  # silu
+    return TEXTBOOK[name](x)
+
+
+def test_every_activation_has_a_textbook_formula():
+    assert set(TEXTBOOK) == set(ACTIVATIONS)
 
 
 def make_operands(batching: str, layout: str, residual: str, seed: int):

@@ -14,6 +14,7 @@ beforehand (TensorViews), which shows what the argument checks cost.
 
 from __future__ import annotations
 
+from ..contracts.linear import ACTIVATIONS, padded_row
 from ..ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
@@ -52,7 +53,7 @@ def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     args = LinearArgs(x, w, b, out=y)
     wt = w.t()
-    if activation == "gelu_tanh":
+    if ACTIVATIONS[activation].fused:  # torch's own cuBLASLt GELU_BIAS path is the peer
         best = {"torch._addmm_activation": lambda: torch._addmm_activation(b, x, wt,
                                                                            use_gelu=True)}
     else:
@@ -75,7 +76,7 @@ def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
     train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation=activation,
                              save_aux=True)
     pair = LinearForwardPlan.select_for_training(train)
-    aux = torch.empty((m, -(-n // 8) * 8), device="cuda", dtype=torch.bfloat16)[:, :n]
+    aux = torch.empty((m, padded_row(n)), device="cuda", dtype=torch.bfloat16)[:, :n]
     ws = torch.empty(max(pair.workspace_size, 1), device="cuda", dtype=torch.uint8)
     pair.forward.run(LinearArgs(x, w, b, out=y, aux=aux), workspace=ws, stream=0)
     dy = uniform(m, n)
@@ -125,11 +126,10 @@ def _host_overhead_row(repeats: int) -> BenchRow:
     recipe = plan._live_impl()._recipes.get(desc, x.device.index, layout, ws.size)
     matmul, lt = recipe.matmul, library.binding()
     lt_handle = library.handle(x.device.index)
-    # The raw calls reuse the recipe's shared descriptor: point its bias at b once (run() binds
-    # descriptors of its own and leaves the shared one alone).
-    matmul.run(lt_handle, w.data_ptr(), x.data_ptr(), y.data_ptr(), y.data_ptr(), ws.ptr, ws.size,
-               stream, bias=b.data_ptr())
-    raw_args = (lt_handle, matmul.desc, matmul.alpha_ptr, w.data_ptr(), matmul.a_layout,
+    # The raw calls run on a descriptor of the recipe's problem pointing its bias at b, made once
+    # (as every bound call of ours has one of its own).
+    own = matmul.own_desc(bias=b.data_ptr())
+    raw_args = (lt_handle, own.desc, matmul.alpha_ptr, w.data_ptr(), matmul.a_layout,
                 x.data_ptr(), matmul.b_layout, matmul.beta_ptr, y.data_ptr(), matmul.c_layout,
                 y.data_ptr(), matmul.d_layout, matmul._algo_ptr, ws.ptr, ws.size, stream)
 

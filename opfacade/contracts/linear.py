@@ -10,14 +10,15 @@ batch; ``bias`` is ``[N]``; ``residual`` has the output's shape and enters befor
 as cuBLASLt's ``beta * C`` does. Activations: none, relu, gelu_tanh (cuBLASLt's GELU) fused into
 the GEMM's epilogue; gelu_erf (torch's default GELU) and silu, which cuBLASLt has no epilogue
 for, in a separate element-wise pass after the GEMM (one more rounding, declared in that SKU's
-bound). ``tf32=True`` lets f32 problems use
-TF32 tensor cores (the TF32 SKU's guarantee says what that costs).
+bound). ``tf32=True`` lets f32 problems use TF32 tensor cores (the TF32 SKU's guarantee says what
+that costs).
 
 The aux a training forward saves (``save_aux``) is the pre-activation for GELU and SiLU, and
-cuBLASLt's ReLU bit-mask (``u8 [.., M, ceil(N / 128) * 16]``) for ReLU; see
-``relu_mask_bytes`` below for the exact layout. ``Plan.select_for_training`` on a forward
-descriptor selects the matching backward with it. The plans and functional forms are in
-``opfacade/ops/linear.py``.
+cuBLASLt's ReLU bit-mask (``u8 [.., M, ceil(N / 128) * 16]``) for ReLU. What each activation
+computes where, saves and needs is one table, ``ACTIVATIONS`` in ``linear_activations.py``
+(with the aux layouts and the one row-padding rule, ``padded_row``), re-exported here.
+``Plan.select_for_training`` on a forward descriptor selects the matching backward with it. The
+plans and functional forms are in ``opfacade/ops/linear.py``.
 """
 
 from __future__ import annotations
@@ -25,57 +26,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
 from .._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlaps, wrap
 from ..errors import InvalidArgument, InvalidProblem, ShapeMismatch
 from ..types import ElementKind, OpCategory
+from .linear_activations import (
+    ACTIVATIONS,
+    ActivationSpec,
+    AuxLayout,
+    pack_relu_mask,
+    padded_row,
+    relu_mask_bytes,
+    unpack_relu_mask,
+)
 
 __all__ = [
+    "ACTIVATIONS",
     "OPS",
     "LINEAR_BACKWARD",
     "LINEAR_FORWARD",
+    "Activation",
+    "ActivationSpec",
+    "AuxLayout",
     "LinearArgs",
     "LinearBackwardArgs",
     "LinearBackwardDescriptor",
     "LinearDescriptor",
     "pack_relu_mask",
+    "padded_row",
     "relu_mask_bytes",
     "unpack_relu_mask",
 ]
 
+# The descriptor's activations: the names of ACTIVATIONS, in its order (written out for type
+# checkers; tests/test_linear.py checks the two agree).
 Activation = Literal["none", "relu", "gelu_tanh", "gelu_erf", "silu"]
 WeightLayout = Literal["kn", "nk"]
 MAX_EXTENT = (1 << 31) - 1  # cuBLASLt's matrix extents are int32
-
-
-# -- the saved aux's layouts ----------------------------------------------------------------------
-# The pre-activation aux has the output's element type and shape [.., M, N]; cuBLASLt needs its row
-# stride (leading dimension) to be a multiple of 8 elements. The ReLU aux is cuBLASLt's bit-mask
-# of pre > 0, one bit per output element, as u8 [.., M, relu_mask_bytes(N)]: row m holds the bits
-# of out[m, :], bit n in byte n // 8 at position n % 8 (least significant first); bits past N are
-# unspecified. cuBLASLt needs the row length in bits to be a multiple of 128, hence 16-byte rows.
-
-def relu_mask_bytes(n: int) -> int:
-    """Bytes per row of the ReLU bit-mask for ``n`` outputs: 128-bit (16-byte) multiples."""
-    return -(-n // 128) * 16
-
-
-def pack_relu_mask(pre: np.ndarray) -> np.ndarray:
-    """The bit-mask of ``pre > 0`` for ``pre`` [.., M, N], padded with zero bits to full rows."""
-    pre = np.asarray(pre)
-    n = pre.shape[-1]
-    bits = np.zeros(pre.shape[:-1] + (relu_mask_bytes(n) * 8,), dtype=np.uint8)
-    bits[..., :n] = pre > 0
-    return np.packbits(bits, axis=-1, bitorder="little")
-
-
-def unpack_relu_mask(mask: np.ndarray, n: int) -> np.ndarray:
-    """``pre > 0`` as booleans [.., M, n] from a bit-mask made by ``pack_relu_mask``."""
-    bits = np.unpackbits(np.asarray(mask, dtype=np.uint8), axis=-1, bitorder="little")
-    return bits[..., :n].astype(bool)
 
 
 class _LinearShape(Descriptor):
@@ -131,15 +120,25 @@ class _LinearShape(Descriptor):
         return (*self.lead, self.m, self.n)
 
     @property
+    def activation_spec(self) -> ActivationSpec:
+        """The activation's row of ACTIVATIONS."""
+        return ACTIVATIONS[self.activation]
+
+    @property
+    def aux_layout(self) -> AuxLayout | None:
+        """What the forward saves for the backward (None without an activation)."""
+        return self.activation_spec.aux
+
+    @property
     def aux_shape(self) -> tuple[int, ...]:
         """The saved aux: the pre-activation, or for ReLU cuBLASLt's bit-mask (u8)."""
-        if self.activation == "relu":
-            return (*self.lead, self.m, relu_mask_bytes(self.n))
-        return self.out_shape
+        aux = self.aux_layout
+        return self.out_shape if aux is None else (*self.lead, self.m, aux.columns(self.n))
 
     @property
     def aux_element(self) -> ElementKind:
-        return ElementKind.u8 if self.activation == "relu" else self.element
+        aux = self.aux_layout
+        return self.element if aux is None else aux.element(self.element)
 
 
 class LinearDescriptor(_LinearShape):
@@ -152,7 +151,8 @@ class LinearDescriptor(_LinearShape):
     @field_validator("save_aux")
     @classmethod
     def _aux_needs_activation(cls, save_aux: bool, info: ValidationInfo) -> bool:
-        if save_aux and info.data.get("activation") == "none":
+        activation = info.data.get("activation")
+        if save_aux and activation is not None and ACTIVATIONS[activation].aux is None:
             raise ValueError("save_aux=True needs an activation: with activation='none' the "
                              "backward needs no aux")
         return save_aux
@@ -169,7 +169,8 @@ class LinearBackwardDescriptor(_LinearShape):
     @field_validator("need_pre_grad")
     @classmethod
     def _pre_grad_needs_activation(cls, need_pre_grad: bool, info: ValidationInfo) -> bool:
-        if need_pre_grad and info.data.get("activation") == "none":
+        activation = info.data.get("activation")
+        if need_pre_grad and activation is not None and ACTIVATIONS[activation].d_pre is None:
             raise ValueError("need_pre_grad=True needs an activation: with activation='none' the "
                              "pre-activation's gradient is grad_out itself")
         return need_pre_grad
@@ -214,14 +215,14 @@ class LinearBackwardArgs:
 def _describe(desc: _LinearShape, name: str) -> str:
     """The expected shape in words, for error messages."""
     lead = "batch, " if desc.batch is not None else ""
+    if name == "aux" and desc.aux_layout is not None:
+        return desc.aux_layout.describe(lead)
     w_rows = "K, N" if desc.weight_layout == "kn" else "N, K"
     weight = (f"[{lead if desc.weight_batched else ''}{w_rows}] in the "
               f"'{desc.weight_layout}' layout")
-    aux = (f"[{lead}M, ceil(N/128)*16] bytes of ReLU bit-mask" if desc.activation == "relu"
-           else f"[{lead}M, N], the pre-activation")
     return {"x": f"[{lead}M, K]", "grad_x": f"[{lead}M, K]", "weight": weight,
             "grad_weight": weight, "bias": "[N], to match N of the output",
-            "grad_bias": "[N]", "aux": aux}.get(name, f"[{lead}M, N]")
+            "grad_bias": "[N]"}.get(name, f"[{lead}M, N]")
 
 
 def _tensor(obj: Any, name: str, desc: _LinearShape, shape: tuple[int, ...],
@@ -274,7 +275,7 @@ def _bind_backward(desc: LinearBackwardDescriptor, args: LinearBackwardArgs) -> 
     grad_out = _tensor(args.grad_out, "grad_out", desc, desc.out_shape, e)
     x = _tensor(args.x, "x", desc, desc.x_shape, e)
     w = _tensor(args.weight, "weight", desc, desc.weight_shape, e)
-    aux = _optional(args.aux, "aux", desc.activation != "none",
+    aux = _optional(args.aux, "aux", desc.aux_layout is not None,
                     "when the activation is not 'none' (the forward's saved aux)",
                     lambda o: _tensor(o, "aux", desc, desc.aux_shape, desc.aux_element))
     outputs = {
@@ -316,7 +317,7 @@ def _backward_signature(desc: LinearBackwardDescriptor) -> dict[str, TensorSpec]
     e = desc.element
     signature = {"grad_out": TensorSpec(desc.out_shape, e), "x": TensorSpec(desc.x_shape, e),
                  "weight": TensorSpec(desc.weight_shape, e)}
-    if desc.activation != "none":
+    if desc.aux_layout is not None:
         signature["aux"] = TensorSpec(desc.aux_shape, desc.aux_element)
     for flag, name, shape in (("need_input_grad", "grad_x", desc.x_shape),
                               ("need_weight_grad", "grad_weight", desc.weight_shape),
@@ -374,14 +375,15 @@ def _backward_samples(element: ElementKind) -> list[LinearBackwardDescriptor]:
 
 
 def _training_backward(desc: LinearDescriptor) -> LinearBackwardDescriptor:
-    if desc.activation != "none" and not desc.save_aux:
+    if desc.aux_layout is not None and not desc.save_aux:
         raise InvalidProblem("training needs save_aux=True: the backward of "
                              f"activation='{desc.activation}' reads the aux the forward saves",
                              field="save_aux")
     shape = desc.model_dump(include={"m", "n", "k", "batch", "weight_layout", "weight_batched",
                                      "element", "tf32", "activation"})
+    has_d_pre = desc.activation_spec.d_pre is not None  # else d_pre is grad_out itself
     return LinearBackwardDescriptor(**shape, need_bias_grad=desc.bias,
-                                    need_pre_grad=desc.residual and desc.activation != "none")
+                                    need_pre_grad=desc.residual and has_d_pre)
 
 
 LINEAR_FORWARD: OpContract[LinearDescriptor] = OpContract(

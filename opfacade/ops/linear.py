@@ -79,12 +79,11 @@ def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
 
 
 def _aux_buffer(desc: _LinearShape, allocate):
-    """An aux whose rows cuBLASLt accepts: pre-activation rows padded to 8 elements, returned as
-    a view."""
-    if desc.activation == "relu" or desc.n % 8 == 0:
+    """An aux whose rows cuBLASLt accepts: allocated with padded rows, returned as a view."""
+    columns, stride = desc.aux_layout.columns(desc.n), desc.aux_layout.row_stride(desc.n)
+    if stride == columns:
         return allocate(desc.aux_shape, desc.aux_element)
-    padded = allocate((*desc.lead, desc.m, -(-desc.n // 8) * 8), desc.aux_element)
-    return padded[..., :desc.n]
+    return allocate((*desc.lead, desc.m, stride), desc.aux_element)[..., :columns]
 
 
 def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",

@@ -2,30 +2,17 @@
 
 One table (nvmath's ``epilog_protocol.py`` idea, much smaller): every epilogue we use, with its
 ``cublasLtEpilogue_t`` value, whether it reads or writes the bias vector and whether it reads or
-writes the aux matrix. cuBLASLt has GELU only in its tanh approximation, and no SiLU.
-
-The aux (what a training forward saves for the backward) is, by activation:
-
-- ``gelu_tanh`` (and ``gelu_erf`` and ``silu``, whose activation runs in a separate pass): the
-  pre-activation ``x @ W + bias (+ residual)`` in the output's element type and
-  shape ``[.., M, N]``; cuBLASLt needs its row stride (its leading dimension) to be a multiple of
-  8 elements.
-- ``relu``: cuBLASLt's bit-mask of ``pre > 0``, one bit per output element, as ``u8``
-  ``[.., M, relu_mask_bytes(N)]``: row ``m`` holds the bits of ``out[m, :]``, bit ``n`` in byte
-  ``n // 8`` at position ``n % 8`` (least significant first); bits past ``N`` are unspecified.
-  cuBLASLt needs the row length in bits to be a multiple of 128, hence 16-byte rows.
+writes the aux matrix. Which activation has which epilogue prefix (cuBLASLt has GELU only in its
+tanh approximation, and no SiLU), and the layouts of the aux each saves, are the linear
+contract's activation table (``opfacade/contracts/linear_activations.py``); this module only
+spells the epilogue out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...contracts.linear import relu_mask_bytes
-
-__all__ = [
-    "BGRADA", "BGRADB", "DEFAULT", "Epilogue",
-    "forward_epilogue", "relu_mask_bytes", "unsupported",
-]
+__all__ = ["BGRADA", "BGRADB", "DEFAULT", "EPILOGUES", "Epilogue", "forward_epilogue"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +27,12 @@ class Epilogue:
     @property
     def aux_is_mask(self) -> bool:
         return "RELU" in self.name
+
+    @property
+    def aux_ld_scale(self) -> int:
+        """What the aux's leading dimension and batch stride count per stored unit: 8 bits per
+        byte of the ReLU mask, else 1 element."""
+        return 8 if self.aux_is_mask else 1
 
 
 _ALL = (
@@ -63,22 +56,10 @@ _ALL = (
 EPILOGUES = {e.name: e for e in _ALL}
 DEFAULT, BGRADA, BGRADB = EPILOGUES["DEFAULT"], EPILOGUES["BGRADA"], EPILOGUES["BGRADB"]
 
-_ACTIVATION_PREFIX = {"none": "", "relu": "RELU", "gelu_tanh": "GELU"}
-_UNSUPPORTED = {
-    "gelu_erf": "cuBLASLt's GELU epilogues use the tanh approximation; it has none for the "
-                "exact (erf) GELU",
-    "silu": "cuBLASLt has no SiLU epilogue",
-}
 
-
-def unsupported(activation: str) -> str | None:
-    """Why no cuBLASLt epilogue computes ``activation``, or None."""
-    return _UNSUPPORTED.get(activation)
-
-
-def forward_epilogue(activation: str, bias: bool, save_aux: bool) -> Epilogue:
-    """The epilogue of ``out = activation(x @ W [+ bias] [+ residual])`` [saving the aux]."""
-    prefix = _ACTIVATION_PREFIX[activation]
+def forward_epilogue(prefix: str, bias: bool, save_aux: bool) -> Epilogue:
+    """The epilogue of ``out = activation(x @ W [+ bias] [+ residual])`` [saving the aux], for
+    the activation's epilogue prefix (``ActivationSpec.epilogue``; "" for none)."""
     if not prefix:
         return EPILOGUES["BIAS"] if bias else DEFAULT
     return EPILOGUES[prefix + ("_AUX" if save_aux else "") + ("_BIAS" if bias else "")]

@@ -21,12 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ...contracts.linear import LinearBackwardDescriptor, LinearDescriptor
+
 __all__ = [
     "OP_N", "OP_T", "Gemm", "Matrix", "Rows", "batch_contiguous", "bias_grad_gemv",
     "forward_gemm", "input_grad_gemm", "weight_grad_gemm",
 ]
 
 OP_N, OP_T = 0, 1  # cublasOperation_t
+Problem = LinearDescriptor | LinearBackwardDescriptor
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,13 @@ class Gemm:
                       strides.batch_stride if self.batch > 1 else 0)
 
 
-def _folded(desc, operands: Iterable[Rows]) -> bool:
+def _folded(desc: Problem, operands: Iterable[Rows]) -> bool:
     """One weight over a batch of contiguous operands: fold the batch into the rows."""
     return (desc.batch is not None and not desc.weight_batched
             and all(batch_contiguous(rows, desc.m) for rows in operands))
 
 
-def _weight(desc, w: Rows, wanted_kn_transposed: bool) -> tuple[int, Matrix]:
+def _weight(desc: Problem, w: Rows, wanted_kn_transposed: bool) -> tuple[int, Matrix]:
     """op and matrix giving ``W^T`` [N, K] (or ``W`` [K, N] when not ``wanted_kn_transposed``)."""
     batched = bool(desc.batch and desc.weight_batched)  # else batch stride 0: one W for all
     if desc.weight_layout == "kn":  # rows [K, N] are W^T column-major
@@ -104,7 +107,8 @@ def _weight(desc, w: Rows, wanted_kn_transposed: bool) -> tuple[int, Matrix]:
     return (OP_T if wanted_kn_transposed else OP_N), matrix
 
 
-def forward_gemm(desc, x: Rows, w: Rows, out: Rows, others: Iterable[Rows] = ()) -> Gemm:
+def forward_gemm(desc: LinearDescriptor, x: Rows, w: Rows, out: Rows,
+                 others: Iterable[Rows] = ()) -> Gemm:
     """``out^T [N, R] = W^T [N, K] @ x^T [K, R]``; ``others`` (residual, aux) share out's shape."""
     fold = _folded(desc, [x, out, *others])
     batch = 1 if fold or desc.batch is None else desc.batch
@@ -115,11 +119,11 @@ def forward_gemm(desc, x: Rows, w: Rows, out: Rows, others: Iterable[Rows] = ())
     return Gemm(transa, OP_N, a, b, d, batch)
 
 
-def _all_rows(desc) -> int:
+def _all_rows(desc: Problem) -> int:
     return desc.m * (desc.batch or 1)
 
 
-def weight_grad_gemm(desc, x: Rows, d_pre: Rows, dw: Rows) -> Gemm:
+def weight_grad_gemm(desc: LinearBackwardDescriptor, x: Rows, d_pre: Rows, dw: Rows) -> Gemm:
     """dW = x^T @ d_pre over R rows (all B*M rows when the weight is shared).
 
     "kn" (dW rows [K, N]): ``dW^T [N, K] = d_pre^T [N, R] @ x [R, K]``: A = d_pre, op(B) = T;
@@ -137,7 +141,7 @@ def weight_grad_gemm(desc, x: Rows, d_pre: Rows, dw: Rows) -> Gemm:
     return Gemm(OP_N, OP_T, xm, pm, Matrix.of_rows(desc.n, desc.k, dw, per_batch), batch)
 
 
-def input_grad_gemm(desc, d_pre: Rows, w: Rows, dx: Rows) -> Gemm:
+def input_grad_gemm(desc: LinearBackwardDescriptor, d_pre: Rows, w: Rows, dx: Rows) -> Gemm:
     """``dx^T [K, R] = W [K, N] @ d_pre^T [N, R]``."""
     fold = _folded(desc, [d_pre, dx])
     batch = 1 if fold or desc.batch is None else desc.batch
@@ -147,7 +151,7 @@ def input_grad_gemm(desc, d_pre: Rows, w: Rows, dx: Rows) -> Gemm:
     return Gemm(transa, OP_N, a, b, Matrix.of_rows(r, desc.k, dx, batch > 1), batch)
 
 
-def bias_grad_gemv(desc, d_pre: Rows) -> Gemm:
+def bias_grad_gemv(desc: LinearBackwardDescriptor, d_pre: Rows) -> Gemm:
     """``dbias [N, 1] = d_pre^T [N, R] @ ones [R, 1]``: a plain GEMM, no epilogue reduction."""
     r = _all_rows(desc)
     return Gemm(OP_N, OP_N, Matrix.of_rows(r, desc.n, d_pre, False), Matrix(r, 1, r),

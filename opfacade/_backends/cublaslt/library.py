@@ -4,7 +4,7 @@ nvmath takes most of a second to import, so nothing here imports it before a GPU
 Handles are per (thread, device), as cuBLASLt recommends; each is created with its device current
 and destroyed when its thread ends. The constants are the C enums' values (the stable cuBLASLt
 ABI), so that tables can be written and tested without importing nvmath;
-``tests/test_gemm.py`` checks them against nvmath's enums.
+``tests/test_linear.py`` checks them against nvmath's enums.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from ...types import ElementKind
 
 __all__ = [
     "CUDA_R_16BF", "CUDA_R_16F", "CUDA_R_32F", "COMPUTE_32F", "COMPUTE_32F_FAST_TF32",
-    "NotSupportedStatus", "Types", "available", "binding", "checked", "handle", "on_device",
-    "types_for",
+    "NotSupportedStatus", "Types", "available", "binding", "checked", "handle", "types_for",
 ]
 
 # cudaDataType_t

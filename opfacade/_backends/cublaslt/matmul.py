@@ -2,11 +2,10 @@
 
 Everything that does not change between runs is built here: the matmul descriptor with its
 transposes, epilogue, leading dimension and batch stride of the aux; the four matrix layouts; the
-heuristic query under a workspace limit and a reduction-scheme mask. ``run`` (a one-off call)
-sets only the pointer attributes that changed (bias, aux) on that descriptor and calls
-cublasLtMatmul; the descriptor is shared by every thread using the plan, so setting those
-pointers and launching happen under one lock. ``bind`` (a call made again and again) gives the
-call a descriptor of its own instead, so it needs no lock.
+heuristic query under a workspace limit and a reduction-scheme mask. ``bind`` is the one way to
+run it: a call with every argument fixed, which (when the epilogue reads or writes a bias or aux
+pointer) has a descriptor of its own pointing at them, so no call ever changes the shared
+descriptor and none needs a lock.
 """
 
 from __future__ import annotations
@@ -14,19 +13,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..._internal.device import on_device
+from ..._internal.log import LOG
 from ...errors import LaunchFailed, Unsupported
 from .epilogues import Epilogue
 from .layouts import Gemm, Matrix
-from .library import NotSupportedStatus, Types, binding, checked, handle, on_device
+from .library import NotSupportedStatus, Types, binding, checked, handle
 
 __all__ = [
     "ALL_SCHEMES", "AlgoInfo", "Aux", "DETERMINISTIC_SCHEMES", "MAX_ALIGNMENT", "Matmul",
-    "NoAlgorithm", "POINTER_ALIGNMENT", "round_workspace",
+    "NoAlgorithm", "OwnedDesc", "POINTER_ALIGNMENT", "round_workspace",
 ]
 
 # cublasLtReductionScheme_t. INPLACE adds the split-K partial sums into the output, in the
@@ -108,12 +109,9 @@ class Matmul:
         self._layouts: list[int] = []
         self._types = types
         self._aux = aux
-        # Until the first run, the bias and aux pointers are stand-ins with the run's alignment,
-        # which the heuristic reads.
+        # The shared descriptor's bias and aux pointers are stand-ins with the run's alignment,
+        # which the heuristic reads; runs point descriptors of their own at theirs (bind).
         self.desc = self._new_desc(alignment, alignment)
-        attrs = self._lt.MatmulDescAttribute
-        self._bias_attr = attrs.BIAS_POINTER if epilogue.bias else None
-        self._aux_attr = attrs.EPILOGUE_AUX_POINTER if epilogue.aux else None
         self.a_layout = self._layout(types.data, gemm.a, gemm.batch)
         self.b_layout = self._layout(types.data, gemm.b, gemm.batch)
         self.d_layout = self._layout(types.data, gemm.d, gemm.batch)
@@ -121,10 +119,6 @@ class Matmul:
         self._scalars = np.array([1.0, 1.0 if c is not None else 0.0], dtype=np.float32)
         self.alpha_ptr = self._scalars.ctypes.data
         self.beta_ptr = self.alpha_ptr + 4
-        self._pointer = np.zeros(1, dtype=np.int64)
-        self._pointer_ptr = self._pointer.ctypes.data
-        self._current = [alignment, alignment]  # bias, aux: shared with split-K variants
-        self._lock = threading.Lock()
         self._choose(workspace_limit, schemes, alignment)
 
     # -- building ------------------------------------------------------------------------------
@@ -193,15 +187,19 @@ class Matmul:
                             self.a_layout, self.b_layout, self.c_layout, self.d_layout,
                             preference, _CANDIDATES, self.candidates.ptr, count.ctypes.data)
             except NotSupportedStatus as error:
+                LOG.debug("%s: cuBLASLt's heuristic declines the configuration: %s", self.what,
+                          error)
                 raise NoAlgorithm(str(error)) from error
         finally:
             lt.matmul_preference_destroy(preference)
         self.count = int(count[0])
         if self.count == 0 or int(self.candidates[0].state) != 0:
-            raise NoAlgorithm(
-                f"{self.what}: cuBLASLt's heuristic found no algorithm for the {self.epilogue.name}"
-                f" epilogue on m={self.gemm.m} n={self.gemm.n} k={self.gemm.k} (batch "
-                f"{self.gemm.batch}) within {workspace_limit} bytes of workspace")
+            message = (f"{self.what}: cuBLASLt's heuristic found no algorithm for the "
+                       f"{self.epilogue.name} epilogue on m={self.gemm.m} n={self.gemm.n} "
+                       f"k={self.gemm.k} (batch {self.gemm.batch}) within {workspace_limit} "
+                       f"bytes of workspace")
+            LOG.debug("%s (alignment %d, reduction schemes %#x)", message, alignment, schemes)
+            raise NoAlgorithm(message)
         self._algo_ptr = self.candidates.ptr
         self.workspace_size = int(self.candidates[0].workspace_size)
         self.info = self._read_info(self._algo_ptr, self.workspace_size,
@@ -272,36 +270,16 @@ class Matmul:
         return None
 
     # -- running -------------------------------------------------------------------------------
-    def run(self, lt_handle: int, a: int, b: int, c: int, d: int, workspace: int,
-            workspace_size: int, stream: int, bias: int = 0, aux: int = 0) -> None:
-        """Enqueues the matmul on ``stream``; ``c`` is D's own pointer when there is no C.
-
-        The bias and aux pointers live on the shared descriptor (which the split-K variants and
-        every thread use), so setting them and enqueueing happen under one lock.
-        """
-        arguments = self._arguments(self.desc, lt_handle, a, b, c, d, workspace, workspace_size,
-                                    stream)
-        with self._lock:
-            try:
-                self._point_epilogue(bias, aux)
-                self._lt.matmul(*arguments)
-            except Exception as error:
-                raise self._failed(error) from error
-
-    def _point_epilogue(self, bias: int, aux: int) -> None:
-        """Sets the shared descriptor's bias and aux pointers where they moved (lock held)."""
-        lt, current = self._lt, self._current
-        if self._bias_attr is not None and bias != current[0]:
-            self._pointer[0] = bias
-            lt.matmul_desc_set_attribute(self.desc, self._bias_attr, self._pointer_ptr, 8)
-            current[0] = bias
-        if self._aux_attr is not None and aux != current[1]:
-            self._pointer[0] = aux
-            lt.matmul_desc_set_attribute(self.desc, self._aux_attr, self._pointer_ptr, 8)
-            current[1] = aux
+    def own_desc(self, bias: int = 0, aux: int = 0) -> OwnedDesc | None:
+        """A descriptor of this problem pointing the epilogue at ``bias`` and ``aux``, destroyed
+        with the returned object; None when the epilogue has no pointers (the shared one then
+        serves every call: nothing on it changes)."""
+        if not (self.epilogue.bias or self.epilogue.aux):
+            return None
+        return OwnedDesc(self._lt, self._new_desc(bias, aux))
 
     def _arguments(self, desc: int, lt_handle: int, a: int, b: int, c: int, d: int,
-                   workspace: int, workspace_size: int, stream: int) -> tuple:
+                   workspace: int, workspace_size: int, stream: int | None) -> tuple:
         """cublasLtMatmul's arguments, in its order, on descriptor ``desc``."""
         return (lt_handle, desc, self.alpha_ptr, a, self.a_layout, b, self.b_layout,
                 self.beta_ptr, c, self.c_layout, d, self.d_layout, self._algo_ptr, workspace,
@@ -311,17 +289,17 @@ class Matmul:
         return LaunchFailed(f"{self.what} ({self.info}) failed on cuda:{self.device}: {error}")
 
     def bind(self, lt_handle: int, a: int, b: int, c: int, d: int, workspace: int,
-             workspace_size: int, stream: int, bias: int = 0, aux: int = 0):
-        """``run`` with every argument fixed, for Plan.prepare and run()'s memo.
+             workspace_size: int, stream: int | None, bias: int = 0,
+             aux: int = 0) -> Callable[[], None]:
+        """The matmul with every argument fixed: enqueues ``D = epilogue(A @ B [+ C])`` on
+        ``stream`` when called (``c`` is D's own pointer when there is no C).
 
-        An epilogue with pointers gets a descriptor of its own, pointing at this call's bias and
-        aux, so the bound call shares no mutable state: it takes no lock and sets nothing.
+        An epilogue with pointers gets a descriptor of its own (``own_desc``), pointing at this
+        call's bias and aux, so the bound call shares no mutable state: it takes no lock and sets
+        nothing.
         """
-        desc = self.desc
-        own = None
-        if self._bias_attr is not None or self._aux_attr is not None:
-            own = _OwnedDesc(self._lt, self._new_desc(bias, aux))
-            desc = own.desc
+        own = self.own_desc(bias, aux)
+        desc = self.desc if own is None else own.desc
         arguments = self._arguments(desc, lt_handle, a, b, c, d, workspace, workspace_size,
                                     stream)
         matmul, failed = self._lt.matmul, self._failed  # holds self: layouts and algo live on
@@ -347,7 +325,7 @@ class Matmul:
             pass
 
 
-class _OwnedDesc:
+class OwnedDesc:
     """A bound call's own matmul descriptor, destroyed with the call."""
 
     __slots__ = ("_lt", "desc")

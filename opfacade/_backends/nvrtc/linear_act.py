@@ -1,5 +1,6 @@
 """The linear forward's activation as a pass of its own (native/linear_act.cu), for the
-activations cuBLASLt has no epilogue for: exact (erf) GELU and SiLU.
+activations cuBLASLt has no epilogue for: exact (erf) GELU and SiLU (the linear contract's
+activation table names each one's kernel, ``ActivationSpec.act_pass``).
 
 A cublasLtMatmul writes ``pre = x @ W + bias (+ residual)`` into the output (or into the aux a
 training forward saves), then this kernel writes ``out = act(pre)``, in place or from the aux. It
@@ -13,13 +14,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...contracts.linear import ActivationSpec
 from ...types import ElementKind
 from .launch import element_suffix, get_kernel, launch
 
-__all__ = ["ACTIVATIONS", "ActivationPass"]
+__all__ = ["ActivationPass"]
 
-SOURCE = "linear_act.cu"
-ACTIVATIONS = ("gelu_erf", "silu")
 THREADS = 256
 # Blocks: enough, over column tiles, row blocks and batch entries, to fill any current GPU several
 # times over; the kernel strides over rows and entries beyond them.
@@ -32,11 +32,14 @@ class ActivationPass:
     layouts ``(row stride, batch stride)`` of pre and out in elements fixed at build time, the
     pointers given per run."""
 
-    def __init__(self, activation: str, element: ElementKind, device: int, batch: int, m: int,
-                 n: int, pre: tuple[int, int], out: tuple[int, int], alignment: int):
-        self.activation, self.device = activation, device
+    def __init__(self, spec: ActivationSpec, element: ElementKind, device: int, batch: int,
+                 m: int, n: int, pre: tuple[int, int], out: tuple[int, int], alignment: int):
+        if spec.act_pass is None:
+            raise ValueError(f"activation {spec.name} has no separate pass: cuBLASLt fuses it")
+        self.activation, self.device = spec.name, device
         self.batch, self.m, self.n, self.pre, self.out = batch, m, n, pre, out
-        self.name = f"linear_{activation}_{element_suffix(element)}"
+        self.source = spec.act_pass.source
+        self.name = f"{spec.act_pass.name}_{element_suffix(element)}"
         pack = 16 // element.itemsize
         packs = -(-n // pack)
         # Lanes per row: the row's packs, as a power of two between a warp and the block.
@@ -61,7 +64,7 @@ class ActivationPass:
 
     def bind(self, pre: int, out: int, stream: int) -> Callable[[], None]:
         """The kernel with every argument packed once."""
-        kernel, device = get_kernel(SOURCE, self.name, self.device), self.device
+        kernel, device = get_kernel(self.source, self.name, self.device), self.device
         grid = (self.tiles, self.row_blocks, self.entries)
         args = (np.uint64(pre), np.uint64(out), *self.args)
 

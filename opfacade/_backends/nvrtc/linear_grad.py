@@ -1,12 +1,13 @@
 """The linear backward's activation step as one bespoke kernel (native/linear_grad.cu).
 
 ``d_pre = grad_out * act'(pre)`` for GELU (tanh or erf) and SiLU from the saved pre-activation,
-or ReLU from cuBLASLt's bit-mask, with the bias gradient's column sums reduced in a fixed order:
-per (chunk of rows, column) partials in the workspace, then one pass adding each column's
-partials in chunk order. The chunking is a function of the problem alone, never of the device,
-so the bias gradient is deterministic and bit-stable. It reads grad_out and the aux once and
-writes d_pre once: the memory floor of the step (torch runs the same work as an elementwise
-kernel and a separate sum).
+or ReLU from cuBLASLt's bit-mask (the linear contract's activation table names each one's
+kernel, ``ActivationSpec.d_pre``, and the aux it reads), with the bias gradient's column sums
+reduced in a fixed order: per (chunk of rows, column) partials in the workspace, then one pass
+adding each column's partials in chunk order. The chunking is a function of the problem alone,
+never of the device, so the bias gradient is deterministic and bit-stable. It reads grad_out and
+the aux once and writes d_pre once: the memory floor of the step (torch runs the same work as an
+elementwise kernel and a separate sum).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...contracts.linear import ActivationSpec
 from ...types import ElementKind
 from .launch import element_suffix, get_kernel, launch
 
-__all__ = ["ACTIVATIONS", "ActivationGrad", "chunking", "partials_bytes"]
+__all__ = ["ActivationGrad", "chunking", "partials_bytes"]
 
-SOURCE = "linear_grad.cu"
+SOURCE = "linear_grad.cu"  # the d_pre kernels' and the bias-gradient finalize's
 THREADS = 256
 WARPS = THREADS // 32
 # Blocks the activation kernel aims for: enough to fill any current GPU several times over.
@@ -28,7 +30,6 @@ WARPS = THREADS // 32
 # the problem alone.
 TARGET_BLOCKS = 2048
 MAX_CHUNKS = 65535  # the grid's y extent
-ACTIVATIONS = ("relu", "gelu_tanh", "gelu_erf", "silu")  # whose derivative the kernel takes
 
 
 def _pack(element: ElementKind) -> int:
@@ -57,16 +58,20 @@ class ActivationGrad:
     plus the workspace's "partials") to addresses.
     """
 
-    def __init__(self, activation: str, element: ElementKind, device: int, rows: int, n: int,
-                 ld_grad: int, ld_aux: int, ld_pre: int, alignment: int, d_pre_name: str,
+    def __init__(self, spec: ActivationSpec, element: ElementKind, device: int, rows: int,
+                 n: int, ld_grad: int, ld_aux: int, ld_pre: int, alignment: int, d_pre_name: str,
                  bias_grad: bool):
-        self.activation, self.device, self.rows, self.n = activation, device, rows, n
+        if spec.d_pre is None:
+            raise ValueError(f"activation {spec.name} has no derivative kernel: d_pre is grad_out")
+        self.activation, self.spec, self.device = spec.name, spec, device
+        self.rows, self.n = rows, n
         self.d_pre_name, self.bias_grad = d_pre_name, bias_grad
-        self.name = f"linear_d{activation}_{element_suffix(element)}"
+        self.source = spec.d_pre.source
+        self.name = f"{spec.d_pre.name}_{element_suffix(element)}"
         self.finalize = f"linear_bias_grad_finalize_{element_suffix(element)}"
         self.tiles, self.per_chunk, self.chunks = chunking(rows, n, element)
         pack = _pack(element)
-        aux_packed = activation == "relu" or ld_aux % pack == 0  # the mask is read bytewise
+        aux_packed = spec.aux.mask or ld_aux % pack == 0  # the mask is read bytewise
         self.vec = alignment >= 16 and ld_grad % pack == 0 and ld_pre % pack == 0 and aux_packed
         self.strides = (np.int64(ld_grad), np.int64(ld_aux), np.int64(ld_pre))
 
@@ -74,13 +79,10 @@ class ActivationGrad:
         return (f"d_pre: nvrtc {self.name} ({self.tiles}x{self.chunks} blocks, "
                 f"{self.per_chunk} rows each{', 16-byte packs' if self.vec else ''})")
 
-    def launch(self, pointers: dict[str, int], stream: int) -> None:
-        self.bind(pointers, stream)()
-
     def bind(self, pointers: dict[str, int], stream: int) -> Callable[[], None]:
         """The kernel (and the dbias finalize) with every argument packed once."""
         partials = pointers["partials"] if self.bias_grad else 0
-        calls = [(get_kernel(SOURCE, self.name, self.device), (self.tiles, self.chunks), (
+        calls = [(get_kernel(self.source, self.name, self.device), (self.tiles, self.chunks), (
             np.uint64(pointers["grad_out"]), np.uint64(pointers["aux"]),
             np.uint64(pointers[self.d_pre_name]), np.uint64(partials), np.int64(self.rows),
             np.int32(self.n), *self.strides, np.int32(self.per_chunk), np.int32(self.vec)))]

@@ -9,6 +9,7 @@ backward's activation gradient needs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -21,17 +22,11 @@ __all__ = [
     "linear_backward",
 ]
 
-ACTIVATIONS = ("none", "relu", "gelu_tanh", "gelu_erf", "silu")
 WEIGHT_LAYOUTS = ("kn", "nk")
 
 _GELU_TANH_C = math.sqrt(2.0 / math.pi)
 _GELU_TANH_A = 0.044715
 _erf = np.vectorize(math.erf, otypes=[np.float64])
-
-
-def _check_activation(name: str) -> None:
-    if name not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -42,6 +37,44 @@ def _normal_cdf(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
 
 
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(_GELU_TANH_C * (x + _GELU_TANH_A * x**3)))
+
+
+def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    t = np.tanh(_GELU_TANH_C * (x + _GELU_TANH_A * x**3))
+    d_inner = _GELU_TANH_C * (1.0 + 3.0 * _GELU_TANH_A * x**2)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * d_inner
+
+
+def _gelu_erf_grad(x: np.ndarray) -> np.ndarray:
+    return _normal_cdf(x) + x * np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)
+
+
+def _silu_grad(x: np.ndarray) -> np.ndarray:
+    s = _sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+# Each activation and its derivative at the pre-activation, in float64 (relu's derivative is 0
+# at 0). The names are the linear contract's (its ACTIVATIONS table; a test checks they agree).
+_MATH: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]] = {
+    "none": (np.copy, np.ones_like),
+    "relu": (lambda x: np.maximum(x, 0.0), lambda x: (x > 0.0).astype(np.float64)),
+    "gelu_tanh": (_gelu_tanh, _gelu_tanh_grad),
+    "gelu_erf": (lambda x: x * _normal_cdf(x), _gelu_erf_grad),
+    "silu": (lambda x: x * _sigmoid(x), _silu_grad),
+}
+ACTIVATIONS = tuple(_MATH)
+
+
+def _math(name: str) -> tuple[Callable[[np.ndarray], np.ndarray], ...]:
+    try:
+        return _MATH[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}") from None
+
+
 def activation(x: np.ndarray, name: str) -> np.ndarray:
     """Applies the named activation elementwise, in float64."""
     return _activate(x, name)
@@ -49,37 +82,12 @@ def activation(x: np.ndarray, name: str) -> np.ndarray:
 
 def _activate(x: np.ndarray, name: str) -> np.ndarray:
     # Separate from ``activation`` because linear_forward's keyword of that name shadows it.
-    _check_activation(name)
-    x = np.asarray(x, dtype=np.float64)
-    if name == "none":
-        return x.copy()
-    if name == "relu":
-        return np.maximum(x, 0.0)
-    if name == "gelu_tanh":
-        inner = _GELU_TANH_C * (x + _GELU_TANH_A * x**3)
-        return 0.5 * x * (1.0 + np.tanh(inner))
-    if name == "gelu_erf":
-        return x * _normal_cdf(x)
-    return x * _sigmoid(x)  # silu
+    return _math(name)[0](np.asarray(x, dtype=np.float64))
 
 
 def activation_grad(x: np.ndarray, name: str) -> np.ndarray:
     """Derivative of the named activation at the pre-activation ``x`` (relu's is 0 at 0)."""
-    _check_activation(name)
-    x = np.asarray(x, dtype=np.float64)
-    if name == "none":
-        return np.ones_like(x)
-    if name == "relu":
-        return (x > 0.0).astype(np.float64)
-    if name == "gelu_tanh":
-        t = np.tanh(_GELU_TANH_C * (x + _GELU_TANH_A * x**3))
-        d_inner = _GELU_TANH_C * (1.0 + 3.0 * _GELU_TANH_A * x**2)
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * d_inner
-    if name == "gelu_erf":
-        density = np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)
-        return _normal_cdf(x) + x * density
-    s = _sigmoid(x)  # silu
-    return s * (1.0 + x * (1.0 - s))
+    return _math(name)[1](np.asarray(x, dtype=np.float64))
 
 
 def _weight_kn(w: np.ndarray, weight_layout: str) -> np.ndarray:
@@ -128,7 +136,7 @@ def linear_forward(
     Returns:
         ``(out, pre)``: the activated output and the pre-activation, both [.., M, N] float64.
     """
-    _check_activation(activation)
+    _math(activation)  # a bad name fails before any arithmetic
     x = np.asarray(x, dtype=np.float64)
     w_kn = _weight_kn(np.asarray(w, dtype=np.float64), weight_layout)
     _check_operands(x, w_kn, weight_layout)

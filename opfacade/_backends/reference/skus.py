@@ -90,16 +90,14 @@ def _linear_forward(desc: linear.LinearDescriptor, arrays: dict) -> dict:
         activation=desc.activation, residual=arrays.get("residual"))
     results = {"out": out}
     if desc.save_aux:
-        results["aux"] = linear.pack_relu_mask(pre) if desc.activation == "relu" else pre
+        results["aux"] = desc.aux_layout.encode(pre)
     return results
 
 
 def _linear_backward(desc: linear.LinearBackwardDescriptor, arrays: dict) -> dict:
     grad_out = arrays["grad_out"]
-    if desc.activation == "relu":  # the mask's signs stand in for the pre-activation
-        pre = np.where(linear.unpack_relu_mask(arrays["aux"], desc.n), 1.0, -1.0)
-    else:
-        pre = arrays["aux"] if desc.activation != "none" else np.zeros(grad_out.shape)
+    aux = desc.aux_layout  # the ReLU mask's signs stand in for the pre-activation
+    pre = np.zeros(grad_out.shape) if aux is None else aux.decode(arrays["aux"], desc.n)
     grads = linear_math.linear_backward(
         grad_out, arrays["x"], arrays["weight"], pre, weight_layout=desc.weight_layout,
         activation=desc.activation, need_bias_grad=desc.need_bias_grad)
