@@ -40,11 +40,9 @@ def _warm_up(seconds: float = 2.0) -> None:
 
 def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] | None = None
               ) -> list[BenchRow]:
-    import cupy
+    from ._internal.device import current_device, device_name
 
-    device = cupy.cuda.runtime.getDevice()
-    name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
+    name = device_name(current_device())
     print(f"opfacade bench on {name}{' (quick sizes)' if quick else ''}")
     _warm_up()
     rows: list[BenchRow] = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._internal.contract import Descriptor, TensorSpec
+from ._internal.device import current_device
 from ._internal.sku import Workspace
 from ._internal.tensors import TensorView
 from ._registry import op_for
@@ -174,7 +175,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
         raise ValueError("verify_plan checks GPU plans; the host plan is the reference itself")
     start = time.perf_counter()
     device = plan.target.device if device is None else device
-    device = cupy.cuda.runtime.getDevice() if device is None else device
+    device = current_device() if device is None else device
     op = op_for(plan.descriptor)
     signature = op.signature(plan.descriptor)
     rng = np.random.default_rng(seed)
