@@ -1,24 +1,84 @@
 """run()'s memo keys on the host: what a key holds for torch calls, when the fast all-torch
 pattern gives way to the full read, and what is never stored. CPU torch tensors stand in for
-device tensors (the key reads the same facts); the GPU behaviour is in test_call_memo_gpu.py."""
+device tensors (the key reads the same facts; a stand-in runtime with one GPU makes device 0
+current); the GPU behaviour is in test_call_memo_gpu.py.
+
+Both ways of reading torch tensors run here: torch's ``TensorGuards`` (private API, used where it
+passes its self-test) and the public-API facts, and they must hit and miss alike."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from opfacade import Workspace
+from opfacade import Unsupported, Workspace
 from opfacade._internal import call_memo
-from opfacade._internal.call_memo import CallMemo, call_key
+from opfacade._internal.call_memo import ArgumentReader, CallMemo, torch_guards
+from opfacade._internal.device import Devices
 from opfacade.ops.linear import LinearArgs
 
 torch = pytest.importorskip("torch")
 
+STREAM = 7  # an explicit handle: host tensors have no current stream to ask for
 
-@pytest.fixture(autouse=True)
-def one_device(monkeypatch):
-    monkeypatch.setattr(call_memo, "_read_current_device", lambda: 0)
-    if call_memo._tensor_guards() is None:
-        pytest.skip("this torch has no usable TensorGuards")
+
+class OneGpu:
+    """CUDA's runtime as a process that sees one GPU reads it; the current device is never
+    asked (it is always 0)."""
+
+    def getDeviceCount(self):
+        return 1
+
+    def getDevice(self):
+        raise AssertionError("with one GPU the current device is 0 without asking")
+
+
+def _guards_or_skip():
+    guards, why = torch_guards(torch)
+    if guards is None:
+        pytest.skip(f"this torch has no usable TensorGuards: {why}")
+    return guards
+
+
+def _reader(path: str, **kwargs) -> ArgumentReader:
+    if path == "guards":
+        _guards_or_skip()
+    return ArgumentReader(use_torch_guards=path == "guards", devices=Devices(OneGpu()), **kwargs)
+
+
+@pytest.fixture(params=["guards", "public"])
+def path(request) -> str:
+    """Each test runs through torch's guard and through the public-API fallback."""
+    return request.param
+
+
+@pytest.fixture
+def guarded() -> ArgumentReader:
+    return _reader("guards")
+
+
+class Counting:
+    """A memo's full check: counts its calls and returns a launch."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, args, workspace, stream):
+        self.calls.append(args)
+        return lambda: None
+
+
+def _memo(path: str) -> tuple[CallMemo, Counting]:
+    checked = Counting()
+    return CallMemo(checked, _reader(path)), checked
+
+
+def _hits(memo: CallMemo, checked: Counting, args, workspace=None, stream=STREAM) -> bool:
+    """Whether the memo served this call without the full check."""
+    before = len(checked.calls)
+    assert memo.launch_for(args, workspace, stream) is not None
+    return len(checked.calls) == before
 
 
 def _args(**changes):
@@ -26,94 +86,207 @@ def _args(**changes):
     return LinearArgs(**{"x": x, "weight": w, "bias": b, "out": out, **changes})
 
 
-def test_the_key_holds_addresses_workspace_and_stream():
+def _with_x(args, x):
+    return LinearArgs(x, args.weight, args.bias, out=args.out)
+
+
+# -- both paths ------------------------------------------------------------------------------------
+
+def test_the_same_call_hits_and_a_call_at_other_addresses_misses(path):
+    memo, checked = _memo(path)
     args = _args()
-    key, tensors = call_key(args, None, 7)
-    assert key[2] == tuple(t.data_ptr() for t in (args.x, args.weight, args.bias, args.out))
-    assert key[3:] == (None, 7) and tensors == (args.x, args.weight, args.bias, args.out)
-    buffer = torch.empty(256, dtype=torch.uint8)
-    key, tensors = call_key(args, buffer, 7)
-    assert key[2][-1] == buffer.data_ptr() and tensors[-1] is buffer and key[3] == "tensor"
-    key, _ = call_key(args, Workspace(4096, 512, 0), 7)
-    assert key[3] == (4096, 512, 0)
+    assert not _hits(memo, checked, args)
+    assert _hits(memo, checked, args)
+    assert _hits(memo, checked, _with_x(args, args.x))  # new args object, same tensors
+    moved = _with_x(args, args.x.clone())
+    assert not _hits(memo, checked, moved) and _hits(memo, checked, moved)
+    assert _hits(memo, checked, args)  # both stay remembered
+    assert not _hits(memo, checked, args, stream=STREAM + 1)
 
 
-def test_same_facts_same_key_other_facts_other_key():
-    args = _args()
-    again = LinearArgs(args.x, args.weight, args.bias, out=args.out)
-    assert call_key(args, None, 7)[0] == call_key(again, None, 7)[0]
-    assert call_key(args, None, 7)[0] != call_key(args, None, 8)[0]
-    assert call_key(args, None, 7)[0] != call_key(_args(x=args.weight), None, 7)[0]
-
-
-def test_a_field_that_stops_being_none_is_not_missed():
-    """The thread's remembered pattern for LinearArgs must not read a new pattern's call."""
-    launches = []
-
-    def checked(args, workspace, stream):
-        launches.append(args)
-        return lambda: None
-
-    memo = CallMemo(checked)
-
-    plain = _args()
-    with_residual = _args(residual=torch.rand(6, 5))
-    for args in (plain, plain, with_residual, with_residual, plain):
-        memo.launch_for(args, None, 7)
-    assert launches == [plain, with_residual]
-    assert len(memo.table()) == 2
-
-
-def test_other_strides_or_dtype_at_the_same_address_are_checked_again():
-    checks = []
-
-    def checked(args, workspace, stream):
-        checks.append(1)
-        return lambda: None
-
-    memo = CallMemo(checked)
-
+def test_other_strides_dtype_or_shape_at_the_same_address_miss(path):
+    memo, checked = _memo(path)
     storage = torch.rand(40)
     x = storage[:24].view(6, 4)
     args = _args(x=x)
-    memo.launch_for(args, None, 7)
-    memo.launch_for(args, None, 7)
+    assert not _hits(memo, checked, args) and _hits(memo, checked, args)
     strided = storage.as_strided((6, 4), (5, 1))
-    assert strided.data_ptr() == x.data_ptr()
-    memo.launch_for(LinearArgs(strided, args.weight, args.bias, out=args.out), None, 7)
     as_int = storage.view(torch.int32)[:24].view(6, 4)
-    memo.launch_for(LinearArgs(as_int, args.weight, args.bias, out=args.out), None, 7)
-    assert len(checks) == 3
+    shorter = storage[:20].view(5, 4)
+    for other in (strided, as_int, shorter):
+        assert other.data_ptr() == x.data_ptr()
+        assert not _hits(memo, checked, _with_x(args, other))
+        assert _hits(memo, checked, _with_x(args, other))
 
 
-def test_torch_subclasses_are_launched_but_never_remembered():
+def test_a_negated_view_of_the_same_memory_misses(path):
+    memo, checked = _memo(path)
+    pairs = torch.rand(6, 4, dtype=torch.complex64)
+    plain, negated = pairs.imag, pairs.conj().imag  # public API for a lazily negated view
+    assert (plain.data_ptr(), plain.stride(), plain.dtype) == \
+        (negated.data_ptr(), negated.stride(), negated.dtype)
+    assert negated.is_neg() and not plain.is_neg()
+    args = _args(x=plain)
+    assert not _hits(memo, checked, args) and _hits(memo, checked, args)
+    assert not _hits(memo, checked, _with_x(args, negated))
+
+
+def test_requires_grad_turning_on_misses(path):
+    memo, checked = _memo(path)
+    args = _args()
+    assert not _hits(memo, checked, args) and _hits(memo, checked, args)
+    args.weight.requires_grad_(True)
+    assert not _hits(memo, checked, args)
+    assert _hits(memo, checked, args)
+
+
+def test_a_torch_subclass_has_no_key_and_is_never_remembered(path):
     class Marked(torch.Tensor):
         pass
 
-    checks = []
-
-    def checked(args, workspace, stream):
-        checks.append(1)
-        return lambda: None
-
-    memo = CallMemo(checked)
-
+    memo, checked = _memo(path)
     args = _args()
-    marked = LinearArgs(args.x.as_subclass(Marked), args.weight, args.bias, out=args.out)
-    assert memo.launch_for(marked, None, 7) is None  # no key: run() checks in full
-    memo.launch_for(args, None, 7)  # the thread now reads LinearArgs the fast way
+    marked = _with_x(args, args.x.as_subclass(Marked))
+    assert memo.reader.call_key(marked, None, STREAM) == (None, None)
+    assert memo.launch_for(marked, None, STREAM) is None  # no key: run() checks in full
+    memo.launch_for(args, None, STREAM)  # the guarded thread now reads LinearArgs the fast way
     for _ in range(2):  # same addresses and facts as the stored call, but not a plain tensor
-        assert memo.launch_for(marked, None, 7) is not None
-    assert len(checks) == 3 and len(memo.table()) == 1
+        before = len(checked.calls)
+        launch = memo.launch_for(marked, None, STREAM)
+        # Checked in full every time: by the memo (the fast read keys it, the guard fails it) or
+        # by run() (no key).
+        assert (launch is None) if path == "public" else (len(checked.calls) == before + 1)
+    assert len(memo.table()) == 1
 
 
-def test_unreadable_calls_have_no_key():
+def test_a_field_that_stops_being_none_is_not_missed(path):
+    """The thread's remembered pattern for LinearArgs must not read a new pattern's call."""
+    memo, checked = _memo(path)
+    plain = _args()
+    with_residual = _args(residual=torch.rand(6, 5))
+    for args in (plain, plain, with_residual, with_residual, plain):
+        memo.launch_for(args, None, STREAM)
+    assert checked.calls == [plain, with_residual]
+    assert len(memo.table()) == 2
+
+
+def test_workspaces_key_by_address_and_size(path):
+    memo, checked = _memo(path)
+    args = _args()
+    buffer = torch.empty(256, dtype=torch.uint8)
+    assert not _hits(memo, checked, args, buffer) and _hits(memo, checked, args, buffer)
+    assert not _hits(memo, checked, args, buffer[:128])
+    assert not _hits(memo, checked, args, Workspace(4096, 512, 0))
+    assert _hits(memo, checked, args, Workspace(4096, 512, 0))
+    assert not _hits(memo, checked, args, Workspace(4096, 1024, 0))
+
+
+def test_unreadable_calls_have_no_key(path):
     import numpy as np
 
+    reader = _reader(path)
     args = _args()
-    assert call_key(LinearArgs(np.zeros((6, 4)), args.weight, args.bias, out=args.out),
-                    None, 7) == (None, None)
-    assert call_key(args, object(), 7) == (None, None)
-    assert call_key(args, None, object()) == (None, None)
-    assert call_key({"x": args.x}, None, 7) == (None, None)
-    assert CallMemo(lambda *a: 1 / 0).launch_for({"x": args.x}, None, 7) is None
+    assert reader.call_key(_with_x(args, np.zeros((6, 4))), None, STREAM) == (None, None)
+    assert reader.call_key(args, object(), STREAM) == (None, None)
+    assert reader.call_key(args, None, object()) == (None, None)
+    assert reader.call_key(args, None, -1) == (None, None)
+    assert reader.call_key({"x": args.x}, None, STREAM) == (None, None)
+    assert CallMemo(lambda *a: 1 / 0, reader).launch_for({"x": args.x}, None, STREAM) is None
+
+
+def test_stream_none_asks_the_current_stream_of_device_zero_with_one_gpu(path):
+    asked = []
+    reader = _reader(path, torch_stream=lambda device: asked.append(device) or 4242)
+    key, _ = reader.call_key(_args(), None, None)
+    if path == "guards":  # device 0, the one GPU: the guard rejects host tensors on a GPU plan
+        assert key[-1] == 4242 and asked == [0]
+    else:  # the facts read the tensors' device: host tensors leave it to the full path
+        assert key is None and asked == []
+
+
+# -- each path's key -------------------------------------------------------------------------------
+
+def test_the_guarded_key_holds_addresses_workspace_and_stream(guarded):
+    args = _args()
+    key, tensors = guarded.call_key(args, None, STREAM)
+    assert key[1] == 0  # the current device
+    assert key[2] == tuple(t.data_ptr() for t in (args.x, args.weight, args.bias, args.out))
+    assert key[3:] == (None, STREAM) and tensors == (args.x, args.weight, args.bias, args.out)
+    buffer = torch.empty(256, dtype=torch.uint8)
+    key, tensors = guarded.call_key(args, buffer, STREAM)
+    assert key[2][-1] == buffer.data_ptr() and tensors[-1] is buffer and key[3] == "tensor"
+    key, _ = guarded.call_key(args, Workspace(4096, 512, 0), STREAM)
+    assert key[3] == (4096, 512, 0)
+    again = _with_x(args, args.x)
+    assert guarded.call_key(args, None, STREAM)[0] == guarded.call_key(again, None, STREAM)[0]
+    assert guarded.call_key(args, None, STREAM)[0] != guarded.call_key(args, None, 8)[0]
+
+
+def test_the_public_key_holds_every_fact():
+    reader = _reader("public")
+    args = _args()
+    key, tensors = reader.call_key(args, None, STREAM)
+    assert tensors == () and key[:2] == (LinearArgs, 0) and key[-2:] == (None, STREAM)
+    facts = [None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, -1, False,
+                                     False) for t in vars(args).values()]  # absent: None
+    assert list(key[2:-2]) == facts and facts.count(None) == 2
+    assert reader.uses_torch_guards is False
+
+
+# -- choosing the path -----------------------------------------------------------------------------
+
+def test_the_guard_is_the_default_where_it_passes_its_self_test():
+    guards = _guards_or_skip()
+    reader = ArgumentReader(devices=Devices(OneGpu()))
+    assert reader.uses_torch_guards is None  # torch not seen yet
+    key, tensors = reader.call_key(_args(), None, STREAM)
+    assert reader.uses_torch_guards is True and reader.guards is guards and len(tensors) == 4
+    assert CallMemo(Counting()).reader.guards is not guards  # decided per reader, at first use
+
+
+def test_a_guard_failing_its_self_test_falls_back_to_the_public_api(monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="opfacade")
+    monkeypatch.setattr(call_memo, "torch_guards", lambda torch: (None, "no guard here"))
+    checked = Counting()
+    memo = CallMemo(checked, ArgumentReader(devices=Devices(OneGpu())))
+    args = _args()
+    assert not _hits(memo, checked, args) and _hits(memo, checked, args)
+    assert memo.reader.uses_torch_guards is False
+    assert "no guard here" in caplog.text and "public" in caplog.text
+    with pytest.raises(Unsupported, match="no guard here"):
+        ArgumentReader(use_torch_guards=True)
+
+
+def test_the_self_test_rejects_a_guard_blind_to_a_fact():
+    class Facts:
+        """A guard comparing what ``compared`` reads of each tensor."""
+
+        compared = staticmethod(lambda t: (t.shape, t.stride(), t.dtype, t.is_neg()))
+
+        def __init__(self, *tensors, dynamic_dims_sizes, dynamic_dims_strides):
+            self.facts = [self.compared(t) for t in tensors]
+
+        def check(self, *tensors):
+            return self.facts == [self.compared(t) for t in tensors]
+
+    class NoNegationBit(Facts):
+        compared = staticmethod(lambda t: (t.shape, t.stride(), t.dtype))
+
+    class NoStrides(Facts):
+        compared = staticmethod(lambda t: (t.shape, t.dtype, t.is_neg()))
+
+    assert call_memo._guards_pass_self_test(torch, Facts)
+    assert not call_memo._guards_pass_self_test(torch, NoNegationBit)
+    assert not call_memo._guards_pass_self_test(torch, NoStrides)
+
+
+def test_two_memos_share_nothing(path):
+    first, second = _memo(path)[0], _memo(path)[0]
+    args = _args()
+    first.launch_for(args, None, STREAM)
+    assert len(first.table()) == 1 and len(second.table()) == 0
+    assert first.reader is not second.reader and second.reader.torch_types == set()
+    # No module-level state: every table lives on a reader or a memo.
+    state = [name for name, value in vars(call_memo).items()
+             if isinstance(value, dict | set | list) and not name.startswith("__")]
+    assert state == []

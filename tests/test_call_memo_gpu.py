@@ -1,6 +1,7 @@
 """run()'s memo of checked calls (``_internal/call_memo.py``): a repeated call launches what the
 full path would, any changed fact is checked again, the memo keeps no user tensor alive, and the
-stream, thread, workspace and plan lifetime are honoured."""
+stream, thread, workspace and plan lifetime are honoured. The tests marked by ``path`` run with
+torch's TensorGuards (the default where it passes its self-test) and with the public-API facts."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from opfacade import (
     ShapeMismatch,
     Workspace,
 )
-from opfacade._internal.call_memo import call_key
+from opfacade._internal.call_memo import ArgumentReader, CallMemo, torch_guards
 from opfacade.ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
@@ -45,10 +46,28 @@ def _linear(seed: int = 0, dtype=None):
     return uniform(M, K), uniform(N, K), uniform(N)
 
 
-def _plan(element: str = "bf16"):
+def _plan(element: str = "bf16", path: str = "default"):
+    """A plan; ``path`` "guards" or "public" gives its memo a reader that reads torch tensors
+    that way."""
     desc = LinearDescriptor(m=M, n=N, k=K, element=element, activation="gelu_tanh",
                             weight_layout="nk")
-    return LinearForwardPlan.select(desc, device=0)
+    plan = LinearForwardPlan.select(desc, device=0)
+    if path != "default":
+        if path == "guards" and torch_guards(torch)[0] is None:
+            pytest.skip(f"this torch has no usable TensorGuards: {torch_guards(torch)[1]}")
+        reader = ArgumentReader(use_torch_guards=path == "guards")
+        plan._calls = CallMemo(plan._checked_launch, reader)
+    return plan
+
+
+@pytest.fixture(params=["guards", "public"])
+def path(request) -> str:
+    return request.param
+
+
+def call_key(args, workspace, stream):
+    """The key a fresh reader reads (the default: TensorGuards where it passes its self-test)."""
+    return ArgumentReader().call_key(args, workspace, stream)
 
 
 def _expected(x, w, b):
@@ -61,19 +80,19 @@ def _assert_matches(out, x, w, b, plan) -> None:
     assert (out.float() - want).norm() / want.norm() < plan.precision_guarantee.max_rel_error
 
 
-def _problem(seed: int):
+def _problem(seed: int, path: str = "default"):
     """A plan, its inputs, an output and the args binding them."""
     x, w, b = _linear(seed)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    return _plan(), x, w, b, out, LinearArgs(x, w, b, out=out)
+    return _plan(path=path), x, w, b, out, LinearArgs(x, w, b, out=out)
 
 
 def _entries(plan) -> int:
     return len(plan._calls.table())
 
 
-def test_repeated_call_hits_and_matches_the_full_path():
-    plan = _plan()
+def test_repeated_call_hits_and_matches_the_full_path(path):
+    plan = _plan(path=path)
     x, w, b = _linear()
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     args = LinearArgs(x, w, b, out=out)
@@ -98,8 +117,8 @@ def test_new_contents_same_buffers_give_new_results():
     _assert_matches(out, x, w, b, plan)
 
 
-def test_every_changed_fact_is_checked_again():
-    plan = _plan()
+def test_every_changed_fact_is_checked_again(path):
+    plan = _plan(path=path)
     x, w, b = _linear(3)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     plan.run(LinearArgs(x, w, b, out=out))
@@ -136,8 +155,8 @@ def test_memo_keeps_no_tensor_alive():
     assert _entries(plan) == 1
 
 
-def test_stream_none_follows_the_current_stream():
-    plan, x, w, b, out, args = _problem(5)
+def test_stream_none_follows_the_current_stream(path):
+    plan, x, w, b, out, args = _problem(5, path)
     side = torch.cuda.Stream()
     plan.run(args)
     with torch.cuda.stream(side):
@@ -244,10 +263,10 @@ def test_unreadable_arguments_take_the_full_path():
     assert call_key(LinearArgs(x, w, b, out=out), Workspace(0, 0, None), 0)[0][-2] == (0, 0, None)
 
 
-def test_same_address_and_shape_with_other_strides_is_checked_again():
-    """The key holds addresses; strides are the guard's: a padded view at the same address
-    must not reuse the dense view's launch."""
-    plan, x, w, b, _, _ = _problem(11)
+def test_same_address_and_shape_with_other_strides_is_checked_again(path):
+    """A padded view at the same address must not reuse the dense view's launch (the key holds
+    addresses; strides are the guard's, or the public facts')."""
+    plan, x, w, b, _, _ = _problem(11, path)
     storage = torch.full((M * (N + 8),), float("nan"), device="cuda", dtype=torch.bfloat16)
     dense = storage[:M * N].view(M, N)
     padded = storage.as_strided((M, N), (N + 8, 1))
@@ -256,6 +275,8 @@ def test_same_address_and_shape_with_other_strides_is_checked_again():
     torch.cuda.synchronize()
     storage.fill_(float("nan"))
     plan.run(LinearArgs(x, w, b, out=padded))
-    assert _entries(plan) == 1  # same key: the checked padded call replaced the dense one
+    # The guard's key holds no strides: the checked padded call replaced the dense one. The
+    # public facts hold them: a second entry.
+    assert _entries(plan) == (1 if path == "guards" else 2)
     _assert_matches(padded, x, w, b, plan)
     assert torch.isnan(storage.view(M, N + 8)[:, N:].float()).all()  # the padding untouched

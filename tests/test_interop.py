@@ -1,4 +1,5 @@
-"""The interop edge on the host: wrapping, checks, streams and allocation, with no GPU needed.
+"""The interop edge on the host: wrapping, checks, streams, devices and allocation, with no GPU
+needed.
 
 Device objects are stood in for by fakes: a class exposing ``__cuda_array_interface__`` with
 made-up pointers, DLPack capsules from NumPy whose device or dtype fields are rewritten, and fake
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import subprocess
 import sys
@@ -20,8 +22,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opfacade._internal import memory, tensors
-from opfacade._internal.streams import cupy_stream, owning_package, resolve_stream
+from opfacade._internal import device, interop, memory
+from opfacade._internal.device import Devices
+from opfacade._internal.streams import (
+    StreamObjects,
+    cupy_stream,
+    owning_package,
+    resolve_stream,
+    torch_stream_reader,
+)
 from opfacade._internal.tensors import (
     TensorView,
     as_numpy,
@@ -30,7 +39,6 @@ from opfacade._internal.tensors import (
     expect_args_type,
     expect_no_overlap,
     expect_no_overlaps,
-    expect_writable,
     wrap,
 )
 from opfacade.errors import (
@@ -41,6 +49,7 @@ from opfacade.errors import (
     ShapeMismatch,
     Unsupported,
 )
+from opfacade.types import ArchSku
 from opfacade.types import ElementKind as E
 
 FAKE_PTR = 0x7F0000000000
@@ -114,7 +123,6 @@ def test_numpy_readonly_and_zero_size():
     view = wrap(array, "x")
     assert view.readonly and view.size == 0 and view.is_contiguous
     assert view.byte_span() == (view.ptr, view.ptr)
-    raises(InvalidArgument, "out", expect_writable, view, "out")
 
 
 def test_numpy_unsupported_dtypes():
@@ -180,7 +188,7 @@ def device_3(monkeypatch):
         looked_up.append(ptr)
         return 3
 
-    monkeypatch.setattr(tensors, "_device_ordinal_of_pointer", lookup)
+    monkeypatch.setattr(interop, "_device_ordinal_of_pointer", lookup)
     return looked_up
 
 
@@ -215,7 +223,7 @@ def test_cai_cupy_uses_device_id_and_skips_pointer_lookup(monkeypatch):
     def no_lookup(ptr, name):
         raise AssertionError("CuPy arrays carry their device")
 
-    monkeypatch.setattr(tensors, "_device_ordinal_of_pointer", no_lookup)
+    monkeypatch.setattr(interop, "_device_ordinal_of_pointer", no_lookup)
     cupy_like = fake_class("cupy", device=types.SimpleNamespace(id=2))
     view = wrap(cupy_like((5,), "<f4"), "x")
     assert (view.package, view.device) == ("cupy", 2)
@@ -268,8 +276,8 @@ class Producer:
     def __dlpack__(self, **kwargs):
         capsule = self.array.__dlpack__(**self.kwargs, **kwargs)
         if self.patch is not None:
-            address = tensors._capsule_pointer(capsule, b"dltensor")
-            self.patch(tensors._DLManagedTensor.from_address(address).dl_tensor)
+            address = interop._capsule_pointer(capsule, b"dltensor")
+            self.patch(interop._DLManagedTensor.from_address(address).dl_tensor)
         return capsule
 
 
@@ -505,7 +513,7 @@ def test_expect_args_type():
     assert "args must be SimpleNamespace, got dict" in str(error)
 
 
-def test_expect_no_overlap_and_writable():
+def test_expect_no_overlap():
     base = np.zeros(16, dtype=np.float32)
     out, inp = wrap(base[4:12], "output"), wrap(base[:8], "input")
     error = raises(LayoutMismatch, "output", expect_no_overlap, out, "output", inp, "input")
@@ -514,9 +522,6 @@ def test_expect_no_overlap_and_writable():
     same = wrap(base[:8], "output")
     raises(LayoutMismatch, "output", expect_no_overlap, same, "output", inp, "input")
     expect_no_overlap(same, "output", inp, "input", allow_same=True)
-    expect_writable(same, "output")
-    raises(InvalidArgument, "output", expect_writable, view_of((2,), (1,), readonly=True),
-           "output")
 
 
 # ----------------------------------------------------------------------------- streams
@@ -620,12 +625,13 @@ def cupy_module(monkeypatch):
     module = fake_cupy()
     monkeypatch.setitem(sys.modules, "cupy", module)
     FakeDevice.entered = []
-    cupy_stream.cache_clear()
+    cupy_stream.clear()
     yield module
-    cupy_stream.cache_clear()
+    cupy_stream.clear()
 
 
-def test_default_stream_from_torch_and_cupy(monkeypatch, cupy_module):
+def test_default_stream_from_torch_and_cupy(monkeypatch, cupy_module, caplog):
+    caplog.set_level(logging.DEBUG, logger="opfacade")
     asked = []
 
     def current_stream(device):
@@ -637,8 +643,10 @@ def test_default_stream_from_torch_and_cupy(monkeypatch, cupy_module):
     fake_torch.cuda = types.SimpleNamespace(current_stream=current_stream)
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     assert resolve_stream(None, "torch", 1) == 4242 and asked == [1]
+    assert "torch.cuda.current_stream" in caplog.text  # the public fallback is no silent one
     fake_torch._C._cuda_getCurrentRawStream = lambda device: asked.append(device) or 4343
     assert resolve_stream(None, "torch", 3) == 4343 and asked == [1, 3]
+    assert torch_stream_reader(fake_torch) is fake_torch._C._cuda_getCurrentRawStream
     # CuPy's current stream of device 2, not of whichever device is current.
     assert resolve_stream(None, "cupy", 2) == 777 and cupy_module.asked == [2]
 
@@ -666,14 +674,113 @@ def test_cupy_stream_is_cached_per_handle_and_device(cupy_module):
     assert FakeDevice.entered == [0, 1]
 
 
-def test_cupy_stream_falls_back_to_external_stream(monkeypatch):
+def test_cupy_stream_falls_back_to_external_stream(monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="opfacade")
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(with_from_external=False))
-    cupy_stream.cache_clear()
+    cupy_stream.clear()
     try:
         stream = cupy_stream(55, 3)
         assert (stream.ptr, stream.device_id) == (55, 3)
+        assert "cupy.cuda.ExternalStream" in caplog.text
     finally:
-        cupy_stream.cache_clear()
+        cupy_stream.clear()
+
+
+def test_stream_objects_are_made_once_and_bounded():
+    made = []
+    streams = StreamObjects(lambda handle, device: made.append((handle, device)) or object(),
+                            capacity=2)
+    first = streams(1, 0)
+    assert streams(1, 0) is first and streams(1, 1) is not first and made == [(1, 0), (1, 1)]
+    streams(2, 0)  # full: the oldest, (1, 0), goes
+    assert len(streams) == 2 and streams(1, 0) is not first and made[-1] == (1, 0)
+    streams.clear()
+    assert len(streams) == 0
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+class FakeRuntime:
+    """CUDA's runtime as Devices reads it, with ``count`` GPUs and ``current`` current."""
+
+    def __init__(self, count, current=0):
+        self.count, self.current, self.asked = count, current, []
+
+    def getDeviceCount(self):
+        self.asked.append("count")
+        if self.count is None:
+            raise RuntimeError("cudaErrorNoDevice")
+        return self.count
+
+    def getDevice(self):
+        self.asked.append("current")
+        return self.current
+
+    def setDevice(self, device):
+        self.asked.append(("set", device))
+        self.current = device
+
+    def getDeviceProperties(self, device):
+        self.asked.append(("properties", device))
+        return {"major": 9, "minor": 0, "name": b"Fake H100"}
+
+
+def test_one_gpu_is_device_zero_without_asking():
+    runtime = FakeRuntime(1)
+    devices = Devices(runtime)
+    assert devices.current() == 0 and devices.count() == 1 and devices.current_reader()() == 0
+    assert runtime.asked == ["count"]  # the count once, the current device never
+
+
+def test_several_gpus_ask_the_runtime_each_time():
+    runtime = FakeRuntime(2, current=1)
+    devices = Devices(runtime)
+    read = devices.current_reader()
+    assert read() == 1 and devices.current() == 1
+    runtime.current = 0
+    assert read() == 0
+    assert runtime.asked == ["count", "current", "current", "current"]
+    assert Devices(FakeRuntime(None)).count() == 0  # no driver, no GPU: 0, never raises
+
+
+def test_device_properties_are_read_once_until_cleared():
+    runtime = FakeRuntime(1)
+    devices = Devices(runtime)
+    assert devices.arch(0) is ArchSku.sm90 and devices.name(0) == "Fake H100"
+    assert devices.arch(0) is ArchSku.sm90 and devices.name(0) == "Fake H100"
+    assert runtime.asked.count(("properties", 0)) == 2  # one read for each, then remembered
+    devices.clear()
+    devices.arch(0)
+    assert runtime.asked.count(("properties", 0)) == 3
+
+
+def test_the_module_functions_read_the_process_devices(monkeypatch):
+    runtime = FakeRuntime(2, current=1)
+    monkeypatch.setattr(device, "DEVICES", Devices(runtime))
+    assert device.device_count() == 2 and device.current_device() == 1
+    assert device.device_arch(1) is ArchSku.sm90 and device.device_name(1) == "Fake H100"
+    with device.on_device(0):
+        assert device.current_device() == 0
+    assert runtime.current == 1 and ("set", 0) in runtime.asked
+    with device.on_device(1):  # already current: nothing set
+        pass
+    assert runtime.asked.count(("set", 1)) == 1
+    assert device.check_ordinal(1) == 1
+    raises(InvalidArgument, "device", device.check_ordinal, 2)
+
+
+def test_cupys_runtime_is_the_default(monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 1)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 1 / 0)
+    devices = Devices()
+    assert devices.runtime() is cupy.cuda.runtime
+    assert devices.count() == 1 and devices.current() == 0
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 3)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 2)
+    devices.clear()
+    assert devices.count() == 3 and devices.current() == 2
 
 
 # ----------------------------------------------------------------------------- memory

@@ -7,12 +7,15 @@ of microseconds; reading the facts much less. So run() reads them and, when the 
 checked before on this thread, re-enqueues the launch built then.
 
 torch tensors: the key holds their addresses, and the entry a ``TensorGuards`` (torch's C++
-check of dtype, device, dispatch keys (the lazy negation bit among them), sizes and strides, the
-one torch.compile guards tensors with), built from the checked call's tensors. Checking nine
-tensors that way costs ~0.6 us where reading their facts in Python costs ~7 us. It also compares
-requires_grad, so a change there only misses. Where ``TensorGuards`` is missing or fails its
-self-test (it must tell apart dtype, sizes, strides and the negation bit), the facts are read in
-Python instead.
+check of dtype, device, dispatch keys (the lazy negation bit among them), sizes, strides and
+requires_grad, the one torch.compile guards tensors with), built from the checked call's tensors.
+Checking nine tensors that way costs ~0.6 us where reading their facts in Python costs ~7 us.
+``TensorGuards`` is private torch API: it is used only when it passes a self-test (it must tell
+apart dtype, sizes, strides and the negation bit), and otherwise, or when asked
+(``ArgumentReader(use_torch_guards=False)``), the facts are read through torch's public API
+(``data_ptr``, ``shape``, ``stride()``, ``dtype``, ``get_device()``, ``is_neg()``,
+``requires_grad``) and put in the key. Both ways a call hits and misses on the same facts, except
+that the guard also compares dispatch keys (an inference-mode tensor then only misses).
 
 An entry holds addresses, never the caller's objects: it keeps no tensor alive, and a hit launches
 on exactly the addresses of the tensors passed in this call (they are part of the key). Only
@@ -20,6 +23,10 @@ types whose facts read exactly take this path: torch.Tensor and nn.Parameter (no
 subclasses: fake, functional and distributed tensors answer differently), cupy.ndarray, TensorView
 and Workspace. Anything else (NumPy, JAX, DLPack producers, stream objects) gives no key, and
 run() checks in full every time.
+
+What the reading learns (each argument type's kind, whether the guard serves, the all-torch
+patterns, the current-device and current-stream readers) is held by an ``ArgumentReader``; each
+``CallMemo`` owns one, so that two memos share nothing and a test can build a fresh one.
 """
 
 from __future__ import annotations
@@ -29,63 +36,20 @@ import sys
 import threading
 from collections.abc import Callable
 
-from .device import current_device, device_count
+from ..errors import Unsupported
+from .device import DEVICES, Devices
+from .log import LOG
 from .sku import Workspace
-from .streams import current_cupy_stream, current_torch_stream
+from .streams import current_cupy_stream, torch_stream_reader
 from .tensors import TensorView
 
-__all__ = ["CallMemo", "call_key"]
+__all__ = ["ArgumentReader", "CallMemo", "torch_guards"]
 
-_TORCH, _CUPY, _VIEW, _OTHER = 1, 2, 3, 4  # none is 0: `_KINDS.get(t) or ...` must work
-_KINDS: dict[type, int] = {TensorView: _VIEW}
-_TORCH_TYPES: set[type] = set()  # the common case, tested first
-_DATA_PTR: Callable[[object], int] | None = None  # torch.Tensor.data_ptr, once torch is seen
-
-
-def _kind_of(kind: type) -> int:
-    """How the facts of an argument of type ``kind`` are read; decided once per type."""
-    global _DATA_PTR
-    found = _KINDS.get(kind)
-    if found is None:
-        found = _OTHER
-        root = (kind.__module__ or "").split(".", 1)[0]
-        if root == "torch":
-            torch = sys.modules["torch"]  # the caller's tensor proves torch is imported
-            if kind is torch.Tensor or kind is torch.nn.Parameter:
-                found = _TORCH
-                _TORCH_TYPES.add(kind)
-                _DATA_PTR = torch.Tensor.data_ptr
-        elif root == "cupy" and kind is sys.modules["cupy"].ndarray:
-            found = _CUPY
-        _KINDS[kind] = found
-    return found
-
-
-_read_current_device: Callable[[], int] | None = None
-
-
-def _one_gpu() -> bool:
-    """Whether this process sees exactly one GPU (CUDA_VISIBLE_DEVICES cannot change once CUDA
-    is up): then every device tensor and the current device are device 0."""
-    global _read_current_device
-    if _read_current_device is None:
-        _read_current_device = (lambda: 0) if device_count() == 1 else current_device
-    return _read_current_device is not current_device
-
-
-def _current_device_now() -> int:
-    """The current device, read cheaply: always 0 with one GPU; otherwise CuPy asks the
-    runtime."""
-    if _read_current_device is None:
-        _one_gpu()
-    return _read_current_device()
+_TORCH, _CUPY, _VIEW, _OTHER = 1, 2, 3, 4  # none is 0: `kinds.get(t) or ...` must work
+_UNTESTED = object()  # the guard's verdict before the reader has seen torch
 
 
 # -- torch's C++ tensor guard ---------------------------------------------------------------------
-
-_GUARD_UNTESTED = object()
-_guard_class = _GUARD_UNTESTED
-
 
 def _make_guard(tensor_guards, tensors):
     # None: every size and stride static, compared exactly (a per-dimension None would mean
@@ -93,56 +57,256 @@ def _make_guard(tensor_guards, tensors):
     return tensor_guards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
 
 
-def _tensor_guards():
-    """torch's ``TensorGuards`` when it is there and tells apart what the checks tell apart
-    (dtype, strides, sizes, the negation bit, same metadata elsewhere passing); else None."""
-    global _guard_class
-    if _guard_class is _GUARD_UNTESTED:
-        _guard_class = None
-        try:
-            torch = sys.modules["torch"]
-            from torch._C._dynamo.guards import TensorGuards
+def torch_guards(torch) -> tuple[type | None, str]:
+    """(torch's ``TensorGuards``, "") when this torch has it and it passes the self-test, else
+    (None, why not)."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+    except Exception as error:  # an older or newer torch without it
+        return None, f"torch has no torch._C._dynamo.guards.TensorGuards ({error})"
+    try:
+        passed = _guards_pass_self_test(torch, TensorGuards)
+    except Exception as error:  # a changed signature, say
+        return None, f"torch's TensorGuards failed its self-test: {type(error).__name__}: {error}"
+    if not passed:
+        return None, "torch's TensorGuards failed its self-test (it let a changed fact pass)"
+    return TensorGuards, ""
 
-            a = torch.zeros(2, 3)
-            guard = _make_guard(TensorGuards, [a])
-            unit = torch.zeros(4, 1, 5)
-            unit_guard = _make_guard(TensorGuards, [unit])
-            if (guard.check(torch.zeros(2, 3)) and not guard.check(a.t().contiguous().t())
-                    and not guard.check(torch.zeros(2, 3, dtype=torch.float64))
-                    and not guard.check(torch.zeros(3, 2).t()) and not guard.check(a[:1])
-                    and not guard.check(torch._neg_view(a))
-                    and not unit_guard.check(torch.empty_strided((4, 1, 5), (5, 9, 1)))):
-                _guard_class = TensorGuards
-        except Exception:  # an older or newer torch without it: the facts are read in Python
-            _guard_class = None
-    return _guard_class
+
+def _guards_pass_self_test(torch, tensor_guards) -> bool:
+    """Whether guards tell apart what run()'s checks tell apart (dtype, sizes, strides, a unit
+    dimension's stride too, the lazy negation bit) and pass the same metadata elsewhere. Builds
+    its tensors with public torch calls only."""
+    a = torch.zeros(2, 3)
+    guard = _make_guard(tensor_guards, [a])
+    unit_guard = _make_guard(tensor_guards, [torch.zeros(4, 1, 5)])
+    # .imag of a conjugated complex tensor is a lazily negated view; of a plain one, it is not.
+    imag_guard = _make_guard(tensor_guards, [torch.zeros(2, 3, dtype=torch.complex64).imag])
+    negated = torch.zeros(2, 3, dtype=torch.complex64).conj().imag
+    return (guard.check(torch.zeros(2, 3)) and not guard.check(a.t().contiguous().t())
+            and not guard.check(torch.zeros(2, 3, dtype=torch.float64))
+            and not guard.check(torch.zeros(3, 2).t()) and not guard.check(a[:1])
+            and not unit_guard.check(torch.empty_strided((4, 1, 5), (5, 9, 1)))
+            and imag_guard.check(torch.zeros(2, 3, dtype=torch.complex64).imag)
+            and negated.is_neg() and not imag_guard.check(negated))
 
 
 def _torch_facts(value) -> tuple:
-    # get_device() is -1 on the host; is_neg(): a lazily negated view shares the rest.
+    # get_device() is -1 on the host; is_neg(): a lazily negated view shares the rest;
+    # requires_grad: the guard compares it, so the key does too.
     return (value.data_ptr(), value.shape, value.stride(), value.dtype, value.get_device(),
-            value.is_neg())
+            value.is_neg(), value.requires_grad)
 
 
-# -- the key ---------------------------------------------------------------------------------------
+# -- the reader -----------------------------------------------------------------------------------
 
-def call_key(args: object, workspace: object, stream: object
-             ) -> tuple[tuple, tuple] | tuple[None, None]:
-    """(key, torch tensors): everything run()'s checks read from this call, except what the
-    entry's guard checks on the returned torch tensors; (None, None) when something cannot be
-    read exactly and cheaply (run() then checks in full). Reading raises nothing: an odd object
-    gives no key, and the full checks raise the typed error."""
-    try:
-        values = args.__dict__
-    except AttributeError:
-        return None, None
-    try:
-        pattern = _torch_call_of(args, values)
-    except Exception:
-        return None, None
-    if pattern is not None:
-        return pattern.key(args, workspace, stream)
-    return _mixed_key(args, values.values(), workspace, stream)
+class ArgumentReader:
+    """Reads run()'s key from a call, and owns everything the reading learns on the way: each
+    argument type's kind (decided once per type), torch's guard (or its absence), the all-torch
+    patterns (interned: a key holds one), and the readers of the current device and stream.
+
+    Args:
+        use_torch_guards: None (the default) guards torch tensors with ``TensorGuards`` when it
+            passes its self-test, else reads their facts through torch's public API (logged at
+            DEBUG); False always reads them through the public API; True needs the guard.
+        devices: where the current device is read (the process's ``DEVICES``).
+        torch_stream: torch's current stream on a device; by default torch's own reader, bound
+            when the first torch tensor is read.
+        cupy_stream: CuPy's current stream on a device.
+
+    Raises:
+        Unsupported: ``use_torch_guards=True`` and this torch's guard is missing or fails.
+    """
+
+    def __init__(self, *, use_torch_guards: bool | None = None, devices: Devices | None = None,
+                 torch_stream: Callable[[int], int] | None = None,
+                 cupy_stream: Callable[[int], int] | None = None) -> None:
+        self._kinds: dict[type, int] = {TensorView: _VIEW}
+        self.torch_types: set[type] = set()  # the common case, tested first
+        self._patterns: dict[tuple, _TorchCall] = {}
+        self._devices = DEVICES if devices is None else devices
+        self._current_device: Callable[[], int] | None = None  # set at the first key read
+        self._one_gpu = False
+        self._torch_stream = torch_stream
+        self._cupy_stream = current_cupy_stream if cupy_stream is None else cupy_stream
+        self._data_ptr: Callable[[object], int] | None = None  # set once torch is seen
+        self.guards: type | None | object = None if use_torch_guards is False else _UNTESTED
+        if use_torch_guards:
+            import torch
+
+            self.guards, why = torch_guards(torch)
+            if self.guards is None:
+                raise Unsupported(f"use_torch_guards=True, but {why}")
+
+    @property
+    def uses_torch_guards(self) -> bool | None:
+        """Whether torch tensors are guarded by ``TensorGuards``; None until torch is seen."""
+        return None if self.guards is _UNTESTED else self.guards is not None
+
+    # -- what an argument is --------------------------------------------------------------------
+    def _kind_of(self, kind: type) -> int:
+        """How the facts of an argument of type ``kind`` are read; decided once per type."""
+        found = self._kinds.get(kind)
+        if found is None:
+            found = _OTHER
+            root = (kind.__module__ or "").split(".", 1)[0]
+            if root == "torch":
+                torch = sys.modules["torch"]  # the caller's tensor proves torch is imported
+                if kind is torch.Tensor or kind is torch.nn.Parameter:
+                    self._see_torch(torch)
+                    found = _TORCH
+                    self.torch_types.add(kind)
+            elif root == "cupy" and kind is sys.modules["cupy"].ndarray:
+                found = _CUPY
+            self._kinds[kind] = found
+        return found
+
+    def _see_torch(self, torch) -> None:
+        """Decides, once, how torch tensors are read. ``_data_ptr`` is set last: until then
+        another thread decides too (to the same answer)."""
+        if self._data_ptr is not None:
+            return
+        if self.guards is _UNTESTED:
+            guards, why = torch_guards(torch)
+            if guards is None:
+                LOG.debug("%s: run()'s memo reads torch tensors' facts through torch's public "
+                          "API instead", why)
+            self.guards = guards
+        if self._torch_stream is None:
+            self._torch_stream = torch_stream_reader(torch)
+        self._data_ptr = torch.Tensor.data_ptr
+
+    def _read_devices(self) -> None:
+        devices = self._devices
+        self._one_gpu = devices.count() == 1
+        self._current_device = devices.current_reader()
+
+    # -- the key --------------------------------------------------------------------------------
+    def call_key(self, args: object, workspace: object, stream: object
+                 ) -> tuple[tuple, tuple] | tuple[None, None]:
+        """(key, torch tensors): everything run()'s checks read from this call, except what the
+        entry's guard checks on the returned torch tensors; (None, None) when something cannot
+        be read exactly and cheaply (run() then checks in full). Reading raises nothing: an odd
+        object gives no key, and the full checks raise the typed error."""
+        try:
+            values = args.__dict__
+        except AttributeError:
+            return None, None
+        try:
+            if self._current_device is None:
+                self._read_devices()
+            pattern = self._torch_call_of(args, values)
+        except Exception:
+            return None, None
+        if pattern is not None:
+            return pattern.key(args, workspace, stream)
+        return self._mixed_key(args, values.values(), workspace, stream)
+
+    def _torch_call_of(self, args: object, values: dict) -> _TorchCall | None:
+        """The all-torch pattern of ``args``, or None when some array is not a plain torch
+        tensor (or torch's guard is not used)."""
+        kinds, kind_of = self._kinds, self._kind_of
+        present, absent = [], []
+        for name, value in values.items():
+            if value is None:
+                absent.append(name)
+            elif (kinds.get(type(value)) or kind_of(type(value))) == _TORCH:
+                present.append(name)
+            else:
+                return None
+        if not present or self.guards is None:
+            return None
+        shape = (type(args), tuple(present), tuple(absent))
+        found = self._patterns.get(shape)
+        if found is None:
+            found = self._patterns.setdefault(shape, _TorchCall(self, shape[1], shape[2]))
+        return found
+
+    def _mixed_key(self, args: object, values, workspace: object, stream: object
+                   ) -> tuple[tuple, tuple] | tuple[None, None]:
+        """call_key for calls with CuPy arrays or TensorViews (torch tensors among them are
+        keyed by address and guarded), or for any call when torch's guard is not used."""
+        kinds, kind_of, torch_types = self._kinds, self._kind_of, self.torch_types
+        guards = self.guards  # decided at the first torch tensor
+        tensors: list = []
+        owners = 0  # bit 1: torch, bit 2: CuPy; stream=None needs exactly one of them
+        try:
+            # The current device: a launch built with one current may not run with another.
+            facts: list = [type(args), self._current_device()]
+            append = facts.append
+            for value in values:
+                kind = type(value)
+                if kind not in torch_types:
+                    if value is None:
+                        append(None)
+                        continue
+                    kind = kinds.get(kind) or kind_of(kind)
+                    if kind != _TORCH:
+                        if kind == _CUPY:
+                            append((value.data.ptr, value.shape, value.strides, value.dtype,
+                                    value.data.device_id))
+                            owners |= 2
+                        elif kind == _VIEW and stream is not None:  # else its package decides
+                            append((value.ptr, value.shape, value.strides, value.element,
+                                    value.device, value.package, value.readonly))
+                        else:
+                            return None, None
+                        continue
+                owners |= 1
+                if guards is _UNTESTED:
+                    guards = self.guards
+                if guards is None:
+                    append(_torch_facts(value))
+                else:
+                    append(value.data_ptr())
+                    tensors.append(value)
+            workspace_facts = self._workspace_facts(workspace)
+            if workspace_facts is False:
+                return None, None
+            append(workspace_facts)
+            if type(stream) is int and stream >= 0:
+                append(stream)
+            elif stream is None and owners == 1:
+                device = (tensors[0] if tensors else next(
+                    v for v in values if type(v) in torch_types)).get_device()
+                if device < 0:
+                    return None, None  # host tensors on a GPU plan: the full path says why
+                append(self._torch_stream(device))
+            elif stream is None and owners == 2:
+                device = next(fact[4] for fact in facts[2:] if type(fact) is tuple)
+                append(self._cupy_stream(device))
+            else:
+                return None, None  # a stream object, torch and CuPy together: the full path
+        except Exception:  # a tensor without storage, a torch without CUDA: the full path
+            return None, None
+        return tuple(facts), tuple(tensors)
+
+    def _workspace_facts(self, workspace: object):
+        """The workspace's part of the key; False when it cannot be read exactly. Scratch needs
+        only where it starts, how many bytes it has, where it lives and that it is one block."""
+        if workspace is None:
+            return None
+        if type(workspace) is Workspace:
+            return ("workspace", workspace.ptr, workspace.size, workspace.device)
+        kind = self._kinds.get(type(workspace)) or self._kind_of(type(workspace))
+        if kind == _TORCH:
+            return (workspace.data_ptr(), workspace.nbytes, workspace.get_device(),
+                    workspace.is_contiguous())
+        if kind == _CUPY:
+            return (workspace.data.ptr, workspace.nbytes, workspace.data.device_id,
+                    workspace.flags.c_contiguous)
+        return False
+
+    def guard(self, tensors: tuple):
+        """The entry's guard for a checked call's torch tensors: None when there are none;
+        False when one is not a plain torch tensor (a subclass passed the full checks: launch it,
+        remember nothing)."""
+        if not tensors:
+            return None
+        torch_types = self.torch_types
+        if not all(type(t) in torch_types for t in tensors):
+            return False
+        return _make_guard(self.guards, tensors)
 
 
 # -- the key of an all-torch call -----------------------------------------------------------------
@@ -150,25 +314,22 @@ def call_key(args: object, workspace: object, stream: object
 class _TorchCall:
     """How to read a call whose arrays are all torch tensors, for one args type and one pattern
     of present and absent (None) fields: the tensors come out of one attrgetter and their
-    addresses out of one map, both in C, and torch's guard checks the rest. Interned, so that a
-    key can hold it."""
+    addresses out of one map, both in C, and torch's guard checks the rest. What the reading
+    calls is bound here once, from its reader."""
 
-    __slots__ = ("tensors", "absent", "nones")
-    _interned: dict[tuple, _TorchCall] = {}
+    __slots__ = ("tensors", "absent", "nones", "data_ptr", "torch_types", "one_gpu",
+                 "current_device", "torch_stream")
 
-    def __init__(self, present: tuple[str, ...], absent: tuple[str, ...]):
-        _one_gpu()  # sets _read_current_device, which key() calls directly
+    def __init__(self, reader: ArgumentReader, present: tuple[str, ...],
+                 absent: tuple[str, ...]):
         self.tensors = _getter(present)
         self.absent = _getter(absent) if absent else None
         self.nones = (None,) * len(absent)
-
-    @classmethod
-    def of(cls, args_type: type, present: tuple[str, ...], absent: tuple[str, ...]) -> _TorchCall:
-        shape = (args_type, present, absent)
-        found = cls._interned.get(shape)
-        if found is None:
-            found = cls._interned.setdefault(shape, cls(present, absent))
-        return found
+        self.data_ptr = reader._data_ptr
+        self.torch_types = reader.torch_types
+        self.one_gpu = reader._one_gpu
+        self.current_device = reader._current_device
+        self.torch_stream = reader._torch_stream
 
     def key(self, args: object, workspace: object, stream: object
             ) -> tuple[tuple, tuple] | tuple[None, None]:
@@ -183,27 +344,27 @@ class _TorchCall:
                 workspace_facts = None
             elif type(workspace) is Workspace:
                 workspace_facts = (workspace.ptr, workspace.size, workspace.device)
-            elif type(workspace) in _TORCH_TYPES:
+            elif type(workspace) in self.torch_types:
                 # Its size, contiguity and device are the guard's; its address is in the key.
                 tensors += (workspace,)
                 workspace_facts = "tensor"
             else:
                 return None, None
             # Tensor.data_ptr on a non-tensor raises; a subclass reads, and fails the guard.
-            addresses = tuple(map(_DATA_PTR, tensors))
+            addresses = tuple(map(self.data_ptr, tensors))
             if type(stream) is int and stream >= 0:
                 handle = stream
             elif stream is None:
                 # With one GPU the tensors' device is 0 (host tensors fail the guard's device).
-                device = 0 if _one_gpu() else tensors[0].get_device()
+                device = 0 if self.one_gpu else tensors[0].get_device()
                 if device < 0:
                     return None, None  # host tensors on a GPU plan: the full path says why
-                handle = current_torch_stream(device)
+                handle = self.torch_stream(device)
             else:
                 return None, None  # a stream object: the full path resolves it
         except Exception:  # a tensor without storage, a torch without CUDA: the full path
             return None, None
-        return (self, _read_current_device(), addresses, workspace_facts, handle), tensors
+        return (self, self.current_device(), addresses, workspace_facts, handle), tensors
 
 
 def _getter(names: tuple[str, ...]) -> Callable[[object], tuple]:
@@ -212,116 +373,25 @@ def _getter(names: tuple[str, ...]) -> Callable[[object], tuple]:
     return get if len(names) > 1 else (lambda obj: (get(obj),))
 
 
-def _torch_call_of(args: object, values: dict) -> _TorchCall | None:
-    """The all-torch pattern of ``args``, or None when some array is not a plain torch tensor
-    (or torch's guard is unavailable)."""
-    present, absent = [], []
-    for name, value in values.items():
-        if value is None:
-            absent.append(name)
-        elif (_KINDS.get(type(value)) or _kind_of(type(value))) == _TORCH:
-            present.append(name)
-        else:
-            return None
-    if not present or _tensor_guards() is None:
-        return None
-    return _TorchCall.of(type(args), tuple(present), tuple(absent))
-
-
-# -- the key of any other call ---------------------------------------------------------------------
-
-def _mixed_key(args: object, values, workspace: object, stream: object
-               ) -> tuple[tuple, tuple] | tuple[None, None]:
-    """call_key for calls with CuPy arrays or TensorViews (torch tensors among them are keyed
-    by address and guarded), or for any call when torch's guard is unavailable."""
-    guards = _guard_class  # resolved at the first torch tensor
-    tensors: list = []
-    owners = 0  # bit 1: torch, bit 2: CuPy; stream=None needs exactly one of them
-    try:
-        # The current device: a launch built with one current may not run with another.
-        facts: list = [type(args), _current_device_now()]
-        append = facts.append
-        for value in values:
-            kind = type(value)
-            if kind not in _TORCH_TYPES:
-                if value is None:
-                    append(None)
-                    continue
-                kind = _KINDS.get(kind) or _kind_of(kind)
-                if kind != _TORCH:
-                    if kind == _CUPY:
-                        append((value.data.ptr, value.shape, value.strides, value.dtype,
-                                value.data.device_id))
-                        owners |= 2
-                    elif kind == _VIEW and stream is not None:  # else its package picks the stream
-                        append((value.ptr, value.shape, value.strides, value.element,
-                                value.device, value.package, value.readonly))
-                    else:
-                        return None, None
-                    continue
-            owners |= 1
-            if guards is _GUARD_UNTESTED:
-                guards = _tensor_guards()
-            if guards is None:
-                append(_torch_facts(value))
-            else:
-                append(value.data_ptr())
-                tensors.append(value)
-        workspace_facts = _workspace_facts(workspace)
-        if workspace_facts is False:
-            return None, None
-        append(workspace_facts)
-        if type(stream) is int and stream >= 0:
-            append(stream)
-        elif stream is None and owners == 1:
-            device = (tensors[0] if tensors else next(
-                v for v in values if type(v) in _TORCH_TYPES)).get_device()
-            if device < 0:
-                return None, None  # host tensors on a GPU plan: the full path says why
-            append(current_torch_stream(device))
-        elif stream is None and owners == 2:
-            device = next(fact[4] for fact in facts[2:] if type(fact) is tuple)
-            append(current_cupy_stream(device))
-        else:
-            return None, None  # a stream object, torch and CuPy together: the full path
-    except Exception:  # a tensor without storage, a torch without CUDA: the full path says why
-        return None, None
-    return tuple(facts), tuple(tensors)
-
-
-def _workspace_facts(workspace: object):
-    """The workspace's part of the key; False when it cannot be read exactly. Scratch needs only
-    where it starts, how many bytes it has, where it lives and that it is one block."""
-    if workspace is None:
-        return None
-    if type(workspace) is Workspace:
-        return ("workspace", workspace.ptr, workspace.size, workspace.device)
-    kind = _KINDS.get(type(workspace)) or _kind_of(type(workspace))
-    if kind == _TORCH:
-        return (workspace.data_ptr(), workspace.nbytes, workspace.get_device(),
-                workspace.is_contiguous())
-    if kind == _CUPY:
-        return (workspace.data.ptr, workspace.nbytes, workspace.data.device_id,
-                workspace.flags.c_contiguous)
-    return False
-
-
 # -- the memo -------------------------------------------------------------------------------------
 
 class CallMemo:
-    """Per-thread map from call_key to (launch, guard); bounded (full: it starts over, no LRU
+    """Per-thread map from a call's key to (launch, guard); bounded (full: it starts over, no LRU
     upkeep). Per thread because a launch holds this thread's library handles. Each thread also
     remembers the all-torch pattern of the last call per args type, so a repeated call reads its
     key without looking at each field's type.
 
     ``checked(args, workspace, stream)`` checks a call in full and returns its launch, holding no
-    user object; it raises the typed error for a bad call.
+    user object; it raises the typed error for a bad call. ``reader`` reads the keys (a fresh
+    ``ArgumentReader`` by default: two memos share nothing).
     """
 
     CAPACITY = 256
 
-    def __init__(self, checked: Callable[[object, object, object], Callable[[], None]]) -> None:
+    def __init__(self, checked: Callable[[object, object, object], Callable[[], None]],
+                 reader: ArgumentReader | None = None) -> None:
         self._checked = checked
+        self.reader = ArgumentReader() if reader is None else reader
         self._local = threading.local()
 
     def _state(self) -> tuple[dict, dict]:
@@ -349,7 +419,7 @@ class CallMemo:
         if pattern is not None:
             key, tensors = pattern.key(args, workspace, stream)
         if key is None:
-            key, tensors = call_key(args, workspace, stream)
+            key, tensors = self.reader.call_key(args, workspace, stream)
             if key is None:
                 return None
             if type(key[0]) is _TorchCall:
@@ -358,9 +428,9 @@ class CallMemo:
         if entry is not None and (entry[1] is None or entry[1].check(*tensors)):
             return entry[0]
         launch = self._checked(args, workspace, stream)  # a bad call raises: nothing is stored
-        if not all(type(t) in _TORCH_TYPES for t in tensors):
-            return launch  # a torch subclass passed the full checks: launch it, remember nothing
-        guard = _make_guard(_guard_class, tensors) if tensors else None
+        guard = self.reader.guard(tensors)
+        if guard is False:
+            return launch
         if len(table) >= self.CAPACITY:
             table.clear()
         table[key] = (launch, guard)

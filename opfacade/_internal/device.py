@@ -1,16 +1,27 @@
-"""What GPU a plan runs on: ordinal, architecture, name. CuPy is imported only when asked."""
+"""What GPU a plan runs on: ordinal, architecture, name. CuPy is imported only when asked.
+
+``Devices`` is the one reader of the process's GPUs, through CuPy's runtime: the device count is
+read once (CUDA_VISIBLE_DEVICES cannot change once CUDA is up), and a process that sees exactly
+one GPU always has device 0 current, so ``current_device`` then answers without asking the
+runtime. The module functions below ask the process's one ``Devices``; run()'s memo binds its
+``current_reader()`` once.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from functools import cache
+from collections.abc import Callable
 
 from ..errors import BackendUnavailable, InvalidArgument
 from ..types import ArchSku
 
+__all__ = [
+    "DEVICES", "Devices", "check_ordinal", "current_device", "device_arch", "device_count",
+    "device_name", "on_device",
+]
 
-@cache  # run() asks for the current device on every call
-def _runtime():
+
+def _cupy_runtime():
     try:
         import cupy
     except ImportError as error:
@@ -18,27 +29,105 @@ def _runtime():
     return cupy.cuda.runtime
 
 
+def _device_zero() -> int:
+    return 0
+
+
+class Devices:
+    """The GPUs this process sees, read through a CUDA runtime (CuPy's by default, or any object
+    with its ``getDeviceCount``, ``getDevice``, ``setDevice`` and ``getDeviceProperties``).
+
+    Holds the runtime, the device count and each device's architecture and name, all read once;
+    ``clear()`` forgets them. The current device is asked of the runtime on every call (a
+    function looked up each time, so that a stand-in's replacement is seen), except with one GPU.
+    """
+
+    def __init__(self, runtime: object | None = None) -> None:
+        self._given = runtime
+        self.clear()
+
+    def clear(self) -> None:
+        """Forgets the runtime, the count and every device's properties."""
+        self._runtime = self._given
+        self._count: int | None = None
+        self._arch: dict[int, ArchSku] = {}
+        self._names: dict[int, str] = {}
+
+    def runtime(self):
+        """The CUDA runtime; BackendUnavailable when CuPy cannot be imported."""
+        runtime = self._runtime
+        if runtime is None:
+            runtime = self._runtime = _cupy_runtime()
+        return runtime
+
+    def count(self) -> int:
+        """Visible CUDA devices; 0 when there is no CuPy, no driver or no GPU (never raises)."""
+        count = self._count
+        if count is None:
+            try:
+                count = int(self.runtime().getDeviceCount())
+            except Exception:
+                count = 0
+            self._count = count
+        return count
+
+    def current(self) -> int:
+        """The current device: 0 when the process sees one GPU, else the runtime's answer."""
+        count = self._count
+        if count is None:
+            count = self.count()
+        return 0 if count == 1 else self.runtime().getDevice()
+
+    def current_reader(self) -> Callable[[], int]:
+        """The cheapest call that returns the current device, for a caller that asks on every
+        run: a constant 0 with one GPU, else ``current``."""
+        return _device_zero if self.count() == 1 else self.current
+
+    def arch(self, device: int) -> ArchSku:
+        """The newest ArchSku the device covers (an sm_87 part runs what sm86 SKUs need)."""
+        found = self._arch.get(device)
+        if found is None:
+            props = self.runtime().getDeviceProperties(device)
+            capability = (int(props["major"]), int(props["minor"]))
+            covered = [arch for arch in ArchSku if arch.compute_capability <= capability]
+            if not covered:
+                raise BackendUnavailable(
+                    f"cuda:{device} has compute capability {capability}; opfacade needs "
+                    f"{ArchSku.sm80.compute_capability} or newer")
+            found = self._arch[device] = max(covered, key=lambda arch: arch.compute_capability)
+        return found
+
+    def name(self, device: int) -> str:
+        """The device's marketing name ("NVIDIA H100 80GB HBM3")."""
+        found = self._names.get(device)
+        if found is None:
+            name = self.runtime().getDeviceProperties(device)["name"]
+            found = self._names[device] = name.decode() if isinstance(name, bytes) else str(name)
+        return found
+
+
+DEVICES = Devices()
+
+
 def device_count() -> int:
     """Visible CUDA devices; 0 when there is no driver or no GPU (never raises)."""
-    try:
-        return int(_runtime().getDeviceCount())
-    except Exception:
-        return 0
+    return DEVICES.count()
 
 
 def current_device() -> int:
-    return _runtime().getDevice()
+    """The current CUDA device (0 without asking when the process sees one GPU)."""
+    return DEVICES.current()
 
 
 @contextlib.contextmanager
 def on_device(device: int):
     """Makes ``device`` current for the block (the libraries bind and launch on the current
     device), and restores the previous one after it."""
-    runtime = _runtime()
-    previous = runtime.getDevice()
+    previous = DEVICES.current()
     if previous == device:
         yield
         return
+    runtime = DEVICES.runtime()
     runtime.setDevice(device)
     try:
         yield
@@ -56,19 +145,10 @@ def check_ordinal(device: int) -> int:
     return device
 
 
-@cache
 def device_arch(device: int) -> ArchSku:
     """The newest ArchSku the device covers (an sm_87 part runs what sm86 SKUs need)."""
-    props = _runtime().getDeviceProperties(device)
-    capability = (int(props["major"]), int(props["minor"]))
-    covered = [arch for arch in ArchSku if arch.compute_capability <= capability]
-    if not covered:
-        raise BackendUnavailable(f"cuda:{device} has compute capability {capability}; "
-                                 f"opfacade needs {ArchSku.sm80.compute_capability} or newer")
-    return max(covered, key=lambda arch: arch.compute_capability)
+    return DEVICES.arch(device)
 
 
-@cache
 def device_name(device: int) -> str:
-    name = _runtime().getDeviceProperties(device)["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
+    return DEVICES.name(device)

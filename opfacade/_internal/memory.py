@@ -9,11 +9,10 @@ stream's pool and is reused only by work ordered after the run on the same strea
 from __future__ import annotations
 
 import contextlib
-import functools
 
 from ..errors import InvalidArgument, Unsupported
 from ..types import ElementKind
-from .streams import cupy_stream
+from .streams import cupy_stream, torch_stream
 from .tensors import dtype_name, numpy_dtype
 
 __all__ = ["OutputAllocator", "allocate_bytes", "allocate_like"]
@@ -23,18 +22,11 @@ _CUPY_ELEMENTS = frozenset({ElementKind.f64, ElementKind.f32, ElementKind.tf32, 
                             ElementKind.i32, ElementKind.i64, ElementKind.u8})
 
 
-@functools.lru_cache(maxsize=128)
-def _torch_external_stream(handle: int, device: int):
-    import torch
-
-    return torch.cuda.ExternalStream(handle, device=torch.device("cuda", device))
-
-
 def _on_torch_stream(torch, stream: int, device: int) -> contextlib.AbstractContextManager:
     """Makes ``stream`` torch's current stream on ``device`` unless it already is."""
     if torch.cuda.current_stream(device).cuda_stream == stream:
         return contextlib.nullcontext()
-    return torch.cuda.stream(_torch_external_stream(stream, device))
+    return torch.cuda.stream(torch_stream(stream, device))
 
 
 def allocate_bytes(nbytes: int, device: int, package: str, stream: int) -> tuple[int, object]:

@@ -11,16 +11,17 @@ Host tensors (``device=None``) need no stream: ``None`` resolves to 0 without as
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 
 from ..errors import InvalidArgument
+from .log import LOG
 from .tensors import TensorView, type_name
 
 __all__ = [
-    "current_cupy_stream", "current_torch_stream", "cupy_stream", "owning_package",
-    "resolve_stream",
+    "StreamObjects", "current_cupy_stream", "current_torch_stream", "cupy_stream",
+    "owning_package", "resolve_stream", "torch_stream", "torch_stream_reader",
 ]
 
 # Packages with a notion of a "current stream", in the order they win when the caller passed one.
@@ -87,13 +88,25 @@ def _current_stream(package: str, device: int) -> int:
     return 0  # jax, numpy, dlpack, cuda_array_interface: the legacy default stream
 
 
-# The two readers of a package's current stream. run()'s memo calls them on every call, so they
-# take the package from sys.modules (the caller's tensors prove it is imported).
+# The readers of a package's current stream. run()'s memo binds ``torch_stream_reader``'s answer
+# once and calls it on every call; the others take the package from sys.modules (the caller's
+# tensors prove it is imported).
+def torch_stream_reader(torch) -> Callable[[int], int]:
+    """A call returning torch's current stream on a device: torch's private raw-stream reader
+    when this torch has it (no stream object is made), else the public
+    ``torch.cuda.current_stream`` (logged at DEBUG)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    LOG.debug("torch %s has no torch._C._cuda_getCurrentRawStream: its current stream is read "
+              "through torch.cuda.current_stream", getattr(torch, "__version__", "?"))
+    current_stream = torch.cuda.current_stream
+    return lambda device: current_stream(device).cuda_stream
+
+
 def current_torch_stream(device: int) -> int:
     """torch's current stream on ``device``, read the cheap way when torch has it."""
-    torch = sys.modules["torch"]
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return torch_stream_reader(sys.modules["torch"])(device)
 
 
 def current_cupy_stream(device: int) -> int:
@@ -128,6 +141,37 @@ def owning_package(views: Iterable[TensorView], stream: object = None) -> str:
     return packages[0]
 
 
+class StreamObjects:
+    """A package's stream objects for raw handles, one per ``(handle, device)``, made by ``make``
+    on first use and kept (at most ``capacity``, the oldest dropped first). They own nothing: the
+    handle's creator keeps the stream alive, so dropping one, or ``clear()``, is free."""
+
+    def __init__(self, make: Callable[[int, int], object], capacity: int = 128) -> None:
+        self._make = make
+        self._capacity = capacity
+        self._made: dict[tuple[int, int], object] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, handle: int, device: int):
+        found = self._made.get((handle, device))
+        if found is None:
+            made = self._make(handle, device)
+            with self._lock:  # two threads may both make one: the first stored wins
+                found = self._made.get((handle, device))
+                if found is None:
+                    if len(self._made) >= self._capacity:
+                        del self._made[next(iter(self._made))]
+                    found = self._made[handle, device] = made
+        return found
+
+    def clear(self) -> None:
+        with self._lock:
+            self._made.clear()
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+
 class _StreamHandle:
     """A bare handle speaking the CUDA stream protocol, for ``cupy.cuda.Stream.from_external``."""
 
@@ -140,12 +184,11 @@ class _StreamHandle:
         return 0, self.handle
 
 
-@functools.lru_cache(maxsize=128)
-def cupy_stream(handle: int, device: int):
-    """A CuPy stream object for a raw handle on ``device``, to launch CuPy work on it.
+def _cupy_stream_object(handle: int, device: int):
+    """A CuPy stream object for a raw handle on ``device``.
 
     CuPy 14 deprecates ``ExternalStream`` for ``Stream.from_external``; older CuPy has only the
-    former. Cached per ``(handle, device)``: the objects own nothing.
+    former (logged at DEBUG).
     """
     import cupy
 
@@ -153,4 +196,18 @@ def cupy_stream(handle: int, device: int):
     if from_external is not None:
         with cupy.cuda.Device(device):
             return from_external(_StreamHandle(handle))
+    LOG.debug("cupy %s has no Stream.from_external: stream %#x on cuda:%d wrapped by "
+              "cupy.cuda.ExternalStream", getattr(cupy, "__version__", "?"), handle, device)
     return cupy.cuda.ExternalStream(handle, device)
+
+
+def _torch_stream_object(handle: int, device: int):
+    import torch
+
+    return torch.cuda.ExternalStream(handle, device=torch.device("cuda", device))
+
+
+# ``cupy_stream(handle, device)``, ``torch_stream(handle, device)``: the package's stream object
+# for a raw handle on a device, to launch that package's work (or allocate its memory) on it.
+cupy_stream = StreamObjects(_cupy_stream_object)
+torch_stream = StreamObjects(_torch_stream_object)
