@@ -174,8 +174,14 @@ class Plan:
         return bound
 
     def _check_placement(self, bound: BoundArgs) -> None:
-        """All tensors on the host for a host plan, else all on one GPU that covers the SKU."""
+        """Writable outputs; all tensors on the host for a host plan, else all on one GPU that
+        covers the SKU."""
         views = bound.present()
+        for name in bound.outputs:
+            view = bound.views.get(name)
+            if view is not None and view.readonly:
+                raise LayoutMismatch(f"{name} is read-only; outputs must be writable",
+                                     argument=name)
         if self._target.is_host:
             for name, view in views.items():
                 if view.device is not None:
@@ -202,11 +208,6 @@ class Plan:
             raise DeviceMismatch(
                 f"{first_name} is on cuda:{first.device} ({actual}); {self.sku.id} needs "
                 f"{self.sku.arch}", argument=first_name)
-        for name in bound.outputs:
-            view = bound.views.get(name)
-            if view is not None and view.readonly:
-                raise LayoutMismatch(f"{name} is read-only; outputs must be writable",
-                                     argument=name)
 
     def can_implement(self, args: Any, workspace: Any = None) -> None:
         """Raises the typed error run() would raise for these args; returns None when fine."""

@@ -203,3 +203,13 @@ def test_prepared_run_relaunches_and_respects_free():
     plan.free()
     with pytest.raises(PlanFreed):
         again()
+
+
+def test_a_read_only_output_is_named_on_a_host_plan():
+    desc = backward()
+    dy = np.ones(desc.shape, np.float32)
+    d_in = np.empty(desc.shape, np.float32)
+    d_in.flags.writeable = False
+    plan = Plan.select(desc, device="cpu")
+    with pytest.raises(InvalidArgument, match="grad_input is read-only"):
+        plan.can_implement(AlibiBackwardArgs(dy, d_in, np.empty(4, np.float32)))
