@@ -30,12 +30,18 @@ from opfacade._backends.cudnn.sdpa import SKUS as SDPA_SKUS
 from opfacade._backends.cudnn.sdpa import estimate_workspace
 from opfacade._backends.reference import sdpa as reference
 from opfacade.contracts.sdpa import (
+    LAYOUTS,
+    MEMORY_ORDER,
     SDPA_BACKWARD,
+    SDPA_FORWARD,
     _bind_forward,
     alibi_slopes,
+    dense_strides,
+    layout_of,
     reference_options,
-    verification_inputs,
+    stats_strides,
 )
+from opfacade.contracts.sdpa_samples import verification_inputs
 from opfacade.ops.sdpa import (
     SdpaArgs,
     SdpaBackwardArgs,
@@ -135,6 +141,28 @@ def test_derived_properties_follow_the_reference_conventions():
     assert forward().right_bound is None and forward().alignment == "top_left"
     assert forward(element="f64").stats_element == "f64"
     assert forward().stats_element == "f32"
+
+
+def test_layouts_are_the_memory_orders_the_signature_and_layout_of_agree_on():
+    """Each layout's strides are those of a C-order array in its memory order; layout_of
+    recognises them (the strides of size-1 extents aside); the signature carries them, and the
+    stats in the contract's stats layout."""
+    shape = (2, 3, 5, 8)
+    for layout in LAYOUTS:
+        memory = np.empty([shape[axis] for axis in MEMORY_ORDER[layout]], np.float32)
+        inverse = [MEMORY_ORDER[layout].index(axis) for axis in range(4)]
+        view = memory.transpose(inverse)
+        assert view.shape == shape
+        assert dense_strides(layout, *shape) == tuple(s // 4 for s in view.strides)
+        assert layout_of(shape, dense_strides(layout, *shape)) == layout
+    assert layout_of((2, 1, 5, 8), (40, 7, 8, 1)) == "bhsd"  # a size-1 extent's stride is free
+    assert layout_of(shape, (240, 80, 16, 1)) is None  # padded rows: no dense layout
+    with pytest.raises(ValueError, match="layout must be one of"):
+        dense_strides("hbsd", *shape)
+    desc = forward(layout="sbhd", save_stats=True)
+    signature = SDPA_FORWARD.signature(desc)
+    assert signature["q"].strides == dense_strides("sbhd", *desc.q_shape)
+    assert signature["stats"].strides == stats_strides(desc) == (64, 16, 1, 1)
 
 
 # ----------------------------------------------------------------------------- explain

@@ -39,12 +39,8 @@ from opfacade._backends.reference.skus import _sdpa_backward as _reference_backw
 from opfacade._backends.reference.skus import _sdpa_forward as _reference_forward
 from opfacade._internal.contract import TensorSpec
 from opfacade._internal.tensors import TensorView, wrap
-from opfacade.contracts.sdpa import (
-    SDPA_BACKWARD,
-    SDPA_FORWARD,
-    reference_options,
-    verification_inputs,
-)
+from opfacade.contracts.sdpa import SDPA_BACKWARD, SDPA_FORWARD, reference_options
+from opfacade.contracts.sdpa_samples import verification_inputs
 from opfacade.ops.sdpa import (
     SdpaArgs,
     SdpaBackwardArgs,
