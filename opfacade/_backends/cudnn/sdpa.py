@@ -31,7 +31,6 @@ from ...contracts.sdpa import (
     SDPA_FORWARD,
     SdpaBackwardDescriptor,
     SdpaDescriptor,
-    stats_strides,
 )
 from ...errors import BackendUnavailable, BufferTooSmall, LaunchFailed, LayoutMismatch, Unsupported
 from ...types import (
@@ -235,16 +234,14 @@ class _SdpaCudnn(SkuImpl[P]):
         table = self._strides.get(desc)
         if table is not None:
             return table
+        # The signature's strides: the layout's for the [B, H, S, D] tensors, the contract's
+        # stats_strides for the stats, C order (None) for the bias and its gradient.
         table = {}
         for name, spec in self.contract.signature(desc).items():
-            if not spec.element.is_float:
-                continue
-            if name == "stats":
-                table[name] = (stats_strides(desc), "row-major")
-            elif spec.strides is not None:
-                table[name] = (spec.strides, f"dense {desc.layout}")
-            else:
-                table[name] = (c_strides(spec.shape), "row-major")
+            if spec.element.is_float:
+                dense = spec.strides is not None and name != "stats"
+                table[name] = (spec.strides or c_strides(spec.shape),
+                               f"dense {desc.layout}" if dense else "row-major")
         return self._strides.put(desc, table)
 
     def check_args(self, desc: P, args: BoundArgs) -> None:
