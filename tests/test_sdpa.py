@@ -1,11 +1,10 @@
-"""SDPA on the host (no GPU): descriptor validation, the cuDNN limits as data and explain, the
-mapping of cuDNN's mask conventions onto the reference's, graph declaration up to the first call
-that needs a GPU, and bad input on the float64 host plan. GPU behaviour is in
-test_attention_gpu.py."""
+"""SDPA on the host (no GPU): descriptor validation, the contract's layouts, explain and
+selection, and the float64 host plan with bad input. What the cuDNN backend tells cuDNN is
+test_sdpa_cudnn.py; its graph cache and run path test_sdpa_graphs.py; GPU behaviour
+test_sdpa_gpu.py."""
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import numpy as np
@@ -25,17 +24,19 @@ from opfacade import (
     ReasonCode,
     ShapeMismatch,
 )
-from opfacade._backends.cudnn import graphs, limits, runtime
 from opfacade._backends.cudnn.sdpa import SKUS as SDPA_SKUS
-from opfacade._backends.cudnn.sdpa import estimate_workspace
 from opfacade._backends.reference import sdpa as reference
 from opfacade.contracts.sdpa import (
+    LAYOUTS,
+    MEMORY_ORDER,
     SDPA_BACKWARD,
-    _bind_forward,
-    alibi_slopes,
+    SDPA_FORWARD,
+    dense_strides,
+    layout_of,
     reference_options,
-    verification_inputs,
+    stats_strides,
 )
+from opfacade.contracts.sdpa_samples import verification_inputs
 from opfacade.ops.sdpa import (
     SdpaArgs,
     SdpaBackwardArgs,
@@ -137,6 +138,28 @@ def test_derived_properties_follow_the_reference_conventions():
     assert forward().stats_element == "f32"
 
 
+def test_layouts_are_the_memory_orders_the_signature_and_layout_of_agree_on():
+    """Each layout's strides are those of a C-order array in its memory order; layout_of
+    recognises them (the strides of size-1 extents aside); the signature carries them, and the
+    stats in the contract's stats layout."""
+    shape = (2, 3, 5, 8)
+    for layout in LAYOUTS:
+        memory = np.empty([shape[axis] for axis in MEMORY_ORDER[layout]], np.float32)
+        inverse = [MEMORY_ORDER[layout].index(axis) for axis in range(4)]
+        view = memory.transpose(inverse)
+        assert view.shape == shape
+        assert dense_strides(layout, *shape) == tuple(s // 4 for s in view.strides)
+        assert layout_of(shape, dense_strides(layout, *shape)) == layout
+    assert layout_of((2, 1, 5, 8), (40, 7, 8, 1)) == "bhsd"  # a size-1 extent's stride is free
+    assert layout_of(shape, (240, 80, 16, 1)) is None  # padded rows: no dense layout
+    with pytest.raises(ValueError, match="layout must be one of"):
+        dense_strides("hbsd", *shape)
+    desc = forward(layout="sbhd", save_stats=True)
+    signature = SDPA_FORWARD.signature(desc)
+    assert signature["q"].strides == dense_strides("sbhd", *desc.q_shape)
+    assert signature["stats"].strides == stats_strides(desc) == (64, 16, 1, 1)
+
+
 # ----------------------------------------------------------------------------- explain
 
 
@@ -199,80 +222,6 @@ def test_deterministic_backward_declines_broadcast_dbias_but_the_default_serves_
         "sdpa_backward.cudnn.bf16.deterministic"
 
 
-def facts(direction="backward", **kw):
-    base = dict(direction=direction, element=ElementKind.bf16, batch=2, heads_q=4,
-                seq_q=128, seq_kv=128, head_dim=128, head_dim_v=128, bias=None, alibi=False,
-                dropout=False, padding=False, right_bound=None, left_bound=None,
-                bottom_right=False)
-    return limits.Facts(**{**base, **kw})
-
-
-@pytest.mark.parametrize("f,arch,version,code", [
-    (facts(head_dim=256, head_dim_v=256), ArchSku.sm90, 91900, None),
-    (facts(head_dim=256, head_dim_v=256), ArchSku.sm80, 91900, ReasonCode.shape_unsupported),
-    (facts(head_dim=256, head_dim_v=256), ArchSku.sm100, 91900, ReasonCode.shape_unsupported),
-    (facts(head_dim=256, head_dim_v=256), ArchSku.sm100, 92300, None),
-    (facts(head_dim=192, head_dim_v=128), ArchSku.sm100, 91100, None),
-    (facts("forward", head_dim=256, head_dim_v=256), ArchSku.sm80, 90900,
-     ReasonCode.shape_unsupported),
-    (facts("forward", head_dim=256, head_dim_v=256), ArchSku.sm80, 91002, None),
-    (facts(), ArchSku.sm90, 91000, ReasonCode.version_blocked),
-    (facts(), ArchSku.sm90, 91001, ReasonCode.version_blocked),
-    (facts(), ArchSku.sm90, 80906, ReasonCode.feature_unsupported),
-    (facts(seq_kv=2048, left_bound=64), ArchSku.sm90, 91400, ReasonCode.version_blocked),
-    (facts(seq_kv=2048, left_bound=64), ArchSku.sm90, 91401, None),
-    (facts(seq_kv=2048, left_bound=64, right_bound=0), ArchSku.sm90, 91400, None),
-    (facts(seq_q=100, right_bound=0, bottom_right=True), ArchSku.sm90, 90500,
-     ReasonCode.feature_unsupported),
-    (facts(seq_q=100, right_bound=0, bottom_right=True), ArchSku.sm90, 90600, None),
-    (facts(left_bound=8, dropout=True, right_bound=0), ArchSku.sm90, 91001,
-     ReasonCode.version_blocked),
-    (facts(left_bound=8, dropout=True, right_bound=0), ArchSku.sm90, 90900,
-     ReasonCode.feature_unsupported),
-    (facts(left_bound=8, dropout=True, right_bound=0), ArchSku.sm90, 91002, None),
-    (facts(deterministic=True), ArchSku.sm100, 91700, ReasonCode.feature_unsupported),
-    (facts(deterministic=True, dropout=True), ArchSku.sm100, 91900,
-     ReasonCode.feature_unsupported),
-    (facts(deterministic=True, dropout=True), ArchSku.sm90, 91900, None),
-    (facts(bias="bhqk", bias_grad=True, padding=True), ArchSku.sm90, 90400,
-     ReasonCode.feature_unsupported),
-    (facts(head_dim=512, head_dim_v=512), None, None, ReasonCode.shape_unsupported),
-    (facts(head_dim=256, head_dim_v=256), None, None, None),
-])
-def test_limits_depend_on_arch_and_cudnn_version(f, arch, version, code):
-    unfit = limits.check(f, limits.Context(arch, version))
-    assert (unfit.code if unfit else None) is code, unfit
-
-
-def test_sku_limits_use_the_target_arch_when_given_one():
-    impl = next(i for i in BACKWARD_SKUS if i.sku.id == "sdpa_backward.cudnn.bf16")
-    desc = backward(head_dim=256)
-    assert impl.unfit_on(desc, Target(ArchSku.sm90)) is None
-    unfit = impl.unfit_on(desc, Target(ArchSku.sm80))
-    assert unfit.code is ReasonCode.shape_unsupported and "sm80" in unfit.detail
-    # Without a target and without a GPU the most permissive arch applies.
-    if runtime.available() is None:
-        assert impl.unfit(desc) is None
-
-
-def test_workspace_is_estimated_without_a_gpu_and_weighed_against_the_limit():
-    desc = backward(batch=2, heads_q=16, heads_kv=16, seq_q=4096, seq_kv=4096, head_dim=128)
-    default = estimate_workspace(desc, "backward")
-    deterministic = estimate_workspace(desc, "backward", deterministic=True)
-    # The GPU facts: 68 MB and 1.07 GB measured on an H200 for this problem.
-    assert 60e6 < default < 75e6 and 1.0e9 < deterministic < 1.15e9
-    assert default % 256 == 0 and deterministic % 256 == 0
-    report = Plan.explain(desc, {"workspace_limit": 256 << 20}, arch="sm90")
-    assert codes(report)["sdpa_backward.cudnn.bf16.deterministic"] is \
-        ReasonCode.workspace_over_limit
-    with pytest.raises(NoKernelSku, match="workspace_over_limit"):
-        Plan.select(desc, {"deterministic": True, "workspace_limit": 256 << 20}, arch="sm90")
-    impl = next(i for i in FORWARD_SKUS if i.sku.element == "bf16")
-    arch_only = Target(ArchSku.sm90)  # no device: the estimate, even where a GPU is visible
-    assert impl.workspace_size_on(forward(alibi=True, causal=True), arch_only) == 256
-    assert impl.workspace_size_on(forward(), arch_only) == 0
-
-
 def test_training_pair_selects_a_backward_that_can_run():
     desc = forward(save_stats=True, causal="top_left")
     pair = SdpaForwardPlan.select_for_training(desc, arch="sm90")
@@ -314,152 +263,6 @@ def test_cli_explain_takes_masks_as_strings(capsys):
                  "window=64,none", "--arch", "sm90", "--deterministic"])
     out = capsys.readouterr().out
     assert code == 0 and "sdpa_backward.cudnn.bf16.deterministic" in out and "chosen" in out
-
-
-# ----------------------------------------------------------------------------- conventions
-
-
-def cudnn_band_mask(batch, seq_q, seq_kv, alignment, left, right, len_q=None, len_kv=None):
-    """cuDNN's diagonal band as cudnn-frontend's composite node builds it: with the offset
-    s = seq_len_kv - seq_len_q for bottom-right (else 0), keep col > row + s - left_bound and
-    col <= row + s + right_bound, then mask padded rows and columns."""
-    len_q = np.full(batch, seq_q) if len_q is None else np.asarray(len_q)
-    len_kv = np.full(batch, seq_kv) if len_kv is None else np.asarray(len_kv)
-    shift = (len_kv - len_q) if alignment == "bottom_right" else np.zeros(batch, int)
-    row = np.arange(seq_q)[None, :, None] + shift[:, None, None]
-    col = np.arange(seq_kv)[None, None, :]
-    keep = (np.arange(seq_q)[None, :, None] < len_q[:, None, None]) & (col < len_kv[:, None,
-                                                                                     None])
-    if left is not None:
-        keep &= col > row - left
-    if right is not None:
-        keep &= col <= row + right
-    return keep
-
-
-@pytest.mark.parametrize("kw", [
-    dict(causal="top_left"), dict(causal="bottom_right"), dict(window=(3, None)),
-    dict(window=(0, 0)), dict(window=(2, 5)), dict(window=(None, 2)),
-    dict(causal="top_left", window=(4, None)), dict(causal="bottom_right", window=(1, 7)),
-    dict(window={"left": 3, "right": 1, "alignment": "bottom_right"}),
-    dict(causal="bottom_right", window=(2, None), padding=True),
-    dict(window=(1, 1), padding=True),
-])
-def test_cudnn_band_parameters_reproduce_the_reference_mask(kw):
-    desc = forward(seq_q=9, seq_kv=13, **kw)
-    alignment, left, right = graphs.diagonal_band(desc)
-    lengths = dict(len_q=[9, 5], len_kv=[13, 11]) if desc.padding else {}
-    cudnn_mask = cudnn_band_mask(2, 9, 13, alignment, left, right, **lengths)
-    options = reference_options(desc)
-    ref_mask = reference.sdpa_mask(
-        2, 9, 13, causal=options["causal"], window=options["window"],
-        alignment=options["alignment"],
-        seq_len_q=np.array(lengths.get("len_q", [9, 9])),
-        seq_len_kv=np.array(lengths.get("len_kv", [13, 13])))
-    np.testing.assert_array_equal(cudnn_mask, ref_mask)
-
-
-def test_alibi_slopes_are_cudnns():
-    def test_mhas_formula(h):  # the formula cudnn-frontend's own tests check against
-        n = 2 ** math.floor(math.log2(h))
-        m = [(2.0 ** (-8.0 / n)) ** i for i in range(1, n + 1)]
-        m += [(2.0 ** (-4.0 / n)) ** i for i in range(1, 1 + 2 * (h - n), 2)]
-        return np.array(m)
-
-    for heads in (1, 2, 3, 6, 8, 12, 32):
-        np.testing.assert_allclose(alibi_slopes(heads), test_mhas_formula(heads), rtol=1e-6)
-    assert alibi_slopes(8)[0] == 0.5 and alibi_slopes(8)[-1] == 2.0 ** -8
-
-
-def test_frontend_graphs_declare_the_uids_and_layouts_we_bind():
-    cudnn = pytest.importorskip("cudnn")
-    if runtime.available() is not None:
-        pytest.skip(runtime.available())
-    desc = backward(bias="bhqk", need_bias_grad=True, padding=True, dropout_p=0.1,
-                    causal="top_left", layout="bshd")
-    b = graphs.declare_backward(desc, None, deterministic=True)
-    declared = {t.name: t for t in b.graph.tensors.values() if not t.is_virtual}
-    assert {declared[name].uid for name in ("q", "k", "v", "out", "grad_out", "stats", "bias",
-                                            "seq_len_q", "seq_len_kv", "dropout_seed",
-                                            "dropout_offset", "grad_bias")} == \
-        {1, 2, 3, 4, 11, 5, 6, 7, 8, 9, 10, 15}
-    assert sorted(b.uids) == list(range(1, 16))
-    assert tuple(declared["q"].stride) == graphs.dense_strides("bshd", *desc.q_shape)
-    assert tuple(declared["stats"].dim) == desc.stats_shape
-    assert declared["seq_len_q"].data_type == cudnn.data_type.INT32
-    assert declared["dropout_seed"].data_type == cudnn.data_type.INT64
-    node = b.graph.nodes[0]
-    assert node.params["diagonal_band_right_bound"] == 0
-    assert node.params["use_deterministic_algorithm"] is True
-    assert "diagonal_band_left_bound" not in node.params
-    fwd = graphs.declare_forward(forward(window=(7, 2), save_stats=True), None)
-    assert fwd.graph.nodes[0].params["diagonal_band_left_bound"] == 8  # cuDNN keeps j > i - L
-    assert fwd.graph.nodes[0].params["diagonal_band_right_bound"] == 2
-    assert sorted(fwd.uids) == [1, 2, 3, 4, 5]
-
-
-@pytest.mark.parametrize("kw", [
-    dict(alibi=True), dict(causal="bottom_right", bias="1hqk"),
-    dict(causal="bottom_right", seq_q=32), dict(window=(4, None), seq_q=32),
-    dict(head_dim=100),
-])
-def test_the_frontends_own_validation_agrees_with_our_limits(kw):
-    """Where the frontend validates without a GPU (its python-native validator, present when
-    its CuTe DSL engines are installed), every problem our data rejects it rejects too."""
-    pytest.importorskip("cudnn")
-    if runtime.available() is not None:
-        pytest.skip(runtime.available())
-    desc = forward(save_stats=True, **kw)
-    assert Plan.explain(desc, arch="sm90").chosen is None
-    b = graphs.declare_forward(desc, None)
-    if b.graph._python_native_validator() is None:
-        pytest.skip("this frontend install validates SDPA graphs in C++, which needs a GPU")
-    with pytest.raises(runtime.not_supported_types()):
-        b.graph.validate()
-    accepted = graphs.declare_forward(forward(save_stats=True, causal="bottom_right"), None)
-    accepted.graph.validate()
-
-
-class _FakeLowered:
-    def __init__(self):
-        self.calls = []
-
-    def _execute_with_raw_ptrs(self, address, n, workspace, handle, index):
-        self.calls.append((list((ctypes.c_void_p * n).from_address(address)), workspace,
-                           handle, index))
-
-
-class _FakeGraph:
-    def __init__(self, order, raw=True):
-        self.selected_engine = None
-        self._plan_index = 0
-        self._lowered_graph = _FakeLowered() if raw else object()
-        self._order = order
-        self.executed = []
-
-    def _variant_pack_uids(self):
-        return list(self._order)
-
-    def _materialize_backend_plan(self, index):
-        return type("Config", (), {"cpp_index": 3})()
-
-    def execute(self, pack, workspace, handle=None):
-        self.executed.append((pack, workspace, handle))
-
-
-def test_launcher_uses_the_raw_pointer_call_and_falls_back_to_execute(monkeypatch):
-    handle = type("Handle", (), {"backend_handle": 77})()
-    fake = _FakeGraph((1, 2, 4))
-    launch = graphs._Launcher(fake, (1, 2, 4))
-    assert launch.raw
-    launch([0x1000, 0x2000, 0x4000], 0x9000, handle)
-    assert fake._lowered_graph.calls == [([0x1000, 0x2000, 0x4000], 0x9000, 77, 3)]
-    monkeypatch.setattr(graphs, "EXECUTE_PATH", "public")
-    launch([0x1000, 0x2000, 0x4000], 0x9000, handle)
-    assert fake.executed == [({1: 0x1000, 2: 0x2000, 4: 0x4000}, 0x9000, handle)]
-    # A graph whose operand list is not exactly ours, or without the raw entry: public path.
-    assert not graphs._Launcher(_FakeGraph((1, 2, 4, 9)), (1, 2, 4)).raw
-    assert not graphs._Launcher(_FakeGraph((1, 2, 4), raw=False), (1, 2, 4)).raw
 
 
 # ----------------------------------------------------------------------------- host plans
@@ -620,103 +423,6 @@ def test_plan_preference_objects_and_dicts_agree():
     a = Plan.explain(desc, PlanPreference(deterministic=True), arch="sm90")
     b = Plan.explain(desc, {"deterministic": True}, arch="sm90")
     assert codes(a) == codes(b)
-
-
-def test_cudnn_not_supported_becomes_a_rejection_naming_the_version(monkeypatch):
-    """The build-order failure path, without a GPU: the frontend's "not supported" from any
-    build step is a Declined with cuDNN's version, and selection reports it as a reason."""
-    cudnn = pytest.importorskip("cudnn")
-    if runtime.available() is not None:
-        pytest.skip(runtime.available())
-    import contextlib
-
-    calls = []
-
-    class Refusing:
-        def finish(self):
-            calls.append("finish")
-            raise cudnn.cudnnGraphNotSupportedError("no engine for this graph")
-
-    monkeypatch.setattr(graphs, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(runtime, "handle_for", lambda device: None)
-    monkeypatch.setattr(graphs, "declare_forward", lambda desc, handle, variant: Refusing())
-    graphs.GRAPHS.clear()
-    try:
-        desc = forward(save_stats=True, seq_q=48)
-        impl = next(i for i in FORWARD_SKUS if i.sku.element == "bf16")
-        unfit = impl.unfit_on(desc, Target(ArchSku.sm90, device=0))
-        version = limits.format_version(runtime.backend_version())
-        assert unfit.code is ReasonCode.feature_unsupported
-        assert unfit.detail == f"cuDNN {version}: no engine for this graph"
-        impl.unfit_on(desc, Target(ArchSku.sm90, device=0))
-        assert calls == ["finish"]  # declines are cached too
-        # Without a device the same problem is viable pending graph support, with an estimate.
-        assert impl.unfit_on(desc, Target(ArchSku.sm90)) is None
-        assert impl.workspace_size_on(desc, Target(ArchSku.sm90)) == 0
-    finally:
-        graphs.GRAPHS.clear()
-
-
-def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch):
-    """The SKU's run path with the graph, handle and device faked: what reaches the graph."""
-    from opfacade._internal.sku import Workspace
-    from opfacade._internal.tensors import TensorView, c_strides
-    from opfacade.errors import BufferTooSmall, Unsupported
-
-    desc = forward(save_stats=True, bias="1hqk")
-    impl = next(i for i in FORWARD_SKUS if i.sku.element == "bf16")
-    calls = []
-
-    class Launch:
-        """The graph's execute, recording what reaches it; bind fixes the arguments."""
-
-        def __call__(self, pointers, ws, handle):
-            calls.append((list(pointers), ws, handle))
-
-        def bind(self, pointers, ws, handle):
-            return lambda: self(pointers, ws, handle)
-
-    built = graphs.BuiltGraph(None, ("q", "k", "v", "out", "stats", "bias"), 4096, "fake",
-                              Launch())
-    answer = {"graph": built}
-    monkeypatch.setattr(graphs, "forward_graph", lambda d, device, **kw: answer["graph"])
-    monkeypatch.setattr(runtime, "handle_for", lambda device: f"handle{device}")
-    monkeypatch.setattr(runtime, "set_stream", lambda handle, stream: calls.append(stream))
-    monkeypatch.setattr(runtime, "current_device", lambda: 0)
-    base = 1 << 32
-
-    def view(index, shape, element=desc.element):
-        strides = c_strides(shape)
-        return TensorView(base + index * (1 << 24), shape, strides, element, 0, "cupy", None)
-
-    args = SdpaArgs(view(0, desc.q_shape), view(1, desc.k_shape), view(2, desc.v_shape),
-                         view(3, desc.o_shape), view(4, desc.stats_shape, ElementKind.f32),
-                         view(5, desc.bias_shape))
-    bound = _bind_forward(desc, args)
-    impl.check_args(desc, bound)
-    impl.launch(desc, bound, Workspace(base + (6 << 24), 4096, 0), stream=77)
-    expected = [77, ([base + i * (1 << 24) for i in range(6)], base + (6 << 24), "handle0")]
-    assert calls == expected
-    calls.clear()
-    prepared = impl.prepared(desc, bound, Workspace(base + (6 << 24), 4096, 0), stream=77)
-    prepared()
-    prepared()
-    assert calls == expected * 2
-    with pytest.raises(BufferTooSmall, match="needs 4096"):
-        impl.launch(desc, bound, Workspace(base + (6 << 24), 4095, 0), stream=77)
-    misaligned = SdpaArgs(**{**vars(args), "q": TensorView(
-        base + 8, desc.q_shape, c_strides(desc.q_shape), desc.element, 0, "cupy", None)})
-    with pytest.raises(LayoutMismatch, match="q must be 16-byte aligned"):
-        impl.check_args(desc, _bind_forward(desc, misaligned))
-    bshd = graphs.dense_strides("bshd", *desc.q_shape)
-    transposed = SdpaArgs(**{**vars(args), "q": TensorView(
-        base, desc.q_shape, bshd, desc.element, 0, "cupy", None)})
-    with pytest.raises(LayoutMismatch, match="q must have the dense bhsd strides"):
-        impl.check_args(desc, _bind_forward(desc, transposed))
-    other = forward(save_stats=True, bias="1hqk", scale=0.5)  # not yet cached for a run
-    answer["graph"] = graphs.Declined("cuDNN 9.19.0: not supported")
-    with pytest.raises(Unsupported, match="cuDNN 9.19.0: not supported"):
-        impl.launch(other, bound, Workspace(base, 4096, 0), stream=0)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -41,6 +41,7 @@ class ReasonCode(enum.StrEnum):
     workspace_over_limit = "workspace_over_limit"
     backend_unavailable = "backend_unavailable"
     version_blocked = "version_blocked"
+    build_failed = "build_failed"  # a library build failed for another reason than "unsupported"
 
 
 @dataclass(frozen=True)

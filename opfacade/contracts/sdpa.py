@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import (
@@ -40,7 +40,7 @@ from pydantic import (
     field_validator,
 )
 
-from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
+from .._internal.contract import BoundArgs, Descriptor, OpContract
 from .._internal.tensors import (
     TensorView,
     c_strides,
@@ -52,10 +52,18 @@ from .._internal.tensors import (
 from .._internal.validation import invalid_problem
 from ..errors import InvalidArgument, InvalidProblem
 from ..types import ElementKind, OpCategory
+from .sdpa_samples import (
+    backward_samples,
+    backward_signature,
+    forward_samples,
+    forward_signature,
+    verification_inputs,
+)
 
 __all__ = [
     "OPS",
     "LAYOUTS",
+    "MEMORY_ORDER",
     "SDPA_BACKWARD",
     "SDPA_FORWARD",
     "SdpaArgs",
@@ -65,32 +73,50 @@ __all__ = [
     "SlidingWindow",
     "alibi_slopes",
     "dense_strides",
+    "layout_of",
     "reference_options",
     "stats_strides",
 ]
 
 # The dense memory orders q, k, v, out (and their gradients) may be stored in; indexing is
-# [batch, heads, seq, dim] whatever the order.
-LAYOUTS = ("bhsd", "bshd", "sbhd")
+# [batch, heads, seq, dim] whatever the order. MEMORY_ORDER lists each one's axes from the
+# outermost in memory to the innermost ("bshd": memory is [batch, seq, heads, dim]).
+Layout = Literal["bhsd", "bshd", "sbhd"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+MEMORY_ORDER: dict[str, tuple[int, int, int, int]] = {
+    "bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}
 
 
 def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
                   ) -> tuple[int, int, int, int]:
     """Element strides of a dense tensor indexed [batch, heads, seq, dim] stored in ``layout``
-    order ("bshd": memory is [batch, seq, heads, dim])."""
-    if layout == "bhsd":
-        return (heads * seq * dim, seq * dim, dim, 1)
-    if layout == "bshd":
-        return (seq * heads * dim, dim, heads * dim, 1)
-    if layout == "sbhd":
-        return (heads * dim, dim, batch * heads * dim, 1)
-    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    order."""
+    order = MEMORY_ORDER.get(layout)
+    if order is None:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    shape = (batch, heads, seq, dim)
+    in_memory = c_strides(tuple(shape[axis] for axis in order))
+    strides = [0, 0, 0, 0]
+    for position, axis in enumerate(order):
+        strides[axis] = in_memory[position]
+    return tuple(strides)
+
+
+def layout_of(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:
+    """The dense layout (of ``LAYOUTS``) a 4-D tensor with these element strides is stored in,
+    the strides of size-1 extents aside; None when it is none of them."""
+    for layout in LAYOUTS:
+        expected = dense_strides(layout, *shape)
+        if all(n == 1 or s == e for n, s, e in zip(shape, strides, expected, strict=True)):
+            return layout
+    return None
 
 
 def stats_strides(desc: _SdpaProblem) -> tuple[int, int, int, int]:
     """The saved stats (log-sum-exp) are [B, Hq, Sq, 1], C-contiguous: the layout every backward
     reads."""
     return c_strides(desc.stats_shape)
+
 
 Alignment = Literal["top_left", "bottom_right"]
 BiasShape = Literal["bhqk", "1hqk", "b1qk", "11qk"]
@@ -152,7 +178,7 @@ class _SdpaProblem(Descriptor):
     head_dim: int = Field(ge=1, lt=_MAX_EXTENT)
     head_dim_v: int | None = Field(default=None, ge=1, lt=_MAX_EXTENT)
     element: ElementKind
-    layout: Literal["bhsd", "bshd", "sbhd"] = "bhsd"
+    layout: Layout = "bhsd"
     scale: float | None = None
     causal: Alignment | None = None
     window: SlidingWindow | None = None
@@ -425,125 +451,7 @@ def reference_options(desc: _SdpaProblem) -> dict:
     }
 
 
-# ----------------------------------------------------------------------------- op specs
-
-
-def _layout_spec(desc: _SdpaProblem, shape: tuple[int, ...], role: str = "in"
-                 ) -> TensorSpec:
-    """A [B, H, S, D] argument stored in the descriptor's layout (BSHD memory, say)."""
-    return TensorSpec(shape, desc.element, role, dense_strides(desc.layout, *shape))
-
-
-def _forward_signature(desc: SdpaDescriptor) -> dict[str, TensorSpec]:
-    signature = {
-        "q": _layout_spec(desc, desc.q_shape),
-        "k": _layout_spec(desc, desc.k_shape),
-        "v": _layout_spec(desc, desc.v_shape),
-        "out": _layout_spec(desc, desc.o_shape, "out"),
-    }
-    if desc.save_stats:
-        signature["stats"] = TensorSpec(desc.stats_shape, desc.stats_element, "out")
-    return {**signature, **_extra_signature(desc)}
-
-
-def _extra_signature(desc: _SdpaProblem) -> dict[str, TensorSpec]:
-    extra = {}
-    if desc.bias is not None:
-        extra["bias"] = TensorSpec(desc.bias_shape, desc.element)
-    if desc.padding:
-        extra["seq_len_q"] = TensorSpec((desc.batch,), ElementKind.i32)
-        extra["seq_len_kv"] = TensorSpec((desc.batch,), ElementKind.i32)
-    if desc.dropout_p > 0.0:
-        extra["dropout_seed"] = TensorSpec((1,), ElementKind.i64)
-        extra["dropout_offset"] = TensorSpec((1,), ElementKind.i64)
-    return extra
-
-
-def _backward_signature(desc: SdpaBackwardDescriptor) -> dict[str, TensorSpec]:
-    signature = {
-        "q": _layout_spec(desc, desc.q_shape),
-        "k": _layout_spec(desc, desc.k_shape),
-        "v": _layout_spec(desc, desc.v_shape),
-        "out": _layout_spec(desc, desc.o_shape),
-        "grad_out": _layout_spec(desc, desc.o_shape),
-        "stats": TensorSpec(desc.stats_shape, desc.stats_element),
-        "grad_q": _layout_spec(desc, desc.q_shape, "out"),
-        "grad_k": _layout_spec(desc, desc.k_shape, "out"),
-        "grad_v": _layout_spec(desc, desc.v_shape, "out"),
-    }
-    extra = _extra_signature(desc)
-    if "bias" in extra:
-        signature["bias"] = extra.pop("bias")
-    if desc.need_bias_grad:
-        signature["grad_bias"] = TensorSpec(desc.bias_shape, desc.element, "out")
-    return {**signature, **extra}
-
-
-def verification_inputs(desc: _SdpaProblem, inputs: dict[str, np.ndarray],
-                        rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Makes random inputs (float64, already rounded) consistent where the op needs it.
-
-    Sequence lengths become valid int32 lengths (seq_len_q <= seq_len_kv under a bottom-right
-    diagonal or a left window bound, so that no row is empty), dropout seed/offset become int64
-    values, and for the
-    backward ``out`` and ``stats`` become the reference forward's, rounded to their elements:
-    the backward reads them as the forward left them.
-    """
-    from ..testing import _from_bits, _to_bits
-
-    result = dict(inputs)
-    if desc.padding:
-        len_kv = rng.integers(1, desc.seq_kv + 1, size=desc.batch)
-        banded = desc.alignment == "bottom_right" or desc.left_bound is not None
-        high = np.minimum(desc.seq_q, len_kv) if banded else np.full(desc.batch, desc.seq_q)
-        len_q = np.array([rng.integers(1, h + 1) for h in high])
-        result["seq_len_q"], result["seq_len_kv"] = len_q.astype(np.int32), len_kv.astype(
-            np.int32)
-    if desc.dropout_p > 0.0:
-        result["dropout_seed"] = rng.integers(1, 1 << 40, size=1, dtype=np.int64)
-        result["dropout_offset"] = rng.integers(0, 1 << 20, size=1, dtype=np.int64)
-    if isinstance(desc, SdpaBackwardDescriptor):
-        if desc.dropout_p > 0.0:
-            raise InvalidProblem("a dropout backward is checked with cuDNN's dumped mask",
-                                 field="dropout_p")
-        from .._backends.reference.sdpa import sdpa_forward  # the oracle's forward
-
-        out, lse = sdpa_forward(result["q"], result["k"], result["v"], bias=result.get("bias"),
-                                seq_len_q=result.get("seq_len_q"),
-                                seq_len_kv=result.get("seq_len_kv"), **reference_options(desc))
-        result["out"] = _from_bits(_to_bits(out, desc.element), desc.element)
-        # Padded rows' stats are unspecified: any finite value must do.
-        lse = np.where(np.isfinite(lse), lse, 0.0)
-        result["stats"] = lse[..., None].astype(np.float32).astype(np.float64)
-    return result
-
-
-# Verify-ready problems (no padding or dropout: those need lengths and cuDNN's mask, which the
-# GPU tests supply). Odd lengths exercise the kernels' tails; each feature appears at least once.
-_SAMPLES = (
-    dict(batch=2, heads_q=4, heads_kv=4, seq_q=128, seq_kv=128, head_dim=64),
-    dict(batch=2, heads_q=4, heads_kv=4, seq_q=200, seq_kv=300, head_dim=128, causal="top_left"),
-    dict(batch=2, heads_q=4, heads_kv=2, seq_q=130, seq_kv=300, head_dim=64,
-         causal="bottom_right", layout="bshd"),
-    dict(batch=2, heads_q=4, heads_kv=1, seq_q=256, seq_kv=256, head_dim=64,
-         window=(64, 0)),
-    dict(batch=1, heads_q=4, heads_kv=4, seq_q=160, seq_kv=224, head_dim=64,
-         window=(48, 16), layout="sbhd"),
-    dict(batch=2, heads_q=8, heads_kv=2, seq_q=192, seq_kv=192, head_dim=128, head_dim_v=64,
-         bias="1hqk"),
-    dict(batch=2, heads_q=6, heads_kv=3, seq_q=128, seq_kv=128, head_dim=64, alibi=True,
-         causal="top_left", scale=0.1),
-)
-
-
-def _forward_samples(element: ElementKind) -> list[SdpaDescriptor]:
-    return [SdpaDescriptor(**shape, element=element, save_stats=True) for shape in _SAMPLES]
-
-
-def _backward_samples(element: ElementKind) -> list[SdpaBackwardDescriptor]:
-    return [SdpaBackwardDescriptor(**shape, element=element,
-                                        need_bias_grad="bias" in shape)
-            for shape in _SAMPLES]
+# ----------------------------------------------------------------------------- ops
 
 
 def _shared_fields(desc: _SdpaProblem) -> dict:
@@ -564,8 +472,8 @@ SDPA_FORWARD: OpContract[SdpaDescriptor] = OpContract(
     args=SdpaArgs,
     bind=_bind_forward,
     summary="out = softmax(scale*q.k^T + bias, masked).v over [B, H, S, D], stats = LSE",
-    signature=_forward_signature,
-    sample_problems=_forward_samples,
+    signature=forward_signature,
+    sample_problems=forward_samples,
     training_backward=_training_backward,
     verification_inputs=verification_inputs,
 )
@@ -577,8 +485,8 @@ SDPA_BACKWARD: OpContract[SdpaBackwardDescriptor] = OpContract(
     args=SdpaBackwardArgs,
     bind=_bind_backward,
     summary="dq, dk, dv (and dbias) of SDPA from q, k, v, out, grad_out and stats",
-    signature=_backward_signature,
-    sample_problems=_backward_samples,
+    signature=backward_signature,
+    sample_problems=backward_samples,
     verification_inputs=verification_inputs,
 )
 

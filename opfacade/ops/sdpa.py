@@ -14,6 +14,7 @@ from .._internal.memory import OutputAllocator
 from .._internal.tensors import TensorView, wrap
 from ..contracts.sdpa import (
     LAYOUTS,
+    MEMORY_ORDER,
     SDPA_BACKWARD,
     SDPA_FORWARD,
     SdpaArgs,
@@ -21,7 +22,7 @@ from ..contracts.sdpa import (
     SdpaBackwardDescriptor,
     SdpaDescriptor,
     SlidingWindow,
-    dense_strides,
+    layout_of,
 )
 from ..errors import LayoutMismatch, ShapeMismatch
 from ..plan import plan_class
@@ -44,15 +45,13 @@ SdpaBackwardPlan = plan_class(SDPA_BACKWARD.name)
 
 
 def _infer_layout(view: TensorView, name: str) -> str:
-    """The dense layout whose strides ``view`` has (size-1 extents ignored)."""
+    """The dense layout ``view`` is stored in (the contract's ``layout_of``)."""
     if view.ndim != 4:
         raise ShapeMismatch(f"{name} must be 4-D [batch, heads, seq, dim], got shape "
                             f"{view.shape}", argument=name)
-    for layout in LAYOUTS:
-        expected = dense_strides(layout, *view.shape)
-        if all(e == 1 or s == x for e, s, x in zip(view.shape, view.strides, expected,
-                                                  strict=True)):
-            return layout
+    layout = layout_of(view.shape, view.strides)
+    if layout is not None:
+        return layout
     if view.device is None:
         return "bhsd"  # the host reference reads any strides
     raise LayoutMismatch(f"{name} must be a dense {'/'.join(LAYOUTS)} tensor, got strides "
@@ -93,7 +92,7 @@ def _allocate(shape: tuple[int, ...], layout: str, like: TensorView, stream: Any
               element: ElementKind | None = None) -> Any:
     """A new array of logical ``shape`` stored in ``layout`` order, from like's framework."""
     allocate = OutputAllocator(like, stream)
-    order = {"bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}[layout]
+    order = MEMORY_ORDER[layout]
     memory = allocate(tuple(shape[i] for i in order), element or like.element)
     inverse = tuple(order.index(i) for i in range(4))
     if inverse == (0, 1, 2, 3):

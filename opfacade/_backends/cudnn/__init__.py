@@ -8,7 +8,10 @@
 
 
 def clear_caches() -> None:
-    """Drops every built graph and every cached "not supported" verdict."""
+    """Drops every built graph, every cached "not supported" verdict and what the SKUs derived
+    from them. Handles stay: see ``runtime.py``."""
+    from . import sdpa
     from .graphs import GRAPHS
 
     GRAPHS.clear()
+    sdpa.clear()

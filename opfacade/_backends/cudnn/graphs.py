@@ -1,18 +1,23 @@
 """SDPA forward and backward as cudnn-frontend graphs: tensor UIDs, building, caching, executing.
 
-A graph is built once per (descriptor, device, variant) in the fixed order validate ->
-build_operation_graph -> create_execution_plans -> check_support -> build_plans, and its
-workspace size read right after. The frontend's "not supported" (at any of those steps) becomes
-a ``Declined`` carrying cuDNN's version and message; selection turns it into a rejection reason.
+A graph is built once per ``GraphKey`` (direction, descriptor, device, variant) in the fixed
+order validate -> build_operation_graph -> create_execution_plans -> check_support ->
+build_plans, and its workspace size read right after. ``GRAPHS`` (a ``GraphCache``) keeps what
+was built, and cuDNN's genuine verdicts: the frontend's "not supported" at any of those steps
+becomes a cached ``Declined`` carrying cuDNN's version and message, which selection turns into a
+rejection reason. Every other failure (out of memory, a driver error, no CuPy) is raised as a
+typed error and never cached, so the next selection or run tries again.
 
 Tensors are bound by UID. Each built graph knows its operands' argument names in ascending UID
-order, so a run only collects pointers. Executing goes through the backend's raw-pointer entry
-point when the frontend exposes it for the selected plan (the same call ``pygraph.execute`` makes
-after normalising its arguments), else through the public ``execute`` with a ``{uid: pointer}``
-dict; ``EXECUTE_PATH = "public"`` forces the latter.
+order, so a run only collects pointers. ``BuiltGraph.launch.bind`` makes the one call a run
+makes: through the backend's raw-pointer entry point when the frontend exposes it for the
+selected plan (the same call ``pygraph.execute`` makes after normalising its arguments), else
+through the public ``execute`` with a ``{uid: pointer}`` dict; ``EXECUTE_PATH = "public"``
+forces the latter. Taking the public path is logged at DEBUG, with the reason.
 
-Mask conventions (the reference's on the left, cuDNN's on the right; ``d`` is the diagonal
-offset, 0 for top-left and ``seq_len_kv - seq_len_q`` for bottom-right alignment, per sequence):
+The masks are the contract's (``contracts/sdpa.py``: the descriptor's ``alignment``,
+``left_bound`` and ``right_bound``, in the reference's convention); cuDNN's band parameters
+differ by one on the left (``d`` the diagonal offset):
 
     keys j <= i + d + right      diagonal_band_right_bound = right   (causal: right = 0)
     keys j >= i + d - left       diagonal_band_left_bound  = left + 1 (cuDNN keeps j > i + d - L)
@@ -25,22 +30,32 @@ import ctypes
 import enum
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..._internal.device import on_device
+from ..._internal.log import LOG, timed
 from ..._internal.tensors import c_strides
-from ...contracts.sdpa import dense_strides
+from ...contracts.sdpa import (
+    SdpaBackwardDescriptor,
+    SdpaDescriptor,
+    dense_strides,
+    stats_strides,
+)
+from ...errors import BackendUnavailable, LaunchFailed, OpFacadeError
 from ...types import ElementKind
 from . import runtime
 from .limits import format_version
 
-__all__ = ["EXECUTE_PATH", "BuiltGraph", "Declined", "Uid", "GRAPHS",
-           "declare_backward", "declare_forward", "diagonal_band", "forward_graph",
-           "backward_graph"]
+__all__ = ["EXECUTE_PATH", "GRAPHS", "BuiltGraph", "Declined", "GraphCache", "GraphKey", "Uid",
+           "backward_graph", "declare_backward", "declare_forward", "diagonal_band",
+           "forward_graph"]
 
 # "auto": the backend's raw-pointer call when available; "public": always pygraph.execute.
 EXECUTE_PATH = "auto"
 
+Problem = SdpaDescriptor | SdpaBackwardDescriptor
 
 
 class Uid(enum.IntEnum):
@@ -73,7 +88,7 @@ ARGUMENT = {
 }
 
 
-def diagonal_band(desc) -> tuple[str, int | None, int | None]:
+def diagonal_band(desc: Problem) -> tuple[str, int | None, int | None]:
     """(alignment, cuDNN left bound, cuDNN right bound) for the descriptor's causal/window."""
     left = None if desc.left_bound is None else desc.left_bound + 1
     return desc.alignment, left, desc.right_bound
@@ -86,58 +101,61 @@ class Declined:
     reason: str
 
 
+def _raw_entry(graph, uids: tuple[int, ...]) -> tuple[tuple[object, int] | None, str]:
+    """((lowered graph, plan index), "") when the backend's raw-pointer call serves this graph,
+    else (None, why not): the public execute serves it."""
+    try:
+        if graph.selected_engine is not None:
+            return None, f"frontend engine {graph.selected_engine.name} (a python engine)"
+        lowered = graph._lowered_graph
+        order = tuple(int(u) for u in graph._variant_pack_uids() or ())
+        if order != uids:
+            return None, f"the plan's operand UIDs {order} are not the graph's {uids}"
+        if not hasattr(lowered, "_execute_with_raw_ptrs"):
+            return None, "this frontend has no raw-pointer entry point"
+        config = graph._materialize_backend_plan(graph._plan_index)
+        return (lowered, -1 if config.cpp_index is None else int(config.cpp_index)), ""
+    except Exception as error:  # the frontend's private surface moved: the public path works
+        why = f"the raw-pointer entry point is unreachable: {type(error).__name__}: {error}"
+        LOG.debug("cuDNN graph: %s", why)
+        return None, why
+
+
 class _Launcher:
-    """Executes one built graph given pointers in ascending-UID order."""
+    """Executes one built graph on pointers given in ascending-UID order."""
 
     def __init__(self, graph, uids: tuple[int, ...]):
         self._graph = graph
         self._uids = uids
-        self._fast = self._raw_entry(graph, uids)
-
-    @staticmethod
-    def _raw_entry(graph, uids):
-        """(lowered graph, plan index) when the backend's raw-pointer call serves this graph."""
-        try:
-            if graph.selected_engine is not None:  # a python (CuTe DSL) engine: public path
-                return None
-            lowered = graph._lowered_graph
-            order = tuple(int(u) for u in graph._variant_pack_uids() or ())
-            if order != uids or not hasattr(lowered, "_execute_with_raw_ptrs"):
-                return None
-            config = graph._materialize_backend_plan(graph._plan_index)
-            index = -1 if config.cpp_index is None else int(config.cpp_index)
-            return lowered, index
-        except Exception:  # private surface moved: the public path still works
-            return None
+        self._fast, self._why_public = _raw_entry(graph, uids)
 
     @property
     def raw(self) -> bool:
         return self._fast is not None
 
-    def bind(self, pointers: list[int], workspace: int, handle):
-        """A call that executes on these fixed pointers: the pointer array is built once."""
-        if self._fast is None or EXECUTE_PATH != "auto":
-            return lambda: self(pointers, workspace, handle)
-        lowered, index = self._fast
-        array = (ctypes.c_void_p * len(pointers))(*pointers)
-        address, count, backend = ctypes.addressof(array), len(pointers), handle.backend_handle
-        execute = lowered._execute_with_raw_ptrs
-
-        def execute_bound() -> None:
-            execute(address, count, workspace, backend, index)
-            array  # noqa: B018 - the closure keeps the pointer array alive
-
-        return execute_bound
-
-    def __call__(self, pointers: list[int], workspace: int, handle) -> None:
+    def bind(self, pointers: list[int], workspace: int, handle) -> Callable[[], None]:
+        """The call that executes on these fixed pointers (argument lists built once): a
+        prepared run keeps it, a one-off run is ``bind(...)()``."""
         if self._fast is not None and EXECUTE_PATH == "auto":
             lowered, index = self._fast
             array = (ctypes.c_void_p * len(pointers))(*pointers)
-            lowered._execute_with_raw_ptrs(ctypes.addressof(array), len(pointers), workspace,
-                                           handle.backend_handle, index)
-            return
-        self._graph.execute(dict(zip(self._uids, pointers, strict=True)), workspace,
-                            handle=handle)
+            address, count, backend = ctypes.addressof(array), len(pointers), handle.backend_handle
+            execute_raw = lowered._execute_with_raw_ptrs
+
+            def execute_bound() -> None:
+                execute_raw(address, count, workspace, backend, index)
+                array  # noqa: B018 - the closure keeps the pointer array alive
+
+            return execute_bound
+        LOG.debug("cuDNN graph executes through the public graph.execute: %s",
+                  self._why_public or f"EXECUTE_PATH is {EXECUTE_PATH!r}")
+        pack = dict(zip(self._uids, pointers, strict=True))
+        execute = self._graph.execute
+
+        def execute_public() -> None:
+            execute(pack, workspace, handle=handle)
+
+        return execute_public
 
 
 @dataclass(frozen=True)
@@ -152,12 +170,14 @@ class BuiltGraph:
 
 
 def _served_by(graph) -> str:
+    """Which engine runs the graph: a label for diagnostics and the bench's notes."""
     try:
         engine = graph.selected_engine
         if engine is not None:
             return f"frontend engine {engine.name}"
         return "cuDNN backend " + graph.get_plan_name_at_index(graph._plan_index)
-    except Exception:
+    except Exception as error:  # only the label is lost
+        LOG.debug("cuDNN graph: no plan name: %s: %s", type(error).__name__, error)
         return "cuDNN backend"
 
 
@@ -169,7 +189,7 @@ def _dtypes(cudnn, element: ElementKind):
 class _Builder:
     """Declares one graph's user tensors with fixed UIDs."""
 
-    def __init__(self, desc, handle):
+    def __init__(self, desc: Problem, handle: object):
         self.cudnn = runtime.cudnn_module()
         self.desc = desc
         self.io, self.f32 = _dtypes(self.cudnn, desc.element)
@@ -235,12 +255,8 @@ class _Builder:
                           _served_by(g), _Launcher(g, uids))
 
 
-def _stats_layout(desc) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    shape = (desc.batch, desc.heads_q, desc.seq_q, 1)
-    return shape, c_strides(shape)
-
-
-def declare_forward(desc, handle, dump_dropout: bool = False) -> _Builder:
+def declare_forward(desc: SdpaDescriptor, handle: object, dump_dropout: bool = False
+                    ) -> _Builder:
     """The forward graph with its tensors and the sdpa node declared, nothing built yet."""
     b = _Builder(desc, handle)
     q, k, v = b.qkv()
@@ -252,18 +268,19 @@ def declare_forward(desc, handle, dump_dropout: bool = False) -> _Builder:
                               **options)
     b.output(out, Uid.O, desc.o_shape, dense_strides(desc.layout, *desc.o_shape))
     if desc.save_stats:
-        b.output(stats, Uid.STATS, *_stats_layout(desc), b.f32)
+        b.output(stats, Uid.STATS, desc.stats_shape, stats_strides(desc), b.f32)
     return b
 
 
-def declare_backward(desc, handle, deterministic: bool = False) -> _Builder:
+def declare_backward(desc: SdpaBackwardDescriptor, handle: object, deterministic: bool = False
+                     ) -> _Builder:
     """The backward graph with its tensors and the sdpa_backward node declared."""
     b = _Builder(desc, handle)
     q, k, v = b.qkv()
     o_strides = dense_strides(desc.layout, *desc.o_shape)
     o = b.tensor(Uid.O, desc.o_shape, o_strides)
     d_o = b.tensor(Uid.DO, desc.o_shape, o_strides)
-    stats = b.tensor(Uid.STATS, *_stats_layout(desc), b.f32)
+    stats = b.tensor(Uid.STATS, desc.stats_shape, stats_strides(desc), b.f32)
     options = b.options()
     if desc.need_bias_grad:
         options["dBias"] = b.tensor(Uid.DBIAS, desc.bias_shape, c_strides(desc.bias_shape))
@@ -276,56 +293,100 @@ def declare_backward(desc, handle, deterministic: bool = False) -> _Builder:
     return b
 
 
-class GraphCache:
-    """Built graphs (or declines) by (direction, descriptor, device, variant): FIFO-bounded,
-    built under one lock (a cold build takes about a second; racing builders would waste it)."""
+class GraphKey(NamedTuple):
+    """What a graph is built for. ``variant``: the forward that dumps its dropout mask, the
+    deterministic backward."""
 
-    def __init__(self, capacity: int = 256):
+    direction: str  # "forward" or "backward"
+    desc: Problem
+    device: int
+    variant: bool
+
+    def __str__(self) -> str:
+        variant = {"forward": "dumping dropout", "backward": "deterministic"}[self.direction]
+        return (f"{self.direction} graph{f' ({variant})' if self.variant else ''} on "
+                f"cuda:{self.device} for {self.desc!r}")
+
+
+def _build(key: GraphKey) -> BuiltGraph | Declined:
+    """Builds one graph. cuDNN's "not supported" comes back as a Declined; any other failure
+    raises: LaunchFailed naming cuDNN's version and the error, or BackendUnavailable."""
+    missing = runtime.available()
+    if missing is not None:
+        raise BackendUnavailable(missing)
+    where = f"cuDNN {format_version(runtime.backend_version())}"
+    declines = runtime.not_supported_types()
+    declare = declare_forward if key.direction == "forward" else declare_backward
+    try:
+        with on_device(key.device), timed("cuDNN %s", key):  # graphs bind the current device
+            handle = runtime.handle_for(key.device)
+            return declare(key.desc, handle, key.variant).finish()
+    except OpFacadeError:
+        raise  # ours, typed already (BackendUnavailable is a NotImplementedError: not a decline)
+    except declines as error:
+        LOG.debug("%s declines the %s: %s", where, key, error)
+        return Declined(f"{where}: {error}")
+    except Exception as error:
+        raise LaunchFailed(f"{where} failed to build the {key.direction} graph on "
+                           f"cuda:{key.device}: {type(error).__name__}: {error}") from error
+
+
+class GraphCache:
+    """Built graphs and cuDNN's genuine declines, by GraphKey; FIFO-bounded.
+
+    Built under one lock (a cold build takes about a second; racing builders would waste it). A
+    failed build stores nothing: its error reaches the caller, and the next ``get`` builds again.
+    ``discard`` drops what was built for one problem (``Plan.free`` through the SKU's
+    ``release``), ``clear`` everything (``clear_caches``). Hits and misses are logged at DEBUG.
+    """
+
+    def __init__(self, capacity: int = 256,
+                 build: Callable[[GraphKey], BuiltGraph | Declined] = _build):
         self._capacity = capacity
-        self._entries: OrderedDict[tuple, BuiltGraph | Declined] = OrderedDict()
+        self._build = build
+        self._entries: OrderedDict[GraphKey, BuiltGraph | Declined] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, direction: str, desc, device: int, variant: bool) -> BuiltGraph | Declined:
-        key = (direction, desc, device, variant)
+    def get(self, key: GraphKey) -> BuiltGraph | Declined:
         found = self._entries.get(key)
-        if found is not None:
-            return found
-        with self._lock:
-            found = self._entries.get(key)
-            if found is None:
-                found = self._entries[key] = _build(direction, desc, device, variant)
-                while len(self._entries) > self._capacity:
-                    self._entries.popitem(last=False)
+        if found is None:
+            with self._lock:
+                found = self._entries.get(key)  # another thread may have built it meanwhile
+                if found is None:
+                    LOG.debug("cuDNN graph cache miss: %s", key)
+                    found = self._entries[key] = self._build(key)
+                    while len(self._entries) > self._capacity:
+                        self._entries.popitem(last=False)
+                    return found
+        LOG.debug("cuDNN graph cache hit: %s", key)
         return found
+
+    def discard(self, desc: Problem, direction: str | None = None,
+                variant: bool | None = None) -> None:
+        """Drops what was built (or declined) for ``desc`` on every device; ``direction`` and
+        ``variant`` narrow it to one SKU's graphs."""
+        with self._lock:
+            for key in list(self._entries):
+                if key.desc == desc and (direction is None or key.direction == direction) and (
+                        variant is None or key.variant == variant):
+                    del self._entries[key]
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
 
-
-def _build(direction: str, desc, device: int, variant: bool) -> BuiltGraph | Declined:
-    missing = runtime.available()
-    if missing is not None:
-        return Declined(missing)
-    where = f"cuDNN {format_version(runtime.backend_version())}"
-    declines = runtime.not_supported_types()
-    try:
-        with on_device(device):  # graphs and handles bind the current device
-            handle = runtime.handle_for(device)
-            declare = declare_forward if direction == "forward" else declare_backward
-            return declare(desc, handle, variant).finish()
-    except declines as error:
-        return Declined(f"{where}: {error}")
-    except Exception as error:  # explain must not crash; the message says what happened
-        return Declined(f"{where}: graph build failed: {type(error).__name__}: {error}")
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 GRAPHS = GraphCache()
 
 
-def forward_graph(desc, device: int, *, dump_dropout: bool = False) -> BuiltGraph | Declined:
-    return GRAPHS.get("forward", desc, device, dump_dropout)
+def forward_graph(desc: SdpaDescriptor, device: int, *, dump_dropout: bool = False
+                  ) -> BuiltGraph | Declined:
+    return GRAPHS.get(GraphKey("forward", desc, device, dump_dropout))
 
 
-def backward_graph(desc, device: int, *, deterministic: bool) -> BuiltGraph | Declined:
-    return GRAPHS.get("backward", desc, device, deterministic)
+def backward_graph(desc: SdpaBackwardDescriptor, device: int, *, deterministic: bool
+                   ) -> BuiltGraph | Declined:
+    return GRAPHS.get(GraphKey("backward", desc, device, deterministic))

@@ -1,18 +1,25 @@
 """The cuDNN library in this process: import, version, and handles per (thread, device).
 
 cudnn-frontend is imported lazily, on the first question asked of it. A cuDNN handle must not be
-used by two threads at once and belongs to one device, so handles live in a thread-local table
-keyed by device ordinal; built graphs are shared by every thread. The handle's stream is
-re-bound before every run (``cudnn.set_stream`` skips the backend call when it is unchanged).
+used by two threads at once and belongs to one device, so handles live in ``HANDLES``, a
+``PerThreadHandles`` (one table per thread, keyed by device ordinal); built graphs are shared by
+every thread. The handle's stream is re-bound before every run (``cudnn.set_stream`` skips the
+backend call when it is unchanged).
+
+``clear_caches()`` leaves the handles alone, on purpose: prepared calls (and run()'s memoised
+launches) hold their thread's handle, so destroying it under them would make their next launch
+use a dead handle, and one thread cannot reach another's table anyway. A thread's handles are
+destroyed when the thread ends (never at interpreter exit, when the driver may be gone).
 """
 
 from __future__ import annotations
 
 import functools
 
+from ..._internal.device import on_device
 from ..._internal.handles import PerThreadHandles
 
-__all__ = ["available", "backend_version", "cudnn_module", "current_device", "handle_for",
+__all__ = ["HANDLES", "available", "backend_version", "cudnn_module", "handle_for",
            "not_supported_types", "set_stream"]
 
 
@@ -59,9 +66,7 @@ def not_supported_types() -> tuple[type[BaseException], ...]:
 
 
 def _create(device: int):
-    import cupy
-
-    with cupy.cuda.Device(device):  # create_handle binds the current device
+    with on_device(device):  # create_handle binds the current device
         return cudnn_module().create_handle()
 
 
@@ -69,25 +74,14 @@ def _destroy(device: int, handle) -> None:
     cudnn_module().destroy_handle(handle)
 
 
-_handles = PerThreadHandles(_create, _destroy)
+HANDLES = PerThreadHandles(_create, _destroy)
 
 
 def handle_for(device: int):
     """This thread's ``cudnn.Handle`` for ``device``, created on first use."""
-    return _handles.get(device)
+    return HANDLES.get(device)
 
 
 def set_stream(handle, stream: int) -> None:
     """Binds ``handle`` to ``stream`` (the frontend skips the backend call when unchanged)."""
     cudnn_module().set_stream(handle, stream)
-
-
-@functools.cache
-def _runtime_api():
-    import cupy
-
-    return cupy.cuda.runtime
-
-
-def current_device() -> int:
-    return _runtime_api().getDevice()

@@ -3,23 +3,36 @@
 Selection first applies the limits stated as data (``limits.py``), which need no GPU. When a GPU
 is visible the graph is then built (and cached) during selection, so cuDNN's own verdict and the
 exact workspace size are known before anything runs; cuDNN's "not supported" becomes an Unfit
-naming the cuDNN version. With only an architecture to go on (no GPU), a problem that passes the
-data limits is viable pending graph support: its workspace size is an estimate (documented
-below), the graph is built on the first run, and a run that finds cuDNN declining raises
-``Unsupported`` and one that finds the workspace too small raises ``BufferTooSmall``.
+naming the cuDNN version (``feature_unsupported``, cached), and a build that fails otherwise (out
+of memory, say) an Unfit ``build_failed`` that is not cached: the next selection tries again.
+With only an architecture to go on (no GPU), a problem that passes the data limits is viable
+pending graph support: its workspace size is an estimate (documented below), the graph is built
+on the first run, and a run that finds cuDNN declining raises ``Unsupported``, one whose build
+fails ``LaunchFailed``, and one that finds the workspace too small ``BufferTooSmall``.
 
 ``unfit_on``/``workspace_size_on`` take the selection's target; the plan machinery calls the
 target-less ``unfit``/``workspace_size``, which use the current device when a GPU is visible.
+``release`` (``Plan.free``) drops the graphs built for a problem; ``clear`` what the SKUs memoise.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
 from ..._internal.contract import BoundArgs, OpContract
-from ..._internal.device import on_device
+from ..._internal.device import current_device, device_arch, device_count, on_device
+from ..._internal.log import LOG
+from ..._internal.selection import Target
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, c_strides, expect_aligned
-from ...contracts.sdpa import SDPA_BACKWARD, SDPA_FORWARD
-from ...errors import BufferTooSmall, LayoutMismatch, Unsupported
+from ...contracts.sdpa import (
+    SDPA_BACKWARD,
+    SDPA_FORWARD,
+    SdpaBackwardDescriptor,
+    SdpaDescriptor,
+)
+from ...errors import BackendUnavailable, BufferTooSmall, LaunchFailed, LayoutMismatch, Unsupported
 from ...types import (
     ArchSku,
     BackendKind,
@@ -30,8 +43,11 @@ from ...types import (
 )
 from . import graphs, limits, runtime
 
-__all__ = ["SKUS", "SdpaForwardCudnn", "SdpaBackwardCudnn",
+__all__ = ["SKUS", "SdpaBackwardCudnn", "SdpaForwardCudnn", "clear",
            "estimate_workspace", "run_forward_dumping_dropout"]
+
+P = TypeVar("P", SdpaDescriptor, SdpaBackwardDescriptor)
+V = TypeVar("V")
 
 # Relative error bounds (Frobenius, against the float64 reference on uniform [-1, 1) inputs).
 # Outputs are rounded once to the element (u = 2^-8 for bf16, 2^-11 for f16) and the
@@ -58,20 +74,18 @@ def _guarantee(element: ElementKind, bound: float, deterministic: bool) -> Preci
     )
 
 
-def _placement(target) -> tuple[int | None, ArchSku | None]:
+def _placement(target: Target | None) -> tuple[int | None, ArchSku | None]:
     """(device to build on or None, arch or None) for a selection."""
     if target is not None:
         return target.device, target.arch
-    from ..._internal.device import current_device, device_arch, device_count
-
     if runtime.available() is not None or device_count() == 0:
         return None, None
     device = current_device()
     return device, device_arch(device)
 
 
-
-def estimate_workspace(desc, direction: str, deterministic: bool = False) -> int:
+def estimate_workspace(desc: SdpaDescriptor | SdpaBackwardDescriptor, direction: str,
+                       deterministic: bool = False) -> int:
     """Workspace bytes cuDNN's sm90 plans take, for selections without a GPU (an estimate).
 
     Forward: the ALiBi slopes cuDNN writes into the workspace. Backward: the f32 dQ
@@ -92,6 +106,36 @@ def estimate_workspace(desc, direction: str, deterministic: bool = False) -> int
     return Workspace.round_up(slopes + row_sums + accumulator)
 
 
+class _ByDescriptor(Generic[V]):
+    """What a SKU derived for one descriptor object, found by the object's identity: a plan
+    passes its own descriptor on every run, so a hit costs no hashing of it. Bounded; ``discard``
+    (a freed plan) and ``clear`` (``clear_caches``) drop entries."""
+
+    __slots__ = ("_items",)
+    CAPACITY = 1024
+
+    def __init__(self) -> None:
+        self._items: dict[tuple[int, int], tuple[object, V]] = {}
+
+    def get(self, desc: object, device: int = -1) -> V | None:
+        entry = self._items.get((id(desc), device))
+        return entry[1] if entry is not None and entry[0] is desc else None
+
+    def put(self, desc: object, value: V, device: int = -1) -> V:
+        if len(self._items) >= self.CAPACITY:
+            self._items.clear()
+        self._items[(id(desc), device)] = (desc, value)
+        return value
+
+    def discard(self, desc: object) -> None:
+        for key, (held, _) in list(self._items.items()):
+            if held == desc:
+                self._items.pop(key, None)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
 def _expect_strides(view: TensorView, name: str, expected: tuple[int, ...], what: str) -> None:
     for extent, actual, wanted in zip(view.shape, view.strides, expected, strict=True):
         if extent > 1 and actual != wanted:
@@ -100,31 +144,31 @@ def _expect_strides(view: TensorView, name: str, expected: tuple[int, ...], what
                 f"for, got {view.strides}", argument=name)
 
 
-class _SdpaCudnn(SkuImpl):
+class _SdpaCudnn(SkuImpl[P]):
     direction: str
-    layout_arguments: tuple[tuple[str, str], ...]  # (argument, which shape of the descriptor)
+    contract: OpContract[P]
 
     def __init__(self, sku: KernelSku, variant: bool):
         self.sku = sku
         self.variant = variant  # forward: dump the dropout mask; backward: deterministic
-        self._recent: dict[tuple[int, int], tuple[object, graphs.BuiltGraph]] = {}
-        self._strides: dict[int, tuple[object, dict]] = {}
+        self._graphs: _ByDescriptor[graphs.BuiltGraph] = _ByDescriptor()
+        self._strides: _ByDescriptor[dict[str, tuple[tuple[int, ...], str]]] = _ByDescriptor()
 
     # -- selection -------------------------------------------------------------------------
-    def _facts(self, desc) -> limits.Facts:
+    def _facts(self, desc: P) -> limits.Facts:
         return limits.Facts(
             direction=self.direction, element=desc.element, batch=desc.batch,
             heads_q=desc.heads_q, seq_q=desc.seq_q, seq_kv=desc.seq_kv, head_dim=desc.head_dim,
             head_dim_v=desc.dim_v, bias=desc.bias, alibi=desc.alibi,
             dropout=desc.dropout_p > 0.0, padding=desc.padding, right_bound=desc.right_bound,
             left_bound=desc.left_bound, bottom_right=desc.alignment == "bottom_right",
-            bias_grad=bool(getattr(desc, "need_bias_grad", False)),
+            bias_grad=isinstance(desc, SdpaBackwardDescriptor) and desc.need_bias_grad,
             deterministic=self.sku.precision_guarantee.deterministic)
 
-    def unfit(self, desc) -> Unfit | None:
+    def unfit(self, desc: P) -> Unfit | None:
         return self.unfit_on(desc, None)
 
-    def unfit_on(self, desc, target) -> Unfit | None:
+    def unfit_on(self, desc: P, target: Target | None) -> Unfit | None:
         if desc.element is not self.sku.element:
             return Unfit(ReasonCode.element_unsupported,
                          f"serves {self.sku.element.value}, problem is {desc.element.value}")
@@ -132,15 +176,20 @@ class _SdpaCudnn(SkuImpl):
         unfit = limits.check(self._facts(desc), limits.Context(arch, runtime.backend_version()))
         if unfit is not None or device is None:
             return unfit  # without a device: viable pending graph support
-        built = self._graph(desc, device)
+        try:
+            built = self._graph(desc, device)
+        except BackendUnavailable as error:
+            return Unfit(ReasonCode.backend_unavailable, str(error))
+        except LaunchFailed as error:  # not cached: the next selection builds again
+            return Unfit(ReasonCode.build_failed, str(error))
         if isinstance(built, graphs.Declined):
             return Unfit(ReasonCode.feature_unsupported, built.reason)
         return None
 
-    def workspace_size(self, desc) -> int:
+    def workspace_size(self, desc: P) -> int:
         return self.workspace_size_on(desc, None)
 
-    def workspace_size_on(self, desc, target) -> int:
+    def workspace_size_on(self, desc: P, target: Target | None) -> int:
         device, _ = _placement(target)
         if device is not None:
             built = self._graph(desc, device)
@@ -151,47 +200,51 @@ class _SdpaCudnn(SkuImpl):
     def unavailable(self) -> str | None:
         return runtime.available()
 
-    def served_by(self, desc, device: int) -> str:
-        """Which engine runs ``desc`` on ``device`` (diagnostics, the bench's notes)."""
-        built = self._graph(desc, device)
-        return built.served_by if isinstance(built, graphs.BuiltGraph) else built.reason
+    # -- what was built --------------------------------------------------------------------
+    def _graph(self, desc: P, device: int) -> graphs.BuiltGraph | graphs.Declined:
+        """This SKU's graph for ``desc`` on ``device``, from ``graphs.GRAPHS``; raises what a
+        failed build raises (LaunchFailed, BackendUnavailable)."""
+        return graphs.GRAPHS.get(graphs.GraphKey(self.direction, desc, device, self.variant))
+
+    def release(self, desc: P) -> None:
+        """Drops this SKU's graphs for ``desc`` (every device) and what it derived from them."""
+        graphs.GRAPHS.discard(desc, self.direction, self.variant)
+        self._graphs.discard(desc)
+        self._strides.discard(desc)
+
+    def clear(self) -> None:
+        """Drops what this SKU memoises per descriptor (``clear_caches`` calls it)."""
+        self._graphs.clear()
+        self._strides.clear()
 
     # -- running ---------------------------------------------------------------------------
-    def _graph(self, desc, device: int) -> graphs.BuiltGraph | graphs.Declined:
-        raise NotImplementedError
-
-    def _graph_for_run(self, desc, device: int) -> graphs.BuiltGraph:
-        key = (id(desc), device)
-        entry = self._recent.get(key)
-        if entry is not None and entry[0] is desc:  # the plan's own descriptor: no hashing
-            return entry[1]
+    def _graph_for_run(self, desc: P, device: int) -> graphs.BuiltGraph:
+        built = self._graphs.get(desc, device)  # the plan's own descriptor: no hashing
+        if built is not None:
+            return built
         built = self._graph(desc, device)
         if isinstance(built, graphs.Declined):
             raise Unsupported(f"{self.sku.id} cannot serve this problem on cuda:{device}: "
                               f"{built.reason}")
-        if len(self._recent) > 1024:
-            self._recent.clear()
-        self._recent[key] = (desc, built)
-        return built
+        return self._graphs.put(desc, built, device)
 
-    def _expected_strides(self, desc) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Strides each float argument must have, by name; computed once per descriptor."""
-        key = id(desc)
-        entry = self._strides.get(key)
-        if entry is not None and entry[0] is desc:
-            return entry[1]
-        table = {name: (graphs.dense_strides(desc.layout, *getattr(desc, which)),
-                        f"dense {desc.layout}") for name, which in self.layout_arguments}
-        for name, shape in (("stats", desc.stats_shape), ("bias", desc.bias_shape),
-                            ("grad_bias", desc.bias_shape)):
-            if shape is not None:
-                table[name] = (c_strides(shape), "row-major")
-        if len(self._strides) > 1024:
-            self._strides.clear()
-        self._strides[key] = (desc, table)
-        return table
+    def _expected_strides(self, desc: P) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Strides each float argument must have, by name, as the contract lays them out (and
+        the graph declares them); computed once per descriptor."""
+        table = self._strides.get(desc)
+        if table is not None:
+            return table
+        # The signature's strides: the layout's for the [B, H, S, D] tensors, the contract's
+        # stats_strides for the stats, C order (None) for the bias and its gradient.
+        table = {}
+        for name, spec in self.contract.signature(desc).items():
+            if spec.element.is_float:
+                dense = spec.strides is not None and name != "stats"
+                table[name] = (spec.strides or c_strides(spec.shape),
+                               f"dense {desc.layout}" if dense else "row-major")
+        return self._strides.put(desc, table)
 
-    def check_args(self, desc, args: BoundArgs) -> None:
+    def check_args(self, desc: P, args: BoundArgs) -> None:
         expected = self._expected_strides(desc)
         for name, view in args.views.items():
             if view is None:
@@ -202,25 +255,29 @@ class _SdpaCudnn(SkuImpl):
             if wanted is not None and view.strides != wanted[0]:
                 _expect_strides(view, name, *wanted)  # differences in size-1 extents pass
 
-    def prepared(self, desc, args: BoundArgs, workspace: Workspace, stream: int | None):
+    def prepared(self, desc: P, args: BoundArgs, workspace: Workspace, stream: int | None
+                 ) -> Callable[[], None]:
         """Graph, handle, pointers and stream resolved once; a call binds the stream (the handle
-        is this thread's, shared with other plans) and executes, through the pointer array
-        built here when the graph's device is current."""
+        is this thread's, shared with other plans) and executes the graph's bound call, making
+        the graph's device current around it when it is not current here."""
         views = args.views
         device = views["q"].device
         built = self._graph_for_run(desc, device)
         self._check_workspace(built, workspace, device)
         handle = runtime.handle_for(device)
-        pointers = [views[name].ptr for name in built.names]
+        execute = built.launch.bind([views[name].ptr for name in built.names], workspace.ptr,
+                                    handle)
         set_stream, stream = runtime.set_stream, stream or 0
-        if runtime.current_device() != device:
+        if current_device() != device:
+            LOG.debug("%s: its tensors are on cuda:%d, not the current device; each run makes "
+                      "it current", self.sku.id, device)
+
             def run_on_its_device() -> None:
                 set_stream(handle, stream)
                 with on_device(device):  # cuDNN launches on the current device
-                    built.launch(pointers, workspace.ptr, handle)
+                    execute()
 
             return run_on_its_device
-        execute = built.launch.bind(pointers, workspace.ptr, handle)
 
         def run_prepared() -> None:
             set_stream(handle, stream)
@@ -244,9 +301,9 @@ def _sku(op: OpContract, element: ElementKind, bound: float, deterministic: bool
                   arch=ArchSku.sm80, description=description)
 
 
-class SdpaForwardCudnn(_SdpaCudnn):
+class SdpaForwardCudnn(_SdpaCudnn[SdpaDescriptor]):
     direction = "forward"
-    layout_arguments = (("q", "q_shape"), ("k", "k_shape"), ("v", "v_shape"), ("out", "o_shape"))
+    contract = SDPA_FORWARD
 
     def __init__(self, element: ElementKind):
         super().__init__(_sku(
@@ -254,15 +311,10 @@ class SdpaForwardCudnn(_SdpaCudnn):
             "cuDNN fused flash attention forward (softmax stats optional): every row is reduced "
             "by one thread block, so runs repeat bitwise on one GPU."), variant=False)
 
-    def _graph(self, desc, device: int):
-        return graphs.forward_graph(desc, device)
 
-
-class SdpaBackwardCudnn(_SdpaCudnn):
+class SdpaBackwardCudnn(_SdpaCudnn[SdpaBackwardDescriptor]):
     direction = "backward"
-    layout_arguments = (("q", "q_shape"), ("k", "k_shape"), ("v", "v_shape"),
-                        ("out", "o_shape"), ("grad_out", "o_shape"), ("grad_q", "q_shape"),
-                        ("grad_k", "k_shape"), ("grad_v", "v_shape"))
+    contract = SDPA_BACKWARD
 
     def __init__(self, element: ElementKind, deterministic: bool):
         if deterministic:
@@ -276,9 +328,6 @@ class SdpaBackwardCudnn(_SdpaCudnn):
                               "deterministic" if deterministic else "", description),
                          variant=deterministic)
 
-    def _graph(self, desc, device: int):
-        return graphs.backward_graph(desc, device, deterministic=self.variant)
-
 
 SKUS = {
     SDPA_FORWARD.name: tuple(SdpaForwardCudnn(e) for e in limits.ELEMENTS),
@@ -289,8 +338,15 @@ SKUS = {
 }
 
 
-def run_forward_dumping_dropout(desc, views: dict[str, TensorView], mask: TensorView,
-                                stream: int) -> None:
+def clear() -> None:
+    """Drops what every cuDNN SDPA SKU memoises (the graphs themselves live in graphs.GRAPHS)."""
+    for impls in SKUS.values():
+        for impl in impls:
+            impl.clear()
+
+
+def run_forward_dumping_dropout(desc: SdpaDescriptor, views: dict[str, TensorView],
+                                mask: TensorView, stream: int) -> None:
     """Testing aid: runs the forward graph variant that also writes cuDNN's dropout mask.
 
     ``mask`` is float32 [B, Hq, Sq, Skv], contiguous; cuDNN writes 1 where a probability is
@@ -308,5 +364,5 @@ def run_forward_dumping_dropout(desc, views: dict[str, TensorView], mask: Tensor
     handle = runtime.handle_for(device)
     runtime.set_stream(handle, stream)
     pointers = [mask.ptr if name == "dropout_mask" else views[name].ptr for name in built.names]
-    built.launch(pointers, workspace.data.ptr, handle)
+    built.launch.bind(pointers, workspace.data.ptr, handle)()
     cupy.cuda.runtime.streamSynchronize(stream)  # the workspace dies with this frame
