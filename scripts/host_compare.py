@@ -32,6 +32,16 @@ def main(argv: list[str]) -> int:
     lin_args = opfacade.LinearArgs(x, w, b, out=y)
     lin_ws = torch.empty(max(lin_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
 
+    # A problem whose plan takes a workspace, so run() without one allocates it every call.
+    xl, wl, bl = (torch.randn(1024, 1024, **bf16), torch.randn(4096, 1024, **bf16),
+                  torch.randn(4096, **bf16))
+    yl = torch.empty(1024, 4096, **bf16)
+    big = opfacade.LinearDescriptor(m=1024, n=4096, k=1024, element="bf16",
+                                    activation="gelu_tanh")
+    big_plan = opfacade.LinearForwardPlan.cached(big)
+    big_args = opfacade.LinearArgs(xl, wl, bl, out=yl)
+    big_ws = torch.empty(max(big_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
+
     q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
     o = torch.empty(1, 1, 64, 64, **bf16)
     att = sdpa_desc(batch=1, heads_q=1, heads_kv=1, seq_q=64, seq_kv=64, head_dim=64,
@@ -46,13 +56,18 @@ def main(argv: list[str]) -> int:
         "linear() functional": lambda: opfacade.linear(x, w, b, activation="gelu_tanh"),
         "linear plan.run, no workspace": lambda: lin_plan.run(lin_args),
         "linear plan.run, workspace": lambda: lin_plan.run(lin_args, workspace=lin_ws),
+        "linear 1024x4096x1024 run, no ws": lambda: big_plan.run(big_args),
+        "linear 1024x4096x1024 run, ws": lambda: big_plan.run(big_args, workspace=big_ws),
         "torch F.sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
         "sdpa() functional": lambda: sdpa(q, k, v),
         "sdpa plan.run, no workspace": lambda: att_plan.run(att_args),
         "sdpa plan.run, workspace": lambda: att_plan.run(att_args, workspace=att_ws),
     }, calls=200, rounds=9)
+    print(f"{label}: workspace bytes: linear 64^3 {lin_plan.workspace_size}, linear 1024x4096x1024 "
+          f"{big_plan.workspace_size}, sdpa {att_plan.workspace_size}")
     for name, value in us.items():
-        print(f"{label:8s} {name:32s} {value:8.2f} us")
+        torch_peer = "torch F.sdpa" if "sdpa" in name else "torch F.linear+gelu"
+        print(f"{label:8s} {name:34s} {value:8.2f} us  {value / us[torch_peer]:5.2f}x {torch_peer}")
     if "--json" in argv:
         with open(argv[argv.index("--json") + 1], "w") as out:
             json.dump({"label": label, "us": us}, out, indent=2)
