@@ -32,7 +32,7 @@ done
 merge "$OUT/bench_before$tag.json" "${b_parts[@]}"
 merge "$OUT/bench_after$tag.json" "${a_parts[@]}"
 if [ "${3:-}" = host ]; then
-    for i in 1 2; do
+    for i in 1 2 3; do
         (cd .before && $before python3 ../scripts/host_compare.py before) >> "$OUT/host$tag.log" 2>&1
         $after python3 scripts/host_compare.py after >> "$OUT/host$tag.log" 2>&1
     done
