@@ -12,12 +12,25 @@ if TYPE_CHECKING:
     from .view import TensorView
 
 __all__ = [
+    "argument_when",
     "expect",
     "expect_aligned",
     "expect_args_type",
     "expect_no_overlap",
     "expect_no_overlaps",
 ]
+
+
+def argument_when(obj: object, name: str, wanted: bool, condition: str) -> object | None:
+    """An argument the descriptor asks for when ``condition`` holds (``wanted``): required then,
+    and None otherwise. The one wording of both errors for every op."""
+    if wanted:
+        if obj is None:
+            raise InvalidArgument(f"{name} is required when {condition}", argument=name)
+        return obj
+    if obj is not None:
+        raise InvalidArgument(f"{name} must be None unless {condition}", argument=name)
+    return None
 
 
 def _where(device: int | None) -> str:

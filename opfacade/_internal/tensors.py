@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, LayoutMismatch
 from ..types import ElementKind
 from .checks import (
+    argument_when,
     expect,
     expect_aligned,
     expect_args_type,
@@ -39,6 +40,7 @@ from .view import (
 )
 
 __all__ = [
+    "argument_when",
     "TensorView",
     "as_numpy",
     "c_strides",

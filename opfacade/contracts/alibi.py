@@ -19,8 +19,15 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
-from .._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlap, wrap
-from ..errors import InvalidArgument, LayoutMismatch
+from .._internal.tensors import (
+    TensorView,
+    argument_when,
+    expect,
+    expect_args_type,
+    expect_no_overlap,
+    wrap,
+)
+from ..errors import LayoutMismatch
 from ..types import ElementKind, OpCategory
 
 __all__ = [
@@ -117,12 +124,6 @@ def _slope_tensor(obj: Any, name: str, desc: _AlibiShape) -> TensorView:
     return view
 
 
-def _required(obj: Any, name: str, why: str) -> Any:
-    if obj is None:
-        raise InvalidArgument(f"{name} is required {why}", argument=name)
-    return obj
-
-
 def _bind_forward(desc: AlibiForwardDescriptor, args: AlibiForwardArgs) -> BoundArgs:
     expect_args_type(args, AlibiForwardArgs)
     x = _score_tensor(args.input, "input", desc)
@@ -134,8 +135,8 @@ def _bind_forward(desc: AlibiForwardDescriptor, args: AlibiForwardArgs) -> Bound
             raise LayoutMismatch("output must be input itself (or None) for an in_place plan",
                                  argument="output")
     else:
-        out = _score_tensor(_required(args.output, "output", "unless the descriptor is in_place"),
-                            "output", desc)
+        out = _score_tensor(argument_when(args.output, "output", True,
+                                          "the descriptor is not in_place"), "output", desc)
         expect_no_overlap(out, "output", x, "input")
     expect_no_overlap(out, "output", slopes, "slopes")
     return BoundArgs({"input": x, "slopes": slopes, "output": out}, outputs=("output",))
@@ -145,24 +146,19 @@ def _bind_backward(desc: AlibiBackwardDescriptor, args: AlibiBackwardArgs) -> Bo
     expect_args_type(args, AlibiBackwardArgs)
     dy = _score_tensor(args.grad_output, "grad_output", desc)
     d_in = d_slopes = None
-    if desc.need_input_grad:
-        d_in = _score_tensor(_required(args.grad_input, "grad_input", "when need_input_grad"),
-                             "grad_input", desc)
+    grad_input = argument_when(args.grad_input, "grad_input", desc.need_input_grad,
+                               "need_input_grad")
+    if grad_input is not None:
+        d_in = _score_tensor(grad_input, "grad_input", desc)
         if not d_in.same_layout(dy):  # exact aliasing is allowed: dA = dY holds already
             expect_no_overlap(d_in, "grad_input", dy, "grad_output")
-    elif args.grad_input is not None:
-        raise InvalidArgument("grad_input must be None when need_input_grad is False",
-                              argument="grad_input")
-    if desc.need_slope_grad:
-        d_slopes = _slope_tensor(
-            _required(args.grad_slopes, "grad_slopes", "when need_slope_grad"), "grad_slopes",
-            desc)
+    grad_slopes = argument_when(args.grad_slopes, "grad_slopes", desc.need_slope_grad,
+                                "need_slope_grad")
+    if grad_slopes is not None:
+        d_slopes = _slope_tensor(grad_slopes, "grad_slopes", desc)
         expect_no_overlap(d_slopes, "grad_slopes", dy, "grad_output")
         if d_in is not None:
             expect_no_overlap(d_slopes, "grad_slopes", d_in, "grad_input")
-    elif args.grad_slopes is not None:
-        raise InvalidArgument("grad_slopes must be None when need_slope_grad is False",
-                              argument="grad_slopes")
     return BoundArgs({"grad_output": dy, "grad_input": d_in, "grad_slopes": d_slopes},
                      outputs=("grad_input", "grad_slopes"))
 

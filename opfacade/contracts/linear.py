@@ -29,8 +29,15 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
-from .._internal.tensors import TensorView, expect, expect_args_type, expect_no_overlaps, wrap
-from ..errors import InvalidArgument, InvalidProblem, ShapeMismatch
+from .._internal.tensors import (
+    TensorView,
+    argument_when,
+    expect,
+    expect_args_type,
+    expect_no_overlaps,
+    wrap,
+)
+from ..errors import InvalidProblem, ShapeMismatch
 from ..types import ElementKind, OpCategory
 from .linear_activations import (
     ACTIVATIONS,
@@ -236,15 +243,9 @@ def _tensor(obj: Any, name: str, desc: _LinearShape, shape: tuple[int, ...],
     return view
 
 
-def _optional(obj: Any, name: str, wanted: bool, why: str, make) -> TensorView | None:
-    if wanted:
-        if obj is None:
-            raise InvalidArgument(f"{name} is required {why}", argument=name)
-        return make(obj)
-    if obj is not None:
-        raise InvalidArgument(f"{name} must be None unless {why.removeprefix('when ')}",
-                              argument=name)
-    return None
+def _optional(obj: Any, name: str, wanted: bool, condition: str, make) -> TensorView | None:
+    present = argument_when(obj, name, wanted, condition)
+    return None if present is None else make(present)
 
 
 def _bind_forward(desc: LinearDescriptor, args: LinearArgs) -> BoundArgs:
@@ -252,14 +253,14 @@ def _bind_forward(desc: LinearDescriptor, args: LinearArgs) -> BoundArgs:
     e = desc.element
     x = _tensor(args.x, "x", desc, desc.x_shape, e)
     w = _tensor(args.weight, "weight", desc, desc.weight_shape, e)
-    bias = _optional(args.bias, "bias", desc.bias, "when the descriptor has bias=True",
+    bias = _optional(args.bias, "bias", desc.bias, "the descriptor has bias=True",
                      lambda o: _tensor(o, "bias", desc, (desc.n,), e))
     residual = _optional(args.residual, "residual", desc.residual,
-                         "when the descriptor has residual=True",
+                         "the descriptor has residual=True",
                          lambda o: _tensor(o, "residual", desc, desc.out_shape, e))
-    out = _optional(args.out, "out", True, "(the result)",
+    out = _optional(args.out, "out", True, "writing the result",
                     lambda o: _tensor(o, "out", desc, desc.out_shape, e))
-    aux = _optional(args.aux, "aux", desc.save_aux, "when the descriptor has save_aux=True",
+    aux = _optional(args.aux, "aux", desc.save_aux, "the descriptor has save_aux=True",
                     lambda o: _tensor(o, "aux", desc, desc.aux_shape, desc.aux_element))
     inputs = {"x": x, "weight": w, "bias": bias}
     if residual is not None and not residual.same_layout(out):  # out += ... in place is fine
@@ -276,20 +277,20 @@ def _bind_backward(desc: LinearBackwardDescriptor, args: LinearBackwardArgs) -> 
     x = _tensor(args.x, "x", desc, desc.x_shape, e)
     w = _tensor(args.weight, "weight", desc, desc.weight_shape, e)
     aux = _optional(args.aux, "aux", desc.aux_layout is not None,
-                    "when the activation is not 'none' (the forward's saved aux)",
+                    "the activation is not 'none' (the forward's saved aux)",
                     lambda o: _tensor(o, "aux", desc, desc.aux_shape, desc.aux_element))
     outputs = {
         "grad_x": _optional(args.grad_x, "grad_x", desc.need_input_grad,
-                            "when need_input_grad", lambda o: _tensor(o, "grad_x", desc,
+                            "need_input_grad", lambda o: _tensor(o, "grad_x", desc,
                                                                      desc.x_shape, e)),
         "grad_weight": _optional(args.grad_weight, "grad_weight", desc.need_weight_grad,
-                                 "when need_weight_grad",
+                                 "need_weight_grad",
                                  lambda o: _tensor(o, "grad_weight", desc, desc.weight_shape, e)),
         "grad_bias": _optional(args.grad_bias, "grad_bias", desc.need_bias_grad,
-                               "when need_bias_grad",
+                               "need_bias_grad",
                                lambda o: _tensor(o, "grad_bias", desc, (desc.n,), e)),
         "grad_pre": _optional(args.grad_pre, "grad_pre", desc.need_pre_grad,
-                              "when need_pre_grad",
+                              "need_pre_grad",
                               lambda o: _tensor(o, "grad_pre", desc, desc.out_shape, e)),
     }
     expect_no_overlaps({"grad_out": grad_out, "x": x, "weight": w, "aux": aux, **outputs},

@@ -43,6 +43,7 @@ from pydantic import (
 from .._internal.contract import BoundArgs, Descriptor, OpContract
 from .._internal.tensors import (
     TensorView,
+    argument_when,
     c_strides,
     expect,
     expect_args_type,
@@ -355,12 +356,8 @@ class SdpaBackwardArgs:
 
 def _optional(obj: Any, name: str, wanted: bool, why: str, shape, element) -> TensorView | None:
     """The tensor when the descriptor asks for it (required then), else it must be None."""
-    if not wanted:
-        if obj is not None:
-            raise InvalidArgument(f"{name} must be None unless {why}", argument=name)
+    if argument_when(obj, name, wanted, why) is None:
         return None
-    if obj is None:
-        raise InvalidArgument(f"{name} is required when {why}", argument=name)
     view = wrap(obj, name)
     expect(view, name, shape=shape, element=element)
     return view
