@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..errors import BackendUnavailable, InvalidArgument
 from ..types import ArchSku
+from .log import LOG
 
 __all__ = [
     "DEVICES", "Devices", "check_ordinal", "current_device", "device_arch", "device_count",
@@ -66,7 +67,8 @@ class Devices:
         if count is None:
             try:
                 count = int(self.runtime().getDeviceCount())
-            except Exception:
+            except Exception as error:
+                LOG.debug("no CUDA device is visible: %s", error)
                 count = 0
             self._count = count
         return count

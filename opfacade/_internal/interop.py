@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import DeviceMismatch, InvalidArgument
 from ..types import ElementKind
+from .log import LOG
 from .view import (
     ELEMENT_BY_NAME,
     TensorView,
@@ -98,8 +99,8 @@ def _device_ordinal_of_pointer(ptr: int, name: str) -> int:
         raise DeviceMismatch(
             f"{name} exposes __cuda_array_interface__ but its pointer {ptr:#x} is not CUDA "
             f"device memory ({reason})", argument=name) from None
-    except Exception:  # no cuda-python, no driver: the CuPy fallback below decides
-        pass
+    except Exception as error:  # no cuda-python, no driver: the CuPy fallback below decides
+        LOG.debug("%s: cuda-python cannot place pointer %#x (%s); asking CuPy", name, ptr, error)
     try:
         import cupy
 
@@ -150,8 +151,8 @@ def _null_pointer_device() -> int:
         status, device = driver.cuCtxGetDevice()
         if status == driver.CUresult.CUDA_SUCCESS:
             return int(device)
-    except Exception:
-        pass
+    except Exception as error:
+        LOG.debug("no current CUDA context to place a null pointer (%s): cuda:0", error)
     return 0
 
 
