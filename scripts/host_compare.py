@@ -42,6 +42,16 @@ def main(argv: list[str]) -> int:
     big_args = opfacade.LinearArgs(xl, wl, bl, out=yl)
     big_ws = torch.empty(max(big_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
 
+    # The training backward needs a workspace (d_pre, the bias partials): without one, run()
+    # allocates it and makes its launches on every call.
+    bwd = opfacade.LinearBackwardDescriptor(m=64, n=64, k=64, element="bf16",
+                                            activation="gelu_tanh")
+    bwd_plan = opfacade.LinearBackwardPlan.cached(bwd)
+    aux, dy = torch.randn(64, 64, **bf16), torch.randn(64, 64, **bf16)
+    gx, gw, gb = torch.empty_like(x), torch.empty_like(w), torch.empty_like(b)
+    bwd_args = opfacade.LinearBackwardArgs(dy, x, w, aux, gx, gw, gb)
+    bwd_ws = torch.empty(max(bwd_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
+
     q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
     o = torch.empty(1, 1, 64, 64, **bf16)
     att = sdpa_desc(batch=1, heads_q=1, heads_kv=1, seq_q=64, seq_kv=64, head_dim=64,
@@ -58,13 +68,16 @@ def main(argv: list[str]) -> int:
         "linear plan.run, workspace": lambda: lin_plan.run(lin_args, workspace=lin_ws),
         "linear 1024x4096x1024 run, no ws": lambda: big_plan.run(big_args),
         "linear 1024x4096x1024 run, ws": lambda: big_plan.run(big_args, workspace=big_ws),
+        "linear_backward run, no ws": lambda: bwd_plan.run(bwd_args),
+        "linear_backward run, ws": lambda: bwd_plan.run(bwd_args, workspace=bwd_ws),
         "torch F.sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
         "sdpa() functional": lambda: sdpa(q, k, v),
         "sdpa plan.run, no workspace": lambda: att_plan.run(att_args),
         "sdpa plan.run, workspace": lambda: att_plan.run(att_args, workspace=att_ws),
     }, calls=200, rounds=9)
     print(f"{label}: workspace bytes: linear 64^3 {lin_plan.workspace_size}, linear 1024x4096x1024 "
-          f"{big_plan.workspace_size}, sdpa {att_plan.workspace_size}")
+          f"{big_plan.workspace_size}, linear_backward 64^3 {bwd_plan.workspace_size}, sdpa "
+          f"{att_plan.workspace_size}")
     for name, value in us.items():
         torch_peer = "torch F.sdpa" if "sdpa" in name else "torch F.linear+gelu"
         print(f"{label:8s} {name:34s} {value:8.2f} us  {value / us[torch_peer]:5.2f}x {torch_peer}")
