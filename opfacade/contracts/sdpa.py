@@ -91,15 +91,17 @@ MEMORY_ORDER: dict[str, tuple[int, int, int, int]] = {
 def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
                   ) -> tuple[int, int, int, int]:
     """Element strides of a dense tensor indexed [batch, heads, seq, dim] stored in ``layout``
-    order."""
+    order. (The functional forms read it for every tensor they are given: a plain loop, no
+    intermediate tuples.)"""
     order = MEMORY_ORDER.get(layout)
     if order is None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    shape = (batch, heads, seq, dim)
-    in_memory = c_strides(tuple(shape[axis] for axis in order))
+    extents = (batch, heads, seq, dim)
     strides = [0, 0, 0, 0]
-    for position, axis in enumerate(order):
-        strides[axis] = in_memory[position]
+    running = 1
+    for axis in reversed(order):  # innermost in memory first
+        strides[axis] = running
+        running *= extents[axis]
     return tuple(strides)
 
 
