@@ -33,6 +33,11 @@ def main(argv: list[str]) -> int:
             change = r_new / r_old - 1
             worst = min(worst, change)
             lines.append((*key, peer, f"{r_old:.3f}", f"{r_new:.3f}", f"{change:+.1%}"))
+        graph = row.get("graph_ms") or {}
+        for peer, peer_ms in graph.items():  # a host-bound row: the CUDA-graph replay ratios
+            if peer != "ours" and "ours" in graph:
+                lines.append((*key, f"{peer} (graph)", "-", f"{peer_ms / graph['ours']:.3f}",
+                              "host-bound: " + ", ".join(row.get("host_bound", []))))
     widths = [max(len(str(line[i])) for line in lines) for i in range(6)]
     for line in lines:
         cells = [str(c).ljust(w) for c, w in zip(line, widths, strict=True)]

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class BenchRow:
-    """One case: our time, the peers' times, and what the ratios mean (peer time / ours)."""
+    """One case: our time, the peers' times, and what the ratios mean (peer time / ours).
+
+    ``ours_ms`` and ``peers_ms`` are GPU milliseconds per call in back-to-back bursts (what a
+    training loop sees). ``host_ms`` is each contestant's host time per call ("ours" included).
+    Where a contestant's host time is at least its GPU time (``host_bound``), the burst measures
+    the host, not the GPU: every contestant is then timed again from a CUDA graph that replays
+    its captured calls (``graph_ms``), and the GPU ratios to read are those.
+    """
 
     op: str
     case: str
@@ -17,6 +24,9 @@ class BenchRow:
     figure: str  # e.g. "2.71 TB/s, 91% of copy" or "612 TFLOP/s"
     peers_ms: dict[str, float] = field(default_factory=dict)
     notes: str = ""
+    host_ms: dict[str, float] = field(default_factory=dict)
+    graph_ms: dict[str, float] = field(default_factory=dict)
+    host_bound: list[str] = field(default_factory=list)
 
     def speedup(self, peer: str) -> float:
         return self.peers_ms[peer] / self.ours_ms
@@ -110,9 +120,108 @@ def host_us_interleaved(fns: dict[str, Callable[[], object]], calls: int, rounds
 
 
 def format_rows(rows: list[BenchRow]) -> str:
-    """A plain table: one line per case, every peer's ratio (peer ms / ours ms) after it."""
+    """A plain table: one line per case, every peer's ratio (peer ms / ours ms) after it; a
+    host-bound row says who is host-bound and gives the ratios of the CUDA-graph replays."""
     lines = [f"{'op':16} {'case':44} {'ours ms':>9}  {'figure':28} vs peers (peer ms / ours ms)"]
     for r in rows:
         peers = ", ".join(f"{name} {ms / r.ours_ms:.2f}x" for name, ms in r.peers_ms.items())
         lines.append(f"{r.op:16} {r.case:44} {r.ours_ms:9.3f}  {r.figure:28} {peers}")
+        if r.host_bound:
+            graph = r.graph_ms
+            replayed = ", ".join(f"{name} {ms / graph['ours']:.2f}x" for name, ms in graph.items()
+                                 if name != "ours") if "ours" in graph else "not captured"
+            lines.append(f"{'':16} {'  HOST-BOUND: ' + ', '.join(r.host_bound):44} "
+                         f"{graph.get('ours', float('nan')):9.3f}  {'CUDA-graph replay':28} "
+                         f"{replayed}")
     return "\n".join(lines)
+
+
+@dataclass
+class Timings:
+    """Each contestant's GPU time in bursts, host time per call, and (when one is host-bound)
+    GPU time replayed from a CUDA graph; ``ours`` names our contestant."""
+
+    gpu_ms: dict[str, float]
+    host_ms: dict[str, float]
+    graph_ms: dict[str, float]
+    host_bound: list[str]
+    why_not_captured: str = ""
+    ours: str = "ours"
+
+    def row(self, op: str, case: str, figure: Callable[[float], str], notes: str = ""
+            ) -> BenchRow:
+        """The bench row: ``figure(ours_ms)`` reads our GPU time (from the graph replay when a
+        contestant is host-bound and it was captured)."""
+        ours_ms = self.gpu_ms[self.ours]
+        peers = {name: ms for name, ms in self.gpu_ms.items() if name != self.ours}
+        graph = {("ours" if name == self.ours else name): ms for name, ms in self.graph_ms.items()}
+        if self.host_bound:
+            bound = ", ".join(f"{name} (host {self.host_ms[name]:.3f} ms per call >= GPU "
+                              f"{self.gpu_ms[name]:.3f} ms)" for name in self.host_bound)
+            notes = "; ".join(filter(None, (notes, f"host-bound: {bound}", self.why_not_captured)))
+        figure_ms = graph.get("ours", ours_ms)
+        return BenchRow(op, case, ours_ms, figure(figure_ms), peers, notes,
+                        host_ms={("ours" if n == self.ours else n): ms
+                                 for n, ms in self.host_ms.items()},
+                        graph_ms=graph, host_bound=list(self.host_bound))
+
+
+# Host time per call is a batch of this many calls, short enough never to fill the launch queue.
+HOST_CALLS = 20
+
+
+def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
+                     capture_stream: object = None,
+                     graph_fns: dict[str, Callable[[], object]] | None = None,
+                     ours: str = "ours") -> Timings:
+    """GPU milliseconds per call in bursts (``time_interleaved``), host milliseconds per call,
+    and, when any contestant's host time reaches its GPU time, every contestant timed again by
+    replaying its calls captured in a CUDA graph (on ``capture_stream``, a torch stream, or a
+    new one: contestants must launch on torch's current stream to be captured). ``graph_fns``
+    replaces a contestant's call for the capture (an autograd backward whose forward ran on the
+    capture stream, say)."""
+    gpu = time_interleaved(fns, reps)
+    host = {name: us / 1e3 for name, us in host_us_interleaved(fns, HOST_CALLS, rounds=5).items()}
+    bound = [name for name in fns if host[name] >= gpu[name]]
+    graph: dict[str, float] = {}
+    why = ""
+    if bound:
+        try:
+            graph = time_in_cuda_graphs({**fns, **(graph_fns or {})}, gpu, reps, capture_stream)
+        except Exception as error:  # a contestant that cannot be captured: say so in the row
+            why = f"not timed from a CUDA graph: {type(error).__name__}: {error}"
+    return Timings(gpu, host, graph, bound, why, ours)
+
+
+def time_in_cuda_graphs(fns: dict[str, Callable[[], object]], gpu_ms: dict[str, float],
+                        reps: int, capture_stream: object = None) -> dict[str, float]:
+    """Median GPU milliseconds per call of each function replayed from a CUDA graph holding a
+    burst of its calls (about BURST_MS of GPU work): no host work between the calls, so the
+    figure is the GPU's whatever the host costs. Replays alternate between the functions."""
+    import torch
+
+    stream = capture_stream or torch.cuda.Stream()
+    graphs, counts = {}, {}
+    for name, fn in fns.items():
+        counts[name] = max(1, min(400, int(BURST_MS / max(gpu_ms[name], 1e-3))))
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # warm up on the capture stream (plans, memo entries, allocator)
+                fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(counts[name]):
+                fn()
+        graphs[name] = graph
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for round_ in range(reps):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            graphs[name].replay()  # untimed: the GPU is busy when the timed replay starts
+            start.record()
+            graphs[name].replay()
+            stop.record()
+            stop.synchronize()
+            samples[name].append(start.elapsed_time(stop) / counts[name])
+    return {name: statistics.median(times) for name, times in samples.items()}

@@ -21,7 +21,7 @@ from ..ops.linear import (
     LinearDescriptor,
     LinearForwardPlan,
 )
-from .common import BenchRow, host_us_interleaved, time_interleaved
+from .common import BenchRow, host_us_interleaved, time_contestants
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 1024), (64, 8192, 8192))
 ERF_SHAPES = ((4096, 4096, 4096), (16384, 4096, 1024))
@@ -58,19 +58,17 @@ def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
                                                                            use_gelu=True)}
     else:
         best = {"torch gelu(addmm)": lambda: F.gelu(torch.addmm(b, x, wt))}
-    times = time_interleaved({
-        "ours": lambda: plan.run(args, workspace=ws, stream=0),
-        "prepared": plan.prepare(args, workspace=ws, stream=0),
+    # Every call launches on torch's current stream (stream=None), so that a row with a
+    # host-bound contestant can be timed again from a CUDA graph.
+    timings = time_contestants({
+        "ours": lambda: plan.run(args, workspace=ws),
         **best,
         "torch unfused": lambda: F.gelu(torch.matmul(x, wt) + b, approximate=approximate),
     }, reps)
-    ours, prepared = times.pop("ours"), times.pop("prepared")
-    peers = times
     flops = 2.0 * m * n * k
     case = f"fwd bias+{label} bf16 {m}x{n}x{k}"
-    rows = [BenchRow("linear", case, ours, _tflops(flops, ours), peers,
-                     notes=f"{plan.sku.id}; prepared call {prepared:.3f} ms; "
-                           f"{plan.report.chosen.detail}")]
+    rows = [timings.row("linear", case, lambda ms: _tflops(flops, ms),
+                        notes=f"{plan.sku.id}; {plan.report.chosen.detail}")]
 
     # Backward: from the aux our training forward saves.
     train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation=activation,
@@ -85,16 +83,23 @@ def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
     backward = pair.backward
     xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
     out = F.gelu(F.linear(xr, wr, br), approximate=approximate)
-    times = time_interleaved({
-        "ours": lambda: backward.run(bargs, workspace=ws, stream=0),
+    # Autograd runs each backward op on its forward op's stream: the captured backward needs a
+    # forward made on the capture stream.
+    capture = torch.cuda.Stream()
+    with torch.cuda.stream(capture):
+        out_captured = F.gelu(F.linear(xr, wr, br), approximate=approximate)
+    torch.cuda.synchronize()
+    timings = time_contestants({
+        "ours": lambda: backward.run(bargs, workspace=ws),
         "torch autograd": lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
         # The floor of any backward that takes dY as an input: torch's two GEMMs, nothing else.
         "torch dx+dW GEMMs only": lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)),
-    }, reps)
-    ours_bwd = times.pop("ours")
-    rows.append(BenchRow("linear", f"bwd d{label}+dbias+dx+dW bf16 {m}x{n}x{k}", ours_bwd,
-                         _tflops(2 * flops, ours_bwd), times,
-                         notes=f"{backward.sku.id}: {backward.report.chosen.detail}"))
+    }, reps, capture_stream=capture, graph_fns={
+        "torch autograd": lambda: torch.autograd.grad(out_captured, (xr, wr, br), dy,
+                                                      retain_graph=True)})
+    rows.append(timings.row("linear", f"bwd d{label}+dbias+dx+dW bf16 {m}x{n}x{k}",
+                            lambda ms: _tflops(2 * flops, ms),
+                            notes=f"{backward.sku.id}: {backward.report.chosen.detail}"))
     return rows
 
 

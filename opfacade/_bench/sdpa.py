@@ -23,7 +23,7 @@ from ..ops.sdpa import (
     SdpaForwardPlan,
 )
 from ..types import PlanPreference
-from .common import BenchRow, host_us_interleaved, time_interleaved
+from .common import BenchRow, host_us_interleaved, time_contestants
 
 # (head_dim, batch, heads_q, heads_kv, seq)
 FULL_CASES = tuple(
@@ -152,15 +152,14 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
     fwd_ws = workspace(forward)
     fwd_args = SdpaArgs(q, k, v, o)
     raw_fwd, *_ = raw.forward(q, k, v, o, None, scale, causal)
-    times = time_interleaved({
-        "ours": lambda: forward.run(fwd_args, workspace=fwd_ws, stream=0),
+    # Ours launch on torch's current stream, so a host-bound row can be captured.
+    timings = time_contestants({
+        "ours": lambda: forward.run(fwd_args, workspace=fwd_ws),
         "cudnn graph": raw_fwd,
         **{name: calls[0] for name, calls in peers.items()},
     }, reps)
-    ours = times.pop("ours")
     flops = _flops(b, hq, s, d, causal, backward=False)
-    rows = [BenchRow("sdpa_forward", label, ours, _tflops(flops, ours), times,
-                     "; ".join(notes))]
+    rows = [timings.row("sdpa_forward", label, lambda ms: _tflops(flops, ms), "; ".join(notes))]
 
     # The backward reads a forward's out and stats.
     stats_plan = SdpaForwardPlan.select(SdpaDescriptor(**fields, save_stats=True), device=0)
@@ -171,23 +170,21 @@ def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[B
                                                PlanPreference(deterministic=det), device=0)
              for det in (False, True)}
     default_ws = workspace(plans[False])
-    default = {"ours": lambda: plans[False].run(bwd_args, workspace=default_ws, stream=0)}
+    default = {"ours": lambda: plans[False].run(bwd_args, workspace=default_ws)}
     raw_bwd, _, raw_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal, False)
-    times = time_interleaved({**default, "cudnn graph": raw_bwd,
-                              **{name: calls[1] for name, calls in peers.items()}}, reps)
-    default_ms = times.pop("ours")
-    rows.append(BenchRow("sdpa_backward", label, default_ms, _tflops(flops, default_ms), times,
-                         f"workspace {plans[False].workspace_size / 2**20:.1f} MiB"))
+    timings = time_contestants({**default, "cudnn graph": raw_bwd,
+                                **{name: calls[1] for name, calls in peers.items()}}, reps)
+    rows.append(timings.row("sdpa_backward", label, lambda ms: _tflops(flops, ms),
+                            f"workspace {plans[False].workspace_size / 2**20:.1f} MiB"))
     del raw_bwd, raw_ws
     det_ws = workspace(plans[True])
     raw_det, _, raw_det_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal,
                                           True)
-    times = time_interleaved({
-        "ours": lambda: plans[True].run(bwd_args, workspace=det_ws, stream=0),
+    timings = time_contestants({
+        "ours": lambda: plans[True].run(bwd_args, workspace=det_ws),
         "cudnn graph": raw_det, "ours default": default["ours"]}, reps)
-    det_ms = times.pop("ours")
-    rows.append(BenchRow("sdpa_backward det", label, det_ms, _tflops(flops, det_ms), times,
-                         f"workspace {plans[True].workspace_size / 2**20:.1f} MiB"))
+    rows.append(timings.row("sdpa_backward det", label, lambda ms: _tflops(flops, ms),
+                            f"workspace {plans[True].workspace_size / 2**20:.1f} MiB"))
     return rows  # the caller empties torch's cache of the deterministic path's large buffers
 
 

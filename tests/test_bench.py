@@ -1,0 +1,38 @@
+"""The bench's rows without a GPU: a host-bound contestant is named, its row carries the CUDA-graph
+replay times, and the table prints the replay ratios beside the burst ratios."""
+
+from __future__ import annotations
+
+from opfacade._bench.common import BenchRow, Timings, format_rows
+
+
+def test_a_host_bound_row_names_the_contestant_and_reads_the_graph_times():
+    timings = Timings(gpu_ms={"ours": 0.12, "torch autograd": 0.22},
+                      host_ms={"ours": 0.01, "torch autograd": 0.25},
+                      graph_ms={"ours": 0.118, "torch autograd": 0.140},
+                      host_bound=["torch autograd"])
+    row = timings.row("linear", "bwd 64x8192x8192", lambda ms: f"{1 / ms:.1f} per ms")
+    assert row.ours_ms == 0.12 and row.peers_ms == {"torch autograd": 0.22}
+    assert row.host_bound == ["torch autograd"] and row.graph_ms["ours"] == 0.118
+    assert row.figure == f"{1 / 0.118:.1f} per ms"  # the GPU's figure, not the host's
+    assert "host-bound: torch autograd (host 0.250 ms per call >= GPU 0.220 ms)" in row.notes
+    table = format_rows([row])
+    assert "HOST-BOUND: torch autograd" in table and f"torch autograd {0.140 / 0.118:.2f}x" in table
+
+
+def test_a_row_nobody_is_host_bound_in_keeps_the_burst_times():
+    timings = Timings(gpu_ms={"ours": 1.0, "peer": 2.0}, host_ms={"ours": 0.01, "peer": 0.02},
+                      graph_ms={}, host_bound=[])
+    row = timings.row("alibi", "forward", lambda ms: f"{ms:.1f} ms", notes="n")
+    assert row.notes == "n" and not row.host_bound and row.figure == "1.0 ms"
+    assert "HOST-BOUND" not in format_rows([row])
+
+
+def test_a_contestant_that_could_not_be_captured_is_reported():
+    timings = Timings(gpu_ms={"ours": 0.1, "peer": 0.1}, host_ms={"ours": 0.2, "peer": 0.01},
+                      graph_ms={}, host_bound=["ours"],
+                      why_not_captured="not timed from a CUDA graph: RuntimeError: x")
+    row = timings.row("sdpa_forward", "tiny", str)
+    assert "not timed from a CUDA graph" in row.notes
+    assert "not captured" in format_rows([row])
+    assert isinstance(row, BenchRow)
