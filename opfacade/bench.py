@@ -40,9 +40,23 @@ def _warm_up(seconds: float = 2.0) -> None:
 
 def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] | None = None
               ) -> list[BenchRow]:
-    from ._internal.device import current_device, device_name
+    """Benchmarks each family (or those in ``ops``) on the current device and prints the rows.
 
-    name = device_name(current_device())
+    Raises:
+        BackendUnavailable: no GPU, no driver for CUDA 13, the GPU stack or torch (a peer in
+            every family's rows) is not installed.
+    """
+    import importlib.util
+
+    from ._internal.device import device_name
+    from .errors import BackendUnavailable
+    from .verify import require_gpu
+
+    device = require_gpu("the benchmark")
+    if importlib.util.find_spec("torch") is None:
+        raise BackendUnavailable("opfacade bench measures torch as a peer of each op; install "
+                                 "it with: pip install torch")
+    name = device_name(device)
     print(f"opfacade bench on {name}{' (quick sizes)' if quick else ''}")
     _warm_up()
     rows: list[BenchRow] = []

@@ -8,13 +8,29 @@ import platform
 import re
 from pathlib import Path
 
-from ._internal.device import current_device, device_arch, device_name
+from ._internal.device import DEVICES, current_device, device_arch, device_name
 from ._registry import all_ops
-from .errors import NoKernelSku
+from .errors import BackendUnavailable, NoKernelSku
 from .testing import verify_sku
 from .types import BackendKind
 
-__all__ = ["verify_all"]
+__all__ = ["require_gpu", "verify_all"]
+
+
+def require_gpu(what: str) -> int:
+    """The current CUDA device, or BackendUnavailable saying in one sentence why ``what`` cannot
+    run here: the GPU stack is not installed (and how to install it), the driver is too old for
+    it, or no GPU is visible."""
+    runtime = DEVICES.runtime()  # BackendUnavailable with the install command without CuPy
+    try:
+        count = int(runtime.getDeviceCount())
+    except Exception as error:  # no driver, or one older than the CUDA 13 runtime
+        raise BackendUnavailable(
+            f"{what} needs an NVIDIA GPU with a driver for CUDA 13 or newer; the CUDA runtime "
+            f"answers: {error}") from None
+    if count == 0:
+        raise BackendUnavailable(f"{what} needs an NVIDIA GPU; the CUDA runtime sees none")
+    return current_device()
 
 
 def _versions() -> dict[str, str]:
@@ -40,8 +56,12 @@ def record_path(out_dir: str | Path, gpu: str) -> Path:
 
 def verify_all(*, op: str | None = None, runs: int = 3, out_dir: str | Path | None = None,
                seed: int | None = None, echo=print) -> dict:
-    """Verifies every GPU SKU (of ``op``) on the current device; writes and returns the record."""
-    device = current_device()
+    """Verifies every GPU SKU (of ``op``) on the current device; writes and returns the record.
+
+    Raises:
+        BackendUnavailable: no GPU, no driver for CUDA 13, or the GPU stack is not installed.
+    """
+    device = require_gpu("verifying the SKUs")
     gpu = device_name(device)
     entries, passed = [], True
     for spec in all_ops():

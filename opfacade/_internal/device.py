@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..errors import BackendUnavailable, InvalidArgument
 from ..types import ArchSku
+from .config import with_install_hint
 from .log import LOG
 
 __all__ = [
@@ -26,7 +27,8 @@ def _cupy_runtime():
     try:
         import cupy
     except ImportError as error:
-        raise BackendUnavailable(f"CuPy failed to import, so no GPU can be used: {error}") from None
+        raise BackendUnavailable(with_install_hint(
+            f"CuPy failed to import, so no GPU can be used: {error}")) from None
     return cupy.cuda.runtime
 
 

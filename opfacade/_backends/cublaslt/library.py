@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from ..._internal.config import with_install_hint
 from ..._internal.device import on_device
 from ..._internal.handles import PerThreadHandles
 from ...errors import BackendUnavailable, LaunchFailed, Unsupported
@@ -62,8 +63,10 @@ def _import_error() -> str | None:
 
 
 def available() -> str | None:
-    """Why cuBLASLt cannot be used in this process, or None. Loads nothing on the GPU."""
-    return _import_error()
+    """Why cuBLASLt cannot be used in this process (with what to install), or None. Loads
+    nothing on the GPU."""
+    why = _import_error()
+    return None if why is None else with_install_hint(why)
 
 
 def binding():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+from ..._internal.config import with_install_hint
 from ..._internal.device import on_device
 from ..._internal.handles import PerThreadHandles
 
@@ -38,8 +39,9 @@ def _load():
 
 
 def available() -> str | None:
-    """Why cuDNN graphs cannot be built in this process, or None."""
-    return _load()[1]
+    """Why cuDNN graphs cannot be built in this process (with what to install), or None."""
+    why = _load()[1]
+    return None if why is None else with_install_hint(why)
 
 
 def cudnn_module():

@@ -6,10 +6,12 @@ is taken; compilation goes through the disk cache in compiler.py.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
 
+from ..._internal.config import with_install_hint
 from ..._internal.device import device_arch
 from ..._internal.log import timed
 from ..._internal.streams import cupy_stream
@@ -20,13 +22,16 @@ from .compiler import compile_cubin
 __all__ = ["KERNELS", "KernelCache", "available", "element_suffix", "get_kernel", "launch",
            "pointer"]
 
+
+@functools.cache
 def available() -> str | None:
-    """Why NVRTC kernels cannot run in this process, or None."""
+    """Why NVRTC kernels cannot run in this process (with what to install), or None; asked
+    once per process."""
     try:
         import cupy  # noqa: F401
         from cuda.bindings import nvrtc  # noqa: F401
-    except ImportError as error:
-        return f"CuPy or cuda-python failed to import: {error}"
+    except Exception as error:  # ImportError, or a broken install raising anything else
+        return with_install_hint(f"CuPy or cuda-python failed to import: {error}")
     return None
 
 
