@@ -12,7 +12,9 @@ the rows only while B*M stays an int32 extent, so the one extent that can exceed
 backward's B*M rows where they cannot stay a batch: the K of dW summed over a batch that shares
 one weight, and the rows of the dbias GEMV. The NVRTC kernels around the GEMMs index the same
 operands with ``i64`` element offsets, so the element rows here bound them too; their ``int``
-indices are their own tables (``nvrtc/linear_act.py``, ``nvrtc/linear_grad.py``).
+indices are their own tables (``nvrtc/linear_act.py``, ``nvrtc/linear_grad.py``). The forward's
+workspace is the GEMM's budget alone (``WORKSPACE_LIMIT``, 32 MiB) and needs no row; the
+backward's, with its intermediate buffers, is a row of ``backward.LIMITS``.
 """
 
 from __future__ import annotations
