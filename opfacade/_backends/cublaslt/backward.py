@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..._internal.contract import BoundArgs
+from ..._internal.limits import Limit, workspace_limit
 from ..._internal.log import LOG
 from ..._internal.sku import Workspace
 from ..._internal.tensors import TensorView, expect_aligned
@@ -19,6 +20,7 @@ from ...contracts.linear import (
 )
 from ...errors import LaunchFailed
 from ...types import ElementKind
+from ..nvrtc import linear_grad
 from ..nvrtc.launch import available as nvrtc_unavailable
 from ..nvrtc.linear_grad import ActivationGrad, partials_bytes
 from . import library
@@ -34,10 +36,11 @@ from .common import (
 )
 from .epilogues import BGRADA, BGRADB, DEFAULT, Epilogue
 from .layouts import Gemm, Rows, bias_grad_gemv, input_grad_gemm, weight_grad_gemm
+from .limits import BACKWARD_OPERANDS, SUMMED_ROWS
 from .matmul import POINTER_ALIGNMENT, Matmul, NoAlgorithm, round_workspace
 from .recipes import check_workspace
 
-__all__ = ["LinearBackwardCublasLt"]
+__all__ = ["LIMITS", "LinearBackwardCublasLt", "fixed_bytes", "workspace_regions"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,37 @@ def _fill(ptr: int, pattern: int, width: int, count: int, stream: int | None) ->
         raise LaunchFailed(f"filling the ones vector of the bias-gradient GEMV failed: {status}")
 
 
+def workspace_regions(desc: LinearBackwardDescriptor) -> dict[str, int]:
+    """The workspace's own buffers, in bytes: d_pre when it lives there, the dbias partials of
+    the d_pre kernel, or the ones vector of the dbias GEMV."""
+    item = desc.element.itemsize  # tf32 problems store f32
+    rows = desc.m * (desc.batch or 1)
+    kernel = desc.activation_spec.d_pre is not None
+    regions = {}
+    if kernel and not desc.need_pre_grad:
+        regions["d_pre"] = rows * padded_row(desc.n) * item
+    if kernel and desc.need_bias_grad:
+        regions["partials"] = partials_bytes(rows, desc.n, desc.element)
+    if not kernel and desc.need_bias_grad:
+        regions["ones"] = rows * item  # also when fused: the fallback if cuBLASLt refuses
+    return regions
+
+
+def fixed_bytes(desc: LinearBackwardDescriptor) -> int:
+    """Workspace for the intermediate buffers, before the GEMMs' own."""
+    return sum(round_workspace(n) for n in workspace_regions(desc).values())
+
+
+LIMITS: tuple[Limit[LinearBackwardDescriptor], ...] = (
+    *BACKWARD_OPERANDS,
+    SUMMED_ROWS,
+    *linear_grad.LIMITS,
+    workspace_limit(lambda d: fixed_bytes(d) + WORKSPACE_LIMIT,
+                    "d_pre, dbias partials or ones, and the GEMMs' default budget",
+                    "the intermediate buffers plus the GEMMs' workspace"),
+)
+
+
 class LinearBackwardCublasLt(LinearCublasLt[LinearBackwardDescriptor]):
     """d_pre = grad_out * act'(aux) [+ dbias], then dW = x^T d_pre and dx = d_pre W^T.
 
@@ -141,6 +175,7 @@ class LinearBackwardCublasLt(LinearCublasLt[LinearBackwardDescriptor]):
 
     op = LINEAR_BACKWARD
     fixed_views = ("grad_out", "x", "weight", "aux", "grad_x", "grad_weight", "grad_pre")
+    limits = LIMITS
 
     def __init__(self, element: ElementKind, deterministic: bool):
         super().__init__(declare_sku(
@@ -185,20 +220,10 @@ class LinearBackwardCublasLt(LinearCublasLt[LinearBackwardDescriptor]):
         return "gemv"
 
     def _regions(self, desc: LinearBackwardDescriptor) -> dict[str, int]:
-        item = self.element.itemsize
-        rows = desc.m * (desc.batch or 1)
-        kernel = desc.activation_spec.d_pre is not None
-        regions = {}
-        if kernel and not desc.need_pre_grad:
-            regions["d_pre"] = rows * padded_row(desc.n) * item
-        if kernel and desc.need_bias_grad:
-            regions["partials"] = partials_bytes(rows, desc.n, self.element)
-        if not kernel and desc.need_bias_grad:
-            regions["ones"] = rows * item  # also when fused: the fallback if cuBLASLt refuses
-        return regions
+        return workspace_regions(desc)
 
     def _fixed_bytes(self, desc: LinearBackwardDescriptor) -> int:
-        return sum(round_workspace(n) for n in self._regions(desc).values())
+        return fixed_bytes(desc)
 
     def _canonical_strides(self, desc: LinearBackwardDescriptor) -> tuple:
         batched = desc.batch is not None

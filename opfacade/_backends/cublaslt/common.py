@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..._internal.contract import BoundArgs, OpContract
 from ..._internal.device import current_device, device_count, on_device
+from ..._internal.limits import Limit, check
 from ..._internal.log import LOG
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
@@ -180,6 +181,7 @@ class LinearCublasLt(SkuImpl[D]):
 
     op: OpContract[D]
     fixed_views: tuple[str, ...]  # the views whose strides key the recipe; the first's device
+    limits: tuple[Limit[D], ...]  # what cuBLASLt and the NVRTC passes index, checked first
 
     def __init__(self, sku: KernelSku, element: ElementKind, deterministic: bool):
         self.sku = sku
@@ -197,7 +199,9 @@ class LinearCublasLt(SkuImpl[D]):
         if unfit is not None:
             return unfit
         reason = self._activation_unserved(desc.activation_spec)
-        return None if reason is None else Unfit(ReasonCode.feature_unsupported, reason)
+        if reason is not None:
+            return Unfit(ReasonCode.feature_unsupported, reason)
+        return check(self.limits, desc)
 
     def _activation_unserved(self, spec: ActivationSpec) -> str | None:
         """Why this SKU does not compute the activation, or None."""

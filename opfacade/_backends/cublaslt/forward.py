@@ -15,6 +15,7 @@ from ..._internal.sku import Workspace
 from ..._internal.tensors import TensorView, expect_aligned
 from ...contracts.linear import ACTIVATIONS, LINEAR_FORWARD, ActivationSpec, LinearDescriptor
 from ...types import ElementKind, KernelSku
+from ..nvrtc import linear_act
 from ..nvrtc.launch import available as nvrtc_unavailable
 from ..nvrtc.linear_act import ActivationPass
 from . import library
@@ -30,6 +31,7 @@ from .common import (
 )
 from .epilogues import DEFAULT, Epilogue, forward_epilogue
 from .layouts import Gemm, Rows, forward_gemm
+from .limits import FORWARD_OPERANDS
 from .matmul import POINTER_ALIGNMENT, Aux, Matmul, round_workspace
 from .recipes import check_workspace
 
@@ -77,6 +79,7 @@ class LinearForwardCublasLt(LinearCublasLt[LinearDescriptor]):
 
     op = LINEAR_FORWARD
     fixed_views = ("x", "weight", "out", "residual", "aux")
+    limits = FORWARD_OPERANDS
 
     def __init__(self, element: ElementKind, deterministic: bool, sku: KernelSku | None = None):
         super().__init__(sku or declare_sku(
@@ -149,6 +152,8 @@ class LinearForwardCublasLtActPass(LinearForwardCublasLt):
     """``pre = x @ W + bias + residual`` in one cublasLtMatmul (into the aux when it is saved,
     else into out), then ``out = act(pre)`` in an NVRTC pass: for the activations cuBLASLt has no
     epilogue for."""
+
+    limits = (*FORWARD_OPERANDS, *linear_act.LIMITS)
 
     def __init__(self, element: ElementKind, deterministic: bool):
         super().__init__(element, deterministic, declare_sku(

@@ -13,7 +13,8 @@ along N, as it must; the aux matrix has D's shape. W in "kn" layout (``[K, N]`` 
 
 A 3-D operand is a strided batch. When one weight serves the whole batch and every other operand
 is contiguous across it (batch stride = M * row stride), the batch is folded into the rows
-(``B*M`` rows, one GEMM): that is how the shared-weight backward sums dW and dbias over the batch.
+(``B*M`` rows, one GEMM) while B*M stays an int32 extent (cuBLASLt's ROWS and COLS): that is how
+the shared-weight backward sums dW and dbias over the batch (``limits.SUMMED_ROWS``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..._internal.limits import INT32_MAX
 from ...contracts.linear import LinearBackwardDescriptor, LinearDescriptor
 
 __all__ = [
@@ -92,8 +94,10 @@ class Gemm:
 
 
 def _folded(desc: Problem, operands: Iterable[Rows]) -> bool:
-    """One weight over a batch of contiguous operands: fold the batch into the rows."""
+    """One weight over a batch of contiguous operands: fold the batch into the rows, unless
+    B*M would exceed the int32 extent cuBLASLt takes (the batch then stays a strided batch)."""
     return (desc.batch is not None and not desc.weight_batched
+            and desc.batch * desc.m <= INT32_MAX
             and all(batch_contiguous(rows, desc.m) for rows in operands))
 
 

@@ -19,7 +19,8 @@ derivative from the saved aux. Which activation goes where is the contract's tab
 (``opfacade/contracts/linear_activations.py``).
 
 The modules: ``common`` (bounds, SKU declaration, argument checks, the shared base class and its
-one execution path), ``recipes`` (``RECIPES``, the one recipe cache), ``forward`` and
+one execution path), ``limits`` (what cuBLASLt indexes, as data: the SKUs' size limits, checked
+first at selection), ``recipes`` (``RECIPES``, the one recipe cache), ``forward`` and
 ``backward`` (each op's recipes and SKUs). Prepared matmuls are cached per (descriptor, device,
 tensor strides); a run given less workspace than the cached algorithm needs uses the best
 algorithm within what it was given.

@@ -1,6 +1,7 @@
 """cuDNN v9 fused attention graphs through nvidia-cudnn-frontend (cudnn.pygraph).
 
-    limits.py   what the SDPA graphs serve, as data (head dims, dtypes, arch and version gates)
+    limits.py   what the SDPA graphs serve, as data (head dims, dtypes, arch and version gates,
+                and the sizes they index: int64 tensors, a workspace below 2**48)
     runtime.py  the library: lazy import, backend version, handles per (thread, device)
     graphs.py   tensor UIDs, building in the fixed order, the graph cache, executing by UID
     sdpa.py     the SKUs: forward per element, default and deterministic backward per element

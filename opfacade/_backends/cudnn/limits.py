@@ -9,18 +9,31 @@ they err on the permissive side where cuDNN's behaviour depends on a heuristic w
 
 Versions are cuDNN's integers: ``major * 10000 + minor * 100 + patch`` (9.19.0 is 91900).
 An unknown architecture or version (no GPU, no cuDNN) skips the rules that depend on it.
+
+``SIZE_LIMITS`` are what the graph can index, checked after the rules: cuDNN's tensor
+dimensions and strides are int64 (``CUDNN_ATTR_TENSOR_DIMENSIONS``/``_STRIDES`` are
+``CUDNN_TYPE_INT64`` in ``cudnn_graph.h``), so each tensor's element count must be an int64;
+the padding lengths are int32 tensors and the masks compare int32 indices, which the
+descriptor's ``seq_q``/``seq_kv`` < 2**31 already keep in range; and the workspace (the
+frontend sizes its dQ accumulator and rowsum buffer as int64 byte counts) stays below 2**48.
+The stats ([B, Hq, Sq, 1]) are never larger than q; dO, dQ, dK, dV have q's, k's, v's and
+out's shapes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..._internal import limits as size
+from ..._internal.limits import INT64_MAX, Limit
 from ..._internal.sku import ReasonCode, Unfit
 from ...types import ArchSku, ElementKind
 
 __all__ = [
     "ELEMENTS", "HEAD_DIM_MULTIPLE", "HEAD_DIM_LIMITS", "MIN_BACKEND_VERSION", "RULES",
+    "SIZE_LIMITS",
     "Facts", "Context", "check", "format_version", "max_head_dim",
 ]
 
@@ -79,6 +92,12 @@ class Facts:
     bottom_right: bool  # diagonal alignment
     bias_grad: bool = False
     deterministic: bool = False
+    heads_kv: int | None = None  # None: heads_q (plain multi-head attention)
+    workspace: int | None = None  # the graph's workspace in bytes (an estimate without a GPU)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads_q if self.heads_kv is None else self.heads_kv
 
     @property
     def causal_like(self) -> bool:
@@ -223,8 +242,41 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _bias_elements(f: Facts) -> int | None:
+    if f.bias is None:
+        return None
+    lead = (f.batch if f.bias[0] == "b" else 1) * (f.heads_q if f.bias[1] == "h" else 1)
+    return lead * f.seq_q * f.seq_kv
+
+
+def _tensor(name: str, quantity: str, extents: Callable[[Facts], tuple[int, ...]]) -> Limit:
+    return Limit(f"{name} elements", quantity, f"elements of {name}",
+                 "cuDNN's int64 tensor dimensions and strides", INT64_MAX,
+                 lambda f: math.prod(extents(f)),
+                 "cudnn_graph.h: CUDNN_ATTR_TENSOR_DIMENSIONS and _STRIDES are CUDNN_TYPE_INT64")
+
+
+SIZE_LIMITS: tuple[Limit[Facts], ...] = (
+    _tensor("q", "batch*heads_q*seq_q*head_dim",
+            lambda f: (f.batch, f.heads_q, f.seq_q, f.head_dim)),
+    _tensor("k", "batch*heads_kv*seq_kv*head_dim",
+            lambda f: (f.batch, f.kv_heads, f.seq_kv, f.head_dim)),
+    _tensor("v", "batch*heads_kv*seq_kv*head_dim_v",
+            lambda f: (f.batch, f.kv_heads, f.seq_kv, f.head_dim_v)),
+    _tensor("out", "batch*heads_q*seq_q*head_dim_v",
+            lambda f: (f.batch, f.heads_q, f.seq_q, f.head_dim_v)),
+    Limit("bias elements", "the bias's batch*heads*seq_q*seq_kv", "elements of bias",
+          "cuDNN's int64 tensor dimensions and strides", INT64_MAX, _bias_elements,
+          "cudnn_graph.h: CUDNN_ATTR_TENSOR_DIMENSIONS and _STRIDES are CUDNN_TYPE_INT64"),
+    size.workspace_limit(lambda f: f.workspace,
+                         "cudnn-frontend sizes dQ_accum and softmax_sum as int64 bytes; sdpa.py's "
+                         "estimate without a GPU"),
+)
+
+
 def check(facts: Facts, ctx: Context) -> Unfit | None:
-    """The first rule that rejects ``facts`` on ``ctx``, as an Unfit, or None."""
+    """The first rule that rejects ``facts`` on ``ctx``, then the first size limit they exceed,
+    as an Unfit, or None."""
     if facts.element not in ELEMENTS:
         return Unfit(ReasonCode.element_unsupported,
                      f"cuDNN SDPA serves {', '.join(e.value for e in ELEMENTS)}, problem is "
@@ -232,4 +284,4 @@ def check(facts: Facts, ctx: Context) -> Unfit | None:
     for rule in RULES:
         if rule.rejects(facts, ctx):
             return Unfit(rule.code, rule.why(facts, ctx))
-    return None
+    return size.check(SIZE_LIMITS, facts)

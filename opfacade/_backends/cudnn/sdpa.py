@@ -22,6 +22,7 @@ from typing import Generic, TypeVar
 
 from ..._internal.contract import BoundArgs, OpContract
 from ..._internal.device import current_device, device_arch, device_count, on_device
+from ..._internal.limits import workspace_limit
 from ..._internal.log import LOG
 from ..._internal.selection import Target
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
@@ -59,6 +60,9 @@ BACKWARD_BOUND = {ElementKind.bf16: 2e-2, ElementKind.f16: 1e-2}
 # Device pointers cuDNN's SDPA kernels load with 16-byte vectors.
 TENSOR_ALIGNMENT = 16
 LAYOUT = "bhsd|bshd|sbhd dense, d-contiguous; stats [B,Hq,Sq,1] f32"
+# The workspace a graph built on a GPU asks for (limits.SIZE_LIMITS weighs the estimate first).
+WORKSPACE = workspace_limit(lambda size: size, "the built graph's get_workspace_size()",
+                            "the graph's workspace")
 
 
 def _guarantee(element: ElementKind, bound: float, deterministic: bool) -> PrecisionGuarantee:
@@ -163,7 +167,9 @@ class _SdpaCudnn(SkuImpl[P]):
             dropout=desc.dropout_p > 0.0, padding=desc.padding, right_bound=desc.right_bound,
             left_bound=desc.left_bound, bottom_right=desc.alignment == "bottom_right",
             bias_grad=isinstance(desc, SdpaBackwardDescriptor) and desc.need_bias_grad,
-            deterministic=self.sku.precision_guarantee.deterministic)
+            deterministic=self.sku.precision_guarantee.deterministic, heads_kv=desc.heads_kv,
+            workspace=estimate_workspace(desc, self.direction,
+                                         self.sku.precision_guarantee.deterministic))
 
     def unfit(self, desc: P) -> Unfit | None:
         return self.unfit_on(desc, None)
@@ -184,7 +190,7 @@ class _SdpaCudnn(SkuImpl[P]):
             return Unfit(ReasonCode.build_failed, str(error))
         if isinstance(built, graphs.Declined):
             return Unfit(ReasonCode.feature_unsupported, built.reason)
-        return None
+        return WORKSPACE.check(built.workspace_size)  # the graph's own figure, not the estimate
 
     def workspace_size(self, desc: P) -> int:
         return self.workspace_size_on(desc, None)

@@ -1,4 +1,12 @@
-"""ALiBi forward and backward as bespoke NVRTC kernels (native/alibi.cu), one SKU per element."""
+"""ALiBi forward and backward as bespoke NVRTC kernels (native/alibi.cu), one SKU per element.
+
+What the kernels can index is data (``FORWARD_LIMITS``, ``BACKWARD_LIMITS``), checked first by
+each SKU's ``unfit``. Indices that cannot overflow are left out of the tables: query_len and
+key_len are below 2**24 (the descriptor's bound) in ``int``; the forward's grid has at most
+MAX_FORWARD_BLOCKS blocks; the backward's rows per chunk are at most BYTES_PER_CHUNK / 2 in
+``int``, and its per-head row index (``i64``) stays below chunks * rows per chunk, which the
+chunk limits keep under 2**48.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,15 @@ import functools
 import numpy as np
 
 from ..._internal.contract import BoundArgs, OpContract
+from ..._internal.limits import (
+    GRID_X_MAX,
+    GRID_YZ_MAX,
+    INT32_MAX,
+    INT64_MAX,
+    Limit,
+    check,
+    workspace_limit,
+)
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
 from ...contracts.alibi import (
@@ -19,7 +36,7 @@ from ...contracts.alibi import (
 from ...types import ArchSku, BackendKind, ElementKind, KernelSku, MathPrecision, PrecisionGuarantee
 from .launch import available, get_kernel, launch, pointer
 
-__all__ = ["SKUS", "backward_chunking"]
+__all__ = ["BACKWARD_LIMITS", "FORWARD_LIMITS", "SKUS", "backward_chunking"]
 
 SOURCE = "alibi.cu"
 ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
@@ -31,7 +48,6 @@ MAX_FORWARD_BLOCKS = 16384
 # give thousands of blocks at training sizes. Fixed, so the reduction order depends on the
 # problem alone (never on the device).
 BYTES_PER_CHUNK = 256 * 1024
-MAX_GRID_Y = 65535
 
 
 def _forward_bound(element: ElementKind) -> float:
@@ -60,7 +76,68 @@ def _sku(op: OpContract, element: ElementKind, bound: float, description: str) -
                   layout="bhqk,k-contiguous", arch=ArchSku.sm80, description=description)
 
 
+def backward_chunking(desc: AlibiBackwardDescriptor) -> tuple[int, int]:
+    """(rows_per_chunk, chunks) for one head's B*Q rows: a function of the problem alone."""
+    rows_per_head = desc.batch * desc.query_len
+    row_bytes = desc.key_len * desc.element.itemsize
+    rows = max(WARPS, -(-BYTES_PER_CHUNK // row_bytes))
+    rows = -(-rows // WARPS) * WARPS
+    rows = min(rows, rows_per_head)
+    return rows, -(-rows_per_head // rows)
+
+
+def _rows(desc: AlibiForwardDescriptor) -> int:
+    return desc.batch * desc.heads * desc.query_len
+
+
+def _elements(desc: AlibiForwardDescriptor | AlibiBackwardDescriptor) -> int:
+    return desc.batch * desc.heads * desc.query_len * desc.key_len
+
+
+def _slope_chunks(desc: AlibiBackwardDescriptor) -> int | None:
+    return backward_chunking(desc)[1] if desc.need_slope_grad else None
+
+
+def _partials_bytes(desc: AlibiBackwardDescriptor) -> int:
+    _, chunks = backward_chunking(desc)
+    return Workspace.round_up(desc.heads * chunks * accumulator(desc.element).itemsize)
+
+
+_HEADS = "heads"
+_ELEMENTS = Limit(
+    "elements", "batch*heads*query_len*key_len", "elements of each score tensor",
+    "the kernel's int64 element offsets", INT64_MAX, _elements,
+    "native/alibi.cu: b * sb + h * sh + i * sq with i64 strides, then + j")
+# The forward's grid-stride loop adds up to MAX_FORWARD_BLOCKS * WARPS to an i64 row below
+# `rows`: rows stay that far below INT64_MAX so the step cannot overflow.
+FORWARD_LIMITS: tuple[Limit[AlibiForwardDescriptor], ...] = (
+    Limit(_HEADS, _HEADS, "heads", "the forward kernel's int heads", INT32_MAX,
+          lambda d: d.heads, "native/alibi.cu alibi_forward: `int heads`, `int h`"),
+    Limit("rows", "batch*heads*query_len", "rows", "the kernel's int64 row index",
+          INT64_MAX - MAX_FORWARD_BLOCKS * WARPS + 1, _rows,
+          "native/alibi.cu alibi_forward: `i64 rows`, `row += warp_stride`"),
+    _ELEMENTS,
+)
+# The backward's grid is (chunks, heads); the finalize walks a head's chunks with an int index
+# stepping by the block size, so with dslope the chunks stay a block below INT32_MAX.
+BACKWARD_LIMITS: tuple[Limit[AlibiBackwardDescriptor], ...] = (
+    Limit(_HEADS, _HEADS, "heads", "the grid's y extent (one block row per head)", GRID_YZ_MAX,
+          lambda d: d.heads, "alibi_backward_partials is launched on (chunks, heads) blocks"),
+    _ELEMENTS,
+    Limit("chunks", "batch*query_len / rows per chunk", "chunks per head",
+          "the grid's x extent", GRID_X_MAX, lambda d: backward_chunking(d)[1],
+          "alibi_backward_partials is launched on (chunks, heads) blocks"),
+    Limit("finalize chunks", "batch*query_len / rows per chunk", "chunks per head",
+          "the finalize's int chunk index (c += blockDim.x)", INT32_MAX - THREADS + 1,
+          _slope_chunks, "native/alibi.cu alibi_backward_finalize: `int chunks`, `int c`"),
+    workspace_limit(lambda d: _partials_bytes(d) if d.need_slope_grad else None,
+                    "one f32/f64 partial per (head, chunk)", "heads*chunks dslope partials"),
+)
+
+
 class _AlibiNvrtc(SkuImpl):
+    limits: tuple[Limit, ...]  # what its kernels can index, checked before anything else
+
     def __init__(self, sku: KernelSku):
         self.sku = sku
         self.element = sku.element
@@ -69,10 +146,7 @@ class _AlibiNvrtc(SkuImpl):
         if desc.element is not self.element:
             return Unfit(ReasonCode.element_unsupported,
                          f"serves {self.element}, problem is {desc.element}")
-        if desc.heads > MAX_GRID_Y:
-            return Unfit(ReasonCode.shape_unsupported,
-                         f"heads {desc.heads} exceeds the grid's y extent {MAX_GRID_Y}")
-        return None
+        return check(self.limits, desc)
 
     def unavailable(self) -> str | None:
         return available()
@@ -85,6 +159,8 @@ class _AlibiNvrtc(SkuImpl):
 
 
 class AlibiForwardNvrtc(_AlibiNvrtc, SkuImpl[AlibiForwardDescriptor]):
+    limits = FORWARD_LIMITS
+
     def __init__(self, element: ElementKind):
         super().__init__(_sku(
             ALIBI_FORWARD, element, _forward_bound(element),
@@ -106,17 +182,9 @@ class AlibiForwardNvrtc(_AlibiNvrtc, SkuImpl[AlibiForwardDescriptor]):
                                  x.device)
 
 
-def backward_chunking(desc: AlibiBackwardDescriptor) -> tuple[int, int]:
-    """(rows_per_chunk, chunks) for one head's B*Q rows: a function of the problem alone."""
-    rows_per_head = desc.batch * desc.query_len
-    row_bytes = desc.key_len * desc.element.itemsize
-    rows = max(WARPS, -(-BYTES_PER_CHUNK // row_bytes))
-    rows = -(-rows // WARPS) * WARPS
-    rows = min(rows, rows_per_head)
-    return rows, -(-rows_per_head // rows)
-
-
 class AlibiBackwardNvrtc(_AlibiNvrtc, SkuImpl[AlibiBackwardDescriptor]):
+    limits = BACKWARD_LIMITS
+
     def __init__(self, element: ElementKind):
         super().__init__(_sku(
             ALIBI_BACKWARD, element, _backward_bound(element),
@@ -124,11 +192,7 @@ class AlibiBackwardNvrtc(_AlibiNvrtc, SkuImpl[AlibiBackwardDescriptor]):
             "then a fixed tree over each head's partials."))
 
     def workspace_size(self, desc: AlibiBackwardDescriptor) -> int:
-        if not desc.need_slope_grad:
-            return 0
-        _, chunks = backward_chunking(desc)
-        raw = desc.heads * chunks * accumulator(self.element).itemsize
-        return Workspace.round_up(raw)
+        return _partials_bytes(desc) if desc.need_slope_grad else 0
 
     def prepared(self, desc: AlibiBackwardDescriptor, args: BoundArgs, workspace: Workspace,
                  stream: int | None):

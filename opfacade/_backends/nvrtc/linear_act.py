@@ -6,6 +6,11 @@ A cublasLtMatmul writes ``pre = x @ W + bias (+ residual)`` into the output (or 
 training forward saves), then this kernel writes ``out = act(pre)``, in place or from the aux. It
 reads and writes each element once: the memory floor of an unfused activation. Element-wise with
 no reduction, so its bits depend on nothing but its input.
+
+``LIMITS``: what the kernel can index, as data (the +act SKUs check them at selection). Rows,
+batch entries and strides are ``i64``, bounded by the operands' element limits (cuBLASLt's table);
+the grid's y and z extents are clamped below; the one ``int`` index that can overflow is the
+column: a lane's first column ``j0`` and ``j0 + 16 bytes`` in ``load_pack``/``store_pack``.
 """
 
 from __future__ import annotations
@@ -14,17 +19,45 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...contracts.linear import ActivationSpec
+from ..._internal.limits import INT32_MAX, Limit
+from ...contracts.linear import ActivationSpec, LinearDescriptor
 from ...types import ElementKind
 from .launch import element_suffix, get_kernel, launch
 
-__all__ = ["ActivationPass"]
+__all__ = ["LIMITS", "ActivationPass", "column_reach", "row_shift"]
 
 THREADS = 256
 # Blocks: enough, over column tiles, row blocks and batch entries, to fill any current GPU several
 # times over; the kernel strides over rows and entries beyond them.
 TARGET_BLOCKS = 2048
 MAX_GRID_YZ = 65535
+
+
+def row_shift(packs: int) -> int:
+    """log2 of the lanes per row: the row's packs, as a power of two between a warp and the
+    block."""
+    return min(max(packs - 1, 31).bit_length(), THREADS.bit_length() - 1)
+
+
+def column_reach(n: int, element: ElementKind) -> int:
+    """The largest value the kernel forms in its ``int`` column index for rows of ``n``: the
+    last lane's ``j0`` (lanes past the row included) or the last pack's ``j0 + 16 bytes``."""
+    pack = 16 // element.itemsize
+    packs = -(-n // pack)
+    shift = row_shift(packs)
+    tiles = -(-packs >> shift)
+    return max(packs * pack, ((tiles << shift) - 1) * pack)
+
+
+def _reach(desc: LinearDescriptor) -> int | None:
+    return None if desc.activation_spec.act_pass is None else column_reach(desc.n, desc.element)
+
+
+LIMITS: tuple[Limit[LinearDescriptor], ...] = (
+    Limit("activation columns", "n rounded up to whole 16-byte packs", "columns",
+          "the activation kernel's int column index", INT32_MAX, _reach,
+          "native/linear_act.cu activation_forward: `int n`, `int j0`, j0 + Pack<T>::N"),
+)
 
 
 class ActivationPass:
@@ -42,8 +75,7 @@ class ActivationPass:
         self.name = f"{spec.act_pass.name}_{element_suffix(element)}"
         pack = 16 // element.itemsize
         packs = -(-n // pack)
-        # Lanes per row: the row's packs, as a power of two between a warp and the block.
-        self.row_shift = min(max(packs - 1, 31).bit_length(), THREADS.bit_length() - 1)
+        self.row_shift = row_shift(packs)  # lanes per row: 2**row_shift
         self.tiles = -(-packs >> self.row_shift)
         if batch > 1 and pre[1] == m * pre[0] and out[1] == m * out[0]:
             batch, m = 1, batch * m  # contiguous entries: one block of rows

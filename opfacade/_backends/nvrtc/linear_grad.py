@@ -8,6 +8,11 @@ adding each column's partials in chunk order. The chunking is a function of the 
 never of the device, so the bias gradient is deterministic and bit-stable. It reads grad_out and
 the aux once and writes d_pre once: the memory floor of the step (torch runs the same work as an
 elementwise kernel and a separate sum).
+
+``LIMITS``: what the kernel can index, as data (the backward SKUs check them at selection). Row
+indices and strides are ``i64``; the grid is at most 2**24 column tiles by MAX_CHUNKS chunks; the
+``int`` indices that can overflow are the column (a lane's ``j0``, ``j0 + 16 bytes``, a block's
+``j``) and the rows per chunk, which few chunks over many rows make large.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...contracts.linear import ActivationSpec
+from ..._internal.limits import INT32_MAX, Limit
+from ...contracts.linear import ActivationSpec, LinearBackwardDescriptor
 from ...types import ElementKind
 from .launch import element_suffix, get_kernel, launch
 
-__all__ = ["ActivationGrad", "chunking", "partials_bytes"]
+__all__ = ["LIMITS", "ActivationGrad", "chunking", "column_reach", "partials_bytes"]
 
 SOURCE = "linear_grad.cu"  # the d_pre kernels' and the bias-gradient finalize's
 THREADS = 256
@@ -49,6 +55,38 @@ def chunking(rows: int, n: int, element: ElementKind) -> tuple[int, int, int]:
 def partials_bytes(rows: int, n: int, element: ElementKind) -> int:
     """Workspace for the bias gradient's f32 partials: one per (chunk, column)."""
     return chunking(rows, n, element)[2] * n * 4
+
+
+def column_reach(n: int, element: ElementKind) -> int:
+    """The largest value the kernel forms in its ``int`` column index for rows of ``n``: the
+    last pack's ``j0 + 16 bytes``, or the last column of the last tile (``j``)."""
+    pack = _pack(element)
+    tiles = -(-n // (32 * pack))
+    return max(-(-n // pack) * pack, tiles * 32 * pack - 1)
+
+
+def _with_kernel(desc: LinearBackwardDescriptor) -> bool:
+    return desc.activation_spec.d_pre is not None
+
+
+def _reach(desc: LinearBackwardDescriptor) -> int | None:
+    return column_reach(desc.n, desc.element) if _with_kernel(desc) else None
+
+
+def _rows_per_chunk(desc: LinearBackwardDescriptor) -> int | None:
+    if not _with_kernel(desc):
+        return None
+    return chunking(desc.m * (desc.batch or 1), desc.n, desc.element)[1]
+
+
+LIMITS: tuple[Limit[LinearBackwardDescriptor], ...] = (
+    Limit("d_pre columns", "n rounded up to whole 16-byte packs", "columns",
+          "the d_pre kernel's int column index", INT32_MAX, _reach,
+          "native/linear_grad.cu activation_grad: `int n`, `int j0`, `int j`"),
+    Limit("rows per chunk", "batch*m / chunks", "rows per chunk",
+          "the d_pre kernel's int rows_per_chunk", INT32_MAX, _rows_per_chunk,
+          "native/linear_grad.cu activation_grad: `int rows_per_chunk`"),
+)
 
 
 class ActivationGrad:
