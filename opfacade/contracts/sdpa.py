@@ -12,11 +12,30 @@ the descriptor's ``layout`` names the dense order they are stored in ("bhsd", "b
 Masks follow the float64 reference (``_backends/reference/sdpa.py``): with ``d`` the
 diagonal offset (0 top-left, ``seq_len_kv - seq_len_q`` bottom-right), ``causal`` keeps keys
 ``j <= i + d`` and ``window=(left, right)`` keeps ``i + d - left <= j <= i + d + right``. ALiBi
-adds ``slope[h] * (j - i)`` with cuDNN's standard slopes (``alibi_slopes``). With ``padding``,
-``seq_len_q``/``seq_len_kv`` are int32 [B] device tensors; rows of out/stats past seq_len_q and
-gradient rows past the lengths are unspecified (cuDNN may leave them unwritten). Dropout takes
-its Philox seed and offset from int64 [1] device tensors (read by the kernel, so a CUDA graph
-can be replayed with new values); the backward must be given the forward's seed and offset.
+adds ``slope[h] * (j - i)`` with cuDNN's standard slopes (``alibi_slopes``).
+
+Edges (README "SDPA's edges"), with ``padding``: ``seq_len_q``/``seq_len_kv`` are int32 [B]
+device tensors, each in [0, seq_q] / [0, seq_kv].
+
+- A query row with no key it may attend to gets out 0 and stats -inf and passes no gradient; a
+  sequence with ``seq_len_kv == 0`` included: its out rows 0, stats -inf, grad_q rows 0 (the GPU
+  SKUs write those after cuDNN, which leaves them unwritten).
+- Rows of out past seq_len_q are 0; stats there are unspecified but finite (0 on the GPU SKUs,
+  -inf in the reference), so the forward's outputs can feed the backward whatever their buffers
+  held. Gradient rows past the lengths are unspecified (grad_q's are 0 on the GPU SKUs).
+- Precondition: content past the lengths must be finite (no NaN or Inf) in q, k, v and bias, and
+  in the backward's grad_out (and out and stats, which the forward leaves finite). Finite values
+  there never change valid outputs; a NaN there can (cuDNN multiplies masked probabilities, zeros,
+  by it: 0 * NaN is NaN), so a buffer from ``torch.empty`` filled only within the lengths must be
+  zeroed past them first. Nothing checks this; a checked mode that detects it is future work.
+
+Dropout takes its Philox seed and offset from int64 [1] device tensors (read by the kernel, so a
+CUDA graph can be replayed with new values); the backward must be given the forward's seed and
+offset. One forward consumes ``desc.dropout_offset_stride`` offset units: a caller driving
+``dropout_offset`` itself must advance it by at least that much between calls, or successive
+calls reuse part of each other's mask (offset + 1 repeats most of it). ``dropout_counter`` (or
+the functional form's ``DropoutState``) makes the forward do it: the forward copies the counter
+into ``dropout_offset`` and advances the counter by the stride, on the device, in stream order.
 
     desc = SdpaDescriptor(batch=2, heads_q=32, heads_kv=8, seq_q=4096, seq_kv=4096,
                           head_dim=128, element="bf16", causal="top_left", save_stats=True)
@@ -291,6 +310,27 @@ class _SdpaProblem(Descriptor):
         return (self.batch if self.bias[0] == "b" else 1, self.heads_q if self.bias[1] == "h"
                 else 1, self.seq_q, self.seq_kv)
 
+    @property
+    def dropout_offset_stride(self) -> int:
+        """Philox offset units one forward consumes (0 without dropout): advance the offset by
+        at least this much between calls, or their masks overlap.
+
+        Derived from cuDNN 9.19 on an H100 (README "SDPA's edges"): with the same seed, offset + 1
+        repeats 75% of the mask's rows, + 2 50%, + 3 25%, and + 4k the whole mask shifted by k
+        keys. So an offset unit is one 32-bit Philox output, and each score element takes one:
+        four rows share a Philox call, one call per key. A forward thus draws at most one unit per
+        score element, B * Hq * Sq * Skv, whether the other rows and heads draw further along the
+        offset or from other Philox subsequences. The stride pads both sequence extents to 128
+        (the largest tile cuDNN's sm80/sm90 attention kernels use: they may draw for a tile's
+        padded positions) and rounds up to a power of two, a margin of up to 2x for tilings not
+        seen. Offsets are int64: at B*Hq*Sq*Skv = 2**34 (B8 H32 S8192) that is 2**29 calls.
+        """
+        if self.dropout_p == 0.0:
+            return 0
+        padded = self.batch * self.heads_q * (-(-self.seq_q // 128) * 128) * (
+            -(-self.seq_kv // 128) * 128)
+        return 1 << (padded - 1).bit_length()
+
 
 class SdpaDescriptor(_SdpaProblem):
     """One SDPA forward problem; ``save_stats`` writes the log-sum-exp the backward needs."""
@@ -317,7 +357,14 @@ class SdpaBackwardDescriptor(_SdpaProblem):
 class SdpaArgs:
     """q [B,Hq,Sq,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv], out [B,Hq,Sq,Dv]; stats [B,Hq,Sq,1] f32
     when save_stats; bias as the descriptor's bias shape; seq_len_q/seq_len_kv int32 [B] when
-    padding; dropout_seed/dropout_offset int64 [1] on the device when dropout_p > 0."""
+    padding; dropout_seed/dropout_offset int64 [1] on the device when dropout_p > 0.
+
+    ``dropout_counter`` (optional, int64 [1] on the device, only with dropout): a dropout
+    generator's running offset. When given, the forward first sets ``dropout_offset`` to it and
+    advances it by ``desc.dropout_offset_stride``, in stream order on the device (so each replay
+    of a captured CUDA graph draws a fresh mask); ``dropout_offset`` then holds this call's
+    offset for the backward. Without it, ``dropout_offset`` is only read, and advancing it
+    between calls is the caller's job."""
 
     q: Any
     k: Any
@@ -329,6 +376,7 @@ class SdpaArgs:
     seq_len_kv: Any = None
     dropout_seed: Any = None
     dropout_offset: Any = None
+    dropout_counter: Any = None
 
 
 @dataclass
@@ -400,7 +448,13 @@ def _bind_forward(desc: SdpaDescriptor, args: SdpaArgs) -> BoundArgs:
     views = _common(desc, args)
     views["stats"] = _optional(args.stats, "stats", desc.save_stats, "save_stats is True",
                                desc.stats_shape, desc.stats_element)
-    outputs = ("out", "stats")
+    outputs: tuple[str, ...] = ("out", "stats")
+    if args.dropout_counter is not None:
+        # Optional even with dropout; refused without it (argument_when's wording).
+        views["dropout_counter"] = _optional(args.dropout_counter, "dropout_counter",
+                                             desc.dropout_p > 0.0, "dropout_p > 0",
+                                             shape=(1,), element=ElementKind.i64)
+        outputs = (*outputs, "dropout_offset", "dropout_counter")  # both written
     expect_no_overlaps(views, outputs)
     return BoundArgs(views, outputs=outputs)
 

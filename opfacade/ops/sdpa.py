@@ -8,7 +8,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .._internal.memory import OutputAllocator
 from .._internal.tensors import TensorView, wrap
@@ -24,11 +27,13 @@ from ..contracts.sdpa import (
     SlidingWindow,
     layout_of,
 )
-from ..errors import LayoutMismatch, ShapeMismatch
+from ..errors import InvalidArgument, LayoutMismatch, ShapeMismatch
 from ..plan import plan_class
 from ..types import ElementKind, PlanPreference
 
 __all__ = [
+    "DropoutDraw",
+    "DropoutState",
     "SlidingWindow",
     "SdpaDescriptor",
     "SdpaBackwardDescriptor",
@@ -42,6 +47,52 @@ __all__ = [
 
 SdpaForwardPlan = plan_class(SDPA_FORWARD.name)
 SdpaBackwardPlan = plan_class(SDPA_BACKWARD.name)
+
+
+@dataclass(frozen=True)
+class DropoutState:
+    """A dropout generator on the device, as torch's CUDA generator is: a Philox ``seed`` and a
+    running ``offset``, int64 [1] device tensors.
+
+    Each forward given it (``sdpa(..., dropout=state)``) draws from the current offset and
+    advances it by what the call consumes (the descriptor's ``dropout_offset_stride``), on the
+    device, in stream order: no host synchronisation, and a captured CUDA graph draws a fresh
+    mask on every replay. The forward returns the ``DropoutDraw`` it used, which its backward
+    must be given: the state itself has moved on by then.
+
+        state = DropoutState.create(seed=1234, like=q)
+        out, stats, draw = sdpa(q, k, v, dropout_p=0.1, dropout=state, return_stats=True)
+        dq, dk, dv = sdpa_backward(q, k, v, out, d_out, stats, dropout_p=0.1, dropout=draw)
+    """
+
+    seed: Any
+    offset: Any
+
+    @classmethod
+    def create(cls, seed: int, like: Any, offset: int = 0) -> DropoutState:
+        """A state on ``like``'s device, in its framework (torch, else CuPy; NumPy on the host).
+        Copies the two values from the host once (synchronously)."""
+        view = wrap(like, "like")
+        values = (np.array([seed], np.int64), np.array([offset], np.int64))
+        if view.device is None:
+            return cls(*values)
+        if view.package == "torch":
+            import torch
+
+            device = f"cuda:{view.device}"
+            return cls(*(torch.tensor(v, dtype=torch.int64, device=device) for v in values))
+        import cupy
+
+        with cupy.cuda.Device(view.device):
+            return cls(*(cupy.asarray(v) for v in values))
+
+
+@dataclass(frozen=True)
+class DropoutDraw:
+    """The seed and offset one forward used (int64 [1] device tensors): its backward's."""
+
+    seed: Any
+    offset: Any
 
 
 def _infer_layout(view: TensorView, name: str) -> str:
@@ -104,18 +155,38 @@ def _device_of(view: TensorView) -> int | str:
     return "cpu" if view.device is None else view.device
 
 
+def _dropout_tensors(dropout: Any, dropout_p: float, dropout_seed: Any, dropout_offset: Any,
+                     forward: bool) -> tuple[Any, Any]:
+    """(seed, offset) from a DropoutState/DropoutDraw, refusing a mix with the raw tensors."""
+    if dropout_seed is not None or dropout_offset is not None:
+        raise InvalidArgument("dropout must be None when dropout_seed or dropout_offset is given "
+                              "(pass one or the other)", argument="dropout")
+    if dropout_p == 0.0:
+        raise InvalidArgument("dropout must be None unless dropout_p > 0", argument="dropout")
+    wanted = DropoutState if forward else DropoutDraw
+    if not isinstance(dropout, wanted):
+        why = ("" if forward or not isinstance(dropout, DropoutState) else
+               ": the state has moved past the forward's offset; pass the DropoutDraw the "
+               "forward returned")
+        raise InvalidArgument(f"dropout must be a {wanted.__name__}, got "
+                              f"{type(dropout).__name__}{why}", argument="dropout")
+    return dropout.seed, dropout.offset
+
+
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
               window: tuple[int | None, int | None] | None = None, scale: float | None = None,
               bias: Any = None, alibi: bool = False, dropout_p: float = 0.0,
               dropout_seed: Any = None, dropout_offset: Any = None, seq_len_q: Any = None,
               seq_len_kv: Any = None, return_stats: bool = False, out: Any = None,
-              stream: Any = None) -> Any:
+              stream: Any = None, dropout: DropoutState | None = None) -> Any:
     """Functional form of SdpaForwardPlan: returns ``out`` (allocated when None), or
-    ``(out, stats)`` when ``return_stats``.
+    ``(out, stats)`` when ``return_stats``; with ``dropout``, the call's ``DropoutDraw`` last.
 
     The descriptor comes from the tensors (layout from q's strides, bias shape from bias);
     ``causal`` is True/"top_left" or "bottom_right"; the other arguments are those of
-    SdpaDescriptor and SdpaArgs. Uses the process-wide plan cache.
+    SdpaDescriptor and SdpaArgs. ``dropout``: a DropoutState to draw from and advance (instead
+    of ``dropout_seed``/``dropout_offset``, which are only read). Uses the process-wide plan
+    cache.
     """
     fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
                           alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
@@ -125,9 +196,18 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
         out = _allocate(desc.o_shape, desc.layout, qv, stream)
     stats = (_allocate(desc.stats_shape, "bhsd", qv, stream, desc.stats_element)
              if return_stats else None)
+    counter = draw = None
+    if dropout is not None:
+        dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
+                                                 dropout_offset, forward=True)
+        dropout_offset = OutputAllocator(qv, stream)((1,), ElementKind.i64)
+        draw = DropoutDraw(dropout_seed, dropout_offset)
     plan.run(SdpaArgs(q, k, v, out, stats, bias, seq_len_q, seq_len_kv, dropout_seed,
-                           dropout_offset), stream=stream)
-    return (out, stats) if return_stats else out
+                           dropout_offset, counter), stream=stream)
+    results = (out, stats) if return_stats else (out,)
+    if draw is not None:
+        results = (*results, draw)
+    return results if len(results) > 1 else out
 
 
 def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *,
@@ -138,10 +218,14 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
                        dropout_p: float = 0.0, dropout_seed: Any = None,
                        dropout_offset: Any = None, seq_len_q: Any = None,
                        seq_len_kv: Any = None, deterministic: bool = False,
-                       stream: Any = None) -> tuple:
+                       stream: Any = None, dropout: DropoutDraw | None = None) -> tuple:
     """Functional form of SdpaBackwardPlan: returns ``(grad_q, grad_k, grad_v)``, plus
     ``grad_bias`` when ``need_bias_grad``. ``deterministic`` selects cuDNN's deterministic
-    algorithm (PlanPreference(deterministic=True)); the options must be the forward's."""
+    algorithm (PlanPreference(deterministic=True)); the options must be the forward's, and
+    ``dropout`` the DropoutDraw its forward returned (read, never advanced)."""
+    if dropout is not None:
+        dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
+                                                        dropout_offset, forward=False)
     fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
                           alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
     desc = SdpaBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)

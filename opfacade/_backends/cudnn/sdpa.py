@@ -13,6 +13,12 @@ fails ``LaunchFailed``, and one that finds the workspace too small ``BufferTooSm
 ``unfit_on``/``workspace_size_on`` take the selection's target; the plan machinery calls the
 target-less ``unfit``/``workspace_size``, which use the current device when a GPU is visible.
 ``release`` (``Plan.free``) drops the graphs built for a problem; ``clear`` what the SKUs memoise.
+
+SDPA's edges (the contract's docstring states them) run in the same prepared call, around the
+graph, as NVRTC kernels (``_backends/nvrtc/sdpa_edges.py``) on the run's stream: before a forward
+given a ``dropout_counter``, the draw of its offset; after a padded forward or backward, the
+rows the lengths leave out (sequences with no keys, rows past seq_len_q), which cuDNN leaves
+unwritten. Without padding or a counter the prepared call is the graph's alone.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from ...types import (
     MathPrecision,
     PrecisionGuarantee,
 )
+from ..nvrtc.sdpa_edges import DropoutDraw, PaddingRows
 from . import graphs, limits, runtime
 
 __all__ = ["SKUS", "SdpaBackwardCudnn", "SdpaForwardCudnn", "clear",
@@ -60,6 +67,9 @@ BACKWARD_BOUND = {ElementKind.bf16: 2e-2, ElementKind.f16: 1e-2}
 # Device pointers cuDNN's SDPA kernels load with 16-byte vectors.
 TENSOR_ALIGNMENT = 16
 LAYOUT = "bhsd|bshd|sbhd dense, d-contiguous; stats [B,Hq,Sq,1] f32"
+# What explain says beside a padded problem's verdict: the precondition nothing checks.
+PADDING_NOTE = ("padding: content past the lengths must be finite (a NaN in q, k, v, bias or "
+                "grad_out there can reach valid outputs); rows without keys get out 0, stats -inf")
 # The workspace a graph built on a GPU asks for (limits.SIZE_LIMITS weighs the estimate first).
 WORKSPACE = workspace_limit(lambda size: size, "the built graph's get_workspace_size()",
                             "the graph's workspace")
@@ -203,6 +213,10 @@ class _SdpaCudnn(SkuImpl[P]):
                 return built.workspace_size
         return estimate_workspace(desc, self.direction, self.sku.precision_guarantee.deterministic)
 
+    def plan_for(self, desc: P, pref, target: Target | None) -> tuple[int, str]:
+        """The workspace, and for a padded problem the precondition it runs under."""
+        return self.workspace_size_on(desc, target), PADDING_NOTE if desc.padding else ""
+
     def unavailable(self) -> str | None:
         return runtime.available()
 
@@ -283,13 +297,32 @@ class _SdpaCudnn(SkuImpl[P]):
                 with on_device(device):  # cuDNN launches on the current device
                     execute()
 
-            return run_on_its_device
+            return self._with_edges(desc, views, device, stream, run_on_its_device)
 
         def run_prepared() -> None:
             set_stream(handle, stream)
             execute()
 
-        return run_prepared
+        return self._with_edges(desc, views, device, stream, run_prepared)
+
+    def _edges(self, desc: P, views: dict, device: int, stream: int
+               ) -> tuple[list[Callable[[], None]], list[Callable[[], None]]]:
+        """The NVRTC launches before and after the graph (the module docstring says which)."""
+        return [], []
+
+    def _with_edges(self, desc: P, views: dict, device: int, stream: int,
+                    graph: Callable[[], None]) -> Callable[[], None]:
+        """``graph`` alone, or wrapped in the edges' launches: one call, in stream order."""
+        before, after = self._edges(desc, views, device, stream)
+        if not before and not after:
+            return graph  # no padding, no counter: nothing added to the call
+        steps = (*before, graph, *after)
+
+        def run_with_edges() -> None:
+            for step in steps:
+                step()
+
+        return run_with_edges
 
     @staticmethod
     def _check_workspace(built: graphs.BuiltGraph, workspace: Workspace, device: int) -> None:
@@ -307,9 +340,30 @@ def _sku(op: OpContract, element: ElementKind, bound: float, deterministic: bool
                   arch=ArchSku.sm80, description=description)
 
 
+def _padding_rows(desc: SdpaDescriptor | SdpaBackwardDescriptor, views: dict, rows: str,
+                  stats: str | None, device: int, stream: int) -> Callable[[], None]:
+    """The fix-up of ``rows`` (out or grad_q, [B, Hq, Sq, *]) and ``stats`` after a padded run."""
+    row_view, stats_view = views[rows], views[stats] if stats is not None else None
+    fix = PaddingRows(desc.element, device, row_view.shape, row_view.strides,
+                      None if stats_view is None else stats_view.strides)
+    return fix.bind(row_view.ptr, None if stats_view is None else stats_view.ptr,
+                    views["seq_len_q"].ptr, views["seq_len_kv"].ptr, stream)
+
+
 class SdpaForwardCudnn(_SdpaCudnn[SdpaDescriptor]):
     direction = "forward"
     contract = SDPA_FORWARD
+
+    def _edges(self, desc, views, device, stream):
+        before, after = [], []
+        counter = views.get("dropout_counter")
+        if counter is not None:
+            draw = DropoutDraw(device, desc.dropout_offset_stride)
+            before.append(draw.bind(counter.ptr, views["dropout_offset"].ptr, stream))
+        if desc.padding:
+            after.append(_padding_rows(desc, views, "out", "stats" if desc.save_stats else None,
+                                       device, stream))
+        return before, after
 
     def __init__(self, element: ElementKind):
         super().__init__(_sku(
@@ -321,6 +375,11 @@ class SdpaForwardCudnn(_SdpaCudnn[SdpaDescriptor]):
 class SdpaBackwardCudnn(_SdpaCudnn[SdpaBackwardDescriptor]):
     direction = "backward"
     contract = SDPA_BACKWARD
+
+    def _edges(self, desc, views, device, stream):
+        if not desc.padding:
+            return [], []
+        return [], [_padding_rows(desc, views, "grad_q", None, device, stream)]
 
     def __init__(self, element: ElementKind, deterministic: bool):
         if deterministic:
