@@ -188,6 +188,10 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
     of ``dropout_seed``/``dropout_offset``, which are only read). Uses the process-wide plan
     cache.
     """
+    counter = draw = None
+    if dropout is not None:
+        dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
+                                                 dropout_offset, forward=True)
     fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
                           alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
     desc = SdpaDescriptor(**fields, save_stats=return_stats)
@@ -196,10 +200,7 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
         out = _allocate(desc.o_shape, desc.layout, qv, stream)
     stats = (_allocate(desc.stats_shape, "bhsd", qv, stream, desc.stats_element)
              if return_stats else None)
-    counter = draw = None
-    if dropout is not None:
-        dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
-                                                 dropout_offset, forward=True)
+    if counter is not None:
         dropout_offset = OutputAllocator(qv, stream)((1,), ElementKind.i64)
         draw = DropoutDraw(dropout_seed, dropout_offset)
     plan.run(SdpaArgs(q, k, v, out, stats, bias, seq_len_q, seq_len_kv, dropout_seed,
