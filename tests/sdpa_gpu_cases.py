@@ -142,5 +142,39 @@ def relative_errors(desc, signature, bits: dict, expected: dict, inputs) -> dict
     return errors
 
 
+def dropout_mask(desc: SdpaDescriptor, inputs) -> np.ndarray:
+    """cuDNN's keep mask (1 kept, 0 dropped; float32 [B, Hq, Sq, Skv]) for the inputs' seed and
+    offset, from the forward's variant that dumps it."""
+    import cupy
+
+    from opfacade._backends.cudnn.sdpa import run_forward_dumping_dropout
+    from opfacade.contracts.sdpa import SDPA_FORWARD
+
+    signature = SDPA_FORWARD.signature(desc)
+    views = {name: upload(spec, None if spec.role == "out" else inputs[name])
+             for name, spec in signature.items()}
+    mask = cupy.zeros((desc.batch, desc.heads_q, desc.seq_q, desc.seq_kv), dtype=cupy.float32)
+    cupy.cuda.runtime.deviceSynchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    run_forward_dumping_dropout(desc, views, wrap(mask, "dropout_mask"), stream.ptr)
+    return mask.get()
+
+
+def shared_windows(first: np.ndarray, second: np.ndarray, width: int = 64) -> float:
+    """The fraction of second's runs of ``width`` consecutive keys (every row, every start) that
+    also occur somewhere in first: about 0 for independent masks (a run is 64 random bits at
+    dropout_p = 0.5), and large when second repeats first's draws, whether in the same rows,
+    in other rows, or shifted along the keys (cuDNN 9.19 on an H100: offset + 1 repeats 75% of
+    the rows, offset + 4k the whole mask k keys over)."""
+
+    def runs(mask: np.ndarray) -> np.ndarray:
+        bits = (mask.reshape(-1, mask.shape[-1]) > 0).astype(np.uint64)
+        windows = np.lib.stride_tricks.sliding_window_view(bits, width, axis=1)
+        weights = np.left_shift(np.uint64(1), np.arange(width, dtype=np.uint64))
+        return (windows * weights).sum(axis=-1, dtype=np.uint64).ravel()
+
+    return float(np.isin(runs(second), runs(first)).mean())
+
+
 def same_bits(results: list[dict]) -> bool:
     return all(r[n].tobytes() == results[0][n].tobytes() for r in results[1:] for n in r)

@@ -14,20 +14,18 @@ from sdpa_gpu_cases import (
     CASES,
     backward_case,
     case_inputs,
+    dropout_mask,
     forward_case,
     relative_errors,
     rng_for,
     run_plan,
     same_bits,
-    upload,
 )
 
 from opfacade import Plan, PlanPreference
-from opfacade._backends.cudnn.sdpa import run_forward_dumping_dropout
 from opfacade._backends.reference import sdpa as reference
 from opfacade._backends.reference.skus import _sdpa_backward as _reference_backward
 from opfacade._backends.reference.skus import _sdpa_forward as _reference_forward
-from opfacade._internal.tensors import wrap
 from opfacade.contracts.sdpa import SDPA_BACKWARD, SDPA_FORWARD, reference_options
 from opfacade.ops.sdpa import SdpaBackwardDescriptor, SdpaDescriptor
 from opfacade.testing import _from_bits, _to_bits, random_inputs, verify_plan
@@ -111,20 +109,6 @@ def test_forward_without_stats_writes_only_out():
 # ----------------------------------------------------------------------------- dropout
 
 
-def _dropout_mask(desc: SdpaDescriptor, inputs) -> np.ndarray:
-    """cuDNN's keep mask for the inputs' seed and offset, from the forward's dump variant."""
-    import cupy
-
-    signature = SDPA_FORWARD.signature(desc)
-    views = {name: upload(spec, None if spec.role == "out" else inputs[name])
-             for name, spec in signature.items()}
-    mask = cupy.zeros((desc.batch, desc.heads_q, desc.seq_q, desc.seq_kv), dtype=cupy.float32)
-    cupy.cuda.runtime.deviceSynchronize()
-    stream = cupy.cuda.Stream(non_blocking=True)
-    run_forward_dumping_dropout(desc, views, wrap(mask, "dropout_mask"), stream.ptr)
-    return mask.get()
-
-
 @pytest.mark.parametrize("element,extra", [
     ("bf16", dict(causal="top_left")),
     ("f16", dict(bias="1hqk", padding=True, seq_q=200, seq_kv=300)),
@@ -141,7 +125,7 @@ def test_dropout_forward_repeats_by_seed_and_matches_the_reference_with_cudnns_m
     assert same_bits([first, second]), "same seed and offset must give the same bits"
     reseeded = run_plan(plan, signature, {**inputs, "dropout_seed": inputs["dropout_seed"] + 1})[0]
     assert reseeded["out"].tobytes() != first["out"].tobytes()
-    mask = _dropout_mask(desc, inputs)
+    mask = dropout_mask(desc, inputs)
     assert set(np.unique(mask)) <= {0.0, 1.0}
     scores = np.ones((desc.batch, 1, desc.seq_q, desc.seq_kv), bool)
     if desc.padding:
@@ -171,7 +155,7 @@ def test_dropout_backward_uses_the_forwards_mask(deterministic):
     inputs = random_inputs(floats, rng)
     inputs["dropout_seed"] = np.array([1234567], np.int64)
     inputs["dropout_offset"] = np.array([89], np.int64)
-    keep = _dropout_mask(fwd, inputs) > 0
+    keep = dropout_mask(fwd, inputs) > 0
     options = reference_options(desc)
     out, lse = reference.sdpa_forward(inputs["q"], inputs["k"], inputs["v"], dropout_keep=keep,
                                       **options)
