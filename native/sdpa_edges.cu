@@ -2,12 +2,12 @@
 //
 //   sdpa_dropout_draw        offset[0] = counter[0]; counter[0] += stride
 //                            (a dropout state's draw: the call reads `offset`, the state moves on)
-//   sdpa_padding_rows_<T>    after a padded forward (backward), in every (batch b, head):
-//                            rows i >= seq_len_q[b]: out = 0, stats = 0 (grad_q = 0), so what the
-//                            forward leaves is finite for the backward to read; and when
-//                            seq_len_kv[b] == 0, rows i < seq_len_q[b]: out = 0, stats = -inf
-//                            (grad_q = 0), as every other row without keys. cuDNN leaves both
-//                            unwritten.
+//   sdpa_padding_rows_<T>    after a padded forward, in every (batch b, head): rows
+//                            i >= seq_len_q[b]: out = 0, stats = 0, so what the forward leaves
+//                            is finite for the backward to read; and when seq_len_kv[b] == 0,
+//                            rows i < seq_len_q[b]: out = 0, stats = -inf, as every other row
+//                            without keys (cuDNN leaves those unwritten). Rows of any [B, H, S, D]
+//                            tensor with unit stride along D; stats optional.
 //
 // Both read what they act on from device memory (the counter, the lengths), so a CUDA graph that
 // captured them stays right when those change between replays; neither synchronises the host.

@@ -17,6 +17,7 @@ from sdpa_gpu_cases import (
     run_plan,
     shared_windows,
     upload,
+    valid_rows,
 )
 
 from opfacade import Plan, PlanPreference
@@ -81,10 +82,9 @@ def test_successive_draws_from_a_state_are_independent_and_offset_plus_one_is_no
     for a, b in ((0, 1), (1, 2), (0, 2)):
         shared = shared_windows(masks[a], masks[b])
         assert shared <= chance + 0.01, f"calls {a} and {b} share {shared:.3f} of their draws"
-    # The overlap the stride prevents (cuDNN 9.19 on an H100: 75% of the rows repeat at + 1).
-    for step in (1, 4):
-        repeated = shared_windows(masks[0], mask(seed, offsets[0] + step))
-        assert repeated > chance + 0.25, f"offset + {step} shares {repeated:.3f} of the draws"
+    # The overlap a caller adding 1 per call gets (cuDNN 9.19 on an H100: 75% of the rows).
+    repeated = shared_windows(masks[0], mask(seed, offsets[0] + 1))
+    assert repeated > chance + 0.25, f"offset + 1 shares {repeated:.3f} of the draws"
 
 
 def test_the_backward_given_the_forwards_draw_uses_the_forwards_mask():
@@ -151,7 +151,8 @@ def _saved(desc, inputs) -> dict[str, np.ndarray]:
 
 
 def test_sequences_without_keys_get_zero_out_minus_inf_stats_and_zero_grad_q():
-    """Outputs start as NaN (all bits set); the backward reads the forward's own out and stats."""
+    """Outputs start as NaN (all bits set); the backward reads the forward's own out and stats.
+    The forward's rows are the edge kernel's; grad_q's are cuDNN's own."""
     fields = dict(batch=4, heads_q=4, heads_kv=2, seq_q=160, seq_kv=200, head_dim=64,
                   element="bf16", padding=True)
     desc = SdpaDescriptor(**fields, save_stats=True)
@@ -185,10 +186,9 @@ def test_sequences_without_keys_get_zero_out_minus_inf_stats_and_zero_grad_q():
         assert (stats[b, :, :len_q[b]] == -np.inf).all()
         assert (ref_lse[b, :, :len_q[b]] == -np.inf).all()
         assert (stats[b, :, len_q[b]:] == 0).all()
-        assert (grad_q[b] == 0).all()
-    for b in (0, 2):  # rows past seq_len_q: out 0, stats 0, grad_q 0 (finite, for the backward)
+        assert (grad_q[b, :, :len_q[b]] == 0).all()  # cuDNN's own
+    for b in (0, 2):  # rows past seq_len_q: out 0, stats 0 (finite, for the backward)
         assert (out[b, :, len_q[b]:] == 0).all() and (stats[b, :, len_q[b]:] == 0).all()
-        assert (grad_q[b, :, len_q[b]:] == 0).all()
     bound = plan.precision_guarantee.max_rel_error
     keyed = np.flatnonzero(with_keys)
     rows = np.arange(desc.seq_q)[None, None, :] < np.array(len_q)[keyed, None, None]
@@ -234,10 +234,11 @@ def test_finite_garbage_past_the_lengths_changes_no_valid_output(direction):
         runs[past] = (inputs, run_plan(plan, signature, inputs)[0])
     inputs, zeros = runs["zeros"]
     garbage = runs["garbage"][1]
+    for name in zeros:  # bitwise on the valid rows (seen on an H100, forward and deterministic)
+        rows = valid_rows(desc, name, inputs)
+        same = np.where(rows, garbage[name], 0) == np.where(rows, zeros[name], 0)
+        assert same.all(), f"{name}: {np.count_nonzero(~same)} valid elements changed"
     bound = plan.precision_guarantee.max_rel_error
-    valid = {name: _from_bits(bits, signature[name].element) for name, bits in zeros.items()}
-    errors = relative_errors(desc, signature, garbage, valid, inputs)
-    assert all(e <= bound for e in errors.values()), f"garbage vs zeros past the lengths: {errors}"
     if direction == "forward":
         out, lse = reference.sdpa_forward(inputs["q"], inputs["k"], inputs["v"],
                                           seq_len_q=inputs["seq_len_q"],
@@ -256,8 +257,9 @@ def test_finite_garbage_past_the_lengths_changes_no_valid_output(direction):
 
 def test_nan_in_v_past_seq_len_kv_reaches_valid_out_hence_the_precondition():
     """Documents why content past the lengths must be finite: cuDNN 9.19 multiplies the masked
-    probabilities (zeros) by v's rows past seq_len_kv, and 0 * NaN is NaN. If this starts to
-    fail, cuDNN stopped propagating it: revisit the precondition (contracts/sdpa.py, README)."""
+    probabilities (zeros) by v's rows past seq_len_kv, and 0 * NaN is NaN (seen on an H100 with
+    these very lengths). If this starts to fail, cuDNN stopped propagating it: revisit the
+    precondition (contracts/sdpa.py, README)."""
     desc = SdpaDescriptor(**PADDED, save_stats=True)
     plan = Plan.select(desc, device=0)
     signature = SDPA_FORWARD.signature(desc)

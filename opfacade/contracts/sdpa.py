@@ -18,16 +18,18 @@ Edges (README "SDPA's edges"), with ``padding``: ``seq_len_q``/``seq_len_kv`` ar
 device tensors, each in [0, seq_q] / [0, seq_kv].
 
 - A query row with no key it may attend to gets out 0 and stats -inf and passes no gradient; a
-  sequence with ``seq_len_kv == 0`` included: its out rows 0, stats -inf, grad_q rows 0 (the GPU
-  SKUs write those after cuDNN, which leaves them unwritten).
+  sequence with ``seq_len_kv == 0`` included: its out rows 0, stats -inf (the GPU SKUs write
+  those after cuDNN, which leaves them unwritten), grad_q rows 0 (cuDNN writes those).
 - Rows of out past seq_len_q are 0; stats there are unspecified but finite (0 on the GPU SKUs,
   -inf in the reference), so the forward's outputs can feed the backward whatever their buffers
-  held. Gradient rows past the lengths are unspecified (grad_q's are 0 on the GPU SKUs).
+  held. Gradient rows past the lengths are unspecified.
 - Precondition: content past the lengths must be finite (no NaN or Inf) in q, k, v and bias, and
   in the backward's grad_out (and out and stats, which the forward leaves finite). Finite values
-  there never change valid outputs; a NaN there can (cuDNN multiplies masked probabilities, zeros,
-  by it: 0 * NaN is NaN), so a buffer from ``torch.empty`` filled only within the lengths must be
-  zeroed past them first. Nothing checks this; a checked mode that detects it is future work.
+  there change no valid output (on an H100, +-1e4 there left every valid output bitwise equal);
+  a NaN there can (cuDNN multiplies masked probabilities, zeros, by it: 0 * NaN is NaN). Measured
+  there: NaN in v reaches out, grad_q and grad_k; in q, grad_k; in grad_out, grad_k and grad_v.
+  So a buffer from ``torch.empty`` filled only within the lengths must be zeroed past them first.
+  Nothing checks this; a checked mode that detects it is future work.
 
 Dropout takes its Philox seed and offset from int64 [1] device tensors (read by the kernel, so a
 CUDA graph can be replayed with new values); the backward must be given the forward's seed and
@@ -315,15 +317,16 @@ class _SdpaProblem(Descriptor):
         """Philox offset units one forward consumes (0 without dropout): advance the offset by
         at least this much between calls, or their masks overlap.
 
-        Derived from cuDNN 9.19 on an H100 (README "SDPA's edges"): with the same seed, offset + 1
-        repeats 75% of the mask's rows, + 2 50%, + 3 25%, and + 4k the whole mask shifted by k
-        keys. So an offset unit is one 32-bit Philox output, and each score element takes one:
-        four rows share a Philox call, one call per key. A forward thus draws at most one unit per
-        score element, B * Hq * Sq * Skv, whether the other rows and heads draw further along the
-        offset or from other Philox subsequences. The stride pads both sequence extents to 128
-        (the largest tile cuDNN's sm80/sm90 attention kernels use: they may draw for a tile's
-        padded positions) and rounds up to a power of two, a margin of up to 2x for tilings not
-        seen. Offsets are int64: at B*Hq*Sq*Skv = 2**34 (B8 H32 S8192) that is 2**29 calls.
+        From cuDNN 9.19 on an H100 (README "SDPA's edges"): with the same seed, offset + 1
+        repeats 75% of the mask's rows, + 2 50%, + 3 25%: an offset unit is one of the four
+        32-bit outputs of a Philox call, four rows sharing a call. How far along the offset the
+        other rows, keys and heads draw is not documented (in a B2 H4 S200 probe, + 4 and every
+        larger step tried shared none of the mask's rows, as if positions took Philox
+        subsequences), so the stride assumes the most a mask can take: one output per score
+        element, B * Hq * Sq * Skv, with both sequence extents padded to 128 (the largest tile
+        cuDNN's sm80/sm90 attention kernels use: they may draw for a tile's padded positions),
+        rounded up to a power of two (a margin of up to 2x for tilings not seen). Offsets are
+        int64: at B*Hq*Sq*Skv = 2**34 (B8 H32 S8192) that leaves 2**29 calls.
         """
         if self.dropout_p == 0.0:
             return 0

@@ -16,9 +16,9 @@ target-less ``unfit``/``workspace_size``, which use the current device when a GP
 
 SDPA's edges (the contract's docstring states them) run in the same prepared call, around the
 graph, as NVRTC kernels (``_backends/nvrtc/sdpa_edges.py``) on the run's stream: before a forward
-given a ``dropout_counter``, the draw of its offset; after a padded forward or backward, the
-rows the lengths leave out (sequences with no keys, rows past seq_len_q), which cuDNN leaves
-unwritten. Without padding or a counter the prepared call is the graph's alone.
+given a ``dropout_counter``, the draw of its offset; after a padded forward, the rows the lengths
+leave out (sequences with no keys, which cuDNN leaves unwritten, and rows past seq_len_q).
+Without padding or a counter the prepared call is the graph's alone; the backward has none.
 """
 
 from __future__ import annotations
@@ -340,9 +340,9 @@ def _sku(op: OpContract, element: ElementKind, bound: float, deterministic: bool
                   arch=ArchSku.sm80, description=description)
 
 
-def _padding_rows(desc: SdpaDescriptor | SdpaBackwardDescriptor, views: dict, rows: str,
-                  stats: str | None, device: int, stream: int) -> Callable[[], None]:
-    """The fix-up of ``rows`` (out or grad_q, [B, Hq, Sq, *]) and ``stats`` after a padded run."""
+def _padding_rows(desc: SdpaDescriptor, views: dict, rows: str, stats: str | None, device: int,
+                  stream: int) -> Callable[[], None]:
+    """The fix-up of ``rows`` ([B, Hq, Sq, *]) and ``stats`` after a padded run."""
     row_view, stats_view = views[rows], views[stats] if stats is not None else None
     fix = PaddingRows(desc.element, device, row_view.shape, row_view.strides,
                       None if stats_view is None else stats_view.strides)
@@ -373,13 +373,11 @@ class SdpaForwardCudnn(_SdpaCudnn[SdpaDescriptor]):
 
 
 class SdpaBackwardCudnn(_SdpaCudnn[SdpaBackwardDescriptor]):
+    # No edges: cuDNN 9.19 writes grad_q 0 for a sequence without keys itself (both algorithms,
+    # measured on an H100), and it reads the forward's out and stats, which the forward's edge
+    # leaves finite past seq_len_q.
     direction = "backward"
     contract = SDPA_BACKWARD
-
-    def _edges(self, desc, views, device, stream):
-        if not desc.padding:
-            return [], []
-        return [], [_padding_rows(desc, views, "grad_q", None, device, stream)]
 
     def __init__(self, element: ElementKind, deterministic: bool):
         if deterministic:

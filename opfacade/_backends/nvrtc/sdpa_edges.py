@@ -5,8 +5,8 @@
   disjoint Philox streams and a replayed CUDA graph draws a fresh one each replay.
 - ``PaddingRows``: after a padded forward, out rows (and stats) of every sequence with
   ``seq_len_kv == 0`` become 0 (and -inf), as every other row without keys is, and rows past
-  ``seq_len_q`` become 0 (stats 0: finite, for the backward to read); after a padded backward,
-  grad_q rows of those sequences and past ``seq_len_q`` become 0. cuDNN leaves them unwritten.
+  ``seq_len_q`` become 0 (stats 0: finite, for the backward to read). cuDNN leaves the former
+  unwritten. (Its backward writes grad_q 0 for such sequences itself.)
 
 Both read their data (counter, lengths) on the device at run time and are enqueued on the run's
 stream: no host synchronisation, and safe to capture in a CUDA graph. Each ``bind`` packs the
