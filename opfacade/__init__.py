@@ -48,6 +48,8 @@ from .ops.linear import (
     linear_backward,
 )
 from .ops.sdpa import (
+    DropoutDraw,
+    DropoutState,
     SdpaArgs,
     SdpaBackwardArgs,
     SdpaBackwardDescriptor,
@@ -104,6 +106,8 @@ __all__ = [
     "SdpaForwardPlan",
     "SdpaBackwardPlan",
     "SlidingWindow",
+    "DropoutState",
+    "DropoutDraw",
     "sdpa",
     "sdpa_backward",
     "LinearDescriptor",

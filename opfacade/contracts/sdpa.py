@@ -14,22 +14,12 @@ diagonal offset (0 top-left, ``seq_len_kv - seq_len_q`` bottom-right), ``causal`
 ``j <= i + d`` and ``window=(left, right)`` keeps ``i + d - left <= j <= i + d + right``. ALiBi
 adds ``slope[h] * (j - i)`` with cuDNN's standard slopes (``alibi_slopes``).
 
-Edges (README "SDPA's edges"), with ``padding``: ``seq_len_q``/``seq_len_kv`` are int32 [B]
-device tensors, each in [0, seq_q] / [0, seq_kv].
-
-- A query row with no key it may attend to gets out 0 and stats -inf and passes no gradient; a
-  sequence with ``seq_len_kv == 0`` included: its out rows 0, stats -inf (the GPU SKUs write
-  those after cuDNN, which leaves them unwritten), grad_q rows 0 (cuDNN writes those).
-- Rows of out past seq_len_q are 0; stats there are unspecified but finite (0 on the GPU SKUs,
-  -inf in the reference), so the forward's outputs can feed the backward whatever their buffers
-  held. Gradient rows past the lengths are unspecified.
-- Precondition: content past the lengths must be finite (no NaN or Inf) in q, k, v and bias, and
-  in the backward's grad_out (and out and stats, which the forward leaves finite). Finite values
-  there change no valid output (on an H100, +-1e4 there left every valid output bitwise equal);
-  a NaN there can (cuDNN multiplies masked probabilities, zeros, by it: 0 * NaN is NaN). Measured
-  there: NaN in v reaches out, grad_q and grad_k; in q, grad_k; in grad_out, grad_k and grad_v.
-  So a buffer from ``torch.empty`` filled only within the lengths must be zeroed past them first.
-  Nothing checks this; a checked mode that detects it is future work.
+Edges, stated in README's "SDPA's edges" (with ``padding``, ``seq_len_q``/``seq_len_kv`` are
+int32 [B] device tensors in [0, seq_q] / [0, seq_kv]): a query row with no key gets out 0, stats
+-inf and no gradient (a sequence with ``seq_len_kv == 0`` included: the GPU SKUs write those
+rows after cuDNN); out rows past seq_len_q are 0 and their stats finite; gradient rows past the
+lengths are unspecified. Precondition: content past the lengths must be finite (a NaN there can
+reach valid outputs through cuDNN's 0 * NaN; finite values change none); nothing checks it yet.
 
 Dropout takes its Philox seed and offset from int64 [1] device tensors (read by the kernel, so a
 CUDA graph can be replayed with new values); the backward must be given the forward's seed and
@@ -49,7 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import (
@@ -74,6 +64,7 @@ from .._internal.tensors import (
 from .._internal.validation import invalid_problem
 from ..errors import InvalidArgument, InvalidProblem
 from ..types import ElementKind, OpCategory
+from .sdpa_layouts import LAYOUTS, MEMORY_ORDER, Layout, dense_strides, layout_of
 from .sdpa_samples import (
     backward_samples,
     backward_signature,
@@ -99,42 +90,6 @@ __all__ = [
     "reference_options",
     "stats_strides",
 ]
-
-# The dense memory orders q, k, v, out (and their gradients) may be stored in; indexing is
-# [batch, heads, seq, dim] whatever the order. MEMORY_ORDER lists each one's axes from the
-# outermost in memory to the innermost ("bshd": memory is [batch, seq, heads, dim]).
-Layout = Literal["bhsd", "bshd", "sbhd"]
-LAYOUTS: tuple[str, ...] = get_args(Layout)
-MEMORY_ORDER: dict[str, tuple[int, int, int, int]] = {
-    "bhsd": (0, 1, 2, 3), "bshd": (0, 2, 1, 3), "sbhd": (2, 0, 1, 3)}
-
-
-def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
-                  ) -> tuple[int, int, int, int]:
-    """Element strides of a dense tensor indexed [batch, heads, seq, dim] stored in ``layout``
-    order. (The functional forms read it for every tensor they are given: a plain loop, no
-    intermediate tuples.)"""
-    order = MEMORY_ORDER.get(layout)
-    if order is None:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    extents = (batch, heads, seq, dim)
-    strides = [0, 0, 0, 0]
-    running = 1
-    for axis in reversed(order):  # innermost in memory first
-        strides[axis] = running
-        running *= extents[axis]
-    return tuple(strides)
-
-
-def layout_of(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:
-    """The dense layout (of ``LAYOUTS``) a 4-D tensor with these element strides is stored in,
-    the strides of size-1 extents aside; None when it is none of them."""
-    for layout in LAYOUTS:
-        expected = dense_strides(layout, *shape)
-        if all(n == 1 or s == e for n, s, e in zip(shape, strides, expected, strict=True)):
-            return layout
-    return None
-
 
 def stats_strides(desc: _SdpaProblem) -> tuple[int, int, int, int]:
     """The saved stats (log-sum-exp) are [B, Hq, Sq, 1], C-contiguous: the layout every backward
