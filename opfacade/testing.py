@@ -115,7 +115,10 @@ def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np
     plan's element types, so the only difference from the GPU is the arithmetic.
     """
     op = op_for(plan.descriptor)
-    desc = plan.descriptor.model_copy(update={"element": ElementKind.f64})
+    update: dict = {"element": ElementKind.f64}
+    if getattr(plan.descriptor, "tf32", False):
+        update["tf32"] = False  # TF32 math is an f32 option; model_copy validates the copy
+    desc = plan.descriptor.model_copy(update=update)
     reference = type(plan).select(desc, PlanPreference(backends={"reference"}), device="cpu")
     signature = op.signature(desc)
     arrays = {name: inputs[name].copy() if name in inputs else np.empty(spec.shape)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ._internal.validation import CheckedModel, validated
 from .errors import InvalidProblem
 
 __all__ = [
@@ -80,11 +81,7 @@ class MathPrecision(enum.StrEnum):
         return self.rank >= other.rank
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PrecisionGuarantee(_Frozen):
+class PrecisionGuarantee(CheckedModel):
     """What a SKU promises about its numbers; each field is checked on a GPU by the tests.
 
     ``max_rel_error`` bounds ``‖out − ref‖ / ‖ref‖`` (Frobenius norms) for every output, against
@@ -136,8 +133,10 @@ class ArchSku(enum.StrEnum):
         if isinstance(text, ArchSku):
             return text
         if isinstance(text, tuple):
-            major, minor = text
-            digits = f"{major}{minor}"
+            if len(text) != 2:  # the digits' check below rejects what is not two numbers
+                raise InvalidProblem(f"arch as a tuple must be (major, minor) compute capability, "
+                                     f"e.g. (9, 0), got {text!r}", field="arch")
+            digits = f"{text[0]}{text[1]}"
         else:
             raw = str(text).strip().lower().removeprefix("sm").lstrip("_")
             digits = raw.replace(".", "")
@@ -172,7 +171,7 @@ class OpCategory(enum.StrEnum):
     positional_bias = "positional_bias"
 
 
-class KernelSku(_Frozen):
+class KernelSku(CheckedModel):
     """One kernel offering: what it computes, on what, where it runs and what it guarantees."""
 
     id: str
@@ -192,7 +191,7 @@ class KernelSku(_Frozen):
         return self.model_dump(mode="json")
 
 
-class PlanPreference(_Frozen):
+class PlanPreference(CheckedModel):
     """What the caller requires (filters) and prefers (ranking) among the candidate SKUs."""
 
     deterministic: bool = False
@@ -206,12 +205,10 @@ class PlanPreference(_Frozen):
 
     @field_validator("backends", mode="before")
     @classmethod
-    def _accept_any_iterable(cls, value):
-        if value is None or isinstance(value, frozenset):
-            return value
-        if isinstance(value, str):
-            value = [value]
-        return frozenset(BackendKind(v) for v in value)
+    def _one_name_or_a_collection(cls, value):
+        # One name stands for a set of one; pydantic checks the rest (a list, set or tuple of
+        # backend names) and rejects anything else with the field's name.
+        return [value] if isinstance(value, str | BackendKind) else value
 
     @classmethod
     def coerce(cls, value: PlanPreference | dict | None) -> PlanPreference:
@@ -221,8 +218,6 @@ class PlanPreference(_Frozen):
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            from ._internal.validation import validated
-
             return validated(cls, value)
         raise InvalidProblem(
             f"pref must be a PlanPreference, a dict or None, got {type(value).__name__}",

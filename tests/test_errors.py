@@ -1,0 +1,158 @@
+"""Every error opfacade raises is an OpFacadeError: each escape fuzzing found, pinned by a test.
+
+pydantic's ValidationError becomes InvalidProblem at every public entry point, keeping the field
+path and pydantic's error list; selection's arguments, host plans' outputs and the testing
+helpers raise typed errors naming what is wrong. ``test_fuzz.py`` searches for new escapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import opfacade
+from opfacade import (
+    AlibiForwardDescriptor,
+    InvalidProblem,
+    KernelSku,
+    LinearDescriptor,
+    OpFacadeError,
+    Plan,
+    PlanPreference,
+    PrecisionGuarantee,
+    SdpaDescriptor,
+    SlidingWindow,
+)
+
+ALIBI = dict(batch=1, heads=2, query_len=3, key_len=4, element="f32")
+GUARANTEE = dict(math_precision="f32", accumulator="f32", deterministic=True, bit_stable=True,
+                 max_rel_error=1e-6)
+
+
+def alibi(**changes):
+    return AlibiForwardDescriptor(**{**ALIBI, **changes})
+
+
+# -- pydantic's errors are InvalidProblem, with the field path and the error list -----------------
+
+ENTRY_POINTS = {
+    "constructor": lambda: AlibiForwardDescriptor(**{**ALIBI, "batch": -1}),
+    "model_validate": lambda: AlibiForwardDescriptor.model_validate({**ALIBI, "batch": -1}),
+    "model_validate_json": lambda: AlibiForwardDescriptor.model_validate_json(
+        '{"batch": -1, "heads": 2, "query_len": 3, "key_len": 4, "element": "f32"}'),
+    "model_validate_strings": lambda: AlibiForwardDescriptor.model_validate_strings(
+        {**{k: str(v) for k, v in ALIBI.items()}, "batch": "-1"}),
+    "from_json": lambda: AlibiForwardDescriptor.from_json(
+        alibi().model_dump_json().replace('"batch":1', '"batch":-1')),
+    "model_copy": lambda: alibi().model_copy(update={"batch": -1}),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_way_to_make_a_descriptor_raises_invalid_problem(entry):
+    with pytest.raises(InvalidProblem, match="batch: Input should be greater than or equal to "
+                                             "1") as caught:
+        ENTRY_POINTS[entry]()
+    assert caught.value.field == "batch"
+    errors = caught.value.errors()
+    assert [e["loc"] for e in errors] == [("batch",)]
+    assert errors[0]["type"] == "greater_than_equal" and errors[0]["input"] in (-1, "-1")
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: PlanPreference(backends=5), "backends"),
+    (lambda: PlanPreference(backends=["tensorrt"]), "backends.0"),
+    (lambda: PlanPreference(deterministic="maybe"), "deterministic"),
+    (lambda: PlanPreference(max_rel_error=float("nan")), "max_rel_error"),
+    (lambda: PlanPreference.coerce({"backends": 5}), "backends"),
+    (lambda: PlanPreference.coerce({1: 2}), "1"),
+    (lambda: PlanPreference.model_validate_json('{"objective": "fast"}'), "objective"),
+    (lambda: SlidingWindow(left=-1), "left"),
+    (lambda: SlidingWindow(), None),
+    (lambda: SdpaDescriptor(batch=1, heads_q=1, heads_kv=1, seq_q=1, seq_kv=1, head_dim=8,
+                            element="f16", window={"left": -1}), "window.left"),
+    (lambda: KernelSku(id=1), "id"),
+    (lambda: PrecisionGuarantee(**{**GUARANTEE, "deterministic": False}), None),
+    (lambda: PrecisionGuarantee(**{**GUARANTEE, "max_rel_error": 0}), "max_rel_error"),
+])
+def test_every_public_model_raises_invalid_problem_naming_the_field(make, field):
+    with pytest.raises(InvalidProblem) as caught:
+        make()
+    assert caught.value.field == field
+    assert caught.value.errors() and all("loc" in e and "msg" in e for e in caught.value.errors())
+
+
+def test_a_preference_still_takes_one_name_or_any_collection_of_names():
+    one = frozenset({"nvrtc"})
+    for backends in ("nvrtc", ["nvrtc"], ("nvrtc",), {"nvrtc"}, frozenset({"nvrtc"})):
+        assert PlanPreference(backends=backends).backends == one
+    with pytest.raises(InvalidProblem, match="backends"):
+        Plan.select(alibi(), {"backends": 5}, arch="sm90")
+
+
+def test_models_take_keyword_arguments_only():
+    with pytest.raises(InvalidProblem, match="keyword arguments only"):
+        AlibiForwardDescriptor(1, 2)
+
+
+def test_an_invalid_problem_of_ours_has_an_error_list_too():
+    with pytest.raises(InvalidProblem) as caught:
+        Plan.explain(alibi(), arch="hopper")
+    assert caught.value.errors() == [{"type": "invalid_problem", "loc": ("arch",),
+                                      "msg": str(caught.value)}]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[]", "should be an object"), ("{", "Invalid JSON"), ("[" * 100_000, "Invalid JSON"),
+    ("", "Invalid JSON"), ("null", "should be an object"), (5, "takes a JSON string"),
+    (None, "takes a JSON string"),
+])
+def test_from_json_rejects_what_is_not_a_descriptor_object(text, message):
+    with pytest.raises(InvalidProblem, match=message):
+        AlibiForwardDescriptor.from_json(text)
+
+
+def test_from_json_round_trips_every_kind_of_field():
+    desc = SdpaDescriptor(batch=1, heads_q=4, heads_kv=2, seq_q=5, seq_kv=7, head_dim=8,
+                          element="bf16", window=(3, None), bias="1hqk", scale=0.5)
+    again = SdpaDescriptor.from_json(desc.model_dump_json().encode())
+    assert again == desc and hash(again) == hash(desc)
+
+
+def test_model_copy_validates_the_copy_before_selection_sees_it():
+    desc = LinearDescriptor(m=2, n=3, k=4, element="f32")
+    with pytest.raises(InvalidProblem, match="element") as caught:
+        Plan.explain(desc.model_copy(update={"element": 3}), arch="sm90")
+    assert caught.value.field == "element"
+    with pytest.raises(InvalidProblem, match="tf32"):  # a cross-field rule, not just the type
+        desc.model_copy(update={"tf32": True, "element": "f16"})
+    with pytest.raises(InvalidProblem, match="bogus"):
+        desc.model_copy(update={"bogus": 1})
+    copy = desc.model_copy(update={"m": 5})
+    assert copy.m == 5 and copy == LinearDescriptor(m=5, n=3, k=4, element="f32")
+    assert desc.model_copy() == desc
+
+
+# -- selection's arguments ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", [(9,), (9, 0, 1), (), ("a", "b"), (-9, 0), (9.5, 0)])
+def test_an_arch_tuple_that_is_not_major_minor_is_invalid_problem(arch):
+    with pytest.raises(InvalidProblem, match="arch") as caught:
+        Plan.explain(alibi(), arch=arch)
+    assert caught.value.field == "arch"
+
+
+# -- the names ------------------------------------------------------------------------------------
+
+def test_compile_error_is_public_and_typed():
+    from opfacade import CompileError
+
+    assert CompileError is opfacade.errors.CompileError and "CompileError" in opfacade.__all__
+    assert issubclass(CompileError, OpFacadeError) and issubclass(CompileError, RuntimeError)
+    error = CompileError("alibi_forward", "int x;\nbad y;", ("-arch=sm_90",), "line 2: error")
+    assert "alibi_forward" in str(error) and "-arch=sm_90" in str(error)
+    assert error.numbered_source() == "1 | int x;\n2 | bad y;"
+
+
+def test_every_public_error_derives_from_opfacade_error():
+    for name in opfacade.errors.__all__:
+        assert issubclass(getattr(opfacade, name), OpFacadeError), name
