@@ -22,6 +22,9 @@ from opfacade import (
     SdpaDescriptor,
     SlidingWindow,
 )
+from opfacade._internal.validation import one_of
+from opfacade._registry import FAMILIES, all_ops
+from opfacade.types import ElementKind
 
 ALIBI = dict(batch=1, heads=2, query_len=3, key_len=4, element="f32")
 GUARANTEE = dict(math_precision="f32", accumulator="f32", deterministic=True, bit_stable=True,
@@ -156,3 +159,31 @@ def test_compile_error_is_public_and_typed():
 def test_every_public_error_derives_from_opfacade_error():
     for name in opfacade.errors.__all__:
         assert issubclass(getattr(opfacade, name), OpFacadeError), name
+
+
+# -- the element types a descriptor accepts are the ones its message lists ----------------------
+
+@pytest.mark.parametrize("op", all_ops(), ids=lambda op: op.name)
+def test_the_accepted_elements_are_the_ones_the_message_lists(op):
+    family = next(f for f in FAMILIES if any(o.name == op.name for o in f.contract.OPS))
+    accepted = family.contract.ELEMENTS
+    sample = op.sample_problems(ElementKind.f64)[0]
+    for element in ElementKind:
+        try:
+            sample.model_copy(update={"element": element})
+        except InvalidProblem as error:
+            assert element not in accepted
+            assert error.field == "element" and one_of(accepted) in str(error)
+        else:
+            assert element in accepted
+
+
+def test_no_descriptor_accepts_an_element_no_sku_serves_unless_documented():
+    # ALiBi states fp8 problems (selection answers element_unsupported); linear has no fp8 SKU,
+    # so an fp8 linear problem is invalid, not unsupported.
+    served = {op.name: {impl.sku.element for impl in op.skus} for op in all_ops()}
+    assert not served["linear_forward"] & {ElementKind.fp8_e4m3, ElementKind.fp8_e5m2}
+    with pytest.raises(InvalidProblem, match="element must be f64, f32, f16 or bf16"):
+        LinearDescriptor(m=2, n=3, k=4, element="fp8_e4m3")
+    with pytest.raises(opfacade.NoKernelSku, match="element_unsupported"):
+        Plan.select(alibi(element="fp8_e5m2"), arch="sm90")
