@@ -20,6 +20,7 @@ from opfacade import (
     DeviceMismatch,
     InvalidArgument,
     InvalidProblem,
+    LayoutMismatch,
     NoKernelSku,
     Plan,
     PlanFreed,
@@ -286,6 +287,66 @@ def test_a_run_under_way_finishes_when_the_plan_is_freed(monkeypatch):
     runner.join(10)
     assert outcome == [None]
     np.testing.assert_array_equal(d_in, dy)  # the started run wrote its result
+
+
+def _strided(shape, strides, dtype=np.float32, writeable=True):
+    """A view of a small buffer with the given element strides (possibly overlapping)."""
+    itemsize = np.dtype(dtype).itemsize
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True))
+    base = np.zeros(span, dtype)
+    return np.lib.stride_tricks.as_strided(base, shape, [s * itemsize for s in strides],
+                                           writeable=writeable)
+
+
+@pytest.mark.parametrize("strides, why", [
+    ((0, 256, 16, 1), "broadcast"),  # batch broadcast: every batch entry one buffer
+    ((1024, 256, 1, 1), "overlap"),  # rows overlapping by 15 elements
+])
+def test_an_output_whose_elements_alias_each_other_is_named(strides, why):
+    desc = backward()
+    dy = np.ones(desc.shape, np.float32)
+    d_in = _strided(desc.shape, strides)
+    args = AlibiBackwardArgs(dy, d_in, np.empty(4, np.float32))
+    host = Plan.select(desc, device="cpu")
+    for call in (host.can_implement, host.run):
+        with pytest.raises(LayoutMismatch, match=f"grad_input has shape .* {why}") as caught:
+            call(args)
+        assert caught.value.argument == "grad_input"
+    # A GPU plan refuses it too, before anything asks for a device.
+    from opfacade._internal.tensors import TensorView
+
+    views = [TensorView(0x10000, desc.shape, (1024, 256, 16, 1), "f32", 0, "cupy", None),
+             TensorView(0x20000, desc.shape, strides, "f32", 0, "cupy", None),
+             TensorView(0x30000, (4,), (1,), "f32", 0, "cupy", None)]
+    with pytest.raises(LayoutMismatch, match=why):
+        Plan.select(desc, arch="sm90").can_implement(AlibiBackwardArgs(*views))
+
+
+def test_inputs_may_be_broadcast_and_outputs_reversed_or_permuted():
+    desc = AlibiForwardDescriptor(**SHAPE, element="f64")
+    x = np.broadcast_to(np.random.default_rng(2).uniform(-1, 1, (1, 4, 16, 16)), desc.shape)
+    slopes = np.linspace(-1, 1, 4)
+    plan = Plan.select(desc, device="cpu")
+    expected = np.empty(desc.shape)
+    plan.run(AlibiForwardArgs(x, slopes, expected))
+    reversed_rows = np.empty(desc.shape)[:, :, ::-1, :]
+    plan.run(AlibiForwardArgs(x, slopes, reversed_rows))
+    np.testing.assert_array_equal(reversed_rows, expected)
+
+
+@pytest.mark.parametrize("shape, strides, aliasing", [
+    ((3, 3), (2, 3), False),  # interleaved, yet every element has its own address
+    ((3, 3), (1, 2), True),  # offsets 2 = 2*1 = 0*1 + 1*2
+    ((4, 1, 5), (5, 0, 1), False),  # a zero stride on a unit extent is no broadcast
+    ((2, 3), (-3, 1), False),
+    ((2, 0, 3), (0, 0, 0), False),  # no elements, nothing to alias
+])
+def test_self_aliasing_is_decided_exactly(shape, strides, aliasing):
+    from opfacade._internal.tensors import TensorView
+    from opfacade.plan import _self_aliasing
+
+    view = TensorView(0x1000, shape, strides, "f32", None, "numpy", None)
+    assert bool(_self_aliasing(view)) is aliasing
 
 
 class _OneGpu:
