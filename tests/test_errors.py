@@ -187,3 +187,71 @@ def test_no_descriptor_accepts_an_element_no_sku_serves_unless_documented():
         LinearDescriptor(m=2, n=3, k=4, element="fp8_e4m3")
     with pytest.raises(opfacade.NoKernelSku, match="element_unsupported"):
         Plan.select(alibi(element="fp8_e5m2"), arch="sm90")
+
+
+# -- the testing helpers --------------------------------------------------------------------------
+
+def _no_gpu(monkeypatch):
+    from opfacade import testing
+
+    monkeypatch.setattr(testing, "device_count", lambda: 0)
+
+
+def test_verify_plan_refuses_a_host_plan_a_freed_plan_and_bad_runs(monkeypatch):
+    from opfacade.testing import repeat_runs, verify_plan
+
+    host = Plan.select(alibi(), device="cpu")
+    for check in (verify_plan, lambda plan: repeat_runs(plan, None)):
+        with pytest.raises(opfacade.InvalidArgument, match="reference itself") as caught:
+            check(host)
+        assert caught.value.argument == "plan"
+        with pytest.raises(opfacade.InvalidArgument, match="takes a Plan, got str"):
+            check("alibi_forward.nvrtc.f32")
+    gpu = Plan.select(alibi(), arch="sm90")
+    for runs in (0, -1, 2.5, True):
+        with pytest.raises(opfacade.InvalidArgument, match="runs must be a positive int"):
+            verify_plan(gpu, runs=runs)
+    gpu.free()
+    with pytest.raises(opfacade.PlanFreed):
+        verify_plan(gpu)
+
+
+def test_the_testing_helpers_without_a_gpu_say_so(monkeypatch):
+    from opfacade.testing import repeat_runs, verify_plan, verify_sku
+
+    _no_gpu(monkeypatch)
+    plan = Plan.select(alibi(), arch="sm90")
+    with pytest.raises(opfacade.BackendUnavailable, match="verify_plan runs alibi_forward.nvrtc"
+                                                          ".f32 on a GPU"):
+        verify_plan(plan)
+    with pytest.raises(opfacade.BackendUnavailable, match="repeat_runs"):
+        repeat_runs(plan, None)
+    with pytest.raises(opfacade.BackendUnavailable, match="verify_sku runs"):
+        verify_sku("alibi_forward.nvrtc.f32")
+
+
+def test_verify_sku_names_an_unknown_or_reference_sku():
+    from opfacade.testing import verify_sku
+
+    with pytest.raises(InvalidProblem, match="no SKU has the id 'x'") as caught:
+        verify_sku("x")
+    assert caught.value.field == "sku"
+    with pytest.raises(InvalidProblem):
+        verify_sku(None)
+    with pytest.raises(opfacade.InvalidArgument, match="float64 reference"):
+        verify_sku("alibi_forward.reference")
+
+
+def test_reference_outputs_of_a_tf32_plan_state_the_problem_in_f64():
+    """verify's oracle copies the descriptor to f64; model_copy validates, so TF32 goes too."""
+    import numpy as np
+
+    from opfacade.testing import random_inputs, reference_outputs
+
+    desc = LinearDescriptor(m=3, n=4, k=5, element="f32", tf32=True)
+    plan = Plan.select(desc, arch="sm90")
+    op = plan.op
+    inputs = random_inputs(op.signature(desc), np.random.default_rng(0))
+    out = reference_outputs(plan, inputs)["out"]
+    expected = inputs["x"] @ inputs["weight"].T + inputs["bias"]
+    np.testing.assert_allclose(out, expected, rtol=1e-13)
