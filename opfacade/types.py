@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -98,7 +99,7 @@ class PrecisionGuarantee(CheckedModel):
     accumulator: ElementKind
     deterministic: bool
     bit_stable: bool
-    max_rel_error: float = Field(gt=0.0)
+    max_rel_error: float = Field(gt=0.0, allow_inf_nan=False)
     capture_safe: bool = True
 
     @model_validator(mode="after")
@@ -132,8 +133,11 @@ class ArchSku(enum.StrEnum):
         """Accepts ``sm90``, ``sm_90``, ``9.0``, ``90`` or ``(9, 0)``."""
         if isinstance(text, ArchSku):
             return text
+        if not isinstance(text, str | tuple | numbers.Real):
+            raise InvalidProblem(f"arch must be a string such as 'sm90' or '9.0', or a (major, "
+                                 f"minor) pair, got {type(text).__name__}", field="arch")
         if isinstance(text, tuple):
-            if len(text) != 2:  # the digits' check below rejects what is not two numbers
+            if len(text) != 2 or not all(isinstance(n, numbers.Integral | str) for n in text):
                 raise InvalidProblem(f"arch as a tuple must be (major, minor) compute capability, "
                                      f"e.g. (9, 0), got {text!r}", field="arch")
             digits = f"{text[0]}{text[1]}"
@@ -197,7 +201,7 @@ class PlanPreference(CheckedModel):
     deterministic: bool = False
     bit_stable: bool = False
     min_math_precision: MathPrecision | None = None
-    max_rel_error: float | None = Field(default=None, gt=0.0)
+    max_rel_error: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # None: no bound
     backends: frozenset[BackendKind] | None = None
     workspace_limit: int | None = Field(default=None, ge=0)
     objective: Literal["speed", "memory"] = "speed"

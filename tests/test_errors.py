@@ -66,6 +66,7 @@ def test_every_way_to_make_a_descriptor_raises_invalid_problem(entry):
     (lambda: PlanPreference(backends=["tensorrt"]), "backends.0"),
     (lambda: PlanPreference(deterministic="maybe"), "deterministic"),
     (lambda: PlanPreference(max_rel_error=float("nan")), "max_rel_error"),
+    (lambda: PlanPreference(max_rel_error=float("inf")), "max_rel_error"),  # None: no bound
     (lambda: PlanPreference.coerce({"backends": 5}), "backends"),
     (lambda: PlanPreference.coerce({1: 2}), "1"),
     (lambda: PlanPreference.model_validate_json('{"objective": "fast"}'), "objective"),
@@ -76,6 +77,8 @@ def test_every_way_to_make_a_descriptor_raises_invalid_problem(entry):
     (lambda: KernelSku(id=1), "id"),
     (lambda: PrecisionGuarantee(**{**GUARANTEE, "deterministic": False}), None),
     (lambda: PrecisionGuarantee(**{**GUARANTEE, "max_rel_error": 0}), "max_rel_error"),
+    (lambda: PrecisionGuarantee(**{**GUARANTEE, "max_rel_error": float("inf")}),
+     "max_rel_error"),
 ])
 def test_every_public_model_raises_invalid_problem_naming_the_field(make, field):
     with pytest.raises(InvalidProblem) as caught:

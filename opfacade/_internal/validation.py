@@ -89,11 +89,13 @@ class CheckedModel(BaseModel, metaclass=_CheckedMeta):
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):
         """A copy with ``update`` applied, validated like a new model (pydantic's own skips
         validation, which would let an invalid descriptor reach selection)."""
-        if not update:
+        if update is None:
             return super().model_copy(deep=deep)
         if not isinstance(update, dict):
             raise InvalidProblem(f"{type(self).__name__}.model_copy: update must be a dict, got "
                                  f"{type(update).__name__}", field="update")
+        if not update:
+            return super().model_copy(deep=deep)
         return type(self).model_validate({**self.model_dump(exclude_unset=True), **update})
 
 
