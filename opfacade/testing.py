@@ -21,7 +21,7 @@ import numpy as np
 from ._internal.contract import Descriptor, TensorSpec
 from ._internal.device import check_ordinal, current_device, device_count
 from ._internal.sku import Workspace
-from ._internal.tensors import TensorView
+from ._internal.tensors import TensorView, numpy_dtype
 from ._registry import op_for
 from .errors import BackendUnavailable, InvalidArgument, InvalidProblem
 from .plan import Plan
@@ -122,7 +122,8 @@ def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np
     desc = plan.descriptor.model_copy(update=update)
     reference = type(plan).select(desc, PlanPreference(backends={"reference"}), device="cpu")
     signature = op.signature(desc)
-    arrays = {name: inputs[name].copy() if name in inputs else np.empty(spec.shape)
+    arrays = {name: inputs[name].copy() if name in inputs
+              else np.empty(spec.shape, numpy_dtype(spec.element))  # f64, or a u8 mask
               for name, spec in signature.items()}
     reference.run(op.args(**arrays))
     return {name: arrays[name] for name, spec in signature.items()
