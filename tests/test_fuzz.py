@@ -248,12 +248,14 @@ def test_selection_only_raises_typed_errors(op, data):
 
 # -- host runs ------------------------------------------------------------------------------------
 
-# Each makes an argument wrong, or puts it in another form the host plan must still accept and
-# compute with (strided rows, an unaligned address, a torch CPU tensor, an input aliasing another
+# Forms of a valid argument the host plan must accept and compute with, each element where the
+# C-order copy has it: every other row of a bigger array, a non-last axis stored reversed
+# (negative strides), an address off the element alignment, a torch CPU tensor.
+VALID_FORMS = ("same", "same", "rows", "reversed", "unaligned", "torch")
+# Ways to make an argument wrong (or, for "alias", maybe still right: an input that is another
 # input of its shape).
-ARRAY_MUTATIONS = ("none", "junk", "shape", "rank", "dtype", "strided", "last_dim", "readonly",
-                   "broadcast", "overlap", "alias", "scalar", "fortran", "unaligned", "torch",
-                   "list")
+ARRAY_MUTATIONS = ("none", "junk", "shape", "rank", "dtype", "last_dim", "readonly", "broadcast",
+                   "overlap", "alias", "scalar", "fortran", "list")
 OTHER_DTYPES = [np.float64, np.float32, np.float16, np.int32, np.int64, np.uint8, np.bool_,
                 np.complex64, ">f4", ">f8", np.object_, "U1", "datetime64[s]", np.int8]
 
@@ -285,7 +287,9 @@ def _valid_arrays(op, desc, rng) -> dict:
 
 
 def _mutated(array, how: str, others: list, rng):
-    """``array`` made wrong (or still right, in another form) in the way ``how`` names."""
+    """``array`` made wrong (or, aliased, maybe still right) in the way ``how`` names."""
+    if hasattr(array, "numpy"):  # a torch form: mutate the NumPy array it shares memory with
+        array = array.numpy()
     if array is None and how not in ("junk", "list"):
         return array
     shape = array.shape if array is not None else (2,)
@@ -306,11 +310,6 @@ def _mutated(array, how: str, others: list, rng):
         return np.zeros((1, *shape) if rng.random() < 0.5 else shape[1:], array.dtype)
     if how == "dtype":
         return np.zeros(shape, rng.choice(OTHER_DTYPES))
-    if how == "strided":  # a valid view of every other row: accepted where the last dim is unit
-        if array.ndim < 2:
-            return array
-        bigger = np.repeat(array, 2, axis=0)
-        return bigger[::2]
     if how == "last_dim":
         return np.asfortranarray(array) if array.ndim >= 2 else array[::-1]
     if how == "readonly":
@@ -329,17 +328,24 @@ def _mutated(array, how: str, others: list, rng):
         return array.reshape(-1)[:1].reshape(()) if array.size else np.float64(0)
     if how == "fortran":
         return np.asfortranarray(array)
-    if how == "unaligned":
-        raw = np.zeros(array.nbytes + 1, np.uint8)[1:]
-        view = raw.view(array.dtype).reshape(shape)
+    raise AssertionError(how)
+
+
+def _in_form(array: np.ndarray, form: str, rng) -> object:
+    """``array``'s values in another valid form (see VALID_FORMS)."""
+    if form in ("rows", "reversed") and array.ndim >= 2:
+        axis = int(rng.integers(array.ndim - 1))  # never the last: it must have unit stride
+        if form == "rows":
+            return np.repeat(array, 2, axis=axis)[(slice(None),) * axis + (slice(None, None, 2),)]
+        return np.flip(np.flip(array, axis).copy(), axis)
+    if form == "unaligned":
+        view = np.zeros(array.nbytes + 1, np.uint8)[1:].view(array.dtype).reshape(array.shape)
         view[...] = array
         return view
-    if how == "torch":
-        torch = _torch()
-        if torch is None or array.dtype.kind not in "fiu":  # bf16 and fp8 are kind "V"
-            return array
+    torch = _torch()
+    if form == "torch" and torch is not None and array.dtype.kind in "fiu":  # not bf16 ("V")
         return torch.from_numpy(np.ascontiguousarray(array))
-    raise AssertionError(how)
+    return array
 
 
 @functools.cache
@@ -379,11 +385,12 @@ HOST_PREFERENCES = st.sampled_from([None, {"deterministic": True}, {"backends": 
 
 @st.composite
 def host_arguments(draw, op, desc):
-    """The op's arguments for ``desc``: valid NumPy arrays with up to two made wrong (or put in
-    another valid form), maybe an argument the descriptor does not ask for, as the op's Args
-    or as junk. Returns (args, the arrays by name)."""
+    """The op's arguments for ``desc``: valid arrays, each in one of the valid forms, with up to
+    two made wrong, maybe an argument the descriptor does not ask for, as the op's Args or as
+    junk. Returns (args, the arrays by name)."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    arrays = _valid_arrays(op, desc, rng)
+    arrays = {name: _in_form(array, draw(st.sampled_from(VALID_FORMS)), rng)
+              for name, array in _valid_arrays(op, desc, rng).items()}
     names = list(arrays)
     count = draw(st.sampled_from([0, 0, 1, 1, 2]))
     for name in draw(st.lists(st.sampled_from(names), min_size=count, max_size=count,
