@@ -10,6 +10,7 @@ How a SKU is chosen is ``_internal/selection.py``; which SKUs an op has is ``_re
 from __future__ import annotations
 
 import functools
+import numbers
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ from ._registry import OpSpec
 from .errors import (
     BufferTooSmall,
     DeviceMismatch,
+    InvalidArgument,
     InvalidProblem,
     LayoutMismatch,
     NoKernelSku,
@@ -93,6 +95,10 @@ def _self_aliasing(view: TensorView) -> str:
     if np.unique(offsets).size < offsets.size:
         return "some of its elements overlap in memory"
     return ""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class Plan:
@@ -301,6 +307,12 @@ class Plan:
     def _user_workspace(self, workspace: Any, bound: BoundArgs) -> Workspace:
         if isinstance(workspace, Workspace):
             ws = workspace
+            if not (_is_int(ws.ptr) and ws.ptr >= 0 and _is_int(ws.size)
+                    and (ws.device is None or _is_int(ws.device) and ws.device >= 0)):
+                raise InvalidArgument(
+                    f"workspace must be a Workspace(ptr, size, device) of non-negative int "
+                    f"address, int size and int ordinal or None, got {ws!r}",
+                    argument="workspace")
         else:
             view: TensorView = wrap(workspace, "workspace")
             if not view.is_contiguous:

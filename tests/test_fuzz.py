@@ -30,6 +30,7 @@ from opfacade import (
     OpFacadeError,
     Plan,
     PlanPreference,
+    Workspace,
 )
 from opfacade._internal.view import numpy_dtype
 from opfacade._registry import FAMILIES, all_ops
@@ -445,7 +446,9 @@ def test_host_runs_only_raise_typed_errors_and_accepted_runs_match_the_reference
         event("too large to run on the host here")  # a junk extent the host plan accepts
         return
     args, arrays = data.draw(host_arguments(op, desc))
-    typed(plan.can_implement, args, data.draw(st.one_of(st.just(np.zeros(64, np.uint8)), junk)))
+    workspace = st.one_of(st.just(np.zeros(64, np.uint8)), junk, st.builds(Workspace, junk, junk,
+                                                                          junk))
+    typed(plan.can_implement, args, data.draw(workspace))
     if not _accepted(plan, args):
         event("refused host run")
         with pytest.raises(OpFacadeError):  # what can_implement refuses, run refuses

@@ -26,6 +26,7 @@ from opfacade import (
     PlanFreed,
     PlanPreference,
     ReasonCode,
+    Workspace,
 )
 from opfacade.plan import PLAN_CACHE
 
@@ -397,3 +398,13 @@ def test_a_free_during_a_runs_checks_lets_that_run_finish(where, monkeypatch):
         assert launched == [7]
     with pytest.raises(PlanFreed):
         plan.run(args, stream=stream)
+
+
+@pytest.mark.parametrize("workspace", [Workspace("a", "b", None), Workspace(1.5, 0, None),
+                                       Workspace(0, 0, "cuda:0"), Workspace(-256, 0, None)])
+def test_a_workspace_of_the_wrong_types_is_named(workspace):
+    dy = np.ones((2, 4, 16, 16))
+    args = AlibiBackwardArgs(dy, np.empty_like(dy), np.empty(4))
+    with pytest.raises(InvalidArgument, match="workspace must be a Workspace") as caught:
+        Plan.select(backward("f64"), device="cpu").can_implement(args, workspace)
+    assert caught.value.argument == "workspace"
