@@ -30,11 +30,26 @@ class OpFacadeError(Exception):
 
 
 class InvalidProblem(OpFacadeError, ValueError):
-    """A descriptor or preference describes an impossible problem (names the field)."""
+    """A descriptor or preference describes an impossible problem (names the field).
 
-    def __init__(self, message: str, *, field: str | None = None):
+    ``field`` is the path of the first field at fault ("window.left"), None for the model as a
+    whole. Raised in place of pydantic's ``ValidationError``, whose error list ``errors()``
+    returns.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None,
+                 errors: list[dict] | None = None):
         super().__init__(message)
         self.field = field
+        self._errors = errors
+
+    def errors(self) -> list[dict]:
+        """pydantic's error dicts (``type``, ``loc``, ``msg``, ``input``, ...) when validation
+        failed, else one dict in the same form for this error."""
+        if self._errors is not None:
+            return [dict(error) for error in self._errors]
+        loc = tuple(self.field.split(".")) if self.field else ()
+        return [{"type": "invalid_problem", "loc": loc, "msg": str(self)}]
 
 
 class InvalidArgument(OpFacadeError, ValueError):

@@ -10,9 +10,13 @@ How a SKU is chosen is ``_internal/selection.py``; which SKUs an op has is ``_re
 from __future__ import annotations
 
 import functools
+import numbers
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
 
 from . import _registry as registry
 from ._internal.call_memo import CallMemo
@@ -28,6 +32,7 @@ from ._registry import OpSpec
 from .errors import (
     BufferTooSmall,
     DeviceMismatch,
+    InvalidArgument,
     InvalidProblem,
     LayoutMismatch,
     NoKernelSku,
@@ -43,6 +48,59 @@ __all__ = ["ExplainReport", "Plan", "PreparedRun", "Target", "TrainingPair", "Ve
 PLAN_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU("plan", 512, usable=lambda plan: not plan.freed)
 
 
+class _Live(NamedTuple):
+    """What a live plan runs with: its SKU and its memo of checked calls (None on the host).
+
+    One attribute holds both, so that a run reads them in one step and ``free()`` takes them
+    away in one step: a run that has read them finishes with them; a later one finds None and
+    raises PlanFreed. Nothing reads ``Plan._live`` twice in one call.
+    """
+
+    impl: SkuImpl
+    calls: CallMemo | None
+
+
+# Outputs with more elements than this whose strides interleave are refused rather than
+# enumerated (a layout no framework makes; torch and NumPy views are never this case).
+_ALIAS_CHECK_LIMIT = 1 << 20
+
+
+def _self_aliasing(view: TensorView) -> str:
+    """Why two elements of ``view`` share memory (a broadcast, zero-stride or self-overlapping
+    output), or "" when each element has its own address.
+
+    Sorted by stride, each dimension must step past everything the smaller ones reach: true of
+    every dense layout, its permutations and slices. Otherwise the offsets are enumerated, up to
+    ``_ALIAS_CHECK_LIMIT`` elements.
+    """
+    if view.size == 0:
+        return ""
+    dims = sorted((abs(stride), extent) for extent, stride in zip(view.shape, view.strides,
+                                                                  strict=True) if extent > 1)
+    reach = 0
+    for stride, extent in dims:
+        if stride <= reach:
+            break
+        reach += stride * (extent - 1)
+    else:
+        return ""
+    if any(stride == 0 for stride, _ in dims):
+        return "it is broadcast (a stride of 0 where the extent is more than 1)"
+    if view.size > _ALIAS_CHECK_LIMIT:
+        return (f"its elements interleave, and with {view.size} of them opfacade does not check "
+                "that they never overlap")
+    offsets = np.zeros((), dtype=np.int64)
+    for stride, extent in dims:
+        offsets = np.add.outer(offsets, np.arange(extent, dtype=np.int64) * stride)
+    if np.unique(offsets).size < offsets.size:
+        return "some of its elements overlap in memory"
+    return ""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 class Plan:
     """A selected SKU bound to one descriptor: reusable across tensors, streams and threads."""
 
@@ -54,11 +112,12 @@ class Plan:
         self._descriptor = desc
         self._preference = pref
         self._target = target
-        self._impl: SkuImpl | None = impl
         self._report = report
         self._workspace_size = report.chosen.workspace_size or 0
         # run()'s checked calls; a host plan checks in full (its tensors are NumPy arrays).
-        self._calls = None if target.is_host else CallMemo(self._checked_launch)
+        calls = None if target.is_host else CallMemo(self._checked_launch)
+        self._live: _Live | None = _Live(impl, calls)
+        self._free_lock = threading.Lock()  # two free()s release the SKU's build once
 
     # -- selection ---------------------------------------------------------------------------
     @classmethod
@@ -154,20 +213,40 @@ class Plan:
 
     @property
     def freed(self) -> bool:
-        return self._impl is None
+        return self._live is None
 
     def __repr__(self) -> str:
         state = "freed" if self.freed else f"workspace_size={self.workspace_size}"
         return f"<{type(self).__name__} {self.sku.id} on {self._target}, {state}>"
 
     # -- running -----------------------------------------------------------------------------
-    def _live_impl(self) -> SkuImpl:
-        if self._impl is None:
+    def _state(self) -> _Live:
+        live = self._live  # read once: free() may run on another thread at any point
+        if live is None:
             raise PlanFreed(f"this {self._op.name} plan was freed; select a new one")
-        return self._impl
+        return live
 
-    def _bind(self, args: Any) -> BoundArgs:
-        impl = self._live_impl()
+    def _live_impl(self) -> SkuImpl:
+        return self._state().impl
+
+    # The SKU and the memo as attributes, for the bench and the tests that look inside a plan.
+    @property
+    def _impl(self) -> SkuImpl | None:
+        live = self._live
+        return None if live is None else live.impl
+
+    @property
+    def _calls(self) -> CallMemo | None:
+        live = self._live
+        return None if live is None else live.calls
+
+    @_calls.setter
+    def _calls(self, calls: CallMemo | None) -> None:
+        live = self._live
+        if live is not None:
+            self._live = live._replace(calls=calls)
+
+    def _bind(self, impl: SkuImpl, args: Any) -> BoundArgs:
         bound = self._op.bind(self._descriptor, args)
         self._check_placement(bound)
         impl.check_args(self._descriptor, bound)
@@ -179,9 +258,16 @@ class Plan:
         views = bound.present()
         for name in bound.outputs:
             view = bound.views.get(name)
-            if view is not None and view.readonly:
+            if view is None:
+                continue
+            if view.readonly:
                 raise LayoutMismatch(f"{name} is read-only; outputs must be writable",
                                      argument=name)
+            aliasing = _self_aliasing(view)
+            if aliasing:
+                raise LayoutMismatch(
+                    f"{name} has shape {view.shape} and strides {view.strides}, so {aliasing}; "
+                    "an output needs one address per element", argument=name)
         if self._target.is_host:
             for name, view in views.items():
                 if view.device is not None:
@@ -211,7 +297,7 @@ class Plan:
 
     def can_implement(self, args: Any, workspace: Any = None) -> None:
         """Raises the typed error run() would raise for these args; returns None when fine."""
-        bound = self._bind(args)
+        bound = self._bind(self._live_impl(), args)
         if workspace is not None:
             self._user_workspace(workspace, bound)
 
@@ -221,6 +307,12 @@ class Plan:
     def _user_workspace(self, workspace: Any, bound: BoundArgs) -> Workspace:
         if isinstance(workspace, Workspace):
             ws = workspace
+            if not (_is_int(ws.ptr) and ws.ptr >= 0 and _is_int(ws.size)
+                    and (ws.device is None or _is_int(ws.device) and ws.device >= 0)):
+                raise InvalidArgument(
+                    f"workspace must be a Workspace(ptr, size, device) of non-negative int "
+                    f"address, int size and int ordinal or None, got {ws!r}",
+                    argument="workspace")
         else:
             view: TensorView = wrap(workspace, "workspace")
             if not view.is_contiguous:
@@ -241,10 +333,10 @@ class Plan:
                 argument="workspace")
         return ws
 
-    def _resolve(self, args: Any, workspace: Any, stream: Any
+    def _resolve(self, impl: SkuImpl, args: Any, workspace: Any, stream: Any
                  ) -> tuple[BoundArgs, Workspace, int | None]:
         """Everything run() checks and decides before the launch."""
-        bound = self._bind(args)
+        bound = self._bind(impl, args)
         if self._target.is_host:
             return bound, Workspace.empty(), None
         device = self._device_of(bound)
@@ -269,8 +361,9 @@ class Plan:
         contents may change. It holds the workspace (allocated once when None) and the stream;
         call it from the thread that prepared it (library handles are per thread).
         """
-        bound, ws, handle = self._resolve(args, workspace, stream)
-        return PreparedRun(self, bound, ws, handle)
+        impl = self._live_impl()
+        bound, ws, handle = self._resolve(impl, args, workspace, stream)
+        return PreparedRun(self, impl, bound, ws, handle)
 
     def run(self, args: Any, workspace: Any = None, stream: Any = None) -> None:
         """Enqueues the op on ``stream`` and returns without waiting.
@@ -284,24 +377,24 @@ class Plan:
         addresses, shapes, strides, dtypes and devices, with the same workspace and stream, only
         launches (``_internal/call_memo.py`` says what is compared and why that is enough).
         """
-        calls = self._calls
-        if calls is not None and self._impl is not None:
+        impl, calls = self._state()  # one read: a concurrent free() lets this run finish
+        if calls is not None:
             launch = calls.launch_for(args, workspace, stream)
             if launch is not None:
                 launch()
                 return
             LOG.debug("%s run: checked in full (its tensors, workspace or stream cannot be "
                       "keyed exactly)", self._op.name)
-        bound, ws, handle = self._resolve(args, workspace, stream)
-        self._live_impl().launch(self._descriptor, bound, ws, handle)
+        bound, ws, handle = self._resolve(impl, args, workspace, stream)
+        impl.launch(self._descriptor, bound, ws, handle)
 
     def _checked_launch(self, args: Any, workspace: Any, stream: Any) -> Callable[[], None]:
         """Checks a call in full and returns its launch, holding addresses but no user object."""
-        bound, ws, handle = self._resolve(args, workspace, stream)
+        impl, desc = self._live_impl(), self._descriptor
+        bound, ws, handle = self._resolve(impl, args, workspace, stream)
         views = {name: None if view is None else replace(view, obj=None)
                  for name, view in bound.views.items()}
         detached = BoundArgs(views, bound.outputs)
-        impl, desc = self._impl, self._descriptor
         if workspace is None and self._workspace_size:
             # Scratch from the framework on every call, stream-ordered, as the full path does.
             from ._internal.memory import allocate_bytes
@@ -319,13 +412,12 @@ class Plan:
     # -- lifetime ----------------------------------------------------------------------------
     def free(self) -> None:
         """Releases what the plan holds (its checked calls, and what its SKU built for this
-        problem: a cuDNN graph, cuBLASLt recipes); safe to call twice. Later use raises
-        PlanFreed."""
-        impl, self._impl = self._impl, None
-        if impl is not None:
-            impl.release(self._descriptor)
-        if self._calls is not None:
-            self._calls = CallMemo(self._checked_launch)  # drops every thread's launches
+        problem: a cuDNN graph, cuBLASLt recipes); safe to call twice, and while other threads
+        run the plan: a run already under way finishes, a later one raises PlanFreed."""
+        with self._free_lock:
+            live, self._live = self._live, None
+        if live is not None:
+            live.impl.release(self._descriptor)  # the memo, every thread's launches, goes too
 
     def __enter__(self) -> Plan:
         self._live_impl()
@@ -340,13 +432,14 @@ class PreparedRun:
 
     __slots__ = ("_plan", "_bound", "_workspace", "_call")
 
-    def __init__(self, plan: Plan, bound: BoundArgs, workspace: Workspace, stream: int | None):
+    def __init__(self, plan: Plan, impl: SkuImpl, bound: BoundArgs, workspace: Workspace,
+                 stream: int | None):
         self._plan, self._bound, self._workspace = plan, bound, workspace  # kept alive
-        self._call = plan._live_impl().prepared(plan.descriptor, bound, workspace, stream)
+        self._call = impl.prepared(plan.descriptor, bound, workspace, stream)
 
     def __call__(self) -> None:
-        if self._plan._impl is None:
-            self._plan._live_impl()  # raises PlanFreed
+        if self._plan._live is None:
+            self._plan._state()  # raises PlanFreed
         self._call()
 
 

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._internal.contract import Descriptor, TensorSpec
-from ._internal.device import current_device
+from ._internal.device import check_ordinal, current_device, device_count
 from ._internal.sku import Workspace
-from ._internal.tensors import TensorView
+from ._internal.tensors import TensorView, numpy_dtype
 from ._registry import op_for
+from .errors import BackendUnavailable, InvalidArgument, InvalidProblem
 from .plan import Plan
-from .types import ElementKind, PlanPreference
+from .types import BackendKind, ElementKind, PlanPreference
 
 __all__ = [
     "RepeatResult", "VerificationResult", "random_inputs", "relative_error", "repeat_runs",
@@ -115,14 +116,38 @@ def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np
     plan's element types, so the only difference from the GPU is the arithmetic.
     """
     op = op_for(plan.descriptor)
-    desc = plan.descriptor.model_copy(update={"element": ElementKind.f64})
+    update: dict = {"element": ElementKind.f64}
+    if getattr(plan.descriptor, "tf32", False):
+        update["tf32"] = False  # TF32 math is an f32 option; model_copy validates the copy
+    desc = plan.descriptor.model_copy(update=update)
     reference = type(plan).select(desc, PlanPreference(backends={"reference"}), device="cpu")
     signature = op.signature(desc)
-    arrays = {name: inputs[name].copy() if name in inputs else np.empty(spec.shape)
+    arrays = {name: inputs[name].copy() if name in inputs
+              else np.empty(spec.shape, numpy_dtype(spec.element))  # f64, or a u8 mask
               for name, spec in signature.items()}
     reference.run(op.args(**arrays))
     return {name: arrays[name] for name, spec in signature.items()
             if spec.role in ("out", "inout")}
+
+
+def _check_gpu_run(function: str, plan: Plan, runs: int, device: int | None = None) -> None:
+    """What verify_plan and repeat_runs need before they touch a GPU, as typed errors: a live
+    GPU plan, a positive number of runs, and a visible device."""
+    if not isinstance(plan, Plan):
+        raise InvalidArgument(f"{function} takes a Plan, got {type(plan).__name__}",
+                              argument="plan")
+    if plan.target.is_host:
+        raise InvalidArgument(f"{function} checks GPU plans; {plan.sku.id} is the float64 "
+                              "reference itself (select with device=<ordinal> or arch=...)",
+                              argument="plan")
+    plan._live_impl()  # PlanFreed for a freed plan
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise InvalidArgument(f"runs must be a positive int, got {runs!r}", argument="runs")
+    if device_count() == 0:
+        raise BackendUnavailable(f"{function} runs {plan.sku.id} on a GPU, and no CUDA device "
+                                 "is visible")
+    if device is not None:
+        check_ordinal(device)
 
 
 @dataclass
@@ -169,10 +194,9 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     Every run uses a new CuPy stream and a workspace at a different address; outputs are
     poisoned before each run and compared bitwise across runs and, in float64, to the reference.
     """
+    _check_gpu_run("verify_plan", plan, runs, device)
     import cupy
 
-    if plan.target.is_host:
-        raise ValueError("verify_plan checks GPU plans; the host plan is the reference itself")
     start = time.perf_counter()
     device = plan.target.device if device is None else device
     device = current_device() if device is None else device
@@ -214,17 +238,31 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
 
 def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: int | None = None
                ) -> list[VerificationResult]:
-    """verify_plan over every sample problem of the SKU's op that the SKU serves."""
+    """verify_plan over every sample problem of the SKU's op that the SKU serves.
+
+    Raises:
+        InvalidProblem: no SKU has this id (``opfacade catalog`` lists them).
+        InvalidArgument: it is a float64 reference SKU, the oracle the others are checked
+            against.
+    """
     from ._registry import all_ops
 
     for op in all_ops():
         for impl in op.skus:
             if impl.sku.id == sku_id:
+                if impl.sku.backend is BackendKind.reference:
+                    raise InvalidArgument(f"{sku_id} is the float64 reference, the oracle "
+                                          "verify_sku checks the GPU SKUs against",
+                                          argument="sku_id")
+                if device_count() == 0:
+                    raise BackendUnavailable(f"verify_sku runs {sku_id} on a GPU, and no CUDA "
+                                             "device is visible")
                 problems: list[Descriptor] = [d for d in op.sample_problems(impl.sku.element)
                                               if impl.unfit(d) is None]
                 return [verify_plan(Plan.select(d, PlanPreference(sku=sku_id), device=device),
                                     runs=runs, seed=seed, device=device) for d in problems]
-    raise KeyError(sku_id)
+    raise InvalidProblem(f"no SKU has the id {sku_id!r}; `opfacade catalog` lists them",
+                         field="sku")
 
 
 @dataclass
@@ -255,6 +293,8 @@ def repeat_runs(plan: Plan, args, *, runs: int = 5) -> RepeatResult:
 
     For reproducibility tests of a user's own model: the inputs must not alias the outputs.
     """
+    _check_gpu_run("repeat_runs", plan, runs)
+    plan.can_implement(args)  # the typed error run() would raise, before anything runs
     import cupy
 
     op = op_for(plan.descriptor)

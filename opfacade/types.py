@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from ._internal.validation import CheckedModel, validated
 from .errors import InvalidProblem
 
 __all__ = [
@@ -80,11 +82,7 @@ class MathPrecision(enum.StrEnum):
         return self.rank >= other.rank
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PrecisionGuarantee(_Frozen):
+class PrecisionGuarantee(CheckedModel):
     """What a SKU promises about its numbers; each field is checked on a GPU by the tests.
 
     ``max_rel_error`` bounds ``‖out − ref‖ / ‖ref‖`` (Frobenius norms) for every output, against
@@ -101,7 +99,7 @@ class PrecisionGuarantee(_Frozen):
     accumulator: ElementKind
     deterministic: bool
     bit_stable: bool
-    max_rel_error: float = Field(gt=0.0)
+    max_rel_error: float = Field(gt=0.0, allow_inf_nan=False)
     capture_safe: bool = True
 
     @model_validator(mode="after")
@@ -135,9 +133,14 @@ class ArchSku(enum.StrEnum):
         """Accepts ``sm90``, ``sm_90``, ``9.0``, ``90`` or ``(9, 0)``."""
         if isinstance(text, ArchSku):
             return text
+        if not isinstance(text, str | tuple | numbers.Real):
+            raise InvalidProblem(f"arch must be a string such as 'sm90' or '9.0', or a (major, "
+                                 f"minor) pair, got {type(text).__name__}", field="arch")
         if isinstance(text, tuple):
-            major, minor = text
-            digits = f"{major}{minor}"
+            if len(text) != 2 or not all(isinstance(n, numbers.Integral | str) for n in text):
+                raise InvalidProblem(f"arch as a tuple must be (major, minor) compute capability, "
+                                     f"e.g. (9, 0), got {text!r}", field="arch")
+            digits = f"{text[0]}{text[1]}"
         else:
             raw = str(text).strip().lower().removeprefix("sm").lstrip("_")
             digits = raw.replace(".", "")
@@ -172,7 +175,7 @@ class OpCategory(enum.StrEnum):
     positional_bias = "positional_bias"
 
 
-class KernelSku(_Frozen):
+class KernelSku(CheckedModel):
     """One kernel offering: what it computes, on what, where it runs and what it guarantees."""
 
     id: str
@@ -192,13 +195,13 @@ class KernelSku(_Frozen):
         return self.model_dump(mode="json")
 
 
-class PlanPreference(_Frozen):
+class PlanPreference(CheckedModel):
     """What the caller requires (filters) and prefers (ranking) among the candidate SKUs."""
 
     deterministic: bool = False
     bit_stable: bool = False
     min_math_precision: MathPrecision | None = None
-    max_rel_error: float | None = Field(default=None, gt=0.0)
+    max_rel_error: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # None: no bound
     backends: frozenset[BackendKind] | None = None
     workspace_limit: int | None = Field(default=None, ge=0)
     objective: Literal["speed", "memory"] = "speed"
@@ -206,12 +209,10 @@ class PlanPreference(_Frozen):
 
     @field_validator("backends", mode="before")
     @classmethod
-    def _accept_any_iterable(cls, value):
-        if value is None or isinstance(value, frozenset):
-            return value
-        if isinstance(value, str):
-            value = [value]
-        return frozenset(BackendKind(v) for v in value)
+    def _one_name_or_a_collection(cls, value):
+        # One name stands for a set of one; pydantic checks the rest (a list, set or tuple of
+        # backend names) and rejects anything else with the field's name.
+        return [value] if isinstance(value, str | BackendKind) else value
 
     @classmethod
     def coerce(cls, value: PlanPreference | dict | None) -> PlanPreference:
@@ -221,8 +222,6 @@ class PlanPreference(_Frozen):
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            from ._internal.validation import validated
-
             return validated(cls, value)
         raise InvalidProblem(
             f"pref must be a PlanPreference, a dict or None, got {type(value).__name__}",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,11 +20,13 @@ from opfacade import (
     DeviceMismatch,
     InvalidArgument,
     InvalidProblem,
+    LayoutMismatch,
     NoKernelSku,
     Plan,
     PlanFreed,
     PlanPreference,
     ReasonCode,
+    Workspace,
 )
 from opfacade.plan import PLAN_CACHE
 
@@ -213,3 +217,194 @@ def test_a_read_only_output_is_named_on_a_host_plan():
     plan = Plan.select(desc, device="cpu")
     with pytest.raises(InvalidArgument, match="grad_input is read-only"):
         plan.can_implement(AlibiBackwardArgs(dy, d_in, np.empty(4, np.float32)))
+
+
+def test_free_while_threads_run_lets_only_plan_freed_escape():
+    """Many threads run one host plan while another frees it: each run either finishes or
+    raises PlanFreed, never AttributeError from a half-freed plan."""
+    rng = np.random.default_rng(7)
+    dy = rng.uniform(-1, 1, (2, 4, 16, 16))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows
+    try:
+        for _ in range(5):
+            plan = Plan.select(backward("f64"), device="cpu")
+            escaped, finished = [], []
+            go = threading.Barrier(9)
+
+            def worker(plan=plan, escaped=escaped, finished=finished, go=go):
+                d_in, d_slopes = np.empty_like(dy), np.empty(4)
+                go.wait()
+                try:
+                    while True:
+                        plan.run(AlibiBackwardArgs(dy, d_in, d_slopes))
+                        finished.append(1)
+                except PlanFreed:
+                    pass
+                except BaseException as error:  # noqa: BLE001 - the escape this test looks for
+                    escaped.append(error)
+
+            threads = [threading.Thread(target=worker) for _ in range(8)]
+            for t in threads:
+                t.start()
+            go.wait()
+            while len(finished) < 20 and not escaped:
+                time.sleep(1e-4)
+            plan.free()
+            for t in threads:
+                t.join(timeout=30)
+            assert not any(t.is_alive() for t in threads)
+            assert escaped == []
+            assert plan.freed
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_run_under_way_finishes_when_the_plan_is_freed(monkeypatch):
+    """free() does not wait for runs: one that has started completes with what it read, and
+    the next raises PlanFreed."""
+    plan = Plan.select(backward("f64"), device="cpu")
+    impl = plan._live_impl()
+    entered, release = threading.Event(), threading.Event()
+    compute = impl.compute
+
+    def slow_compute(desc, arrays):
+        entered.set()
+        assert release.wait(10)
+        return compute(desc, arrays)
+
+    monkeypatch.setattr(impl, "compute", slow_compute)
+    dy = np.random.default_rng(3).uniform(-1, 1, (2, 4, 16, 16))
+    d_in, d_slopes = np.zeros_like(dy), np.zeros(4)
+    outcome = []
+    runner = threading.Thread(target=lambda: outcome.append(
+        plan.run(AlibiBackwardArgs(dy, d_in, d_slopes))))
+    runner.start()
+    assert entered.wait(10)
+    plan.free()
+    with pytest.raises(PlanFreed):
+        plan.run(AlibiBackwardArgs(dy, np.empty_like(dy), np.empty(4)))
+    release.set()
+    runner.join(10)
+    assert outcome == [None]
+    np.testing.assert_array_equal(d_in, dy)  # the started run wrote its result
+
+
+def _strided(shape, strides, dtype=np.float32, writeable=True):
+    """A view of a small buffer with the given element strides (possibly overlapping)."""
+    itemsize = np.dtype(dtype).itemsize
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(shape, strides, strict=True))
+    base = np.zeros(span, dtype)
+    return np.lib.stride_tricks.as_strided(base, shape, [s * itemsize for s in strides],
+                                           writeable=writeable)
+
+
+@pytest.mark.parametrize("strides, why", [
+    ((0, 256, 16, 1), "broadcast"),  # batch broadcast: every batch entry one buffer
+    ((1024, 256, 1, 1), "overlap"),  # rows overlapping by 15 elements
+])
+def test_an_output_whose_elements_alias_each_other_is_named(strides, why):
+    desc = backward()
+    dy = np.ones(desc.shape, np.float32)
+    d_in = _strided(desc.shape, strides)
+    args = AlibiBackwardArgs(dy, d_in, np.empty(4, np.float32))
+    host = Plan.select(desc, device="cpu")
+    for call in (host.can_implement, host.run):
+        with pytest.raises(LayoutMismatch, match=f"grad_input has shape .* {why}") as caught:
+            call(args)
+        assert caught.value.argument == "grad_input"
+    # A GPU plan refuses it too, before anything asks for a device.
+    from opfacade._internal.tensors import TensorView
+
+    views = [TensorView(0x10000, desc.shape, (1024, 256, 16, 1), "f32", 0, "cupy", None),
+             TensorView(0x20000, desc.shape, strides, "f32", 0, "cupy", None),
+             TensorView(0x30000, (4,), (1,), "f32", 0, "cupy", None)]
+    with pytest.raises(LayoutMismatch, match=why):
+        Plan.select(desc, arch="sm90").can_implement(AlibiBackwardArgs(*views))
+
+
+def test_inputs_may_be_broadcast_and_outputs_reversed_or_permuted():
+    desc = AlibiForwardDescriptor(**SHAPE, element="f64")
+    x = np.broadcast_to(np.random.default_rng(2).uniform(-1, 1, (1, 4, 16, 16)), desc.shape)
+    slopes = np.linspace(-1, 1, 4)
+    plan = Plan.select(desc, device="cpu")
+    expected = np.empty(desc.shape)
+    plan.run(AlibiForwardArgs(x, slopes, expected))
+    reversed_rows = np.empty(desc.shape)[:, :, ::-1, :]
+    plan.run(AlibiForwardArgs(x, slopes, reversed_rows))
+    np.testing.assert_array_equal(reversed_rows, expected)
+
+
+@pytest.mark.parametrize("shape, strides, aliasing", [
+    ((3, 3), (2, 3), False),  # interleaved, yet every element has its own address
+    ((3, 3), (1, 2), True),  # offsets 2 = 2*1 = 0*1 + 1*2
+    ((4, 1, 5), (5, 0, 1), False),  # a zero stride on a unit extent is no broadcast
+    ((2, 3), (-3, 1), False),
+    ((2, 0, 3), (0, 0, 0), False),  # no elements, nothing to alias
+])
+def test_self_aliasing_is_decided_exactly(shape, strides, aliasing):
+    from opfacade._internal.tensors import TensorView
+    from opfacade.plan import _self_aliasing
+
+    view = TensorView(0x1000, shape, strides, "f32", None, "numpy", None)
+    assert bool(_self_aliasing(view)) is aliasing
+
+
+class _OneGpu:
+    """CUDA's runtime as a process with one GPU sees it (device 0 current)."""
+
+    def getDeviceCount(self):
+        return 1
+
+    def getDevice(self):
+        return 0
+
+
+@pytest.mark.parametrize("where", ["host", "gpu_memo"])
+def test_a_free_during_a_runs_checks_lets_that_run_finish(where, monkeypatch):
+    """free() lands while a run is between its checks and its launch (the window where a plan
+    that read its state twice raised AttributeError): that run launches, the next raises
+    PlanFreed. On the GPU path the run goes through the call memo, with stand-ins for the
+    device (views at fake addresses, a one-GPU runtime, a launch that records its stream)."""
+    from opfacade import plan as plan_module
+    from opfacade._internal.call_memo import ArgumentReader, CallMemo
+    from opfacade._internal.device import Devices
+    from opfacade._internal.tensors import TensorView
+
+    desc = backward("f64" if where == "host" else "f32", need_slope_grad=False)
+    if where == "host":
+        plan = Plan.select(desc, device="cpu")
+        dy = np.random.default_rng(4).uniform(-1, 1, desc.shape)
+        d_in = np.zeros_like(dy)
+        args, stream = AlibiBackwardArgs(dy, d_in), None
+    else:
+        plan = Plan.select(desc, arch="sm90")
+        monkeypatch.setattr(plan_module, "device_arch", lambda device: ArchSku.sm90)
+        plan._calls = CallMemo(plan._checked_launch, ArgumentReader(devices=Devices(_OneGpu())))
+        strides = (1024, 256, 16, 1)
+        args = AlibiBackwardArgs(TensorView(0x10000, desc.shape, strides, "f32", 0, "cupy", None),
+                                 TensorView(0x20000, desc.shape, strides, "f32", 0, "cupy", None))
+        stream = 7
+    impl = plan._live_impl()
+    launched = []
+    if where == "gpu_memo":
+        monkeypatch.setattr(impl, "prepared", lambda d, b, w, s: lambda: launched.append(s))
+    monkeypatch.setattr(impl, "check_args", lambda d, bound: plan.free())
+    plan.run(args, stream=stream)
+    assert plan.freed
+    if where == "host":
+        np.testing.assert_array_equal(d_in, dy)
+    else:
+        assert launched == [7]
+    with pytest.raises(PlanFreed):
+        plan.run(args, stream=stream)
+
+
+@pytest.mark.parametrize("workspace", [Workspace("a", "b", None), Workspace(1.5, 0, None),
+                                       Workspace(0, 0, "cuda:0"), Workspace(-256, 0, None)])
+def test_a_workspace_of_the_wrong_types_is_named(workspace):
+    dy = np.ones((2, 4, 16, 16))
+    args = AlibiBackwardArgs(dy, np.empty_like(dy), np.empty(4))
+    with pytest.raises(InvalidArgument, match="workspace must be a Workspace") as caught:
+        Plan.select(backward("f64"), device="cpu").can_implement(args, workspace)
+    assert caught.value.argument == "workspace"

@@ -44,7 +44,7 @@ def test_math_precision_is_ordered():
 
 
 def test_bit_stable_requires_deterministic():
-    with pytest.raises(ValueError, match="bit_stable"):
+    with pytest.raises(InvalidProblem, match="bit_stable"):
         PrecisionGuarantee(math_precision="f32", accumulator="f32", deterministic=False,
                            bit_stable=True, max_rel_error=1e-6)
 
@@ -58,3 +58,28 @@ def test_preference_coercion():
         PlanPreference.coerce({"workspace_limit": -1})
     with pytest.raises(InvalidProblem, match="pref"):
         PlanPreference.coerce(42)
+
+
+class _Unprintable:
+    """Refuses every conversion but repr: what an arch check must not call str() on."""
+
+    def __str__(self):
+        raise RuntimeError("no str")
+
+    __int__ = __index__ = __float__ = __str__
+
+    def __repr__(self):
+        return "<Unprintable>"
+
+
+@pytest.mark.parametrize("value", [(9,), (9, 0, 1), (), (_Unprintable(), 0), (9.5, 0), [9, 0],
+                                   {"major": 9}, b"sm90", None, _Unprintable(), object()])
+def test_arch_rejects_what_is_no_arch_with_invalid_problem(value):
+    with pytest.raises(InvalidProblem, match="arch") as caught:
+        ArchSku.parse(value)
+    assert caught.value.field == "arch"
+
+
+@pytest.mark.parametrize("value", [90, 9.0, "8.6", ("9", "0"), (8, 6)])
+def test_arch_takes_numbers_and_pairs(value):
+    assert ArchSku.parse(value) in (ArchSku.sm90, ArchSku.sm86)

@@ -9,12 +9,11 @@ one table. Nothing here imports a backend.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict
 
 from ..errors import InvalidProblem
 from ..types import (
@@ -26,36 +25,28 @@ from ..types import (
     PrecisionGuarantee,
 )
 from .tensors import TensorView
-from .validation import invalid_problem
+from .validation import CheckedModel
 
 __all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec"]
 
 
-class Descriptor(BaseModel):
+class Descriptor(CheckedModel):
     """A problem statement: frozen (hashable, a plan-cache key), storage-free, self-validating.
 
-    Construction errors are ``InvalidProblem`` naming the field, never pydantic's own error.
+    Every way of making one (the constructor, ``model_validate``, ``model_validate_json``,
+    ``from_json``, ``model_copy(update=...)``) validates, and a failure is ``InvalidProblem``
+    naming the field, never pydantic's own error.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
 
-    def __init__(self, **data: Any):
-        try:
-            super().__init__(**data)
-        except ValidationError as error:
-            raise invalid_problem(type(self), error) from None
-
     @classmethod
-    def from_json(cls, text: str):
+    def from_json(cls, text: str | bytes):
         """Round trip of ``model_dump_json`` (for logs and bug reports), with typed errors."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise InvalidProblem(f"{cls.__name__} JSON does not parse: {error}") from None
-        if not isinstance(data, dict):
-            raise InvalidProblem(f"{cls.__name__} JSON must be an object, got "
-                                 f"{type(data).__name__}")
-        return cls(**data)
+        if not isinstance(text, str | bytes | bytearray):
+            raise InvalidProblem(f"{cls.__name__}.from_json takes a JSON string, got "
+                                 f"{type(text).__name__}", field="text")
+        return cls.model_validate_json(text)
 
 
 D = TypeVar("D", bound=Descriptor)

@@ -37,6 +37,7 @@ from .._internal.tensors import (
     expect_no_overlaps,
     wrap,
 )
+from .._internal.validation import one_of
 from ..errors import InvalidProblem, ShapeMismatch
 from ..types import ElementKind, OpCategory
 from .linear_activations import (
@@ -51,6 +52,7 @@ from .linear_activations import (
 
 __all__ = [
     "ACTIVATIONS",
+    "ELEMENTS",
     "OPS",
     "LINEAR_BACKWARD",
     "LINEAR_FORWARD",
@@ -72,6 +74,9 @@ __all__ = [
 Activation = Literal["none", "relu", "gelu_tanh", "gelu_erf", "silu"]
 WeightLayout = Literal["kn", "nk"]
 MAX_EXTENT = (1 << 31) - 1  # cuBLASLt's matrix extents are int32
+# The element types a linear problem may be stated in: those some SKU serves (no fp8 SKU exists;
+# fp8 joins this tuple with its first SKU, with its scaling factors in the descriptor).
+ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
 
 
 class _LinearShape(Descriptor):
@@ -88,9 +93,9 @@ class _LinearShape(Descriptor):
     @field_validator("element")
     @classmethod
     def _floating(cls, element: ElementKind) -> ElementKind:
-        if not element.is_float or element is ElementKind.tf32:
-            raise ValueError("element must be a floating-point storage type (f64, f32, f16, bf16, "
-                             "fp8); for TF32 math use element='f32' with tf32=True")
+        if element not in ELEMENTS:
+            raise ValueError(f"element must be {one_of(ELEMENTS)}; for TF32 math use "
+                             "element='f32' with tf32=True")
         return element
 
     @field_validator("weight_batched")

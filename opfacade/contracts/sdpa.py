@@ -42,14 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .._internal.contract import BoundArgs, Descriptor, OpContract
 from .._internal.tensors import (
@@ -61,7 +54,7 @@ from .._internal.tensors import (
     expect_no_overlaps,
     wrap,
 )
-from .._internal.validation import invalid_problem
+from .._internal.validation import CheckedModel, one_of
 from ..errors import InvalidArgument, InvalidProblem
 from ..types import ElementKind, OpCategory
 from .sdpa_layouts import LAYOUTS, MEMORY_ORDER, Layout, dense_strides, layout_of
@@ -74,6 +67,7 @@ from .sdpa_samples import (
 )
 
 __all__ = [
+    "ELEMENTS",
     "OPS",
     "LAYOUTS",
     "MEMORY_ORDER",
@@ -100,27 +94,23 @@ def stats_strides(desc: _SdpaProblem) -> tuple[int, int, int, int]:
 Alignment = Literal["top_left", "bottom_right"]
 BiasShape = Literal["bhqk", "1hqk", "b1qk", "11qk"]
 _MAX_EXTENT = 1 << 31
-_ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
+# The element types an SDPA problem may be stated in (the float64 reference serves each).
+ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
 
 
-class SlidingWindow(BaseModel):
+class SlidingWindow(CheckedModel):
     """Keys ``i + d - left <= j <= i + d + right`` (a None side unbounded), ``d`` set by the
     alignment; without one, the window takes the causal mask's alignment, else top-left."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     left: int | None = Field(default=None, ge=0, lt=_MAX_EXTENT)
     right: int | None = Field(default=None, ge=0, lt=_MAX_EXTENT)
     alignment: Alignment | None = None
 
-    def __init__(self, **data: Any):
-        try:
-            super().__init__(**data)
-        except ValidationError as error:
-            raise invalid_problem(type(self), error) from None
-
-    def model_post_init(self, context: Any) -> None:
+    @model_validator(mode="after")
+    def _bounded(self) -> SlidingWindow:
         if self.left is None and self.right is None:
             raise ValueError("a window needs a left or a right bound")
+        return self
 
 
 def _parse_window(value: Any) -> Any:
@@ -177,8 +167,8 @@ class _SdpaProblem(Descriptor):
     @field_validator("element")
     @classmethod
     def _floating(cls, element: ElementKind) -> ElementKind:
-        if element not in _ELEMENTS:
-            raise ValueError("element must be f64, f32, f16 or bf16")
+        if element not in ELEMENTS:
+            raise ValueError(f"element must be {one_of(ELEMENTS)}")
         return element
 
     @field_validator("scale")
