@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import BackendUnavailable, InvalidProblem
 from ..types import ArchSku, BackendKind, KernelSku, PlanPreference
 from .contract import Descriptor
-from .device import check_ordinal, current_device, device_arch, device_count
+from .device import DEVICES, check_ordinal, current_device, device_arch, device_count
 from .log import LOG
 from .sku import ReasonCode, SkuImpl, Unfit
 
@@ -53,10 +53,13 @@ class Target:
             return cls(ArchSku.parse(arch))
         if device is None:
             if device_count() == 0:
-                raise BackendUnavailable(
-                    "no CUDA device is visible: pass arch='sm90' (say) to select without a GPU, "
-                    "or device='cpu' for the float64 reference"
-                )
+                tip = ("pass arch='sm90' (say) to select without a GPU, or device='cpu' for the "
+                       "float64 reference")
+                try:
+                    DEVICES.runtime()  # without the GPU stack: names what to install
+                except BackendUnavailable as error:
+                    raise BackendUnavailable(f"{error}; or {tip}") from None
+                raise BackendUnavailable(f"no CUDA device is visible: {tip}")
             device = current_device()
         check_ordinal(device)
         actual = device_arch(device)
