@@ -157,7 +157,8 @@ class Timings:
         graph = {("ours" if name == self.ours else name): ms for name, ms in self.graph_ms.items()}
         if self.host_bound:
             bound = ", ".join(f"{name} (host {self.host_ms[name]:.3f} ms per call >= GPU "
-                              f"{self.gpu_ms[name]:.3f} ms)" for name in self.host_bound)
+                              f"{self.graph_ms.get(name, self.gpu_ms[name]):.3f} ms)"
+                              for name in self.host_bound)
             notes = "; ".join(filter(None, (notes, f"host-bound: {bound}", self.why_not_captured)))
         figure_ms = graph.get("ours", ours_ms)
         return BenchRow(op, case, ours_ms, figure(figure_ms), peers, notes,
@@ -168,54 +169,67 @@ class Timings:
 
 # Host time per call is a batch of this many calls, short enough never to fill the launch queue.
 HOST_CALLS = 20
+# A burst's time per call is the GPU's only when the host issues calls faster than the GPU runs
+# them. A contestant whose host time is at least this fraction of its burst time may be measuring
+# its host: the row is timed again from CUDA graphs, which show the GPU's own time.
+SUSPECT_FRACTION = 0.5
 
 
 def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
                      capture_stream: object = None,
                      graph_fns: dict[str, Callable[[], object]] | None = None,
                      ours: str = "ours") -> Timings:
-    """GPU milliseconds per call in bursts (``time_interleaved``), host milliseconds per call,
-    and, when any contestant's host time reaches its GPU time, every contestant timed again by
-    replaying its calls captured in a CUDA graph (on ``capture_stream``, a torch stream, or a
-    new one: contestants must launch on torch's current stream to be captured). ``graph_fns``
-    replaces a contestant's call for the capture (an autograd backward whose forward ran on the
-    capture stream, say)."""
+    """GPU milliseconds per call in bursts (``time_interleaved``) and host milliseconds per call.
+    When a contestant's host time comes near its burst time, every contestant is timed again by
+    replaying its calls captured in a CUDA graph (on ``capture_stream``, a torch stream, or a new
+    one: contestants must launch on torch's current stream to be captured; ``graph_fns``
+    replaces a contestant's call for the capture, e.g. an autograd backward whose forward ran on
+    the capture stream). A contestant is host-bound when its host time per call is at least its
+    GPU time from the graph."""
     gpu = time_interleaved(fns, reps)
     host = {name: us / 1e3 for name, us in host_us_interleaved(fns, HOST_CALLS, rounds=5).items()}
-    bound = [name for name in fns if host[name] >= gpu[name]]
+    suspects = [name for name in fns if host[name] >= SUSPECT_FRACTION * gpu[name]]
     graph: dict[str, float] = {}
-    why = ""
-    if bound:
-        try:
-            graph = time_in_cuda_graphs({**fns, **(graph_fns or {})}, gpu, reps, capture_stream)
-        except Exception as error:  # a contestant that cannot be captured: say so in the row
-            why = f"not timed from a CUDA graph: {type(error).__name__}: {error}"
-    return Timings(gpu, host, graph, bound, why, ours)
+    failed: dict[str, str] = {}
+    if suspects:
+        graph, failed = time_in_cuda_graphs({**fns, **(graph_fns or {})}, gpu, reps,
+                                            capture_stream)
+    bound = [name for name in fns if name in graph and host[name] >= graph[name]]
+    bound += [name for name in suspects if name in failed]  # could not be told apart
+    why = "; ".join(f"{name} not captured in a CUDA graph ({error})"
+                    for name, error in failed.items())
+    return Timings(gpu, host, graph if bound else {}, bound, why, ours)
 
 
 def time_in_cuda_graphs(fns: dict[str, Callable[[], object]], gpu_ms: dict[str, float],
-                        reps: int, capture_stream: object = None) -> dict[str, float]:
+                        reps: int, capture_stream: object = None
+                        ) -> tuple[dict[str, float], dict[str, str]]:
     """Median GPU milliseconds per call of each function replayed from a CUDA graph holding a
     burst of its calls (about BURST_MS of GPU work): no host work between the calls, so the
-    figure is the GPU's whatever the host costs. Replays alternate between the functions."""
+    figure is the GPU's whatever the host costs. Replays alternate between the functions.
+    Returns (times, why each function that could not be captured failed)."""
     import torch
 
     stream = capture_stream or torch.cuda.Stream()
-    graphs, counts = {}, {}
+    graphs, counts, failed = {}, {}, {}
     for name, fn in fns.items():
         counts[name] = max(1, min(400, int(BURST_MS / max(gpu_ms[name], 1e-3))))
-        with torch.cuda.stream(stream):
-            for _ in range(3):  # warm up on the capture stream (plans, memo entries, allocator)
-                fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(counts[name]):
-                fn()
-        graphs[name] = graph
+        try:
+            with torch.cuda.stream(stream):
+                for _ in range(3):  # warm up on the capture stream (plans, memo, allocator)
+                    fn()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(counts[name]):
+                    fn()
+            graphs[name] = graph
+        except Exception as error:  # reported in the row, never hidden
+            failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+            torch.cuda.synchronize()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in graphs}
+    names = list(graphs)
     for round_ in range(reps):
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             graphs[name].replay()  # untimed: the GPU is busy when the timed replay starts
@@ -224,4 +238,4 @@ def time_in_cuda_graphs(fns: dict[str, Callable[[], object]], gpu_ms: dict[str, 
             stop.record()
             stop.synchronize()
             samples[name].append(start.elapsed_time(stop) / counts[name])
-    return {name: statistics.median(times) for name, times in samples.items()}
+    return {name: statistics.median(times) for name, times in samples.items()}, failed
