@@ -38,8 +38,8 @@ def _warm_up(seconds: float = 2.0) -> None:
         cupy.cuda.Stream.null.synchronize()
 
 
-def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] | None = None
-              ) -> list[BenchRow]:
+def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] | None = None,
+              graphs: bool = False) -> list[BenchRow]:
     """Benchmarks each family (or those in ``ops``) on the current device and prints the rows.
 
     Raises:
@@ -57,6 +57,9 @@ def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] 
         raise BackendUnavailable("opfacade bench measures torch as a peer of each op; install "
                                  "it with: pip install torch")
     name = device_name(device)
+    from ._bench import common
+
+    common.RETIME_IN_GRAPHS = graphs
     print(f"opfacade bench on {name}{' (quick sizes)' if quick else ''}")
     _warm_up()
     rows: list[BenchRow] = []

@@ -99,7 +99,7 @@ def _verify(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
-    run_bench(json_path=args.json, quick=args.quick, ops=args.op)
+    run_bench(json_path=args.json, quick=args.quick, ops=args.op, graphs=args.graphs)
     return EXIT_OK
 
 
@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="GPU: each op against its peers, as ratios")
     bench.add_argument("--json", help="also write the results here")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    bench.add_argument("--graphs", action="store_true",
+                       help="time rows with a possibly host-bound contestant again from CUDA "
+                            "graphs (experimental)")
     bench.add_argument("--op", action="append", choices=[family.name for family in FAMILIES],
                        metavar="FAMILY", help="only this family (repeatable): "
                        + ", ".join(family.name for family in FAMILIES))

@@ -56,6 +56,7 @@ def test_a_contestant_near_its_burst_time_is_timed_from_graphs_and_judged_by_the
         return {"ours": 0.118, "autograd": 0.15, "gemms": 0.11}, {"raw": "RuntimeError: x"}
 
     monkeypatch.setattr(common, "time_in_cuda_graphs", graphs)
+    monkeypatch.setattr(common, "RETIME_IN_GRAPHS", True)
     timings = common.time_contestants(fns, graph_fns={"autograd": "captured form"})
     assert captured["autograd"] == "captured form"
     assert timings.host_bound == ["autograd", "raw"]
@@ -72,3 +73,16 @@ def test_nobody_near_its_burst_time_means_no_graphs(monkeypatch):
         AssertionError("no graph should be captured")))
     timings = common.time_contestants({"ours": None, "peer": None})
     assert timings.host_bound == [] and timings.graph_ms == {}
+
+
+def test_by_default_a_suspect_row_is_marked_without_graphs(monkeypatch):
+    monkeypatch.setattr(common, "time_interleaved", lambda f, reps: {"ours": 0.12, "auto": 0.35})
+    monkeypatch.setattr(common, "host_us_interleaved",
+                        lambda f, calls, rounds: {"ours": 10.0, "auto": 260.0})
+    monkeypatch.setattr(common, "time_in_cuda_graphs", lambda *a: (_ for _ in ()).throw(
+        AssertionError("graphs are opt-in")))
+    timings = common.time_contestants({"ours": None, "auto": None})
+    assert timings.host_bound == ["auto"] and timings.graph_ms == {}
+    row = timings.row("linear", "bwd", str)
+    assert "auto (host 0.260 ms per call, burst 0.350 ms)" in row.notes
+    assert "opfacade bench --graphs" in row.notes and "not captured" in format_rows([row])

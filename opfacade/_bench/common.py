@@ -156,9 +156,11 @@ class Timings:
         peers = {name: ms for name, ms in self.gpu_ms.items() if name != self.ours}
         graph = {("ours" if name == self.ours else name): ms for name, ms in self.graph_ms.items()}
         if self.host_bound:
-            bound = ", ".join(f"{name} (host {self.host_ms[name]:.3f} ms per call >= GPU "
-                              f"{self.graph_ms.get(name, self.gpu_ms[name]):.3f} ms)"
-                              for name in self.host_bound)
+            bound = ", ".join(
+                f"{name} (host {self.host_ms[name]:.3f} ms per call"
+                + (f" >= GPU {self.graph_ms[name]:.3f} ms)" if name in self.graph_ms
+                   else f", burst {self.gpu_ms[name]:.3f} ms)")
+                for name in self.host_bound)
             notes = "; ".join(filter(None, (notes, f"host-bound: {bound}", self.why_not_captured)))
         figure_ms = graph.get("ours", ours_ms)
         return BenchRow(op, case, ours_ms, figure(figure_ms), peers, notes,
@@ -173,6 +175,12 @@ HOST_CALLS = 20
 # them. A contestant whose host time is at least this fraction of its burst time may be measuring
 # its host: the row is timed again from CUDA graphs, which show the GPU's own time.
 SUSPECT_FRACTION = 0.5
+# Timing suspects again from CUDA graphs is opt-in (`opfacade bench --graphs`): its first H100 run
+# (2026-11-23) gave the 64x8192x8192 backward's torch autograd 1.07x from graphs against 3.34x in
+# bursts, as expected, but rows measured after the first capture looked wrong (a 64x8192x8192
+# forward at 370 TFLOP/s) and the run overran its time. Until that is understood, the default
+# marks a suspect row (host time >= half its burst time) without a graph figure.
+RETIME_IN_GRAPHS = False
 
 
 def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
@@ -189,6 +197,10 @@ def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
     gpu = time_interleaved(fns, reps)
     host = {name: us / 1e3 for name, us in host_us_interleaved(fns, HOST_CALLS, rounds=5).items()}
     suspects = [name for name in fns if host[name] >= SUSPECT_FRACTION * gpu[name]]
+    if suspects and not RETIME_IN_GRAPHS:
+        return Timings(gpu, host, {}, suspects,
+                       "host time at least half the burst time: the burst may measure the host "
+                       "(not timed again from CUDA graphs; opfacade bench --graphs does)", ours)
     graph: dict[str, float] = {}
     failed: dict[str, str] = {}
     if suspects:
