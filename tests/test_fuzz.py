@@ -319,9 +319,10 @@ def _mutated(array, how: str, others: list, rng):
         return array
     if how == "broadcast":
         return np.broadcast_to(array[:1] if array.ndim else array, shape)
-    if how == "overlap":
-        strides = [0 if i == 0 else s for i, s in enumerate(array.strides)]
-        return np.lib.stride_tricks.as_strided(array.copy(), shape, strides, writeable=True)
+    if how == "overlap":  # every index of the first axis on the same memory, writable
+        dense = np.ascontiguousarray(array)  # as_strided needs strides within its own buffer
+        strides = (0, *dense.strides[1:]) if dense.ndim else ()
+        return np.lib.stride_tricks.as_strided(dense, shape, strides, writeable=True)
     if how == "alias":
         same = [o for o in others if o is not None and o is not array]
         return same[int(rng.integers(len(same)))] if same else array
