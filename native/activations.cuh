@@ -8,8 +8,12 @@
 struct GeluTanh {
     // d/dx of 0.5 x (1 + tanh(k0 (x + k1 x^3))), cuBLASLt's GELU (its epilogue computes the
     // forward).
+    // Past |x| = 10 the tanh is +-1 to far below f32's resolution (1 - t^2 < 1e-37), so the
+    // derivative is evaluated at the clamped x: beyond |x| ~ 2^64, x * x is inf and the second
+    // term would be 0 * inf = NaN.
     static __device__ __forceinline__ float derivative(float x) {
         const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+        x = fminf(fmaxf(x, -10.0f), 10.0f);
         const float x2 = x * x;
         const float t = tanhf(k0 * x * (1.0f + k1 * x2));
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k0 * (1.0f + 3.0f * k1 * x2);

@@ -4,11 +4,12 @@ reproducibility tests.
     result = verify_plan(plan)          # fresh random inputs, float64 reference, N runs
     assert result.passed, result.summary()
 
-Inputs are drawn uniformly from [-1, 1) and rounded to each argument's element type; the
-reference runs in float64 on exactly those rounded values. Outputs are poisoned (all bits set:
-NaN in every float format) before each run, so an unwritten element cannot pass. Each run gets a
-new stream and a workspace at a different address; bitwise equality over the runs is what
-``deterministic`` promises.
+Inputs come from one of ``DISTRIBUTIONS`` and are rounded to each argument's element type; the
+reference runs in float64 on exactly those rounded values, and each output's error is measured
+against the op's magnitude reference (``‖out − ref‖ / ‖mag‖``, as PrecisionGuarantee states the
+bound). Outputs are poisoned (all bits set: NaN in every float format) before each run, so an
+unwritten element cannot pass. Each run gets a new stream and a workspace at a different
+address; bitwise equality over the runs is what ``deterministic`` promises.
 """
 
 from __future__ import annotations
@@ -28,9 +29,21 @@ from .plan import Plan
 from .types import BackendKind, ElementKind, PlanPreference
 
 __all__ = [
-    "RepeatResult", "VerificationResult", "random_inputs", "relative_error", "repeat_runs",
-    "verify_plan", "verify_sku",
+    "DISTRIBUTIONS", "RepeatResult", "VerificationResult", "random_inputs", "reference_check",
+    "relative_error", "repeat_runs", "verify_plan", "verify_sku",
 ]
+
+# The input distributions every SKU is verified on (catalog/PRECISION.md):
+# - symmetric: uniform in [-1, 1); sums cancel.
+# - positive: uniform in [0, 1); nothing cancels, the plain relative error's friendly case.
+# - heavy_tailed: Student's t (3 degrees of freedom) with one value in 256 an outlier 16 times
+#   further out, scaled by a power of two to a largest magnitude of at most 1: most values are
+#   hundreds of times smaller than the few that dominate each sum.
+# - large: uniform in [-1, 1) times the op's ``large_scales``: the largest inputs near the top
+#   of their type's range, every result still finite.
+DISTRIBUTIONS = ("symmetric", "positive", "heavy_tailed", "large")
+_OUTLIER_EVERY = 256
+_OUTLIER_FACTOR = 16.0
 
 _STORAGE = {
     ElementKind.f64: np.float64, ElementKind.f32: np.float32, ElementKind.f16: np.float16,
@@ -39,15 +52,28 @@ _STORAGE = {
 }
 
 
-def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
-    """‖out − ref‖ / ‖ref‖ in float64 (Frobenius norms); NaN anywhere gives inf."""
+def relative_error(out: np.ndarray, ref: np.ndarray, magnitude: np.ndarray | None = None
+                   ) -> float:
+    """‖out − ref‖ / ‖magnitude‖ in float64 (Frobenius norms; ``magnitude`` defaults to ref).
+
+    Equal values, infinities included (an empty attention row's -inf log-sum-exp), count as no
+    error; any other non-finite value gives inf. Both norms are taken after dividing by the
+    largest value, so results near float64's range do not overflow their squares.
+    """
     out = np.asarray(out, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
-    if not (np.isfinite(out).all() and np.isfinite(ref).all()):
+    with np.errstate(invalid="ignore"):
+        diff = np.where(out == ref, 0.0, out - ref)
+    if not np.isfinite(diff).all():
         return float("inf")
-    scale = np.linalg.norm(ref)
-    diff = np.linalg.norm(out - ref)
-    return float(diff / scale) if scale > 0 else float(diff)
+    size = np.abs(np.where(np.isfinite(ref), ref, 0.0) if magnitude is None
+                  else np.asarray(magnitude, dtype=np.float64))
+    largest = max(float(np.max(np.abs(diff), initial=0.0)), float(np.max(size, initial=0.0)))
+    if largest == 0.0:
+        return 0.0
+    scale = np.linalg.norm(size / largest)
+    error = np.linalg.norm(diff / largest)
+    return float(error / scale) if scale > 0 else float(error)
 
 
 def _to_bits(values: np.ndarray, element: ElementKind) -> np.ndarray:
@@ -65,15 +91,50 @@ def _from_bits(bits: np.ndarray, element: ElementKind) -> np.ndarray:
     return bits.astype(np.float64)
 
 
-def random_inputs(signature: dict[str, TensorSpec], rng: np.random.Generator
+def _draw(distribution: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    if distribution == "positive":
+        return rng.uniform(0.0, 1.0, size=shape)
+    if distribution == "heavy_tailed":
+        values = rng.standard_t(3, size=shape)
+        outliers = rng.random(size=shape) < 1.0 / _OUTLIER_EVERY
+        values = np.where(outliers, values * _OUTLIER_FACTOR, values)
+        largest = float(np.max(np.abs(values), initial=0.0))
+        # A power of two keeps the values' significands: the shape of the tail is the same.
+        return values / 2.0 ** np.ceil(np.log2(largest)) if largest > 0 else values
+    return rng.uniform(-1.0, 1.0, size=shape)  # symmetric, and large before its scales
+
+
+def random_inputs(signature: dict[str, TensorSpec], rng: np.random.Generator,
+                  distribution: str = "symmetric", scales: dict[str, float] | None = None
                   ) -> dict[str, np.ndarray]:
-    """Uniform [-1, 1) values already rounded to each input's element type, as float64."""
+    """Values from ``distribution`` (one of DISTRIBUTIONS) times ``scales[name]`` where given,
+    already rounded to each input's element type, as float64.
+
+    Raises:
+        InvalidArgument: an unknown distribution.
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise InvalidArgument(f"distribution must be one of {DISTRIBUTIONS}, got "
+                              f"{distribution!r}", argument="distribution")
     inputs = {}
     for name, spec in signature.items():
         if spec.role == "out" or not spec.element.is_float:
             continue  # integer inputs (lengths, seeds) come from the op's verification_inputs
-        raw = rng.uniform(-1.0, 1.0, size=spec.shape)
+        raw = _draw(distribution, spec.shape, rng) * (scales or {}).get(name, 1.0)
         inputs[name] = _from_bits(_to_bits(raw, spec.element), spec.element)
+    return inputs
+
+
+def verification_problem(op, desc: Descriptor, rng: np.random.Generator,
+                         distribution: str = "symmetric") -> dict[str, np.ndarray]:
+    """All inputs of one verification run of ``desc``: random values from ``distribution``
+    (scaled by the op's ``large_scales`` for "large"), made consistent by the op's
+    ``verification_inputs`` (valid lengths, a backward's saved tensors)."""
+    scales = (op.large_scales(desc) if distribution == "large" and op.large_scales is not None
+              else None)
+    inputs = random_inputs(op.signature(desc), rng, distribution, scales)
+    if op.verification_inputs is not None:
+        inputs = op.verification_inputs(desc, inputs, rng)
     return inputs
 
 
@@ -109,25 +170,42 @@ def download_bits(view: TensorView) -> np.ndarray:
         host, view.shape, tuple(s * host.itemsize for s in view.strides)).copy()
 
 
-def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The float64 reference SKU of the plan's op, run on the host on ``inputs``.
-
-    The reference runs the same problem stated in f64: the inputs are already rounded to the
-    plan's element types, so the only difference from the GPU is the arithmetic.
-    """
-    op = op_for(plan.descriptor)
+def _reference_plan(plan: Plan) -> Plan:
+    """The float64 reference plan of the same problem: the inputs are already rounded to the
+    plan's element types, so the only difference from the GPU is the arithmetic."""
     update: dict = {"element": ElementKind.f64}
     if getattr(plan.descriptor, "tf32", False):
         update["tf32"] = False  # TF32 math is an f32 option; model_copy validates the copy
     desc = plan.descriptor.model_copy(update=update)
-    reference = type(plan).select(desc, PlanPreference(backends={"reference"}), device="cpu")
-    signature = op.signature(desc)
+    return type(plan).select(desc, PlanPreference(backends={"reference"}), device="cpu")
+
+
+def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The float64 reference SKU of the plan's op, run on the host on ``inputs``."""
+    return reference_check(plan, inputs)[0]
+
+
+def reference_check(plan: Plan, inputs: dict[str, np.ndarray]
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(expected outputs, their magnitude references) for ``plan`` on ``inputs``: what its
+    outputs are checked against, and the scale its declared bound is relative to. An output
+    with no magnitude reference (a bit-mask) is held to its own size."""
+    op = op_for(plan.descriptor)
+    reference = _reference_plan(plan)
+    signature = op.signature(reference.descriptor)
     arrays = {name: inputs[name].copy() if name in inputs
               else np.empty(spec.shape, numpy_dtype(spec.element))  # f64, or a u8 mask
               for name, spec in signature.items()}
     reference.run(op.args(**arrays))
-    return {name: arrays[name] for name, spec in signature.items()
-            if spec.role in ("out", "inout")}
+    expected = {name: arrays[name] for name, spec in signature.items()
+                if spec.role in ("out", "inout")}
+    sizes = reference._live_impl().magnitude(
+        reference.descriptor, {name: np.ascontiguousarray(value) for name, value in inputs.items()})
+    magnitudes = {name: np.abs(np.where(np.isfinite(value), value, 0.0))
+                  for name, value in expected.items()}
+    magnitudes.update({name: np.broadcast_to(value, expected[name].shape)
+                       for name, value in sizes.items() if name in expected})
+    return expected, magnitudes
 
 
 def _check_gpu_run(function: str, plan: Plan, runs: int, device: int | None = None) -> None:
@@ -152,7 +230,8 @@ def _check_gpu_run(function: str, plan: Plan, runs: int, device: int | None = No
 
 @dataclass
 class VerificationResult:
-    """What one plan did against the reference over ``runs`` runs on fresh inputs."""
+    """What one plan did against the reference over ``runs`` runs on fresh inputs from one
+    distribution; ``rel_errors`` are relative to each output's magnitude reference."""
 
     sku: str
     descriptor: dict
@@ -162,6 +241,7 @@ class VerificationResult:
     bitwise_equal: bool
     deterministic_declared: bool
     seconds: float
+    distribution: str = "symmetric"
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -175,12 +255,14 @@ class VerificationResult:
     def summary(self) -> str:
         errors = ", ".join(f"{k} {v:.3g}" for k, v in self.rel_errors.items())
         verdict = "PASS" if self.passed else "FAIL"
-        return (f"{verdict} {self.sku} {self.descriptor}: rel errors [{errors}] vs bound "
+        return (f"{verdict} {self.sku} {self.descriptor} ({self.distribution} inputs): rel "
+                f"errors [{errors}] vs bound "
                 f"{self.max_rel_error:.3g}; bitwise equal over {self.runs} runs: "
                 f"{self.bitwise_equal} (declared deterministic: {self.deterministic_declared})")
 
     def to_dict(self) -> dict:
-        return {"sku": self.sku, "descriptor": self.descriptor, "runs": self.runs,
+        return {"sku": self.sku, "descriptor": self.descriptor, "distribution": self.distribution,
+                "runs": self.runs,
                 "declared_max_rel_error": self.max_rel_error, "rel_errors": self.rel_errors,
                 "bitwise_equal": self.bitwise_equal,
                 "declared_deterministic": self.deterministic_declared,
@@ -188,13 +270,19 @@ class VerificationResult:
 
 
 def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
-                device: int | None = None) -> VerificationResult:
-    """Runs ``plan`` ``runs`` times on one set of fresh random inputs and checks its guarantee.
+                device: int | None = None, distribution: str = "symmetric"
+                ) -> VerificationResult:
+    """Runs ``plan`` ``runs`` times on one set of fresh random inputs from ``distribution`` (one
+    of DISTRIBUTIONS) and checks its guarantee.
 
     Every run uses a new CuPy stream and a workspace at a different address; outputs are
-    poisoned before each run and compared bitwise across runs and, in float64, to the reference.
+    poisoned before each run and compared bitwise across runs and, in float64, to the reference
+    (the error relative to the op's magnitude reference).
     """
     _check_gpu_run("verify_plan", plan, runs, device)
+    if distribution not in DISTRIBUTIONS:
+        raise InvalidArgument(f"distribution must be one of {DISTRIBUTIONS}, got "
+                              f"{distribution!r}", argument="distribution")
     import cupy
 
     start = time.perf_counter()
@@ -203,10 +291,8 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     op = op_for(plan.descriptor)
     signature = op.signature(plan.descriptor)
     rng = np.random.default_rng(seed)
-    inputs = random_inputs(signature, rng)
-    if op.verification_inputs is not None:
-        inputs = op.verification_inputs(plan.descriptor, inputs, rng)
-    expected = reference_outputs(plan, inputs)
+    inputs = verification_problem(op, plan.descriptor, rng, distribution)
+    expected, magnitudes = reference_check(plan, inputs)
     results: list[dict[str, np.ndarray]] = []
     with cupy.cuda.Device(device):
         pool = cupy.empty(plan.workspace_size + runs * Workspace.ALIGNMENT + Workspace.ALIGNMENT,
@@ -225,7 +311,8 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
             plan.run(op.args(**views), workspace=workspace, stream=stream.ptr)
             stream.synchronize()
             results.append({name: download_bits(views[name]) for name in expected})
-    rel_errors = {name: relative_error(_from_bits(results[0][name], signature[name].element), ref)
+    rel_errors = {name: relative_error(_from_bits(results[0][name], signature[name].element), ref,
+                                       magnitudes[name])
                   for name, ref in expected.items()}
     bitwise = all(r[name].tobytes() == results[0][name].tobytes()
                   for r in results[1:] for name in expected)
@@ -233,12 +320,14 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     return VerificationResult(
         sku=plan.sku.id, descriptor=plan.descriptor.model_dump(mode="json"), runs=runs,
         max_rel_error=guarantee.max_rel_error, rel_errors=rel_errors, bitwise_equal=bitwise,
-        deterministic_declared=guarantee.deterministic, seconds=time.perf_counter() - start)
+        deterministic_declared=guarantee.deterministic, seconds=time.perf_counter() - start,
+        distribution=distribution)
 
 
-def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: int | None = None
-               ) -> list[VerificationResult]:
-    """verify_plan over every sample problem of the SKU's op that the SKU serves.
+def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: int | None = None,
+               distributions: tuple[str, ...] = DISTRIBUTIONS) -> list[VerificationResult]:
+    """verify_plan over every sample problem of the SKU's op that the SKU serves, on inputs from
+    each of ``distributions``.
 
     Raises:
         InvalidProblem: no SKU has this id (``opfacade catalog`` lists them).
@@ -259,8 +348,11 @@ def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: i
                                              "device is visible")
                 problems: list[Descriptor] = [d for d in op.sample_problems(impl.sku.element)
                                               if impl.unfit(d) is None]
-                return [verify_plan(Plan.select(d, PlanPreference(sku=sku_id), device=device),
-                                    runs=runs, seed=seed, device=device) for d in problems]
+                plans = [Plan.select(d, PlanPreference(sku=sku_id), device=device)
+                         for d in problems]
+                return [verify_plan(plan, runs=runs, seed=seed, device=device,
+                                    distribution=distribution)
+                        for distribution in distributions for plan in plans]
     raise InvalidProblem(f"no SKU has the id {sku_id!r}; `opfacade catalog` lists them",
                          field="sku")
 

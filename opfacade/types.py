@@ -50,11 +50,23 @@ class ElementKind(enum.StrEnum):
         """Half the spacing of the format at 1.0: the relative error of one rounding."""
         return 2.0 ** -_SIGNIFICAND_BITS[self]
 
+    @property
+    def max_exponent(self) -> int:
+        """The largest e with 2**e finite in the format: inputs near the top of its range are
+        scaled to about 2**(e - 2) by the "large" verification distribution."""
+        return _MAX_EXPONENT[self]
+
 
 _ITEMSIZE = {
     ElementKind.f64: 8, ElementKind.f32: 4, ElementKind.tf32: 4, ElementKind.f16: 2,
     ElementKind.bf16: 2, ElementKind.fp8_e4m3: 1, ElementKind.fp8_e5m2: 1,
     ElementKind.i32: 4, ElementKind.i64: 8, ElementKind.u8: 1,
+}
+# floor(log2(largest finite value)); tf32 is stored and accumulated as f32.
+_MAX_EXPONENT = {
+    ElementKind.f64: 1023, ElementKind.f32: 127, ElementKind.tf32: 127, ElementKind.f16: 15,
+    ElementKind.bf16: 127, ElementKind.fp8_e4m3: 8, ElementKind.fp8_e5m2: 15,
+    ElementKind.i32: 30, ElementKind.i64: 62, ElementKind.u8: 7,
 }
 # Significand bits including the implicit one; integers are exact.
 _SIGNIFICAND_BITS = {
@@ -85,14 +97,21 @@ class MathPrecision(enum.StrEnum):
 class PrecisionGuarantee(CheckedModel):
     """What a SKU promises about its numbers; each field is checked on a GPU by the tests.
 
-    ``max_rel_error`` bounds ``‖out − ref‖ / ‖ref‖`` (Frobenius norms) for every output, against
-    the float64 reference run on the same (already rounded) inputs, for inputs drawn uniformly
-    from [-1, 1). ``deterministic``: bitwise-equal outputs run after run on the same device and
-    configuration, whatever the workspace address or stream. ``bit_stable``: the order of every
-    reduction is fixed by the descriptor alone (not the device's size, the alignment of the
-    tensors or the workspace), so results also agree across GPUs of the same architecture.
-    ``capture_safe``: run() does no host sync, no allocation when given a workspace, and no host
-    read of device data, so it may be captured in a CUDA graph.
+    ``max_rel_error`` bounds ``‖out − ref‖ / ‖mag‖`` (Frobenius norms) for every output. ``ref``
+    is the float64 reference run on the same (already rounded) inputs; ``mag`` is the op's
+    magnitude reference, the same computation over the inputs' absolute values (``|x| @ |W| +
+    |bias|`` for a GEMM, ``sum |dY| |j - i|`` for the ALiBi slope gradient, ``P @ |V|`` for
+    attention), which is what rounding-error analyses bound a reduction's error by (cuBLAS's and
+    LAPACK's ``|C - Ĉ| <= γ_k |A| |B|``). As ``|ref| <= mag``, the bound never exceeds the plain
+    relative error where nothing cancels, and it holds whatever cancels: for any finite input
+    whose results are finite in the output types (catalog/PRECISION.md states each op's
+    magnitude reference and the input distributions verify checks). ``deterministic``:
+    bitwise-equal outputs run after run on the same device and configuration, whatever the
+    workspace address or stream. ``bit_stable``: the order of every reduction is fixed by the
+    descriptor alone (not the device's size, the alignment of the tensors or the workspace), so
+    results also agree across GPUs of the same architecture. ``capture_safe``: run() does no
+    host sync, no allocation when given a workspace, and no host read of device data, so it may
+    be captured in a CUDA graph.
     """
 
     math_precision: MathPrecision

@@ -1,4 +1,5 @@
-"""`opfacade verify`: every GPU SKU against the float64 reference, recorded per GPU model."""
+"""`opfacade verify`: every GPU SKU against the float64 reference on every input distribution
+(testing.DISTRIBUTIONS), recorded per GPU model."""
 
 from __future__ import annotations
 
@@ -77,22 +78,30 @@ def verify_all(*, op: str | None = None, runs: int = 3, out_dir: str | Path | No
                 echo(f"SKIP {impl.sku.id}: not servable on {gpu}")
                 continue
             worst = max((max(r.rel_errors.values(), default=0.0) for r in results), default=0.0)
+            by_distribution = {
+                d: max((max(r.rel_errors.values(), default=0.0) for r in results
+                        if r.distribution == d), default=0.0)
+                for d in dict.fromkeys(r.distribution for r in results)}
             ok = all(r.passed for r in results)
             passed &= ok
             entries.append({
                 "sku": impl.sku.id,
                 "passed": ok,
-                "problems": len(results),
+                "problems": len({json.dumps(r.descriptor, sort_keys=True) for r in results}),
+                "checks": len(results),  # problems x distributions
                 "declared_max_rel_error": impl.sku.precision_guarantee.max_rel_error,
                 "measured_max_rel_error": worst,
+                "measured_max_rel_error_by_distribution": by_distribution,
                 "declared_deterministic": impl.sku.precision_guarantee.deterministic,
                 "bitwise_repeatable": all(r.bitwise_equal for r in results),
                 "runs_per_problem": runs,
                 "results": [r.to_dict() for r in results],
             })
-            echo(f"{'PASS' if ok else 'FAIL'} {impl.sku.id}: {len(results)} problems, "
-                 f"worst rel error {worst:.3g} (bound "
-                 f"{impl.sku.precision_guarantee.max_rel_error:.3g}), bitwise "
+            spread = ", ".join(f"{d} {e:.2g}" for d, e in by_distribution.items())
+            echo(f"{'PASS' if ok else 'FAIL'} {impl.sku.id}: {entries[-1]['problems']} "
+                 f"problems x {len(by_distribution)} distributions, worst rel error "
+                 f"{worst:.3g} (bound "
+                 f"{impl.sku.precision_guarantee.max_rel_error:.3g}; {spread}), bitwise "
                  f"{entries[-1]['bitwise_repeatable']}")
             for r in results:
                 if not r.passed:

@@ -9,6 +9,7 @@ one table. Nothing here imports a backend.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -27,7 +28,7 @@ from ..types import (
 from .tensors import TensorView
 from .validation import CheckedModel
 
-__all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec"]
+__all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec", "bits_for"]
 
 
 class Descriptor(CheckedModel):
@@ -108,6 +109,10 @@ class OpContract(Generic[D]):
     # Verification inputs that random values cannot be (the saved stats a backward consumes,
     # valid sequence lengths): (descriptor, random inputs, rng) -> inputs to use instead.
     verification_inputs: Callable[[D, dict, Any], dict] | None = None
+    # The "large" verification distribution: a power-of-two multiplier per input name, putting
+    # the largest inputs near the top of their type's range while every result (and every
+    # intermediate the kernels hold) stays finite. Inputs not named keep their [-1, 1) values.
+    large_scales: Callable[[D], dict[str, float]] | None = None
 
     def sku(self, backend: BackendKind, element: ElementKind, *, guarantee: PrecisionGuarantee,
             layout: str, arch: ArchSku | None, description: str, variant: str = "",
@@ -125,3 +130,9 @@ class OpContract(Generic[D]):
         return KernelSku(id=sku_id, category=self.category, op=self.name, element=element,
                          aux_element=aux_element, layout=layout, epilogue=epilogue, arch=arch,
                          backend=backend, precision_guarantee=guarantee, description=description)
+
+
+def bits_for(count: float) -> int:
+    """ceil(log2(count)), 0 for count <= 1: the exponent headroom a sum of ``count`` terms of one
+    size needs (the contracts' ``large_scales``)."""
+    return math.ceil(math.log2(count)) if count > 1 else 0

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
+from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec, bits_for
 from .._internal.tensors import (
     TensorView,
     argument_when,
@@ -208,6 +208,18 @@ def _backward_samples(element: ElementKind) -> list[AlibiBackwardDescriptor]:
             for shape in _SAMPLE_SHAPES for d_in, d_slopes in flags]
 
 
+def _forward_large(desc: AlibiForwardDescriptor) -> dict[str, float]:
+    # Y = A + slope (j - i): A a quarter of the range below the top leaves room for the bias.
+    return {"input": 2.0 ** (desc.element.max_exponent - 2)}
+
+
+def _backward_large(desc: AlibiBackwardDescriptor) -> dict[str, float]:
+    # dslope sums B*Q*K terms of |dY| |j - i| <= max(Q, K) in the slope's type.
+    terms = desc.batch * desc.query_len * desc.key_len * max(desc.query_len, desc.key_len)
+    return {"grad_output": 2.0 ** min(desc.element.max_exponent - 2,
+                                      desc.slope_element.max_exponent - 3 - bits_for(terms))}
+
+
 def _training_backward(desc: AlibiForwardDescriptor) -> AlibiBackwardDescriptor:
     return AlibiBackwardDescriptor(batch=desc.batch, heads=desc.heads, query_len=desc.query_len,
                                    key_len=desc.key_len, element=desc.element)
@@ -223,6 +235,7 @@ ALIBI_FORWARD: OpContract[AlibiForwardDescriptor] = OpContract(
     signature=_forward_signature,
     sample_problems=_forward_samples,
     training_backward=_training_backward,
+    large_scales=_forward_large,
 )
 
 ALIBI_BACKWARD: OpContract[AlibiBackwardDescriptor] = OpContract(
@@ -234,6 +247,7 @@ ALIBI_BACKWARD: OpContract[AlibiBackwardDescriptor] = OpContract(
     summary="dA = dY, dslope[h] = sum dY*(j - i) over [B, H, Q, K]",
     signature=_backward_signature,
     sample_problems=_backward_samples,
+    large_scales=_backward_large,
 )
 
 OPS = (ALIBI_FORWARD, ALIBI_BACKWARD)

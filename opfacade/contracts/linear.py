@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec
+from .._internal.contract import BoundArgs, Descriptor, OpContract, TensorSpec, bits_for
 from .._internal.tensors import (
     TensorView,
     argument_when,
@@ -380,6 +380,23 @@ def _backward_samples(element: ElementKind) -> list[LinearBackwardDescriptor]:
             for shape in _BACKWARD_SAMPLES]
 
 
+def _forward_large(desc: LinearDescriptor) -> dict[str, float]:
+    # x a quarter of the range below the top, W small enough that K products stay an eighth
+    # below it, with bias and residual at that size: act(x @ W + bias + residual) is finite.
+    top = desc.element.max_exponent - 2
+    return {"x": 2.0 ** top, "weight": 2.0 ** (-3 - bits_for(desc.k)),
+            "bias": 2.0 ** (top - 3), "residual": 2.0 ** (top - 3)}
+
+
+def _backward_large(desc: LinearBackwardDescriptor) -> dict[str, float]:
+    # x, W and the pre-activation near the top of the range and grad_out small enough that
+    # grad_x (N terms of d_pre W) and grad_weight (every row's x d_pre) stay below it.
+    top = desc.element.max_exponent - 2
+    rows = desc.m * (desc.batch or 1)
+    return {"x": 2.0 ** top, "weight": 2.0 ** top, "aux": 2.0 ** top,
+            "grad_out": 2.0 ** (-1 - bits_for(max(rows, desc.n)))}
+
+
 def _training_backward(desc: LinearDescriptor) -> LinearBackwardDescriptor:
     if desc.aux_layout is not None and not desc.save_aux:
         raise InvalidProblem("training needs save_aux=True: the backward of "
@@ -402,6 +419,7 @@ LINEAR_FORWARD: OpContract[LinearDescriptor] = OpContract(
     signature=_forward_signature,
     sample_problems=_forward_samples,
     training_backward=_training_backward,
+    large_scales=_forward_large,
 )
 
 LINEAR_BACKWARD: OpContract[LinearBackwardDescriptor] = OpContract(
@@ -413,6 +431,7 @@ LINEAR_BACKWARD: OpContract[LinearBackwardDescriptor] = OpContract(
     summary="grad_x, grad_weight, grad_bias (and d_pre) of linear_forward, from its aux",
     signature=_backward_signature,
     sample_problems=_backward_samples,
+    large_scales=_backward_large,
 )
 
 OPS = (LINEAR_FORWARD, LINEAR_BACKWARD)

@@ -59,8 +59,10 @@ from ..errors import InvalidArgument, InvalidProblem
 from ..types import ElementKind, OpCategory
 from .sdpa_layouts import LAYOUTS, MEMORY_ORDER, Layout, dense_strides, layout_of
 from .sdpa_samples import (
+    backward_large,
     backward_samples,
     backward_signature,
+    forward_large,
     forward_samples,
     forward_signature,
     verification_inputs,
@@ -477,6 +479,7 @@ SDPA_FORWARD: OpContract[SdpaDescriptor] = OpContract(
     sample_problems=forward_samples,
     training_backward=_training_backward,
     verification_inputs=verification_inputs,
+    large_scales=forward_large,
 )
 
 SDPA_BACKWARD: OpContract[SdpaBackwardDescriptor] = OpContract(
@@ -489,6 +492,7 @@ SDPA_BACKWARD: OpContract[SdpaBackwardDescriptor] = OpContract(
     signature=backward_signature,
     sample_problems=backward_samples,
     verification_inputs=verification_inputs,
+    large_scales=backward_large,
 )
 
 OPS = (SDPA_FORWARD, SDPA_BACKWARD)

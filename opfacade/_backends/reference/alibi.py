@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["alibi_distance", "alibi_forward", "alibi_backward"]
+__all__ = ["alibi_distance", "alibi_forward", "alibi_backward", "alibi_forward_magnitude",
+           "alibi_backward_magnitude"]
 
 
 def alibi_distance(query_len: int, key_len: int) -> np.ndarray:
@@ -80,3 +81,29 @@ def alibi_backward(
         distance = alibi_distance(dy.shape[2], dy.shape[3])
         d_slopes = np.einsum("bhij,ij->h", dy, distance)
     return d_input, d_slopes
+
+
+
+# Magnitude references: each result recomputed over absolute values, the scale a kernel's
+# rounding error is bounded by (PrecisionGuarantee). They take the arguments of the functions
+# above and return arrays shaped like their results.
+
+def alibi_forward_magnitude(a: np.ndarray, slopes: np.ndarray) -> np.ndarray:
+    """``|a| + |slope[h]| |j - i|``: one addition, whose rounding scales with both terms."""
+    a = np.abs(np.asarray(a, dtype=np.float64))
+    slopes = np.abs(np.asarray(slopes, dtype=np.float64))
+    distance = np.abs(alibi_distance(a.shape[2], a.shape[3]))
+    return a + slopes[None, :, None, None] * distance[None, None]
+
+
+def alibi_backward_magnitude(
+    dy: np.ndarray, *, need_input_grad: bool = True, need_slope_grad: bool = True
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(|dy|, sum |dy| |j - i|)``: the slope gradient's error grows with the sum of its terms'
+    sizes, not with the (possibly cancelling) sum itself."""
+    dy = np.abs(np.asarray(dy, dtype=np.float64))
+    d_slopes = None
+    if need_slope_grad:
+        distance = np.abs(alibi_distance(dy.shape[2], dy.shape[3]))
+        d_slopes = np.einsum("bhij,ij->h", dy, distance)
+    return (dy if need_input_grad else None), d_slopes

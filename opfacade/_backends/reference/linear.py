@@ -20,6 +20,8 @@ __all__ = [
     "activation_grad",
     "linear_forward",
     "linear_backward",
+    "linear_forward_magnitude",
+    "linear_backward_magnitude",
 ]
 
 WEIGHT_LAYOUTS = ("kn", "nk")
@@ -66,6 +68,9 @@ _MATH: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray]
     "silu": (lambda x: x * _sigmoid(x), _silu_grad),
 }
 ACTIVATIONS = tuple(_MATH)
+# sup |act'(x)|: the most an error in the pre-activation grows through the activation. Each of
+# these also has |act(x)| <= |x|, so the rounding of act(pre) is within the same scale.
+_STEEPEST_SLOPE = {"none": 1.0, "relu": 1.0, "gelu_tanh": 1.13, "gelu_erf": 1.13, "silu": 1.1}
 
 
 def _math(name: str) -> tuple[Callable[[np.ndarray], np.ndarray], ...]:
@@ -230,3 +235,52 @@ def linear_backward(
         "dresidual": dresidual,
         "d_pre": d_pre,
     }
+
+
+def linear_forward_magnitude(
+    x: np.ndarray,
+    w: np.ndarray,
+    *,
+    weight_layout: str = "kn",
+    bias: np.ndarray | None = None,
+    activation: str = "none",
+    residual: np.ndarray | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Magnitude references of ``linear_forward``'s ``(out, pre)``: ``pre`` over absolute values,
+    ``|alpha| |x| @ |W| + |bias| + |beta| |residual|``, and for ``out`` that times the
+    activation's steepest slope. The scale a GEMM's rounding error is bounded by, whatever
+    cancels (see PrecisionGuarantee)."""
+    _math(activation)
+    absolute = None if bias is None else np.abs(np.asarray(bias, dtype=np.float64))
+    residual = None if residual is None else np.abs(np.asarray(residual, dtype=np.float64))
+    _, pre = linear_forward(np.abs(np.asarray(x, dtype=np.float64)),
+                            np.abs(np.asarray(w, dtype=np.float64)), weight_layout=weight_layout,
+                            bias=absolute, residual=residual, alpha=abs(alpha), beta=abs(beta))
+    return _STEEPEST_SLOPE[activation] * pre, pre
+
+
+def linear_backward_magnitude(
+    d_out: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray,
+    pre: np.ndarray,
+    *,
+    weight_layout: str = "kn",
+    activation: str = "none",
+    need_bias_grad: bool = True,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    has_residual: bool = False,
+    residual_shape: tuple[int, ...] | None = None,
+) -> dict[str, np.ndarray | None]:
+    """Magnitude references of ``linear_backward``'s results (same keys): ``d_pre`` becomes
+    ``|d_out| |act'(pre)|`` and every product and sum after it runs over absolute values."""
+    d_pre = (np.abs(np.asarray(d_out, dtype=np.float64))
+             * np.abs(activation_grad(np.asarray(pre, dtype=np.float64), activation)))
+    return linear_backward(d_pre, np.abs(np.asarray(x, dtype=np.float64)),
+                           np.abs(np.asarray(w, dtype=np.float64)), pre,
+                           weight_layout=weight_layout, activation="none",
+                           need_bias_grad=need_bias_grad, alpha=abs(alpha), beta=abs(beta),
+                           has_residual=has_residual, residual_shape=residual_shape)

@@ -26,7 +26,8 @@ import numpy as np
 from .alibi import alibi_distance
 from .linear import _broadcasts_to, _sum_to_shape
 
-__all__ = ["CAUSAL_MODES", "sdpa_mask", "sdpa_forward", "sdpa_backward"]
+__all__ = ["CAUSAL_MODES", "SCORE_SENSITIVITY", "sdpa_mask", "sdpa_forward", "sdpa_backward",
+           "sdpa_forward_magnitude", "sdpa_backward_magnitude"]
 
 CAUSAL_MODES = (None, "top_left", "bottom_right")
 _ALIGNMENTS = ("top_left", "bottom_right")
@@ -312,3 +313,77 @@ def sdpa_backward(
     if need_bias_grad and pb.bias is not None:
         grads["dbias"] = _sum_to_shape(d_scores, pb.bias.shape)
     return grads
+
+
+# -- magnitude references -------------------------------------------------------------------------
+#
+# The scale an attention kernel's rounding error is bounded by (PrecisionGuarantee), whatever
+# cancels. Two effects set it:
+# - every product and sum after the softmax rounds relative to its terms' sizes: ``P @ |V|`` for
+#   the output, and over absolute values through the backward's chain;
+# - softmax turns an absolute error d in a score into a relative error of about d in its
+#   probability, and a score's rounding error grows with the sizes that formed it, A_ij =
+#   |scale| |q_i| . |k_j| + |bias_ij| + |slope (j - i)|. So each row's reference is widened by
+#   (1 + A_i / SCORE_SENSITIVITY), A_i being the row's largest allowed A_ij: rows of small
+#   scores are held to the output rounding alone, and a row of scores in the thousands (where
+#   an f32 score is off by ~1e-4) is allowed in proportion. A backward that reads an f32
+#   log-sum-exp has the same sensitivity: its error is ~u32 |lse| <= u32 (A_i + log Skv).
+SCORE_SENSITIVITY = 64.0
+
+
+def _score_sizes(pb: _Problem) -> np.ndarray:
+    """[B, Hq, Sq, 1]: each row's largest allowed score magnitude A_i (0 for an empty row)."""
+    sizes = abs(pb.scale) * np.einsum("bhid,bhjd->bhij", np.abs(pb.q), np.abs(pb.k))
+    if pb.bias is not None:
+        sizes = sizes + np.where(np.isfinite(pb.bias), np.abs(pb.bias), 0.0)
+    if pb.alibi_slopes is not None:
+        distance = np.abs(alibi_distance(sizes.shape[2], sizes.shape[3]))
+        sizes = sizes + np.abs(pb.alibi_slopes)[None, :, None, None] * distance
+    return np.max(np.where(pb.allowed, sizes, 0.0), axis=-1, keepdims=True, initial=0.0)
+
+
+def sdpa_forward_magnitude(q: np.ndarray, k: np.ndarray, v: np.ndarray, **options
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Magnitude references of ``sdpa_forward``'s ``(out, lse)`` (same arguments): out's is
+    ``(1 + A_i / SCORE_SENSITIVITY) P @ |V|``, lse's ``|lse| + A_i`` (0 on rows with no key)."""
+    pb = _prepare(q, k, v, **_with_defaults(options))
+    probs, lse = _probabilities(pb)
+    widen = 1.0 + _score_sizes(pb) / SCORE_SENSITIVITY
+    if pb.keep_scale is not None:
+        probs = probs * pb.keep_scale
+    lse_size = np.where(np.isfinite(lse), np.abs(lse) + _score_sizes(pb)[..., 0], 0.0)
+    return widen * (probs @ np.abs(pb.v)), lse_size
+
+
+def sdpa_backward_magnitude(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray,
+                            *, need_bias_grad: bool = False, **options) -> dict[str, np.ndarray]:
+    """Magnitude references of ``sdpa_backward``'s results (same arguments and keys): the
+    backward's chain over absolute values, ``|dS| -> P (|dO| |V|^T + sum_j P |dO| |V|^T)``,
+    each row widened by ``(1 + A_i / SCORE_SENSITIVITY)``."""
+    pb = _prepare(q, k, v, **_with_defaults(options))
+    d_out = np.abs(np.asarray(d_out, dtype=np.float64))
+    probs, _ = _probabilities(pb)
+    widen = 1.0 + _score_sizes(pb) / SCORE_SENSITIVITY
+    dropped = probs if pb.keep_scale is None else probs * pb.keep_scale
+    dv = np.einsum("bhij,bhid->bhjd", widen * dropped, d_out)
+    d_probs = np.einsum("bhid,bhjd->bhij", d_out, np.abs(pb.v))
+    if pb.keep_scale is not None:
+        d_probs = d_probs * pb.keep_scale
+    d_scores = widen * probs * (d_probs + np.sum(d_probs * probs, axis=-1, keepdims=True))
+    dq = abs(pb.scale) * np.einsum("bhij,bhjd->bhid", d_scores, np.abs(pb.k))
+    dk = abs(pb.scale) * np.einsum("bhij,bhid->bhjd", d_scores, np.abs(pb.q))
+    grads = {"dq": dq, "dk": _sum_groups(dk, pb.group), "dv": _sum_groups(dv, pb.group)}
+    if need_bias_grad and pb.bias is not None:
+        grads["dbias"] = _sum_to_shape(d_scores, pb.bias.shape)
+    return grads
+
+
+def _with_defaults(options: dict) -> dict:
+    """sdpa_forward's keyword defaults under ``options``, as _prepare takes them."""
+    defaults = dict(scale=None, causal=None, window=None, alignment=None, bias=None,
+                    alibi_slopes=None, dropout_p=0.0, dropout_keep=None, seq_len_q=None,
+                    seq_len_kv=None)
+    unknown = set(options) - set(defaults)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    return {**defaults, **options}

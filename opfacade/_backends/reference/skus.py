@@ -37,14 +37,21 @@ REFERENCE_GUARANTEE = PrecisionGuarantee(
 )
 
 # compute(descriptor, arrays by argument name) -> results by output argument name, in float64.
+# A magnitude reference has the same form: each result over absolute values (PrecisionGuarantee).
 Compute = Callable[[D, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 class ReferenceSku(SkuImpl[D], Generic[D]):
-    """Runs ``compute`` in float64 and rounds once into the caller's output arrays."""
+    """Runs ``compute`` in float64 and rounds once into the caller's output arrays.
 
-    def __init__(self, op: OpContract[D], compute: Compute, description: str):
+    ``magnitude`` gives the scale each GPU SKU's error bound is stated against; an output it
+    leaves out (a bit-mask) is held to its own size.
+    """
+
+    def __init__(self, op: OpContract[D], compute: Compute, magnitude: Compute,
+                 description: str):
         self.compute = compute
+        self.magnitude = magnitude
         self.sku = op.sku(BackendKind.reference, ElementKind.f64, guarantee=REFERENCE_GUARANTEE,
                           layout="any", arch=None,
                           description=description + " Float64 on the host; output rounded once "
@@ -52,10 +59,16 @@ class ReferenceSku(SkuImpl[D], Generic[D]):
 
     def prepared(self, desc: D, args: BoundArgs, workspace: Workspace, stream: int | None):
         arrays = {name: as_numpy(view) for name, view in args.present().items()}
+        outputs = {name: arrays[name] for name in args.outputs if name in arrays}
 
         def compute_into_outputs() -> None:
-            for name, value in self.compute(desc, arrays).items():
-                np.copyto(arrays[name], value, casting="unsafe")
+            # Compact copies: NumPy sums a strided array in its memory order, so computing on
+            # the caller's views would make the bits depend on their layout, and bit_stable
+            # promises they depend on the values alone.
+            compact = {name: array if name in outputs else np.ascontiguousarray(array)
+                       for name, array in arrays.items()}
+            for name, value in self.compute(desc, compact).items():
+                np.copyto(outputs[name], value, casting="unsafe")
 
         return compute_into_outputs
 
@@ -74,43 +87,76 @@ def _alibi_backward(desc: alibi.AlibiBackwardDescriptor, arrays: dict) -> dict:
     return {name: value for name, value in results.items() if value is not None}
 
 
+def _alibi_forward_magnitude(desc: alibi.AlibiForwardDescriptor, arrays: dict) -> dict:
+    result = "input" if desc.in_place else "output"  # where the signature puts the result
+    return {result: alibi_math.alibi_forward_magnitude(arrays["input"], arrays["slopes"])}
+
+
+def _alibi_backward_magnitude(desc: alibi.AlibiBackwardDescriptor, arrays: dict) -> dict:
+    d_in, d_slopes = alibi_math.alibi_backward_magnitude(
+        arrays["grad_output"], need_input_grad=desc.need_input_grad,
+        need_slope_grad=desc.need_slope_grad)
+    results = {"grad_input": d_in, "grad_slopes": d_slopes}
+    return {name: value for name, value in results.items() if value is not None}
+
+
 ALIBI = {
     alibi.ALIBI_FORWARD.name: (ReferenceSku(alibi.ALIBI_FORWARD, _alibi_forward,
+                                            _alibi_forward_magnitude,
                                             "Y = A + slope[h]*(j - i)."),),
     alibi.ALIBI_BACKWARD.name: (ReferenceSku(alibi.ALIBI_BACKWARD, _alibi_backward,
+                                             _alibi_backward_magnitude,
                                              "dA = dY; dslope[h] = sum dY*(j - i)."),),
 }
 
 
 # -- linear ---------------------------------------------------------------------------------------
 
-def _linear_forward(desc: linear.LinearDescriptor, arrays: dict) -> dict:
-    out, pre = linear_math.linear_forward(
-        arrays["x"], arrays["weight"], weight_layout=desc.weight_layout, bias=arrays.get("bias"),
-        activation=desc.activation, residual=arrays.get("residual"))
-    results = {"out": out}
-    if desc.save_aux:
-        results["aux"] = desc.aux_layout.encode(pre)
-    return results
+def _linear_forward_with(forward: Callable, *, masks: bool) -> Compute:
+    """The forward op's compute over ``forward`` (the results, or their magnitude references,
+    where a ReLU bit-mask aux has none: ``masks=False`` leaves it out)."""
+
+    def compute(desc: linear.LinearDescriptor, arrays: dict) -> dict:
+        out, pre = forward(arrays["x"], arrays["weight"], weight_layout=desc.weight_layout,
+                           bias=arrays.get("bias"), activation=desc.activation,
+                           residual=arrays.get("residual"))
+        results = {"out": out}
+        if desc.save_aux and (masks or not desc.aux_layout.mask):
+            results["aux"] = desc.aux_layout.encode(pre)
+        return results
+
+    return compute
 
 
-def _linear_backward(desc: linear.LinearBackwardDescriptor, arrays: dict) -> dict:
-    grad_out = arrays["grad_out"]
-    aux = desc.aux_layout  # the ReLU mask's signs stand in for the pre-activation
-    pre = np.zeros(grad_out.shape) if aux is None else aux.decode(arrays["aux"], desc.n)
-    grads = linear_math.linear_backward(
-        grad_out, arrays["x"], arrays["weight"], pre, weight_layout=desc.weight_layout,
-        activation=desc.activation, need_bias_grad=desc.need_bias_grad)
-    results = {"grad_x": grads["dx"], "grad_weight": grads["dw"], "grad_bias": grads["dbias"],
-               "grad_pre": grads["d_pre"]}
-    return {name: value for name, value in results.items() if name in arrays}
+def _linear_backward_with(backward: Callable) -> Compute:
+    """The backward op's compute over ``backward`` (the gradients or their magnitudes)."""
+
+    def compute(desc: linear.LinearBackwardDescriptor, arrays: dict) -> dict:
+        grad_out = arrays["grad_out"]
+        aux = desc.aux_layout  # the ReLU mask's signs stand in for the pre-activation
+        pre = np.zeros(grad_out.shape) if aux is None else aux.decode(arrays["aux"], desc.n)
+        grads = backward(grad_out, arrays["x"], arrays["weight"], pre,
+                         weight_layout=desc.weight_layout, activation=desc.activation,
+                         need_bias_grad=desc.need_bias_grad)
+        results = {"grad_x": grads["dx"], "grad_weight": grads["dw"], "grad_bias": grads["dbias"],
+                   "grad_pre": grads["d_pre"]}
+        return {name: value for name, value in results.items() if name in arrays}
+
+    return compute
+
+
+_linear_forward = _linear_forward_with(linear_math.linear_forward, masks=True)
+_linear_backward = _linear_backward_with(linear_math.linear_backward)
 
 
 LINEAR = {
-    linear.LINEAR_FORWARD.name: (ReferenceSku(linear.LINEAR_FORWARD, _linear_forward,
-                                              "act(x @ W + bias + residual), and the aux."),),
+    linear.LINEAR_FORWARD.name: (ReferenceSku(
+        linear.LINEAR_FORWARD, _linear_forward,
+        _linear_forward_with(linear_math.linear_forward_magnitude, masks=False),
+        "act(x @ W + bias + residual), and the aux."),),
     linear.LINEAR_BACKWARD.name: (ReferenceSku(
         linear.LINEAR_BACKWARD, _linear_backward,
+        _linear_backward_with(linear_math.linear_backward_magnitude),
         "d_pre = grad_out * act'(pre); dbias, dx = d_pre W^T, dW = x^T d_pre."),),
 }
 
@@ -141,6 +187,26 @@ def _sdpa_backward(desc: sdpa.SdpaBackwardDescriptor, arrays: dict) -> dict:
     return results
 
 
+def _sdpa_forward_magnitude(desc: sdpa.SdpaDescriptor, arrays: dict) -> dict:
+    out, lse = sdpa_math.sdpa_forward_magnitude(arrays["q"], arrays["k"], arrays["v"],
+                                                bias=arrays.get("bias"), **_lengths(arrays),
+                                                **sdpa.reference_options(desc))
+    results = {"out": out}
+    if desc.save_stats:
+        results["stats"] = lse[..., None]
+    return results
+
+
+def _sdpa_backward_magnitude(desc: sdpa.SdpaBackwardDescriptor, arrays: dict) -> dict:
+    grads = sdpa_math.sdpa_backward_magnitude(
+        arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"], bias=arrays.get("bias"),
+        need_bias_grad=desc.need_bias_grad, **_lengths(arrays), **sdpa.reference_options(desc))
+    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
+    if desc.need_bias_grad:
+        results["grad_bias"] = grads["dbias"]
+    return results
+
+
 class _SdpaReference(ReferenceSku):
     """The float64 oracle; it draws no dropout mask, so it cannot serve dropout on its own."""
 
@@ -154,9 +220,9 @@ class _SdpaReference(ReferenceSku):
 
 SDPA = {
     sdpa.SDPA_FORWARD.name: (_SdpaReference(
-        sdpa.SDPA_FORWARD, _sdpa_forward,
+        sdpa.SDPA_FORWARD, _sdpa_forward, _sdpa_forward_magnitude,
         "softmax(scale*q.k + bias + alibi, masked).v and its log-sum-exp."),),
     sdpa.SDPA_BACKWARD.name: (_SdpaReference(
-        sdpa.SDPA_BACKWARD, _sdpa_backward,
+        sdpa.SDPA_BACKWARD, _sdpa_backward, _sdpa_backward_magnitude,
         "Analytic dq, dk, dv (and dbias), recomputing the probabilities."),),
 }
