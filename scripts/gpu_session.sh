@@ -24,7 +24,7 @@ if wants tests; then
     # One pytest per family of the registry table (tests/test_<family>*.py), then the rest.
     families=$(python3 -c "from opfacade._registry import FAMILIES; print(*[f.name for f in FAMILIES])")
     others=$(ls tests/test_*.py | grep -v -E "test_($(echo $families | tr ' ' '|'))" | tr '\n' ' ')
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -rs $others 2>&1 | tee "$OUT/pytest.log" | tail -6
+    timeout 420 python3 -m pytest -q -p no:cacheprovider -rs $others 2>&1 | tee "$OUT/pytest.log" | tail -6
     for family in $families; do
         files=$(ls tests/test_${family}*.py 2>/dev/null | tr '\n' ' ')
         [ -n "$files" ] || continue
@@ -35,7 +35,7 @@ fi
 
 if wants verify; then
     stage verify
-    timeout 300 python3 -m opfacade verify --out "$OUT/verified" --runs 3 2>&1 | tee "$OUT/verify.log" | tail -30
+    timeout 540 python3 -m opfacade verify --out "$OUT/verified" --runs 3 2>&1 | tee "$OUT/verify.log" | tail -30
 fi
 
 if wants sanitize; then
