@@ -1,7 +1,9 @@
 """`opfacade bench`: each op against its peers in the same run, reported as ratios.
 
 Times are medians of CUDA-event timings after warm-up, on random inputs (never zeros). torch is
-only a benchmark peer here, imported by the benchmark, never by the ops.
+only a benchmark peer here, imported by the benchmark, never by the ops. A row where a contestant
+may be host-bound is timed again from CUDA graphs (``_bench/graph_timing.py``) unless ``graphs``
+is False.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def _warm_up(seconds: float = 2.0) -> None:
 
 
 def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] | None = None,
-              graphs: bool = False) -> list[BenchRow]:
-    """Benchmarks each family (or those in ``ops``) on the current device and prints the rows.
+              graphs: bool = True) -> list[BenchRow]:
+    """Benchmarks each family (or those in ``ops``) on the current device and prints the rows;
+    ``graphs=False`` marks the rows whose bursts may time the host without timing them again
+    from CUDA graphs.
 
     Raises:
         BackendUnavailable: no GPU, no driver for CUDA 13, the GPU stack or torch (a peer in

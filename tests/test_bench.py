@@ -1,11 +1,21 @@
-"""The bench's rows without a GPU: a host-bound contestant is named, its row carries the CUDA-graph
-replay times, and the table prints the replay ratios beside the burst ratios."""
+"""The bench's rows without a GPU: which contestants are suspected of timing their host, what a
+CUDA-graph re-timing may conclude (and when its figures are rejected as implausible), how the
+rows say it, and that a failed capture leaves the process timing the default stream."""
 
 from __future__ import annotations
 
-from opfacade._bench import common
+import contextlib
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from opfacade._bench import common, graph_timing
 from opfacade._bench.common import BenchRow, Timings, format_rows
 
+# -- rows ----------------------------------------------------------------------------------------
 
 def test_a_host_bound_row_names_the_contestant_and_reads_the_graph_times():
     timings = Timings(gpu_ms={"ours": 0.12, "torch autograd": 0.22},
@@ -29,60 +39,348 @@ def test_a_row_nobody_is_host_bound_in_keeps_the_burst_times():
     assert "HOST-BOUND" not in format_rows([row])
 
 
-def test_a_contestant_that_could_not_be_captured_is_reported():
-    timings = Timings(gpu_ms={"ours": 0.1, "peer": 0.1}, host_ms={"ours": 0.2, "peer": 0.01},
-                      graph_ms={}, host_bound=["ours"],
-                      why_not_captured="not timed from a CUDA graph: RuntimeError: x")
-    row = timings.row("sdpa_forward", "tiny", str)
-    assert "not timed from a CUDA graph" in row.notes
-    assert "not captured" in format_rows([row])
-    assert isinstance(row, BenchRow)
+def test_graph_ratios_name_a_peer_that_was_not_captured_and_a_row_without_ours_has_none():
+    captured = Timings(gpu_ms={"ours": 0.1, "a": 0.3, "b": 0.2},
+                       host_ms={"ours": 0.01, "a": 0.3, "b": 0.15},
+                       graph_ms={"ours": 0.1, "a": 0.12}, host_bound=["a", "b"],
+                       graph_notes="b not captured in a CUDA graph (RuntimeError: x)")
+    row = captured.row("sdpa_backward", "tiny", str)
+    assert "a 1.20x, b not captured" in format_rows([row])
+    assert "b (host 0.150 ms per call, burst 0.200 ms)" in row.notes
+    assert "b not captured in a CUDA graph (RuntimeError: x)" in row.notes
+    without = Timings(gpu_ms={"ours": 0.1, "a": 0.1}, host_ms={"ours": 0.2, "a": 0.01},
+                      graph_ms={}, host_bound=["ours"], graph_notes="ours not captured (x)")
+    assert "no CUDA-graph figures (see notes)" in format_rows([without.row("op", "c", str)])
 
 
-def test_a_contestant_near_its_burst_time_is_timed_from_graphs_and_judged_by_them(monkeypatch):
-    """Burst times hide a host-bound contestant (its burst is its host time); the graph replay
-    shows the GPU's time, and host >= that marks it. One that cannot be captured is marked too."""
-    fns = {"ours": None, "autograd": None, "gemms": None, "raw": None}
-    monkeypatch.setattr(common, "time_interleaved",
-                        lambda f, reps: {"ours": 0.12, "autograd": 0.35, "gemms": 0.11,
-                                         "raw": 0.2})
-    monkeypatch.setattr(common, "host_us_interleaved",
-                        lambda f, calls, rounds: {"ours": 50.0, "autograd": 260.0, "gemms": 39.0,
-                                                  "raw": 150.0})
-    captured = {}
+# -- suspects and what the graph re-timing concludes ----------------------------------------------
 
-    def graphs(f, gpu, reps, stream):
-        captured.update(f)
-        return {"ours": 0.118, "autograd": 0.15, "gemms": 0.11}, {"raw": "RuntimeError: x"}
+def test_a_suspect_is_a_contestant_whose_host_time_reaches_half_its_burst_time():
+    gpu = {"ours": 0.12, "autograd": 0.35, "gemms": 0.11, "edge": 0.2}
+    host = {"ours": 0.05, "autograd": 0.26, "gemms": 0.039, "edge": 0.1}
+    assert common.suspects(gpu, host) == ["autograd", "edge"]
 
-    monkeypatch.setattr(common, "time_in_cuda_graphs", graphs)
-    monkeypatch.setattr(common, "RETIME_IN_GRAPHS", True)
-    timings = common.time_contestants(fns, graph_fns={"autograd": "captured form"})
-    assert captured["autograd"] == "captured form"
+
+def test_a_graph_far_below_a_suspects_burst_is_the_correction_the_graphs_are_for():
+    """The issue's row: torch autograd's burst (0.347 ms) is its host; its graph (0.13 ms) is the
+    GPU's, and it is host-bound; ours (not a suspect) replays at its burst time."""
+    gpu = {"ours": 0.12, "torch autograd": 0.347, "gemms": 0.111}
+    host = {"ours": 0.050, "torch autograd": 0.261, "gemms": 0.039}
+    graph = {"ours": 0.118, "torch autograd": 0.128, "gemms": 0.110}
+    timings = common.judge(gpu, host, graph, {})
+    assert timings.host_bound == ["torch autograd"] and timings.graph_ms == graph
+    row = timings.row("linear", "bwd", lambda ms: f"{ms:.3f}")
+    assert row.figure == "0.118" and "torch autograd 1.08x" in format_rows([row])
+
+
+def test_a_graph_below_half_the_burst_of_a_contestant_not_host_bound_is_implausible():
+    """The first H100 run with graphs: our 64x8192x8192 forward at 0.023 ms (370 TFLOP/s) where
+    every burst says 0.051 ms and reading the weight alone takes 0.04 ms. Such a row keeps its
+    burst figures, marks its suspects and says why."""
+    gpu = {"ours": 0.051, "addmm_act": 0.051, "unfused": 0.059}
+    host = {"ours": 0.017, "addmm_act": 0.023, "unfused": 0.042}
+    graph = {"ours": 0.023, "addmm_act": 0.050, "unfused": 0.052}
+    assert set(common.implausible(gpu, graph, ["unfused"])) == {"ours"}
+    timings = common.judge(gpu, host, graph, {})
+    assert timings.graph_ms == {} and timings.host_bound == ["unfused"]
+    row = timings.row("linear", "fwd", lambda ms: f"{ms:.3f}")
+    assert row.figure == "0.051"  # the burst, not the implausible graph time
+    assert "graph timing implausible" in row.notes and "ours 0.023 ms per call" in row.notes
+    assert "no CUDA-graph figures" in format_rows([row])
+
+
+def test_a_suspect_that_could_not_be_captured_stays_marked_and_the_others_are_judged():
+    gpu = {"ours": 0.12, "autograd": 0.35, "raw": 0.2}
+    host = {"ours": 0.05, "autograd": 0.26, "raw": 0.15}
+    timings = common.judge(gpu, host, {"ours": 0.118, "autograd": 0.15},
+                           {"raw": "RuntimeError: x"})
     assert timings.host_bound == ["autograd", "raw"]
-    assert "raw not captured in a CUDA graph (RuntimeError: x)" in timings.why_not_captured
-    row = timings.row("linear", "bwd", str)
-    assert row.graph_ms["ours"] == 0.118 and "autograd (host 0.260 ms" in row.notes
+    assert "raw not captured in a CUDA graph (RuntimeError: x)" in timings.graph_notes
 
 
-def test_nobody_near_its_burst_time_means_no_graphs(monkeypatch):
-    monkeypatch.setattr(common, "time_interleaved", lambda f, reps: {"ours": 1.0, "peer": 2.0})
-    monkeypatch.setattr(common, "host_us_interleaved",
-                        lambda f, calls, rounds: {"ours": 10.0, "peer": 30.0})
-    monkeypatch.setattr(common, "time_in_cuda_graphs", lambda *a: (_ for _ in ()).throw(
-        AssertionError("no graph should be captured")))
-    timings = common.time_contestants({"ours": None, "peer": None})
+def test_suspects_that_a_graph_clears_leave_the_burst_figures():
+    gpu, host = {"ours": 0.1, "peer": 0.1}, {"ours": 0.06, "peer": 0.01}
+    timings = common.judge(gpu, host, {"ours": 0.09, "peer": 0.1}, {})
     assert timings.host_bound == [] and timings.graph_ms == {}
 
 
-def test_by_default_a_suspect_row_is_marked_without_graphs(monkeypatch):
-    monkeypatch.setattr(common, "time_interleaved", lambda f, reps: {"ours": 0.12, "auto": 0.35})
-    monkeypatch.setattr(common, "host_us_interleaved",
-                        lambda f, calls, rounds: {"ours": 10.0, "auto": 260.0})
-    monkeypatch.setattr(common, "time_in_cuda_graphs", lambda *a: (_ for _ in ()).throw(
-        AssertionError("graphs are opt-in")))
+@pytest.fixture
+def fake_timing(monkeypatch):
+    """time_contestants on fixed burst and host times, recording what goes to the graphs."""
+    calls = {}
+
+    def install(gpu, host_us, graph=None, failed=None):
+        monkeypatch.setattr(common, "time_interleaved", lambda f, reps: dict(gpu))
+        monkeypatch.setattr(common, "host_us_interleaved",
+                            lambda f, calls, rounds: dict(host_us))
+
+        def graphs(fns, makers, counts, reps):
+            calls.update(fns=fns, makers=makers, counts=counts, reps=reps)
+            return dict(graph or {}), dict(failed or {})
+
+        monkeypatch.setattr(graph_timing, "time_in_cuda_graphs", graphs)
+        return calls
+
+    return install
+
+
+def test_a_row_with_a_suspect_times_every_contestant_from_graphs(fake_timing):
+    calls = fake_timing({"ours": 0.12, "autograd": 0.35, "gemms": 0.11},
+                        {"ours": 50.0, "autograd": 260.0, "gemms": 39.0},
+                        {"ours": 0.118, "autograd": 0.15, "gemms": 0.11})
+    fns = {"ours": None, "autograd": None, "gemms": None}
+    timings = common.time_contestants(fns, 7, makers={"autograd": "maker"})
+    assert calls["fns"] is fns and calls["makers"] == {"autograd": "maker"}
+    assert calls["counts"] == {"ours": 41, "autograd": 14, "gemms": 45}  # ~BURST_MS each
+    assert timings.host_bound == ["autograd"] and timings.graph_ms["ours"] == 0.118
+
+
+def test_graph_capture_counts_are_bounded():
+    assert common.burst_calls(0.001) == common.MAX_BURST_CALLS == 400
+    assert common.burst_calls(0.0) == 400 and common.burst_calls(60.0) == 1
+
+
+def test_nobody_near_its_burst_time_means_no_graphs(fake_timing):
+    calls = fake_timing({"ours": 1.0, "peer": 2.0}, {"ours": 10.0, "peer": 30.0})
+    timings = common.time_contestants({"ours": None, "peer": None})
+    assert timings.host_bound == [] and timings.graph_ms == {} and not calls
+
+
+def test_with_graphs_off_a_suspect_row_is_marked_without_graphs(fake_timing, monkeypatch):
+    calls = fake_timing({"ours": 0.12, "auto": 0.35}, {"ours": 10.0, "auto": 260.0})
+    monkeypatch.setattr(common, "RETIME_IN_GRAPHS", False)
     timings = common.time_contestants({"ours": None, "auto": None})
-    assert timings.host_bound == ["auto"] and timings.graph_ms == {}
+    assert not calls and timings.host_bound == ["auto"] and timings.graph_ms == {}
     row = timings.row("linear", "bwd", str)
     assert "auto (host 0.260 ms per call, burst 0.350 ms)" in row.notes
-    assert "opfacade bench --graphs" in row.notes and "not captured" in format_rows([row])
+    assert "not timed again from CUDA graphs" in row.notes
+
+
+def test_graphs_are_on_by_default():
+    assert common.RETIME_IN_GRAPHS is True
+
+
+@pytest.mark.parametrize(("work", "calls", "fine"), [
+    (None, 98, True), (98, 98, True), (294, 98, True), (1, 1, True),
+    (3, 98, False), (0, 4, False), (150, 98, False)])
+def test_a_graph_must_hold_the_same_work_for_every_call(work, calls, fine):
+    assert (graph_timing.work_count_problem(work, calls) is None) is fine
+
+
+def test_work_nodes_are_kernels_copies_and_memsets_counted_into_child_graphs():
+    kinds = types.SimpleNamespace(CU_GRAPH_NODE_TYPE_KERNEL=0, CU_GRAPH_NODE_TYPE_MEMCPY=1,
+                                  CU_GRAPH_NODE_TYPE_MEMSET=2, CU_GRAPH_NODE_TYPE_GRAPH=5,
+                                  CU_GRAPH_NODE_TYPE_EVENT_RECORD=7)
+    graphs = {"top": [("k", 0), ("copy", 1), ("child", 5), ("event", 7)],
+              "child": [("k2", 0), ("set", 2)]}
+    ok = 0
+
+    def get_nodes(graph, count):
+        nodes = graphs[graph]
+        return ok, nodes[:count], len(nodes)
+
+    driver = types.SimpleNamespace(
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=ok), CUgraphNodeType=kinds,
+        cuGraphGetNodes=get_nodes, cuGraphNodeGetType=lambda node: (ok, node[1]),
+        cuGraphChildGraphNodeGetGraph=lambda node: (ok, node[0]))
+    assert graph_timing._count(driver, "top") == (5, 4)
+    driver.cuGraphNodeGetType = lambda node: (1, None)
+    assert graph_timing._count(driver, "top") == (None, None)
+
+
+# -- capturing, on a fake torch whose captures can fail the ways a GPU's do -----------------------
+
+class _Stream:
+    def __init__(self, name: str):
+        self.name, self.capturing, self.cuda_stream = name, False, id(self)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class _Graph:
+    def __init__(self, cuda, fails_to_end: str | None):
+        self.cuda, self.fails_to_end, self.ended, self.stream = cuda, fails_to_end, False, None
+
+    def capture_begin(self, pool, capture_error_mode):
+        assert capture_error_mode == "thread_local"
+        self.stream = self.cuda.current
+        self.stream.capturing = True
+
+    def capture_end(self):
+        if self.cuda.current is not self.stream:
+            raise RuntimeError("Capture must end on the same stream it began on.")
+        if self.fails_to_end == "stuck":  # refused without ending anything
+            raise RuntimeError("refused")
+        self.stream.capturing = False
+        if self.fails_to_end == "invalidated":  # the driver ends it, torch raises before the pool
+            raise RuntimeError("operation failed due to a previous error during capture")
+        self.ended = True
+
+    def pool(self):
+        if not self.ended:
+            raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
+        return (1, 0)
+
+    def reset(self):
+        self.cuda.log.append("reset")
+
+    def replay(self):
+        self.cuda.log.append(f"replay on {self.cuda.current}")
+
+
+class _Cuda:
+    """torch.cuda as capture uses it; the graphs it makes end their captures as told."""
+
+    def __init__(self, fails_to_end: str | None = None):
+        self.default = self.current = _Stream("default")
+        self.fails_to_end, self.log = fails_to_end, []
+
+    def CUDAGraph(self):  # torch's name; without keep_graph, nodes go uncounted
+        return _Graph(self, self.fails_to_end)
+
+    def Stream(self):
+        return _Stream("capture")
+
+    def current_stream(self):
+        return self.current
+
+    def default_stream(self):
+        return self.default
+
+    def set_stream(self, stream):
+        self.current = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream):
+        before, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def is_current_stream_capturing(self):
+        return self.current.capturing
+
+    def synchronize(self):
+        if self.default.capturing:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    def graph_pool_handle(self):
+        return (0, 7)
+
+    def current_device(self):
+        return 0
+
+    def empty_cache(self):
+        self.log.append("empty_cache")
+
+
+def _torch(cuda: _Cuda):
+    released = []
+    private = types.SimpleNamespace(
+        _cuda_endAllocateToPool=lambda device, pool: released.append(("end", pool)),
+        _cuda_releasePool=lambda device, pool: released.append(("release", pool)))
+    return types.SimpleNamespace(cuda=cuda, _C=private), released
+
+
+def _call_failing_in_capture(cuda):
+    def call():
+        if cuda.current.capturing:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    return call
+
+
+@pytest.mark.parametrize("fails_to_end", [None, "invalidated"])
+def test_a_call_failing_inside_the_capture_leaves_the_default_stream_current(fails_to_end):
+    cuda = _Cuda(fails_to_end)
+    torch, released = _torch(cuda)
+    with pytest.raises(graph_timing.CaptureFailed, match="not permitted when stream is capturing"):
+        graph_timing.capture(torch, lambda stream: _call_failing_in_capture(cuda), 8)
+    assert cuda.current is cuda.default and not cuda.default.capturing
+    assert "reset" in cuda.log
+    # The pool is given back here only when torch's capture_end could not do it.
+    assert released == ([] if fails_to_end is None else [("end", (0, 7)), ("release", (0, 7))])
+
+
+def test_an_invalidated_capture_that_fails_to_end_leaves_the_default_stream_current():
+    """What torch.cuda.graph gets wrong: its exit raises from capture_end before it restores the
+    stream, and every later launch of the process goes to the capture stream."""
+    cuda = _Cuda("invalidated")
+    torch, released = _torch(cuda)
+    with pytest.raises(graph_timing.CaptureFailed, match="previous error during capture"):
+        graph_timing.capture(torch, lambda stream: (lambda: None), 4)
+    assert cuda.current is cuda.default and released[-1] == ("release", (0, 7))
+
+
+def test_a_capture_that_cannot_be_ended_stops_the_bench(monkeypatch):
+    cuda = _Cuda("stuck")
+    torch, _ = _torch(cuda)
+    ended_in_driver = []
+    monkeypatch.setattr(graph_timing, "_end_capture_in_driver", ended_in_driver.append)
+    with pytest.raises(RuntimeError, match="still underway"):
+        graph_timing.capture(torch, lambda stream: _call_failing_in_capture(cuda), 4)
+    assert ended_in_driver and cuda.current is cuda.default
+
+
+def test_a_capture_runs_the_maker_on_its_own_stream_and_warms_up_there_first():
+    cuda = _Cuda()
+    torch, _ = _torch(cuda)
+    seen = []
+
+    def make(stream):
+        assert cuda.current is stream and stream is not cuda.default
+        return lambda: seen.append((cuda.current.name, cuda.current.capturing))
+
+    captured = graph_timing.capture(torch, make, 5)
+    assert captured.calls == 5 and captured.nodes is None and cuda.current is cuda.default
+    captured.call()  # kept alive with the graph
+    assert seen[:-1] == [("capture", False)] * graph_timing.WARMUP_CALLS + [("capture", True)] * 5
+
+
+def test_graphs_are_timed_on_the_default_stream_and_released(monkeypatch):
+    cuda = _Cuda()
+    torch, _ = _torch(cuda)
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self, stream):
+            assert stream is cuda.default
+            self.at = len(cuda.log)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 2.0
+
+    cuda.Event = Event
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    times, failed = graph_timing.time_in_cuda_graphs(
+        {"ours": lambda: None, "bad": _call_failing_in_capture(cuda)}, {}, {"ours": 4, "bad": 4},
+        reps=30)
+    assert times == {"ours": 0.5} and "not permitted" in failed["bad"]
+    assert cuda.log.count("replay on default") == 2 * graph_timing.MAX_REPLAY_ROUNDS
+    assert cuda.log[-2:] == ["reset", "empty_cache"]
+    cuda.current = _Stream("elsewhere")
+    with pytest.raises(RuntimeError, match="default stream"):
+        graph_timing.replay_ms(torch, {}, 1)
+
+
+# -- the probe -----------------------------------------------------------------------------------
+
+def test_the_graph_probe_imports_without_a_gpu_and_asks_for_its_output_path():
+    path = Path(__file__).parents[1] / "scripts" / "bench_graph_probe.py"
+    spec = importlib.util.spec_from_file_location("bench_graph_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([]) == 2
+
+
+def test_rows_are_plain_data_for_the_json_record():
+    row = BenchRow("linear", "c", 1.0, "f", {"p": 2.0}, host_ms={"ours": 0.1},
+                   graph_ms={"ours": 0.9}, host_bound=["p"])
+    assert set(vars(row)) == {"op", "case", "ours_ms", "figure", "peers_ms", "notes", "host_ms",
+                              "graph_ms", "host_bound"}

@@ -1,10 +1,14 @@
-"""What every op's benchmark shares: CUDA-event timing and the row it reports."""
+"""What every op's benchmark shares: CUDA-event timing in bursts, host time per call, the
+judgement of a row timed again from CUDA graphs (``graph_timing``), and the row it reports."""
 
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from . import graph_timing
 
 
 @dataclass
@@ -15,7 +19,9 @@ class BenchRow:
     training loop sees). ``host_ms`` is each contestant's host time per call ("ours" included).
     Where a contestant's host time is at least its GPU time (``host_bound``), the burst measures
     the host, not the GPU: every contestant is then timed again from a CUDA graph that replays
-    its captured calls (``graph_ms``), and the GPU ratios to read are those.
+    its captured calls (``graph_ms``, "ours" under that name), and the GPU ratios to read are
+    those. A host-bound row without ``graph_ms`` says in its notes why (not captured, or the
+    graph timing was implausible).
     """
 
     op: str
@@ -40,6 +46,13 @@ class BenchRow:
 # the two event records and the host's issue of the first call are noise, short enough to take
 # many samples.
 BURST_MS = 5.0
+# Calls in one burst at most (a CUDA graph of calls holds no more either).
+MAX_BURST_CALLS = 400
+
+
+def burst_calls(ms_per_call: float) -> int:
+    """Calls making up about BURST_MS of work at ``ms_per_call``, at most MAX_BURST_CALLS."""
+    return max(1, min(MAX_BURST_CALLS, int(BURST_MS / max(ms_per_call, 1e-3))))
 
 
 def time_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
@@ -76,7 +89,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
         stop.record(cupy.cuda.Stream.null)
         stop.synchronize()
         once = cupy.cuda.get_elapsed_time(start, stop)
-        bursts[name] = max(1, min(400, int(BURST_MS / max(once, 1e-3))))
+        bursts[name] = burst_calls(once)
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for round_ in range(reps):
@@ -127,31 +140,50 @@ def format_rows(rows: list[BenchRow]) -> str:
         peers = ", ".join(f"{name} {ms / r.ours_ms:.2f}x" for name, ms in r.peers_ms.items())
         lines.append(f"{r.op:16} {r.case:44} {r.ours_ms:9.3f}  {r.figure:28} {peers}")
         if r.host_bound:
-            graph = r.graph_ms
-            replayed = ", ".join(f"{name} {ms / graph['ours']:.2f}x" for name, ms in graph.items()
-                                 if name != "ours") if "ours" in graph else "not captured"
             lines.append(f"{'':16} {'  HOST-BOUND: ' + ', '.join(r.host_bound):44} "
-                         f"{graph.get('ours', float('nan')):9.3f}  {'CUDA-graph replay':28} "
-                         f"{replayed}")
+                         f"{r.graph_ms.get('ours', float('nan')):9.3f}  {'CUDA-graph replay':28} "
+                         f"{_graph_ratios(r)}")
     return "\n".join(lines)
+
+
+def _graph_ratios(row: BenchRow) -> str:
+    graph = row.graph_ms
+    if "ours" not in graph:
+        return "no CUDA-graph figures (see notes)"
+    return ", ".join(f"{name} {graph[name] / graph['ours']:.2f}x" if name in graph
+                     else f"{name} not captured" for name in row.peers_ms)
+
+
+@dataclass
+class Contest:
+    """One row's contestants: each call as the bursts time it; for a call that must be built on
+    the capture stream to be captured (an autograd backward runs on its forward's stream, a raw
+    cuDNN handle on the stream it is bound to), a maker ``make(stream) -> call``; and the tensors
+    our call writes (the graph probe checks that a replay wrote them)."""
+
+    fns: dict[str, Callable[[], object]]
+    makers: dict[str, graph_timing.Maker] = field(default_factory=dict)
+    outputs: tuple = ()
+    notes: str = ""
 
 
 @dataclass
 class Timings:
     """Each contestant's GPU time in bursts, host time per call, and (when one is host-bound)
-    GPU time replayed from a CUDA graph; ``ours`` names our contestant."""
+    GPU time replayed from a CUDA graph; ``ours`` names our contestant; ``graph_notes`` says
+    what kept contestants or the row from graph figures."""
 
     gpu_ms: dict[str, float]
     host_ms: dict[str, float]
     graph_ms: dict[str, float]
     host_bound: list[str]
-    why_not_captured: str = ""
+    graph_notes: str = ""
     ours: str = "ours"
 
     def row(self, op: str, case: str, figure: Callable[[float], str], notes: str = ""
             ) -> BenchRow:
         """The bench row: ``figure(ours_ms)`` reads our GPU time (from the graph replay when a
-        contestant is host-bound and it was captured)."""
+        contestant is host-bound and ours was captured)."""
         ours_ms = self.gpu_ms[self.ours]
         peers = {name: ms for name, ms in self.gpu_ms.items() if name != self.ours}
         graph = {("ours" if name == self.ours else name): ms for name, ms in self.graph_ms.items()}
@@ -161,7 +193,7 @@ class Timings:
                 + (f" >= GPU {self.graph_ms[name]:.3f} ms)" if name in self.graph_ms
                    else f", burst {self.gpu_ms[name]:.3f} ms)")
                 for name in self.host_bound)
-            notes = "; ".join(filter(None, (notes, f"host-bound: {bound}", self.why_not_captured)))
+            notes = "; ".join(filter(None, (notes, f"host-bound: {bound}", self.graph_notes)))
         figure_ms = graph.get("ours", ours_ms)
         return BenchRow(op, case, ours_ms, figure(figure_ms), peers, notes,
                         host_ms={("ours" if n == self.ours else n): ms
@@ -175,79 +207,79 @@ HOST_CALLS = 20
 # them. A contestant whose host time is at least this fraction of its burst time may be measuring
 # its host: the row is timed again from CUDA graphs, which show the GPU's own time.
 SUSPECT_FRACTION = 0.5
-# Timing suspects again from CUDA graphs is opt-in (`opfacade bench --graphs`): its first H100 run
-# (2026-11-23) gave the 64x8192x8192 backward's torch autograd 1.07x from graphs against 3.34x in
-# bursts, as expected, but rows measured after the first capture looked wrong (a 64x8192x8192
-# forward at 370 TFLOP/s) and the run overran its time. Until that is understood, the default
-# marks a suspect row (host time >= half its burst time) without a graph figure.
-RETIME_IN_GRAPHS = False
+# A contestant that is not suspect has a burst that is the GPU's time; replaying the same calls
+# from a graph removes only the gaps between launches, so it cannot take less than this fraction
+# of the burst. Less means the graph or its timing is wrong (a graph missing calls, events on
+# another stream), and the row keeps its burst figures.
+PLAUSIBLE_FRACTION = 0.5
+# Rows with a suspect are timed again from CUDA graphs unless `opfacade bench --no-graphs`.
+RETIME_IN_GRAPHS = True
+
+
+def suspects(gpu_ms: dict[str, float], host_ms: dict[str, float]) -> list[str]:
+    """The contestants whose burst may be timing their host (in ``gpu_ms``'s order)."""
+    return [name for name in gpu_ms if host_ms[name] >= SUSPECT_FRACTION * gpu_ms[name]]
+
+
+def implausible(gpu_ms: dict[str, float], graph_ms: dict[str, float], suspect: list[str]
+                ) -> dict[str, str]:
+    """Each contestant whose graph time cannot be its GPU time, with why: one that is not a
+    suspect, timed from a graph below PLAUSIBLE_FRACTION of its burst."""
+    return {name: f"{name} {ms:.3f} ms per call from the graph against {gpu_ms[name]:.3f} ms in "
+                  f"bursts, where its host is not the bound"
+            for name, ms in graph_ms.items()
+            if name not in suspect and ms < PLAUSIBLE_FRACTION * gpu_ms[name]}
+
+
+def judge(gpu_ms: dict[str, float], host_ms: dict[str, float], graph_ms: dict[str, float],
+          failed: dict[str, str], ours: str = "ours") -> Timings:
+    """The timings of a row timed again from graphs: a contestant is host-bound when its host
+    time per call is at least its GPU time from the graph, or when it is a suspect that could
+    not be captured (then it cannot be told apart). One implausible graph time discards the
+    row's graph figures: whatever made it wrong may have touched the others."""
+    suspect = suspects(gpu_ms, host_ms)
+    problems = [f"{name} not captured in a CUDA graph ({why})" for name, why in failed.items()]
+    wrong = implausible(gpu_ms, graph_ms, suspect)
+    if wrong:
+        problems.append("graph timing implausible, burst figures kept: "
+                        + "; ".join(wrong.values()))
+        return Timings(gpu_ms, host_ms, {}, suspect, "; ".join(problems), ours)
+    bound = [name for name in gpu_ms if name in graph_ms and host_ms[name] >= graph_ms[name]]
+    bound += [name for name in suspect if name in failed]
+    return Timings(gpu_ms, host_ms, graph_ms if bound else {}, bound, "; ".join(problems), ours)
 
 
 def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
-                     capture_stream: object = None,
-                     graph_fns: dict[str, Callable[[], object]] | None = None,
+                     makers: dict[str, graph_timing.Maker] | None = None,
                      ours: str = "ours") -> Timings:
     """GPU milliseconds per call in bursts (``time_interleaved``) and host milliseconds per call.
     When a contestant's host time comes near its burst time, every contestant is timed again by
-    replaying its calls captured in a CUDA graph (on ``capture_stream``, a torch stream, or a new
-    one: contestants must launch on torch's current stream to be captured; ``graph_fns``
-    replaces a contestant's call for the capture, e.g. an autograd backward whose forward ran on
-    the capture stream). A contestant is host-bound when its host time per call is at least its
-    GPU time from the graph."""
+    replaying its calls captured in a CUDA graph (``graph_timing``): contestants must launch on
+    torch's current stream to be captured, and ``makers`` builds on the capture stream those
+    that need it (see ``Contest``)."""
+    _require_default_stream()
     gpu = time_interleaved(fns, reps)
     host = {name: us / 1e3 for name, us in host_us_interleaved(fns, HOST_CALLS, rounds=5).items()}
-    suspects = [name for name in fns if host[name] >= SUSPECT_FRACTION * gpu[name]]
-    if suspects and not RETIME_IN_GRAPHS:
-        return Timings(gpu, host, {}, suspects,
+    suspect = suspects(gpu, host)
+    if not suspect:
+        return Timings(gpu, host, {}, [], "", ours)
+    if not RETIME_IN_GRAPHS:
+        return Timings(gpu, host, {}, suspect,
                        "host time at least half the burst time: the burst may measure the host "
-                       "(not timed again from CUDA graphs; opfacade bench --graphs does)", ours)
-    graph: dict[str, float] = {}
-    failed: dict[str, str] = {}
-    if suspects:
-        graph, failed = time_in_cuda_graphs({**fns, **(graph_fns or {})}, gpu, reps,
-                                            capture_stream)
-    bound = [name for name in fns if name in graph and host[name] >= graph[name]]
-    bound += [name for name in suspects if name in failed]  # could not be told apart
-    why = "; ".join(f"{name} not captured in a CUDA graph ({error})"
-                    for name, error in failed.items())
-    return Timings(gpu, host, graph if bound else {}, bound, why, ours)
+                       "(graphs off: not timed again from CUDA graphs)", ours)
+    graph, failed = graph_timing.time_in_cuda_graphs(
+        fns, makers or {}, {name: burst_calls(gpu[name]) for name in fns}, reps)
+    return judge(gpu, host, graph, failed, ours)
 
 
-def time_in_cuda_graphs(fns: dict[str, Callable[[], object]], gpu_ms: dict[str, float],
-                        reps: int, capture_stream: object = None
-                        ) -> tuple[dict[str, float], dict[str, str]]:
-    """Median GPU milliseconds per call of each function replayed from a CUDA graph holding a
-    burst of its calls (about BURST_MS of GPU work): no host work between the calls, so the
-    figure is the GPU's whatever the host costs. Replays alternate between the functions.
-    Returns (times, why each function that could not be captured failed)."""
-    import torch
-
-    stream = capture_stream or torch.cuda.Stream()
-    graphs, counts, failed = {}, {}, {}
-    for name, fn in fns.items():
-        counts[name] = max(1, min(400, int(BURST_MS / max(gpu_ms[name], 1e-3))))
-        try:
-            with torch.cuda.stream(stream):
-                for _ in range(3):  # warm up on the capture stream (plans, memo, allocator)
-                    fn()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream):
-                for _ in range(counts[name]):
-                    fn()
-            graphs[name] = graph
-        except Exception as error:  # reported in the row, never hidden
-            failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
-            torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples: dict[str, list[float]] = {name: [] for name in graphs}
-    names = list(graphs)
-    for round_ in range(reps):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            graphs[name].replay()  # untimed: the GPU is busy when the timed replay starts
-            start.record()
-            graphs[name].replay()
-            stop.record()
-            stop.synchronize()
-            samples[name].append(start.elapsed_time(stop) / counts[name])
-    return {name: statistics.median(times) for name, times in samples.items()}, failed
+def _require_default_stream() -> None:
+    """The bursts' events are on the legacy default stream, so they time the contestants only
+    when those launch there: torch's current stream must be its default one (a capture that
+    left it elsewhere made a whole H100 run's later bursts time the host alone)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    current = torch.cuda.current_stream()
+    if current != torch.cuda.default_stream():
+        raise RuntimeError(f"torch's current stream is {current}, not the default stream the "
+                           "bursts are timed on")

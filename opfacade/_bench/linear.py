@@ -21,7 +21,7 @@ from ..ops.linear import (
     LinearDescriptor,
     LinearForwardPlan,
 )
-from .common import BenchRow, host_us_interleaved, time_contestants
+from .common import BenchRow, Contest, host_us_interleaved, time_contestants
 
 SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 1024), (64, 8192, 8192))
 ERF_SHAPES = ((4096, 4096, 4096), (16384, 4096, 1024))
@@ -35,20 +35,25 @@ def _tflops(flops: float, ms: float) -> str:
     return f"{flops / ms / 1e9:.0f} TFLOP/s"
 
 
-def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
-               ) -> list[BenchRow]:
-    import torch
-    import torch.nn.functional as F
-
+def _inputs(torch, m: int, n: int, k: int):
+    """x [M, K], the weight [N, K] and the bias, uniform in [-1, 1), and a maker of more."""
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def uniform(*shape):
         return (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(torch.bfloat16)
 
-    x, w, b = uniform(m, k), uniform(n, k), uniform(n)
-    approximate, label = _APPROXIMATE[activation], _LABEL[activation]
-    desc = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation=activation)
-    plan = LinearForwardPlan.select(desc)
+    return uniform(m, k), uniform(n, k), uniform(n), uniform
+
+
+def forward_contest(m: int, n: int, k: int, activation: str = "gelu_tanh") -> Contest:
+    """Our forward against torch's best form of it and the unfused one; ours writes y."""
+    import torch
+    import torch.nn.functional as F
+
+    x, w, b, _ = _inputs(torch, m, n, k)
+    approximate = _APPROXIMATE[activation]
+    plan = LinearForwardPlan.select(LinearDescriptor(m=m, n=n, k=k, element="bf16",
+                                                     activation=activation))
     y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     ws = torch.empty(max(plan.workspace_size, 1), device="cuda", dtype=torch.uint8)
     args = LinearArgs(x, w, b, out=y)
@@ -59,21 +64,25 @@ def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
     else:
         best = {"torch gelu(addmm)": lambda: F.gelu(torch.addmm(b, x, wt))}
     # Every call launches on torch's current stream (stream=None), so that a row with a
-    # host-bound contestant can be timed again from a CUDA graph.
-    timings = time_contestants({
+    # host-bound contestant can be captured in a CUDA graph.
+    return Contest({
         "ours": lambda: plan.run(args, workspace=ws),
         **best,
         "torch unfused": lambda: F.gelu(torch.matmul(x, wt) + b, approximate=approximate),
-    }, reps)
-    flops = 2.0 * m * n * k
-    case = f"fwd bias+{label} bf16 {m}x{n}x{k}"
-    rows = [timings.row("linear", case, lambda ms: _tflops(flops, ms),
-                        notes=f"{plan.sku.id}; {plan.report.chosen.detail}")]
+    }, outputs=(y,), notes=f"{plan.sku.id}; {plan.report.chosen.detail}")
 
-    # Backward: from the aux our training forward saves.
-    train = LinearDescriptor(m=m, n=n, k=k, element="bf16", activation=activation,
-                             save_aux=True)
-    pair = LinearForwardPlan.select_for_training(train)
+
+def backward_contest(m: int, n: int, k: int, activation: str = "gelu_tanh") -> Contest:
+    """Our backward, from the aux our training forward saves, against torch autograd and
+    torch's two GEMMs alone; ours writes dx, dW and dbias."""
+    import torch
+    import torch.nn.functional as F
+
+    x, w, b, uniform = _inputs(torch, m, n, k)
+    approximate = _APPROXIMATE[activation]
+    pair = LinearForwardPlan.select_for_training(LinearDescriptor(
+        m=m, n=n, k=k, element="bf16", activation=activation, save_aux=True))
+    y = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
     aux = torch.empty((m, padded_row(n)), device="cuda", dtype=torch.bfloat16)[:, :n]
     ws = torch.empty(max(pair.workspace_size, 1), device="cuda", dtype=torch.uint8)
     pair.forward.run(LinearArgs(x, w, b, out=y, aux=aux), workspace=ws, stream=0)
@@ -81,25 +90,36 @@ def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
     grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
     bargs = LinearBackwardArgs(dy, x, w, aux, *grads)
     backward = pair.backward
-    xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
-    out = F.gelu(F.linear(xr, wr, br), approximate=approximate)
-    # Autograd runs each backward op on its forward op's stream: the captured backward needs a
-    # forward made on the capture stream.
-    capture = torch.cuda.Stream()
-    with torch.cuda.stream(capture):
-        out_captured = F.gelu(F.linear(xr, wr, br), approximate=approximate)
-    torch.cuda.synchronize()
-    timings = time_contestants({
+    leaves = tuple(t.detach().clone().requires_grad_() for t in (x, w, b))
+
+    def autograd_on(stream):
+        # Autograd runs each backward op on its forward op's stream: a captured backward needs
+        # its forward made on the capture stream.
+        with torch.cuda.stream(stream):
+            out = F.gelu(F.linear(*leaves), approximate=approximate)
+        return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
+
+    return Contest({
         "ours": lambda: backward.run(bargs, workspace=ws),
-        "torch autograd": lambda: torch.autograd.grad(out, (xr, wr, br), dy, retain_graph=True),
+        "torch autograd": autograd_on(torch.cuda.current_stream()),
         # The floor of any backward that takes dY as an input: torch's two GEMMs, nothing else.
         "torch dx+dW GEMMs only": lambda: (torch.mm(dy, w), torch.mm(dy.t(), x)),
-    }, reps, capture_stream=capture, graph_fns={
-        "torch autograd": lambda: torch.autograd.grad(out_captured, (xr, wr, br), dy,
-                                                      retain_graph=True)})
+    }, makers={"torch autograd": autograd_on}, outputs=grads,
+        notes=f"{backward.sku.id}: {backward.report.chosen.detail}")
+
+
+def _case_rows(m: int, n: int, k: int, reps: int, activation: str = "gelu_tanh"
+               ) -> list[BenchRow]:
+    label, flops = _LABEL[activation], 2.0 * m * n * k
+    contest = forward_contest(m, n, k, activation)
+    timings = time_contestants(contest.fns, reps, makers=contest.makers)
+    rows = [timings.row("linear", f"fwd bias+{label} bf16 {m}x{n}x{k}",
+                        lambda ms: _tflops(flops, ms), notes=contest.notes)]
+    del contest  # its tensors, before the backward's are made
+    contest = backward_contest(m, n, k, activation)
+    timings = time_contestants(contest.fns, reps, makers=contest.makers)
     rows.append(timings.row("linear", f"bwd d{label}+dbias+dx+dW bf16 {m}x{n}x{k}",
-                            lambda ms: _tflops(2 * flops, ms),
-                            notes=f"{backward.sku.id}: {backward.report.chosen.detail}"))
+                            lambda ms: _tflops(2 * flops, ms), notes=contest.notes))
     return rows
 
 

@@ -11,6 +11,7 @@ per call on a tiny problem: plan.run on a cached plan against the raw graph.exec
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from .._internal.sku import Workspace
 from .._internal.tensors import wrap
@@ -23,7 +24,7 @@ from ..ops.sdpa import (
     SdpaForwardPlan,
 )
 from ..types import PlanPreference
-from .common import BenchRow, host_us_interleaved, time_contestants
+from .common import BenchRow, Contest, host_us_interleaved, time_contestants
 
 # (head_dim, batch, heads_q, heads_kv, seq)
 FULL_CASES = tuple(
@@ -69,6 +70,23 @@ class _Raw:
         cudnn.set_stream(self.handle, self.torch.cuda.current_stream().cuda_stream)
         return (lambda: g.execute(pack, workspace, handle=self.handle)), g, workspace
 
+    def on_stream(self, call):
+        """A maker (``common.Contest``) of ``call`` for a capture stream: each call binds the
+        handle to that stream, then back to torch's default stream, where the bursts time it."""
+        cudnn, torch, handle = self.cudnn, self.torch, self.handle
+
+        def make(stream):
+            def bound() -> None:
+                cudnn.set_stream(handle, stream.cuda_stream)
+                try:
+                    call()
+                finally:
+                    cudnn.set_stream(handle, torch.cuda.default_stream().cuda_stream)
+
+            return bound
+
+        return make
+
     def _mask(self, causal: bool) -> dict:
         options = {"diagonal_alignment": self.cudnn.diagonal_alignment.TOP_LEFT}
         if causal:
@@ -102,89 +120,142 @@ class _Raw:
         return self._finish(g, pack)
 
 
-def _torch_peers(torch, q, k, v, d_o, causal: bool, gqa: bool):
-    """{peer: (forward call, backward call)} for torch's cuDNN and flash SDPA backends, and
-    notes on the backends that decline the problem."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
+@dataclass
+class Problem:
+    """One case's tensors: the inputs, the forward's out and stats, the gradients."""
 
-    extra = {"enable_gqa": True} if gqa else {}
-    peers, notes = {}, []
-    for name, backend in (("torch cudnn", SDPBackend.CUDNN_ATTENTION),
-                          ("torch flash", SDPBackend.FLASH_ATTENTION)):
-        def forward(backend=backend) -> None:
-            with sdpa_kernel(backend), torch.no_grad():
-                sdpa(q, k, v, is_causal=causal, **extra)
+    case: tuple
+    causal: bool
+    q: object
+    k: object
+    v: object
+    d_o: object
+    o: object
+    stats: object
+    dq: object
+    dk: object
+    dv: object
 
-        try:
-            forward()
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            with sdpa_kernel(backend):  # the backward kernel is fixed by the forward's node
-                out = sdpa(*leaves, is_causal=causal, **extra)
-        except RuntimeError as error:  # the backend declines this problem
-            notes.append(f"{name}: {str(error).splitlines()[0][:80]}")
-            continue
-        peers[name] = (forward, lambda out=out, leaves=leaves: torch.autograd.grad(
-            out, leaves, d_o, retain_graph=True))
-    return peers, notes
+    @property
+    def fields(self) -> dict:
+        d, b, hq, hkv, s = self.case
+        return dict(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s, seq_kv=s, head_dim=d,
+                    element="bf16", causal="top_left" if self.causal else None)
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.case[0])
+
+    @property
+    def label(self) -> str:
+        d, b, hq, hkv, s = self.case
+        return f"bf16 d{d} B{b} H{hq}/{hkv} S{s}{' causal' if self.causal else ''}"
 
 
-def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[BenchRow]:
+def problem(torch, case: tuple, causal: bool) -> Problem:
+    """Random inputs in [-1, 1) for ``case`` (head_dim, batch, heads_q, heads_kv, seq)."""
     d, b, hq, hkv, s = case
-    scale = 1.0 / math.sqrt(d)
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*shape):
         return torch.rand(shape, device="cuda", dtype=torch.bfloat16, generator=gen) * 2 - 1
 
     q, k, v, d_o = rand(b, hq, s, d), rand(b, hkv, s, d), rand(b, hkv, s, d), rand(b, hq, s, d)
-    o, stats = torch.empty_like(q), torch.empty(b, hq, s, 1, device="cuda", dtype=torch.float32)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    fields = dict(batch=b, heads_q=hq, heads_kv=hkv, seq_q=s, seq_kv=s, head_dim=d,
-                  element="bf16", causal="top_left" if causal else None)
-    label = f"bf16 d{d} B{b} H{hq}/{hkv} S{s}{' causal' if causal else ''}"
-    peers, notes = _torch_peers(torch, q, k, v, d_o, causal, hkv != hq)
+    return Problem(case, causal, q, k, v, d_o, torch.empty_like(q),
+                   torch.empty(b, hq, s, 1, device="cuda", dtype=torch.float32),
+                   torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
 
-    def workspace(plan):
-        return torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
 
-    forward = SdpaForwardPlan.select(SdpaDescriptor(**fields), device=0)
-    fwd_ws = workspace(forward)
-    fwd_args = SdpaArgs(q, k, v, o)
-    raw_fwd, *_ = raw.forward(q, k, v, o, None, scale, causal)
+def torch_peers(torch, p: Problem) -> tuple[dict, list[str]]:
+    """{peer: (forward call, backward call, backward maker)} for torch's cuDNN and flash SDPA
+    backends, and notes on the backends that decline the problem."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    extra = {"enable_gqa": True} if p.case[2] != p.case[3] else {}
+    peers, notes = {}, []
+    for name, backend in (("torch cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("torch flash", SDPBackend.FLASH_ATTENTION)):
+        def forward(backend=backend) -> None:
+            with sdpa_kernel(backend), torch.no_grad():
+                sdpa(p.q, p.k, p.v, is_causal=p.causal, **extra)
+
+        def backward_on(stream, backend=backend):
+            # Autograd runs the backward on the forward's stream: a captured backward needs its
+            # forward made on the capture stream.
+            leaves = [t.detach().requires_grad_() for t in (p.q, p.k, p.v)]
+            with torch.cuda.stream(stream), sdpa_kernel(backend):  # the forward fixes the kernel
+                out = sdpa(*leaves, is_causal=p.causal, **extra)
+            return lambda: torch.autograd.grad(out, leaves, p.d_o, retain_graph=True)
+
+        try:
+            forward()
+            backward = backward_on(torch.cuda.current_stream())
+        except RuntimeError as error:  # the backend declines this problem
+            notes.append(f"{name}: {str(error).splitlines()[0][:80]}")
+            continue
+        peers[name] = (forward, backward, backward_on)
+    return peers, notes
+
+
+def _workspace(torch, plan):
+    return torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+
+
+def forward_contest(torch, raw: _Raw, p: Problem, peers: dict) -> Contest:
+    """Our inference forward against the raw graph and torch's backends; ours writes o."""
+    forward = SdpaForwardPlan.select(SdpaDescriptor(**p.fields), device=0)
+    ws, args = _workspace(torch, forward), SdpaArgs(p.q, p.k, p.v, p.o)
+    raw_fwd, *_ = raw.forward(p.q, p.k, p.v, p.o, None, p.scale, p.causal)
     # Ours launch on torch's current stream, so a host-bound row can be captured.
-    timings = time_contestants({
-        "ours": lambda: forward.run(fwd_args, workspace=fwd_ws),
-        "cudnn graph": raw_fwd,
-        **{name: calls[0] for name, calls in peers.items()},
-    }, reps)
-    flops = _flops(b, hq, s, d, causal, backward=False)
-    rows = [timings.row("sdpa_forward", label, lambda ms: _tflops(flops, ms), "; ".join(notes))]
+    return Contest({"ours": lambda: forward.run(args, workspace=ws), "cudnn graph": raw_fwd,
+                    **{name: calls[0] for name, calls in peers.items()}},
+                   makers={"cudnn graph": raw.on_stream(raw_fwd)}, outputs=(p.o,))
 
-    # The backward reads a forward's out and stats.
-    stats_plan = SdpaForwardPlan.select(SdpaDescriptor(**fields, save_stats=True), device=0)
-    stats_plan.run(SdpaArgs(q, k, v, o, stats), workspace=workspace(stats_plan), stream=0)
-    bwd_args = SdpaBackwardArgs(q, k, v, o, d_o, stats, dq, dk, dv)
+
+def backward_contest(torch, raw: _Raw, p: Problem, peers: dict,
+                     deterministic: bool = False) -> Contest:
+    """Our backward from a forward's out and stats (made here) against the raw graph and, for the
+    default backward, torch's backends through autograd; ours writes dq, dk and dv."""
+    stats_plan = SdpaForwardPlan.select(SdpaDescriptor(**p.fields, save_stats=True), device=0)
+    stats_plan.run(SdpaArgs(p.q, p.k, p.v, p.o, p.stats), workspace=_workspace(torch, stats_plan),
+                   stream=0)
+    plan = SdpaBackwardPlan.select(SdpaBackwardDescriptor(**p.fields),
+                                   PlanPreference(deterministic=deterministic), device=0)
+    ws = _workspace(torch, plan)
+    args = SdpaBackwardArgs(p.q, p.k, p.v, p.o, p.d_o, p.stats, p.dq, p.dk, p.dv)
+    raw_bwd, *_ = raw.backward(p.q, p.k, p.v, p.o, p.d_o, p.stats, p.dq, p.dk, p.dv, p.scale,
+                               p.causal, deterministic)
+    fns = {"ours": lambda: plan.run(args, workspace=ws), "cudnn graph": raw_bwd}
+    makers = {"cudnn graph": raw.on_stream(raw_bwd)}
+    if not deterministic:
+        fns.update({name: calls[1] for name, calls in peers.items()})
+        makers.update({name: calls[2] for name, calls in peers.items()})
+    return Contest(fns, makers, outputs=(p.dq, p.dk, p.dv),
+                   notes=f"workspace {plan.workspace_size / 2**20:.1f} MiB")
+
+
+def _case_rows(torch, raw: _Raw, case: tuple, causal: bool, reps: int) -> list[BenchRow]:
+    d, b, hq, _, s = case
+    p = problem(torch, case, causal)
+    peers, notes = torch_peers(torch, p)
+    contest = forward_contest(torch, raw, p, peers)
+    timings = time_contestants(contest.fns, reps, makers=contest.makers)
+    flops = _flops(b, hq, s, d, causal, backward=False)
+    rows = [timings.row("sdpa_forward", p.label, lambda ms: _tflops(flops, ms),
+                        "; ".join(notes))]
     flops = _flops(b, hq, s, d, causal, backward=True)
-    plans = {det: SdpaBackwardPlan.select(SdpaBackwardDescriptor(**fields),
-                                               PlanPreference(deterministic=det), device=0)
-             for det in (False, True)}
-    default_ws = workspace(plans[False])
-    default = {"ours": lambda: plans[False].run(bwd_args, workspace=default_ws)}
-    raw_bwd, _, raw_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal, False)
-    timings = time_contestants({**default, "cudnn graph": raw_bwd,
-                                **{name: calls[1] for name, calls in peers.items()}}, reps)
-    rows.append(timings.row("sdpa_backward", label, lambda ms: _tflops(flops, ms),
-                            f"workspace {plans[False].workspace_size / 2**20:.1f} MiB"))
-    del raw_bwd, raw_ws
-    det_ws = workspace(plans[True])
-    raw_det, _, raw_det_ws = raw.backward(q, k, v, o, d_o, stats, dq, dk, dv, scale, causal,
-                                          True)
-    timings = time_contestants({
-        "ours": lambda: plans[True].run(bwd_args, workspace=det_ws),
-        "cudnn graph": raw_det, "ours default": default["ours"]}, reps)
-    rows.append(timings.row("sdpa_backward det", label, lambda ms: _tflops(flops, ms),
-                            f"workspace {plans[True].workspace_size / 2**20:.1f} MiB"))
+    contest = backward_contest(torch, raw, p, peers)
+    timings = time_contestants(contest.fns, reps, makers=contest.makers)
+    rows.append(timings.row("sdpa_backward", p.label, lambda ms: _tflops(flops, ms),
+                            contest.notes))
+    default = contest.fns["ours"]
+    del contest  # the raw graph's workspace, before the deterministic path's
+    contest = backward_contest(torch, raw, p, peers, deterministic=True)
+    timings = time_contestants({**contest.fns, "ours default": default}, reps,
+                               makers=contest.makers)
+    rows.append(timings.row("sdpa_backward det", p.label, lambda ms: _tflops(flops, ms),
+                            contest.notes))
     return rows  # the caller empties torch's cache of the deterministic path's large buffers
 
 
