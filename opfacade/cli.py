@@ -225,9 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="GPU: each op against its peers, as ratios")
     bench.add_argument("--json", help="also write the results here")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
-    bench.add_argument("--graphs", action="store_true",
+    bench.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                        help="time rows with a possibly host-bound contestant again from CUDA "
-                            "graphs (experimental)")
+                            "graphs (--no-graphs: only mark them)")
     bench.add_argument("--op", action="append", choices=[family.name for family in FAMILIES],
                        metavar="FAMILY", help="only this family (repeatable): "
                        + ", ".join(family.name for family in FAMILIES))
