@@ -29,7 +29,8 @@ from .plan import Plan
 from .types import BackendKind, ElementKind, PlanPreference
 
 __all__ = [
-    "DISTRIBUTIONS", "RepeatResult", "VerificationResult", "random_inputs", "reference_check",
+    "DISTRIBUTIONS", "ReferenceCheck", "RepeatResult", "VerificationResult", "random_inputs",
+    "reference_check",
     "relative_error", "repeat_runs", "verify_plan", "verify_sku",
 ]
 
@@ -52,12 +53,14 @@ _STORAGE = {
 }
 
 
-def relative_error(out: np.ndarray, ref: np.ndarray, magnitude: np.ndarray | None = None
-                   ) -> float:
-    """‖out − ref‖ / ‖magnitude‖ in float64 (Frobenius norms; ``magnitude`` defaults to ref).
+def relative_error(out: np.ndarray, ref: np.ndarray, magnitude: np.ndarray | None = None,
+                   allowance: np.ndarray | None = None) -> float:
+    """(‖out − ref‖ − ‖allowance‖)⁺ / ‖magnitude‖ in float64 (Frobenius norms): the error beyond
+    the underflow allowance (none by default) relative to the magnitude reference (ref by
+    default). A bound ``ε`` on it is ``‖out − ref‖ <= ε ‖magnitude‖ + ‖allowance‖``.
 
     Equal values, infinities included (an empty attention row's -inf log-sum-exp), count as no
-    error; any other non-finite value gives inf. Both norms are taken after dividing by the
+    error; any other non-finite value gives inf. The norms are taken after dividing by the
     largest value, so results near float64's range do not overflow their squares.
     """
     out = np.asarray(out, dtype=np.float64)
@@ -68,12 +71,14 @@ def relative_error(out: np.ndarray, ref: np.ndarray, magnitude: np.ndarray | Non
         return float("inf")
     size = np.abs(np.where(np.isfinite(ref), ref, 0.0) if magnitude is None
                   else np.asarray(magnitude, dtype=np.float64))
-    largest = max(float(np.max(np.abs(diff), initial=0.0)), float(np.max(size, initial=0.0)))
+    allowed = np.zeros(()) if allowance is None else np.abs(np.asarray(allowance, np.float64))
+    largest = max(float(np.max(np.abs(diff), initial=0.0)), float(np.max(size, initial=0.0)),
+                  float(np.max(allowed, initial=0.0)))
     if largest == 0.0:
         return 0.0
-    scale = np.linalg.norm(size / largest)
-    error = np.linalg.norm(diff / largest)
-    return float(error / scale) if scale > 0 else float(error)
+    error = max(0.0, float(np.linalg.norm(diff / largest) - np.linalg.norm(allowed / largest)))
+    scale = float(np.linalg.norm(size / largest))
+    return error / scale if scale > 0 else error
 
 
 def _to_bits(values: np.ndarray, element: ElementKind) -> np.ndarray:
@@ -182,14 +187,28 @@ def _reference_plan(plan: Plan) -> Plan:
 
 def reference_outputs(plan: Plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The float64 reference SKU of the plan's op, run on the host on ``inputs``."""
-    return reference_check(plan, inputs)[0]
+    return reference_check(plan, inputs).expected
 
 
-def reference_check(plan: Plan, inputs: dict[str, np.ndarray]
-                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(expected outputs, their magnitude references) for ``plan`` on ``inputs``: what its
-    outputs are checked against, and the scale its declared bound is relative to. An output
-    with no magnitude reference (a bit-mask) is held to its own size."""
+@dataclass
+class ReferenceCheck:
+    """What a plan's outputs are checked against, per output name (PrecisionGuarantee): the
+    float64 results, their magnitude references, and the underflow allowances (the plan's
+    element-typed intermediates', and each output's own rounding into its subnormals)."""
+
+    expected: dict[str, np.ndarray]
+    magnitudes: dict[str, np.ndarray]
+    allowances: dict[str, np.ndarray]
+
+    def relative_error(self, name: str, out: np.ndarray) -> float:
+        return relative_error(out, self.expected[name], self.magnitudes[name],
+                              self.allowances[name])
+
+
+def reference_check(plan: Plan, inputs: dict[str, np.ndarray]) -> ReferenceCheck:
+    """The reference's results for ``plan`` on ``inputs``, with the scale and the allowance its
+    declared bound is stated with. An output with no magnitude reference (a bit-mask) is held
+    to its own size."""
     op = op_for(plan.descriptor)
     reference = _reference_plan(plan)
     signature = op.signature(reference.descriptor)
@@ -199,13 +218,22 @@ def reference_check(plan: Plan, inputs: dict[str, np.ndarray]
     reference.run(op.args(**arrays))
     expected = {name: arrays[name] for name, spec in signature.items()
                 if spec.role in ("out", "inout")}
-    sizes = reference._live_impl().magnitude(
-        reference.descriptor, {name: np.ascontiguousarray(value) for name, value in inputs.items()})
+    oracle = reference._live_impl()
+    compact = {name: np.ascontiguousarray(value) for name, value in inputs.items()}
     magnitudes = {name: np.abs(np.where(np.isfinite(value), value, 0.0))
                   for name, value in expected.items()}
     magnitudes.update({name: np.broadcast_to(value, expected[name].shape)
-                       for name, value in sizes.items() if name in expected})
-    return expected, magnitudes
+                       for name, value in oracle.magnitude(reference.descriptor, compact).items()
+                       if name in expected})
+    gpu_signature = op.signature(plan.descriptor)
+    allowances = {name: np.full(value.shape, gpu_signature[name].element.subnormal_spacing)
+                  for name, value in expected.items()}
+    if oracle.underflow is not None:
+        unit = plan.descriptor.element.subnormal_spacing
+        for name, value in oracle.underflow(reference.descriptor, compact, unit).items():
+            if name in allowances:
+                allowances[name] = allowances[name] + value
+    return ReferenceCheck(expected, magnitudes, allowances)
 
 
 def _check_gpu_run(function: str, plan: Plan, runs: int, device: int | None = None) -> None:
@@ -292,7 +320,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     signature = op.signature(plan.descriptor)
     rng = np.random.default_rng(seed)
     inputs = verification_problem(op, plan.descriptor, rng, distribution)
-    expected, magnitudes = reference_check(plan, inputs)
+    check = reference_check(plan, inputs)
     results: list[dict[str, np.ndarray]] = []
     with cupy.cuda.Device(device):
         pool = cupy.empty(plan.workspace_size + runs * Workspace.ALIGNMENT + Workspace.ALIGNMENT,
@@ -310,12 +338,12 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
             stream = cupy.cuda.Stream(non_blocking=True)
             plan.run(op.args(**views), workspace=workspace, stream=stream.ptr)
             stream.synchronize()
-            results.append({name: download_bits(views[name]) for name in expected})
-    rel_errors = {name: relative_error(_from_bits(results[0][name], signature[name].element), ref,
-                                       magnitudes[name])
-                  for name, ref in expected.items()}
+            results.append({name: download_bits(views[name]) for name in check.expected})
+    rel_errors = {name: check.relative_error(name, _from_bits(results[0][name],
+                                                              signature[name].element))
+                  for name in check.expected}
     bitwise = all(r[name].tobytes() == results[0][name].tobytes()
-                  for r in results[1:] for name in expected)
+                  for r in results[1:] for name in check.expected)
     guarantee = plan.precision_guarantee
     return VerificationResult(
         sku=plan.sku.id, descriptor=plan.descriptor.model_dump(mode="json"), runs=runs,

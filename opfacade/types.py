@@ -51,6 +51,12 @@ class ElementKind(enum.StrEnum):
         return 2.0 ** -_SIGNIFICAND_BITS[self]
 
     @property
+    def subnormal_spacing(self) -> float:
+        """The spacing of the format's subnormals: the most a rounding into its underflow range
+        can lose, whatever the value's size (2**-24 for f16, 2**-133 for bf16)."""
+        return _SUBNORMAL_SPACING[self]
+
+    @property
     def max_exponent(self) -> int:
         """The largest e with 2**e finite in the format: inputs near the top of its range are
         scaled to about 2**(e - 2) by the "large" verification distribution."""
@@ -61,6 +67,14 @@ _ITEMSIZE = {
     ElementKind.f64: 8, ElementKind.f32: 4, ElementKind.tf32: 4, ElementKind.f16: 2,
     ElementKind.bf16: 2, ElementKind.fp8_e4m3: 1, ElementKind.fp8_e5m2: 1,
     ElementKind.i32: 4, ElementKind.i64: 8, ElementKind.u8: 1,
+}
+# 2**(smallest normal exponent - significand bits + 1); integers are exact (0). tf32 keeps f32's
+# exponent range.
+_SUBNORMAL_SPACING = {
+    ElementKind.f64: 2.0 ** -1074, ElementKind.f32: 2.0 ** -149, ElementKind.tf32: 2.0 ** -149,
+    ElementKind.f16: 2.0 ** -24, ElementKind.bf16: 2.0 ** -133, ElementKind.fp8_e4m3: 2.0 ** -9,
+    ElementKind.fp8_e5m2: 2.0 ** -16, ElementKind.i32: 0.0, ElementKind.i64: 0.0,
+    ElementKind.u8: 0.0,
 }
 # floor(log2(largest finite value)); tf32 is stored and accumulated as f32.
 _MAX_EXPONENT = {
@@ -97,9 +111,11 @@ class MathPrecision(enum.StrEnum):
 class PrecisionGuarantee(CheckedModel):
     """What a SKU promises about its numbers; each field is checked on a GPU by the tests.
 
-    ``max_rel_error`` bounds ``‖out − ref‖ / ‖mag‖`` (Frobenius norms) for every output. ``ref``
-    is the float64 reference run on the same (already rounded) inputs; ``mag`` is the op's
-    magnitude reference, the same computation over the inputs' absolute values (``|x| @ |W| +
+    ``max_rel_error`` is the ε of ``‖out − ref‖ <= ε ‖mag‖ + ‖ufl‖`` (Frobenius norms), for
+    every output. ``ref`` is the float64 reference run on the same (already rounded) inputs;
+    ``ufl`` allows what rounding into the element's subnormals loses (the output's own, and
+    that of intermediates a kernel holds in the element type); ``mag`` is the op's magnitude
+    reference, the same computation over the inputs' absolute values (``|x| @ |W| +
     |bias|`` for a GEMM, ``sum |dY| |j - i|`` for the ALiBi slope gradient, ``P @ |V|`` for
     attention), which is what rounding-error analyses bound a reduction's error by (cuBLAS's and
     LAPACK's ``|C - Ĉ| <= γ_k |A| |B|``). As ``|ref| <= mag``, the bound never exceeds the plain

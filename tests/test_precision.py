@@ -47,11 +47,13 @@ CASES = [pytest.param(op, desc, id=f"{op.name}-{i}") for op in OPS
 def test_magnitude_reference_bounds_every_result_and_results_stay_finite(op, desc, distribution):
     rng = np.random.default_rng(5)
     inputs = verification_problem(op, desc, rng, distribution)
-    expected, magnitudes = reference_check(_host_plan(op, desc), inputs)
+    check = reference_check(_host_plan(op, desc), inputs)
     signature = op.signature(desc)
-    for name, want in expected.items():
-        size = magnitudes[name]
+    for name, want in check.expected.items():
+        size = check.magnitudes[name]
         assert np.isfinite(size).all(), name
+        allowance = check.allowances[name]
+        assert allowance.shape == want.shape and (allowance >= 0).all(), name
         finite = np.isfinite(want)
         if name == "stats":  # an empty row's log-sum-exp is -inf by definition
             assert (want[~finite] == -np.inf).all()
@@ -137,3 +139,39 @@ def test_activation_steepest_slopes_bound_the_derivatives():
     for name, slope in linear_math._STEEPEST_SLOPE.items():
         assert np.abs(linear_math.activation_grad(x, name)).max() <= slope, name
         assert (np.abs(linear_math.activation(x, name)) <= np.abs(x) + 1e-15).all(), name
+
+
+def test_relative_error_subtracts_the_underflow_allowance():
+    ref = np.array([1.0, 1.0])
+    out = np.array([1.0 + 3e-3, 1.0])
+    assert relative_error(out, ref, allowance=np.array([1e-3, 0.0])) == pytest.approx(2e-3 / 2**0.5)
+    assert relative_error(out, ref, allowance=np.array([1e-2, 0.0])) == 0.0
+
+
+def test_element_facts_match_numpy_and_ml_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for element, dtype in ((ElementKind.f16, np.float16), (ElementKind.f32, np.float32),
+                           (ElementKind.f64, np.float64), (ElementKind.bf16, ml_dtypes.bfloat16),
+                           (ElementKind.fp8_e4m3, ml_dtypes.float8_e4m3fn),
+                           (ElementKind.fp8_e5m2, ml_dtypes.float8_e5m2)):
+        info = ml_dtypes.finfo(dtype)
+        assert element.subnormal_spacing == float(info.smallest_subnormal), element
+        assert math.frexp(float(info.max))[1] - 1 == element.max_exponent, element
+        assert element.unit_roundoff == float(info.eps) / 2, element
+
+
+def test_f16_gradient_underflow_is_covered_by_the_allowance_and_only_by_it():
+    """A backward that rounds d_pre to f16 before its GEMMs (as the GPU SKUs do) loses up to
+    2**-24 per term when d_pre is tiny: far more than any relative bound of the magnitude, and
+    within the underflow allowance."""
+    rng = np.random.default_rng(4)
+    x, w = rng.uniform(-1, 1, (64, 48)), rng.uniform(-1, 1, (48, 32))
+    dy = rng.uniform(-1, 1, (64, 32)) * 2.0 ** -22  # d_pre deep in f16's subnormals
+    pre = rng.uniform(-1, 1, (64, 32))
+    exact = linear_math.linear_backward(dy, x, w, pre)["dx"]
+    rounded = dy.astype(np.float16).astype(np.float64)  # what the GEMM then reads
+    gpu_like = rounded @ w.T
+    size = linear_math.linear_backward_magnitude(dy, x, w, pre)["dx"]
+    floor = linear_math.linear_backward_underflow(dy, x, w, unit=2.0 ** -24)["dx"]
+    assert relative_error(gpu_like, exact, size) > 1e-2
+    assert relative_error(gpu_like, exact, size, floor) == 0.0

@@ -22,6 +22,7 @@ __all__ = [
     "linear_backward",
     "linear_forward_magnitude",
     "linear_backward_magnitude",
+    "linear_backward_underflow",
 ]
 
 WEIGHT_LAYOUTS = ("kn", "nk")
@@ -284,3 +285,21 @@ def linear_backward_magnitude(
                            weight_layout=weight_layout, activation="none",
                            need_bias_grad=need_bias_grad, alpha=abs(alpha), beta=abs(beta),
                            has_residual=has_residual, residual_shape=residual_shape)
+
+
+def linear_backward_underflow(
+    d_out: np.ndarray,
+    x: np.ndarray,
+    w: np.ndarray,
+    *,
+    unit: float,
+    weight_layout: str = "kn",
+    need_bias_grad: bool = True,
+) -> dict[str, np.ndarray | None]:
+    """What rounding ``d_pre`` to the element (before the two GEMMs) can lose in its subnormal
+    range, per result of ``linear_backward`` (same keys): each d_pre term is allowed ``unit``."""
+    floor = np.full(np.shape(d_out), unit)
+    return linear_backward(floor, np.abs(np.asarray(x, dtype=np.float64)),
+                           np.abs(np.asarray(w, dtype=np.float64)), floor,
+                           weight_layout=weight_layout, activation="none",
+                           need_bias_grad=need_bias_grad)

@@ -27,7 +27,8 @@ from .alibi import alibi_distance
 from .linear import _broadcasts_to, _sum_to_shape
 
 __all__ = ["CAUSAL_MODES", "SCORE_SENSITIVITY", "sdpa_mask", "sdpa_forward", "sdpa_backward",
-           "sdpa_forward_magnitude", "sdpa_backward_magnitude"]
+           "sdpa_forward_magnitude", "sdpa_backward_magnitude", "sdpa_forward_underflow",
+           "sdpa_backward_underflow"]
 
 CAUSAL_MODES = (None, "top_left", "bottom_right")
 _ALIGNMENTS = ("top_left", "bottom_right")
@@ -375,6 +376,45 @@ def sdpa_backward_magnitude(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: 
     grads = {"dq": dq, "dk": _sum_groups(dk, pb.group), "dv": _sum_groups(dv, pb.group)}
     if need_bias_grad and pb.bias is not None:
         grads["dbias"] = _sum_to_shape(d_scores, pb.bias.shape)
+    return grads
+
+
+# Underflow allowances: GPU kernels round the probabilities (forward) and dS (backward) to the
+# element type before their second products. A value in the element's subnormal range loses up
+# to ``unit`` (its subnormal spacing) however small it is, which no relative bound can cover:
+# each such term is allowed ``unit`` in place of its size.
+
+def _allowed_weights(pb: _Problem) -> np.ndarray:
+    """[B, Hq, Sq, Skv]: 1 where a key is allowed (times the dropout scale where it applies)."""
+    shape = pb.q.shape[:3] + pb.k.shape[2:3]
+    allowed = np.broadcast_to(pb.allowed, shape).astype(np.float64)
+    return allowed if pb.keep_scale is None else allowed * pb.keep_scale
+
+
+def sdpa_forward_underflow(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, unit: float,
+                           **options) -> tuple[np.ndarray, np.ndarray]:
+    """``(unit * allowed @ |V|, 0)``: what rounding the probabilities into the element's
+    subnormals can lose in ``(out, lse)``."""
+    pb = _prepare(q, k, v, **_with_defaults(options))
+    out = unit * (_allowed_weights(pb) @ np.abs(pb.v))
+    return out, np.zeros(pb.q.shape[:3])
+
+
+def sdpa_backward_underflow(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray, *,
+                            unit: float, need_bias_grad: bool = False, **options
+                            ) -> dict[str, np.ndarray]:
+    """What rounding P (before dV = P^T dO) and dS (before dQ = dS K and dK = dS^T Q) into the
+    element's subnormals can lose, per gradient (same keys as ``sdpa_backward``)."""
+    pb = _prepare(q, k, v, **_with_defaults(options))
+    weights = _allowed_weights(pb)
+    allowed = np.broadcast_to(pb.allowed, weights.shape).astype(np.float64)
+    d_out = np.abs(np.asarray(d_out, dtype=np.float64))
+    dv = unit * np.einsum("bhij,bhid->bhjd", weights, d_out)
+    dq = abs(pb.scale) * unit * np.einsum("bhij,bhjd->bhid", allowed, np.abs(pb.k))
+    dk = abs(pb.scale) * unit * np.einsum("bhij,bhid->bhjd", allowed, np.abs(pb.q))
+    grads = {"dq": dq, "dk": _sum_groups(dk, pb.group), "dv": _sum_groups(dv, pb.group)}
+    if need_bias_grad and pb.bias is not None:
+        grads["dbias"] = np.zeros(pb.bias.shape)  # dS itself: the output's own rounding
     return grads
 
 

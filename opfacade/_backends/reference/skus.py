@@ -39,19 +39,25 @@ REFERENCE_GUARANTEE = PrecisionGuarantee(
 # compute(descriptor, arrays by argument name) -> results by output argument name, in float64.
 # A magnitude reference has the same form: each result over absolute values (PrecisionGuarantee).
 Compute = Callable[[D, dict[str, np.ndarray]], dict[str, np.ndarray]]
+# underflow(descriptor, arrays, unit) -> the underflow allowance of each output: what rounding
+# the GPU kernels' element-typed intermediates into subnormals of spacing ``unit`` can lose.
+Underflow = Callable[[D, dict[str, np.ndarray], float], dict[str, np.ndarray]]
 
 
 class ReferenceSku(SkuImpl[D], Generic[D]):
     """Runs ``compute`` in float64 and rounds once into the caller's output arrays.
 
     ``magnitude`` gives the scale each GPU SKU's error bound is stated against; an output it
-    leaves out (a bit-mask) is held to its own size.
+    leaves out (a bit-mask) is held to its own size. ``underflow``, for ops whose GPU kernels
+    round an intermediate to the element type, gives what that can lose in the subnormal range
+    (catalog/PRECISION.md).
     """
 
     def __init__(self, op: OpContract[D], compute: Compute, magnitude: Compute,
-                 description: str):
+                 description: str, underflow: Underflow | None = None):
         self.compute = compute
         self.magnitude = magnitude
+        self.underflow = underflow
         self.sku = op.sku(BackendKind.reference, ElementKind.f64, guarantee=REFERENCE_GUARANTEE,
                           layout="any", arch=None,
                           description=description + " Float64 on the host; output rounded once "
@@ -145,6 +151,15 @@ def _linear_backward_with(backward: Callable) -> Compute:
     return compute
 
 
+def _linear_backward_underflow(desc: linear.LinearBackwardDescriptor, arrays: dict,
+                               unit: float) -> dict:
+    grads = linear_math.linear_backward_underflow(
+        arrays["grad_out"], arrays["x"], arrays["weight"], unit=unit,
+        weight_layout=desc.weight_layout, need_bias_grad=desc.need_bias_grad)
+    results = {"grad_x": grads["dx"], "grad_weight": grads["dw"], "grad_bias": grads["dbias"]}
+    return {name: value for name, value in results.items() if name in arrays}
+
+
 _linear_forward = _linear_forward_with(linear_math.linear_forward, masks=True)
 _linear_backward = _linear_backward_with(linear_math.linear_backward)
 
@@ -157,7 +172,8 @@ LINEAR = {
     linear.LINEAR_BACKWARD.name: (ReferenceSku(
         linear.LINEAR_BACKWARD, _linear_backward,
         _linear_backward_with(linear_math.linear_backward_magnitude),
-        "d_pre = grad_out * act'(pre); dbias, dx = d_pre W^T, dW = x^T d_pre."),),
+        "d_pre = grad_out * act'(pre); dbias, dx = d_pre W^T, dW = x^T d_pre.",
+        underflow=_linear_backward_underflow),),
 }
 
 
@@ -207,6 +223,25 @@ def _sdpa_backward_magnitude(desc: sdpa.SdpaBackwardDescriptor, arrays: dict) ->
     return results
 
 
+def _sdpa_forward_underflow(desc: sdpa.SdpaDescriptor, arrays: dict, unit: float) -> dict:
+    out, lse = sdpa_math.sdpa_forward_underflow(arrays["q"], arrays["k"], arrays["v"], unit=unit,
+                                                bias=arrays.get("bias"), **_lengths(arrays),
+                                                **sdpa.reference_options(desc))
+    return {"out": out, **({"stats": lse[..., None]} if desc.save_stats else {})}
+
+
+def _sdpa_backward_underflow(desc: sdpa.SdpaBackwardDescriptor, arrays: dict,
+                             unit: float) -> dict:
+    grads = sdpa_math.sdpa_backward_underflow(
+        arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"], unit=unit,
+        bias=arrays.get("bias"), need_bias_grad=desc.need_bias_grad, **_lengths(arrays),
+        **sdpa.reference_options(desc))
+    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
+    if desc.need_bias_grad:
+        results["grad_bias"] = grads["dbias"]
+    return results
+
+
 class _SdpaReference(ReferenceSku):
     """The float64 oracle; it draws no dropout mask, so it cannot serve dropout on its own."""
 
@@ -221,8 +256,10 @@ class _SdpaReference(ReferenceSku):
 SDPA = {
     sdpa.SDPA_FORWARD.name: (_SdpaReference(
         sdpa.SDPA_FORWARD, _sdpa_forward, _sdpa_forward_magnitude,
-        "softmax(scale*q.k + bias + alibi, masked).v and its log-sum-exp."),),
+        "softmax(scale*q.k + bias + alibi, masked).v and its log-sum-exp.",
+        underflow=_sdpa_forward_underflow),),
     sdpa.SDPA_BACKWARD.name: (_SdpaReference(
         sdpa.SDPA_BACKWARD, _sdpa_backward, _sdpa_backward_magnitude,
-        "Analytic dq, dk, dv (and dbias), recomputing the probabilities."),),
+        "Analytic dq, dk, dv (and dbias), recomputing the probabilities.",
+        underflow=_sdpa_backward_underflow),),
 }
