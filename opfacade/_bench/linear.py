@@ -90,11 +90,13 @@ def backward_contest(m: int, n: int, k: int, activation: str = "gelu_tanh") -> C
     grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
     bargs = LinearBackwardArgs(dy, x, w, aux, *grads)
     backward = pair.backward
-    leaves = tuple(t.detach().clone().requires_grad_() for t in (x, w, b))
 
     def autograd_on(stream):
-        # Autograd runs each backward op on its forward op's stream: a captured backward needs
-        # its forward made on the capture stream.
+        # Autograd runs each backward op on its forward op's stream, and syncs with the stream
+        # each leaf's gradient node was made on: a captured backward needs its own leaves and
+        # its forward made on the capture stream (leaves shared with the burst's forward made
+        # the capture fail: "would make the legacy stream depend on a capturing stream").
+        leaves = tuple(t.detach().clone().requires_grad_() for t in (x, w, b))
         with torch.cuda.stream(stream):
             out = F.gelu(F.linear(*leaves), approximate=approximate)
         return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)

@@ -403,8 +403,9 @@ def sdpa_forward_underflow(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, unit:
 def sdpa_backward_underflow(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray, *,
                             unit: float, need_bias_grad: bool = False, **options
                             ) -> dict[str, np.ndarray]:
-    """What rounding P (before dV = P^T dO) and dS (before dQ = dS K and dK = dS^T Q) into the
-    element's subnormals can lose, per gradient (same keys as ``sdpa_backward``)."""
+    """What rounding P (before dV = P^T dO) and dS (before dQ = dS K, dK = dS^T Q and the bias
+    gradient's sum) into the element's subnormals can lose, per gradient (same keys as
+    ``sdpa_backward``)."""
     pb = _prepare(q, k, v, **_with_defaults(options))
     weights = _allowed_weights(pb)
     allowed = np.broadcast_to(pb.allowed, weights.shape).astype(np.float64)
@@ -414,7 +415,8 @@ def sdpa_backward_underflow(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: 
     dk = abs(pb.scale) * unit * np.einsum("bhij,bhid->bhjd", allowed, np.abs(pb.q))
     grads = {"dq": dq, "dk": _sum_groups(dk, pb.group), "dv": _sum_groups(dv, pb.group)}
     if need_bias_grad and pb.bias is not None:
-        grads["dbias"] = np.zeros(pb.bias.shape)  # dS itself: the output's own rounding
+        # dS summed over what the bias broadcasts along: each term rounded to the element.
+        grads["dbias"] = unit * _sum_to_shape(allowed, pb.bias.shape)
     return grads
 
 
