@@ -403,20 +403,25 @@ def sdpa_forward_underflow(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, unit:
 def sdpa_backward_underflow(q: np.ndarray, k: np.ndarray, v: np.ndarray, d_out: np.ndarray, *,
                             unit: float, need_bias_grad: bool = False, **options
                             ) -> dict[str, np.ndarray]:
-    """What rounding P (before dV = P^T dO) and dS (before dQ = dS K, dK = dS^T Q and the bias
-    gradient's sum) into the element's subnormals can lose, per gradient (same keys as
-    ``sdpa_backward``)."""
+    """What rounding P (before dV = P^T dO) and ``scale * dS`` (before dQ = (scale dS) K,
+    dK = (scale dS)^T Q and the bias gradient's sum) into the element's subnormals can lose,
+    per gradient (same keys as ``sdpa_backward``).
+
+    The kernels hold dS with the softmax scale folded in: cuDNN's f16 bias gradient on an H100
+    was off by 4.6 subnormal spacings (rms) where two batch terms of ``scale * dS`` rounded to
+    f16 and divided by scale = 1/sqrt(128) predict 4.6, and one of dS alone 0.4.
+    """
     pb = _prepare(q, k, v, **_with_defaults(options))
     weights = _allowed_weights(pb)
     allowed = np.broadcast_to(pb.allowed, weights.shape).astype(np.float64)
     d_out = np.abs(np.asarray(d_out, dtype=np.float64))
     dv = unit * np.einsum("bhij,bhid->bhjd", weights, d_out)
-    dq = abs(pb.scale) * unit * np.einsum("bhij,bhjd->bhid", allowed, np.abs(pb.k))
-    dk = abs(pb.scale) * unit * np.einsum("bhij,bhid->bhjd", allowed, np.abs(pb.q))
+    dq = unit * np.einsum("bhij,bhjd->bhid", allowed, np.abs(pb.k))
+    dk = unit * np.einsum("bhij,bhid->bhjd", allowed, np.abs(pb.q))
     grads = {"dq": dq, "dk": _sum_groups(dk, pb.group), "dv": _sum_groups(dv, pb.group)}
     if need_bias_grad and pb.bias is not None:
-        # dS summed over what the bias broadcasts along: each term rounded to the element.
-        grads["dbias"] = unit * _sum_to_shape(allowed, pb.bias.shape)
+        # dS summed over what the bias broadcasts along, each term rounded as scale * dS.
+        grads["dbias"] = unit / abs(pb.scale) * _sum_to_shape(allowed, pb.bias.shape)
     return grads
 
 
