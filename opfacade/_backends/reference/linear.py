@@ -262,29 +262,18 @@ def linear_forward_magnitude(
     return _STEEPEST_SLOPE[activation] * pre, pre
 
 
-def linear_backward_magnitude(
-    d_out: np.ndarray,
-    x: np.ndarray,
-    w: np.ndarray,
-    pre: np.ndarray,
-    *,
-    weight_layout: str = "kn",
-    activation: str = "none",
-    need_bias_grad: bool = True,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-    has_residual: bool = False,
-    residual_shape: tuple[int, ...] | None = None,
-) -> dict[str, np.ndarray | None]:
-    """Magnitude references of ``linear_backward``'s results (same keys): ``d_pre`` becomes
-    ``|d_out| |act'(pre)|`` and every product and sum after it runs over absolute values."""
+def linear_backward_magnitude(d_out: np.ndarray, x: np.ndarray, w: np.ndarray, pre: np.ndarray,
+                              *, activation: str = "none", alpha: float = 1.0,
+                              **options) -> dict[str, np.ndarray | None]:
+    """Magnitude references of ``linear_backward``'s results (same arguments and keys):
+    ``d_pre`` becomes ``|d_out| |act'(pre)|`` and every product and sum after it runs over
+    absolute values."""
     d_pre = (np.abs(np.asarray(d_out, dtype=np.float64))
              * np.abs(activation_grad(np.asarray(pre, dtype=np.float64), activation)))
+    options["beta"] = abs(options.get("beta", 1.0))
     return linear_backward(d_pre, np.abs(np.asarray(x, dtype=np.float64)),
-                           np.abs(np.asarray(w, dtype=np.float64)), pre,
-                           weight_layout=weight_layout, activation="none",
-                           need_bias_grad=need_bias_grad, alpha=abs(alpha), beta=abs(beta),
-                           has_residual=has_residual, residual_shape=residual_shape)
+                           np.abs(np.asarray(w, dtype=np.float64)), pre, activation="none",
+                           alpha=abs(alpha), **options)
 
 
 def linear_backward_underflow(
