@@ -60,6 +60,16 @@ from .ops.sdpa import (
     sdpa,
     sdpa_backward,
 )
+from .ops.varlen_attention import (
+    VarlenAttentionArgs,
+    VarlenAttentionBackwardArgs,
+    VarlenAttentionBackwardDescriptor,
+    VarlenAttentionBackwardPlan,
+    VarlenAttentionDescriptor,
+    VarlenAttentionForwardPlan,
+    varlen_attention,
+    varlen_attention_backward,
+)
 from .plan import ExplainReport, Plan, Target, TrainingPair, Verdict
 from .types import (
     ArchSku,
@@ -110,6 +120,14 @@ __all__ = [
     "DropoutDraw",
     "sdpa",
     "sdpa_backward",
+    "VarlenAttentionDescriptor",
+    "VarlenAttentionBackwardDescriptor",
+    "VarlenAttentionArgs",
+    "VarlenAttentionBackwardArgs",
+    "VarlenAttentionForwardPlan",
+    "VarlenAttentionBackwardPlan",
+    "varlen_attention",
+    "varlen_attention_backward",
     "LinearDescriptor",
     "LinearBackwardDescriptor",
     "LinearArgs",

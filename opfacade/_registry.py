@@ -18,7 +18,7 @@ from ._backends.nvrtc import alibi as nvrtc_alibi
 from ._backends.reference import skus as reference
 from ._internal.contract import Descriptor, OpContract
 from ._internal.sku import SkuImpl
-from .contracts import alibi, linear, sdpa
+from .contracts import alibi, linear, sdpa, varlen_attention
 from .errors import InvalidProblem
 
 __all__ = ["FAMILIES", "Family", "OpSpec", "all_ops", "op_for", "op_named"]
@@ -64,6 +64,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("alibi", alibi, (nvrtc_alibi.SKUS, reference.ALIBI)),
     Family("linear", linear, (cublaslt_linear.SKUS, reference.LINEAR)),
     Family("sdpa", sdpa, (cudnn_sdpa.SKUS, reference.SDPA)),
+    Family("varlen_attention", varlen_attention, (reference.VARLEN_ATTENTION,)),
 )
 
 _OPS: dict[str, OpSpec] = {op.name: op for family in FAMILIES for op in family.ops()}

@@ -212,8 +212,11 @@ def reference_check(plan: Plan, inputs: dict[str, np.ndarray]) -> ReferenceCheck
     op = op_for(plan.descriptor)
     reference = _reference_plan(plan)
     signature = op.signature(reference.descriptor)
+    # Outputs start as NaN, as verify poisons the GPU's: rows an op leaves as they were (tokens
+    # of no packed sequence) match. A u8 mask output starts as zeros.
     arrays = {name: inputs[name].copy() if name in inputs
-              else np.empty(spec.shape, numpy_dtype(spec.element))  # f64, or a u8 mask
+              else np.full(spec.shape, np.nan if spec.element.is_float else 0,
+                           numpy_dtype(spec.element))
               for name, spec in signature.items()}
     reference.run(op.args(**arrays))
     expected = {name: arrays[name] for name, spec in signature.items()

@@ -161,7 +161,9 @@ _token = st.one_of(
 _VALID = {"alibi": ["batch=2", "heads=4", "query_len=16", "key_len=16", "element=f32"],
           "linear": ["m=16", "n=16", "k=16", "element=bf16"],
           "sdpa": ["batch=1", "heads_q=2", "heads_kv=2", "seq_q=16", "seq_kv=16", "head_dim=64",
-                   "element=f16"]}
+                   "element=f16"],
+          "varlen": ["batch=2", "heads_q=2", "heads_kv=2", "head_dim=64", "max_seqlen_q=16",
+                     "max_seqlen_kv=16", "element=f32"]}
 
 
 @st.composite

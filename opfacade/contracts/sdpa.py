@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from .._internal.contract import BoundArgs, Descriptor, OpContract
+from .._internal.contract import BoundArgs, OpContract
 from .._internal.tensors import (
     TensorView,
     argument_when,
@@ -54,9 +54,9 @@ from .._internal.tensors import (
     expect_no_overlaps,
     wrap,
 )
-from .._internal.validation import CheckedModel, one_of
 from ..errors import InvalidArgument, InvalidProblem
 from ..types import ElementKind, OpCategory
+from .attention_masks import ELEMENTS, MAX_EXTENT, Alignment, AttentionMask, SlidingWindow
 from .sdpa_layouts import LAYOUTS, MEMORY_ORDER, Layout, dense_strides, layout_of
 from .sdpa_samples import (
     backward_large,
@@ -93,43 +93,10 @@ def stats_strides(desc: _SdpaProblem) -> tuple[int, int, int, int]:
     return c_strides(desc.stats_shape)
 
 
-Alignment = Literal["top_left", "bottom_right"]
 BiasShape = Literal["bhqk", "1hqk", "b1qk", "11qk"]
-_MAX_EXTENT = 1 << 31
-# The element types an SDPA problem may be stated in (the float64 reference serves each).
-ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
 
 
-class SlidingWindow(CheckedModel):
-    """Keys ``i + d - left <= j <= i + d + right`` (a None side unbounded), ``d`` set by the
-    alignment; without one, the window takes the causal mask's alignment, else top-left."""
-
-    left: int | None = Field(default=None, ge=0, lt=_MAX_EXTENT)
-    right: int | None = Field(default=None, ge=0, lt=_MAX_EXTENT)
-    alignment: Alignment | None = None
-
-    @model_validator(mode="after")
-    def _bounded(self) -> SlidingWindow:
-        if self.left is None and self.right is None:
-            raise ValueError("a window needs a left or a right bound")
-        return self
-
-
-def _parse_window(value: Any) -> Any:
-    """Accepts a SlidingWindow, a dict, a (left, right) pair or the CLI's "left,right"."""
-    if isinstance(value, str):
-        parts = [p.strip() for p in value.split(",")]
-        if len(parts) != 2:
-            raise ValueError("window must be 'left,right' (either side may be 'none')")
-        value = [None if p.lower() in ("", "none") else int(p) for p in parts]
-    if isinstance(value, list | tuple):
-        if len(value) != 2:
-            raise ValueError(f"window must be a pair (left, right), got {value!r}")
-        return {"left": value[0], "right": value[1]}
-    return value
-
-
-class _SdpaProblem(Descriptor):
+class _SdpaProblem(AttentionMask):
     """The fields forward and backward share.
 
     heads_q must be a multiple of heads_kv; head_dim_v (Dv) defaults to head_dim. ``layout``:
@@ -141,13 +108,13 @@ class _SdpaProblem(Descriptor):
     seq_len_q/seq_len_kv are given.
     """
 
-    batch: int = Field(ge=1, lt=_MAX_EXTENT)
-    heads_q: int = Field(ge=1, lt=_MAX_EXTENT)
-    heads_kv: int = Field(ge=1, lt=_MAX_EXTENT)
-    seq_q: int = Field(ge=1, lt=_MAX_EXTENT)
-    seq_kv: int = Field(ge=1, lt=_MAX_EXTENT)
-    head_dim: int = Field(ge=1, lt=_MAX_EXTENT)
-    head_dim_v: int | None = Field(default=None, ge=1, lt=_MAX_EXTENT)
+    batch: int = Field(ge=1, lt=MAX_EXTENT)
+    heads_q: int = Field(ge=1, lt=MAX_EXTENT)
+    heads_kv: int = Field(ge=1, lt=MAX_EXTENT)
+    seq_q: int = Field(ge=1, lt=MAX_EXTENT)
+    seq_kv: int = Field(ge=1, lt=MAX_EXTENT)
+    head_dim: int = Field(ge=1, lt=MAX_EXTENT)
+    head_dim_v: int | None = Field(default=None, ge=1, lt=MAX_EXTENT)
     element: ElementKind
     layout: Layout = "bhsd"
     scale: float | None = None
@@ -157,76 +124,6 @@ class _SdpaProblem(Descriptor):
     alibi: bool = False
     dropout_p: float = Field(default=0.0, ge=0.0, lt=1.0)
     padding: bool = False
-
-    @field_validator("heads_kv")
-    @classmethod
-    def _divides_heads_q(cls, heads_kv: int, info: ValidationInfo) -> int:
-        heads_q = info.data.get("heads_q")
-        if heads_q is not None and heads_q % heads_kv:
-            raise ValueError(f"heads_q {heads_q} must be a multiple of heads_kv {heads_kv}")
-        return heads_kv
-
-    @field_validator("element")
-    @classmethod
-    def _floating(cls, element: ElementKind) -> ElementKind:
-        if element not in ELEMENTS:
-            raise ValueError(f"element must be {one_of(ELEMENTS)}")
-        return element
-
-    @field_validator("scale")
-    @classmethod
-    def _finite(cls, scale: float | None) -> float | None:
-        if scale is not None and not (math.isfinite(scale) and scale != 0.0):
-            raise ValueError("scale must be finite and non-zero (None for 1/sqrt(head_dim))")
-        return scale
-
-    @field_validator("causal", mode="before")
-    @classmethod
-    def _causal_flag(cls, value: Any) -> Any:
-        if value is True:
-            return "top_left"
-        return None if value is False else value
-
-    @field_validator("window", mode="before")
-    @classmethod
-    def _window_forms(cls, value: Any) -> Any:
-        return _parse_window(value)
-
-    @field_validator("window")
-    @classmethod
-    def _one_alignment(cls, window: SlidingWindow | None, info: ValidationInfo):
-        causal = info.data.get("causal")
-        if window is not None and causal and window.alignment not in (None, causal):
-            raise ValueError(f"window alignment {window.alignment} must match causal {causal}")
-        return window
-
-    # -- derived -------------------------------------------------------------------------------
-    @property
-    def dim_v(self) -> int:
-        return self.head_dim if self.head_dim_v is None else self.head_dim_v
-
-    @property
-    def softmax_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
-
-    @property
-    def alignment(self) -> str:
-        """The diagonal's alignment, shared by the causal mask and the window."""
-        if self.causal is not None:
-            return self.causal
-        return (self.window.alignment if self.window else None) or "top_left"
-
-    @property
-    def right_bound(self) -> int | None:
-        """Keys ``j <= i + d + right`` (reference convention); 0 under a causal mask."""
-        if self.causal is not None:
-            return 0
-        return self.window.right if self.window else None
-
-    @property
-    def left_bound(self) -> int | None:
-        """Keys ``j >= i + d - left`` (reference convention)."""
-        return self.window.left if self.window else None
 
     @property
     def q_shape(self) -> tuple[int, int, int, int]:

@@ -16,7 +16,14 @@ from .linear import (
     linear_forward,
 )
 from .sdpa import CAUSAL_MODES, sdpa_backward, sdpa_forward, sdpa_mask
-from .varlen import varlen_backward, varlen_forward
+from .varlen import (
+    varlen_backward,
+    varlen_backward_magnitude,
+    varlen_backward_underflow,
+    varlen_forward,
+    varlen_forward_magnitude,
+    varlen_forward_underflow,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -35,5 +42,9 @@ __all__ = [
     "sdpa_forward",
     "sdpa_mask",
     "varlen_backward",
+    "varlen_backward_magnitude",
+    "varlen_backward_underflow",
     "varlen_forward",
+    "varlen_forward_magnitude",
+    "varlen_forward_underflow",
 ]

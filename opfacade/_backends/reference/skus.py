@@ -17,13 +17,14 @@ import numpy as np
 from ..._internal.contract import BoundArgs, Descriptor, OpContract
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import as_numpy
-from ...contracts import alibi, linear, sdpa
+from ...contracts import alibi, linear, sdpa, varlen_attention
 from ...types import BackendKind, ElementKind, MathPrecision, PrecisionGuarantee
 from . import alibi as alibi_math
 from . import linear as linear_math
 from . import sdpa as sdpa_math
+from . import varlen as varlen_math
 
-__all__ = ["ALIBI", "LINEAR", "SDPA", "ReferenceSku"]
+__all__ = ["ALIBI", "LINEAR", "SDPA", "VARLEN_ATTENTION", "ReferenceSku"]
 
 D = TypeVar("D", bound=Descriptor)
 
@@ -68,10 +69,11 @@ class ReferenceSku(SkuImpl[D], Generic[D]):
         outputs = {name: arrays[name] for name in args.outputs if name in arrays}
 
         def compute_into_outputs() -> None:
-            # Compact copies: NumPy sums a strided array in its memory order, so computing on
-            # the caller's views would make the bits depend on their layout, and bit_stable
-            # promises they depend on the values alone.
-            compact = {name: array if name in outputs else np.ascontiguousarray(array)
+            # Fresh compact copies: NumPy sums a strided array in its memory order, and BLAS
+            # takes other paths for unaligned data, so computing on the caller's arrays would
+            # make the bits depend on their layout and address; bit_stable promises they depend
+            # on the values alone.
+            compact = {name: array if name in outputs else np.array(array, order="C")
                        for name, array in arrays.items()}
             for name, value in self.compute(desc, compact).items():
                 np.copyto(outputs[name], value, casting="unsafe")
@@ -262,4 +264,111 @@ SDPA = {
         sdpa.SDPA_BACKWARD, _sdpa_backward, _sdpa_backward_magnitude,
         "Analytic dq, dk, dv (and dbias), recomputing the probabilities.",
         underflow=_sdpa_backward_underflow),),
+}
+
+
+# -- varlen_attention ----------------------------------------------------------------------------
+
+def _packed_inputs(arrays: dict) -> tuple:
+    return (arrays["q"], arrays["k"], arrays["v"])
+
+
+def _offsets(arrays: dict) -> tuple:
+    return (arrays["cu_seqlens_q"], arrays["cu_seqlens_kv"])
+
+
+def _checked(compute: Callable) -> Callable:
+    """``compute`` after the offsets' values are checked (the host reads them anyway): a bad
+    one is InvalidArgument naming it and its first bad index."""
+
+    def checked(desc, arrays: dict, *rest) -> dict:
+        varlen_attention.check_offsets(desc, *_offsets(arrays), arrays["q"].shape[0],
+                                       arrays["k"].shape[0])
+        return compute(desc, arrays, *rest)
+
+    return checked
+
+
+def _in_sequences(offsets: np.ndarray, tokens: int) -> np.ndarray:
+    """[tokens] bool: which rows some sequence owns (rows past cu_seqlens[-1] belong to none)."""
+    return np.arange(tokens) < int(offsets[-1])
+
+
+def _varlen_forward(desc: varlen_attention.VarlenAttentionDescriptor, arrays: dict) -> dict:
+    out, lse = varlen_math.varlen_forward(*_packed_inputs(arrays), *_offsets(arrays),
+                                          **varlen_attention.reference_options(desc))
+    # Rows no sequence owns keep what the caller's buffers held.
+    owned = _in_sequences(arrays["cu_seqlens_q"], out.shape[0])
+    results = {"out": np.where(owned[:, None, None], out, arrays["out"])}
+    if desc.save_lse:
+        results["lse"] = np.where(owned[None, :], lse.T, arrays["lse"])
+    return results
+
+
+def _varlen_backward(desc: varlen_attention.VarlenAttentionBackwardDescriptor,
+                     arrays: dict) -> dict:
+    grads = varlen_math.varlen_backward(*_packed_inputs(arrays), arrays["grad_out"],
+                                        *_offsets(arrays),
+                                        **varlen_attention.reference_options(desc))
+    results = {}
+    for name, grad, offsets in zip(("grad_q", "grad_k", "grad_v"), grads,
+                                   (arrays["cu_seqlens_q"], arrays["cu_seqlens_kv"],
+                                    arrays["cu_seqlens_kv"]), strict=True):
+        owned = _in_sequences(offsets, grad.shape[0])
+        results[name] = np.where(owned[:, None, None], grad, arrays[name])
+    return results
+
+
+def _varlen_forward_magnitude(desc: varlen_attention.VarlenAttentionDescriptor,
+                              arrays: dict) -> dict:
+    out, lse = varlen_math.varlen_forward_magnitude(*_packed_inputs(arrays), *_offsets(arrays),
+                                                    **varlen_attention.reference_options(desc))
+    return {"out": out, **({"lse": lse.T} if desc.save_lse else {})}
+
+
+def _varlen_backward_magnitude(desc: varlen_attention.VarlenAttentionBackwardDescriptor,
+                               arrays: dict) -> dict:
+    grads = varlen_math.varlen_backward_magnitude(
+        *_packed_inputs(arrays), arrays["grad_out"], *_offsets(arrays),
+        **varlen_attention.reference_options(desc))
+    return dict(zip(("grad_q", "grad_k", "grad_v"), grads, strict=True))
+
+
+def _varlen_forward_underflow(desc: varlen_attention.VarlenAttentionDescriptor, arrays: dict,
+                              unit: float) -> dict:
+    out, lse = varlen_math.varlen_forward_underflow(
+        *_packed_inputs(arrays), *_offsets(arrays), unit=unit,
+        **varlen_attention.reference_options(desc))
+    return {"out": out, **({"lse": np.zeros(lse.T.shape)} if desc.save_lse else {})}
+
+
+def _varlen_backward_underflow(desc: varlen_attention.VarlenAttentionBackwardDescriptor,
+                               arrays: dict, unit: float) -> dict:
+    grads = varlen_math.varlen_backward_underflow(
+        *_packed_inputs(arrays), arrays["grad_out"], *_offsets(arrays), unit=unit,
+        **varlen_attention.reference_options(desc))
+    return dict(zip(("grad_q", "grad_k", "grad_v"), grads, strict=True))
+
+
+class _VarlenReference(ReferenceSku):
+    """The float64 oracle reads cu_seqlens on the host, so it checks their values with the
+    arguments (can_implement says what run would), and again when a prepared call runs."""
+
+    def check_args(self, desc, args: BoundArgs) -> None:
+        varlen_attention.check_offsets(desc, as_numpy(args["cu_seqlens_q"]),
+                                       as_numpy(args["cu_seqlens_kv"]), args["q"].shape[0],
+                                       args["k"].shape[0])
+
+
+VARLEN_ATTENTION = {
+    varlen_attention.VARLEN_ATTENTION_FORWARD.name: (_VarlenReference(
+        varlen_attention.VARLEN_ATTENTION_FORWARD, _checked(_varlen_forward),
+        _checked(_varlen_forward_magnitude),
+        "Each packed sequence's softmax(scale*q.k, masked).v and log-sum-exp.",
+        underflow=_checked(_varlen_forward_underflow)),),
+    varlen_attention.VARLEN_ATTENTION_BACKWARD.name: (_VarlenReference(
+        varlen_attention.VARLEN_ATTENTION_BACKWARD, _checked(_varlen_backward),
+        _checked(_varlen_backward_magnitude),
+        "Analytic dq, dk, dv of each packed sequence, recomputing its probabilities.",
+        underflow=_checked(_varlen_backward_underflow)),),
 }
