@@ -1,0 +1,175 @@
+"""The true-f32 varlen attention SKUs on a GPU: against the float64 reference, under capture with
+lengths changed between replays, with packed-QKV views, with fewer sequences than the plan's
+capacity, and with garbage offsets (never a write outside the outputs). Every SKU's bound on
+every input distribution is tests/test_precision_gpu.py's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opfacade import (
+    Plan,
+    PlanPreference,
+    VarlenAttentionArgs,
+    VarlenAttentionBackwardArgs,
+    VarlenAttentionBackwardDescriptor,
+    VarlenAttentionDescriptor,
+)
+from opfacade._backends.reference import varlen_backward, varlen_forward
+from opfacade.testing import relative_error
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+HEADS_Q, HEADS_KV, DIM = 4, 2, 64
+CAPACITY = dict(batch=6, heads_q=HEADS_Q, heads_kv=HEADS_KV, head_dim=DIM, max_seqlen_q=160,
+                max_seqlen_kv=200, element="f32")
+F32 = PlanPreference(backends={"nvrtc"})
+
+
+def _plans(**mask):
+    forward = Plan.select(VarlenAttentionDescriptor(**CAPACITY, **mask, save_lse=True), F32,
+                          device=0)
+    backward = Plan.select(VarlenAttentionBackwardDescriptor(**CAPACITY, **mask), F32, device=0)
+    return forward, backward
+
+
+def _offsets(lengths) -> list[int]:
+    return [0, *np.cumsum(lengths).tolist()]
+
+
+class Packed:
+    """Packed tensors on the GPU for given lengths (buffers sized for the capacity, so new
+    lengths can be written into the same memory), and the float64 reference."""
+
+    def __init__(self, seed: int = 0):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        tq, tk = CAPACITY["batch"] * 160, CAPACITY["batch"] * 200
+
+        def uniform(*shape):
+            return torch.rand(shape, device="cuda", generator=gen, dtype=torch.float32) * 2 - 1
+
+        self.q, self.d_out = uniform(tq, HEADS_Q, DIM), uniform(tq, HEADS_Q, DIM)
+        self.k, self.v = uniform(tk, HEADS_KV, DIM), uniform(tk, HEADS_KV, DIM)
+        self.out = torch.full_like(self.q, float("nan"))
+        self.lse = torch.full((HEADS_Q, tq), float("nan"), device="cuda")
+        self.grads = [torch.full_like(t, float("nan")) for t in (self.q, self.k, self.v)]
+        self.cu_q = torch.zeros(CAPACITY["batch"] + 1, device="cuda", dtype=torch.int32)
+        self.cu_kv = torch.zeros_like(self.cu_q)
+
+    def set_lengths(self, len_q, len_kv) -> None:
+        """Writes new offsets into the same buffers (entries past the batch repeat the end)."""
+        for buffer, lengths in ((self.cu_q, len_q), (self.cu_kv, len_kv)):
+            values = _offsets(lengths)
+            values += [values[-1]] * (buffer.numel() - len(values))
+            buffer.copy_(torch.tensor(values, dtype=torch.int32))
+
+    def forward_args(self):
+        return VarlenAttentionArgs(self.q, self.k, self.v, self.cu_q, self.cu_kv, self.out,
+                                   self.lse)
+
+    def backward_args(self):
+        return VarlenAttentionBackwardArgs(self.q, self.k, self.v, self.out, self.d_out, self.lse,
+                                           self.cu_q, self.cu_kv, *self.grads)
+
+    def check(self, len_q, len_kv, **options) -> None:
+        """Results of the valid rows against the float64 reference."""
+        tq, tk = sum(len_q), sum(len_kv)
+        host = {n: getattr(self, n).double().cpu().numpy() for n in ("q", "k", "v", "d_out")}
+        cu_q, cu_kv = np.array(_offsets(len_q)), np.array(_offsets(len_kv))
+        out, lse = varlen_forward(host["q"][:tq], host["k"][:tk], host["v"][:tk], cu_q, cu_kv,
+                                  **options)
+        assert relative_error(self.out[:tq].double().cpu().numpy(), out) < 1e-5
+        got_lse = self.lse[:, :tq].double().cpu().numpy()
+        np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(lse.T))
+        finite = np.isfinite(lse.T)
+        np.testing.assert_allclose(got_lse[finite], lse.T[finite], rtol=1e-5, atol=1e-5)
+        grads = varlen_backward(host["q"][:tq], host["k"][:tk], host["v"][:tk],
+                                host["d_out"][:tq], cu_q, cu_kv, **options)
+        for got, want, rows in zip(self.grads, grads, (tq, tk, tk), strict=True):
+            assert relative_error(got[:rows].double().cpu().numpy(), want) < 1e-4
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_runs_match_the_reference_with_fewer_sequences_than_the_capacity(causal):
+    forward, backward = _plans(causal=causal)
+    data = Packed()
+    len_q, len_kv = [160, 1, 0, 77], [200, 33, 0, 150]
+    data.set_lengths(len_q, len_kv)
+    cu_q, cu_kv = data.cu_q[:5], data.cu_kv[:5]  # 4 sequences of the plan's 6
+    forward.run(VarlenAttentionArgs(data.q, data.k, data.v, cu_q, cu_kv, data.out, data.lse))
+    backward.run(VarlenAttentionBackwardArgs(data.q, data.k, data.v, data.out, data.d_out,
+                                             data.lse, cu_q, cu_kv, *data.grads))
+    torch.cuda.synchronize()
+    data.check(len_q, len_kv, causal=causal)
+
+
+def test_a_captured_graph_replays_with_new_lengths():
+    forward, backward = _plans(causal="bottom_right")
+    data = Packed(seed=1)
+    data.set_lengths([100, 160, 3, 0, 50, 1], [120, 200, 3, 0, 60, 10])
+    stream = torch.cuda.Stream()
+    fwd_ws = torch.empty(max(forward.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    bwd_ws = torch.empty(max(backward.workspace_size, 1), device="cuda", dtype=torch.uint8)
+    fwd = forward.prepare(data.forward_args(), workspace=fwd_ws, stream=stream)
+    bwd = backward.prepare(data.backward_args(), workspace=bwd_ws, stream=stream)
+    with torch.cuda.stream(stream):
+        fwd()  # warm: kernels loaded before capture
+        bwd()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fwd()
+        bwd()
+    for len_q, len_kv in (([160, 2, 0, 40, 1, 90], [200, 2, 7, 40, 1, 199]),
+                          ([5, 5, 5, 5, 5, 5], [5, 9, 0, 200, 1, 33])):
+        data.set_lengths(len_q, len_kv)
+        graph.replay()
+        torch.cuda.synchronize()
+        data.check(len_q, len_kv, causal="bottom_right")
+
+
+def test_views_into_one_packed_qkv_give_the_same_bits_without_copies():
+    forward, _ = _plans()
+    data = Packed(seed=2)
+    len_q = [100, 60, 0, 1, 160, 20]
+    data.set_lengths(len_q, len_q)
+    tokens = data.q.shape[0]
+    qkv = torch.rand((tokens, 3, HEADS_KV, DIM), device="cuda") * 2 - 1  # one projection
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    fields = dict(CAPACITY, heads_q=HEADS_KV, max_seqlen_kv=160)
+    plan = Plan.select(VarlenAttentionDescriptor(**fields), F32, device=0)
+    strided, compact = torch.empty_like(q), torch.empty_like(q)
+    plan.run(VarlenAttentionArgs(q, k, v, data.cu_q, data.cu_q, strided))
+    plan.run(VarlenAttentionArgs(q.contiguous(), k.contiguous(), v.contiguous(), data.cu_q,
+                                 data.cu_q, compact))
+    torch.cuda.synchronize()
+    assert torch.equal(strided, compact)
+
+
+def test_garbage_offsets_never_write_outside_the_outputs():
+    forward, backward = _plans(causal="top_left")
+    data = Packed(seed=3)
+    guard = 4096
+    sentinel = 12345.0
+
+    def guarded(like):
+        flat = torch.full((like.numel() + 2 * guard,), sentinel, device="cuda")
+        return flat, flat[guard:guard + like.numel()].view(like.shape)
+
+    out_buffer, out = guarded(data.out)
+    lse_buffer, lse = guarded(data.lse)
+    grad_buffers, grads = zip(*(guarded(g) for g in data.grads), strict=True)
+    rng = np.random.default_rng(4)
+    for garbage in (rng.integers(-2**31, 2**31 - 1, 7), [0, 5000, 3, 2**31 - 1, -7, 0, 9],
+                    [0, 10, 10, 10, 10, 10, 10**6]):
+        values = torch.tensor(np.asarray(garbage, dtype=np.int64).astype(np.int32))
+        data.cu_q.copy_(values)
+        data.cu_kv.copy_(values.flip(0))
+        forward.run(VarlenAttentionArgs(data.q, data.k, data.v, data.cu_q, data.cu_kv, out, lse))
+        backward.run(VarlenAttentionBackwardArgs(data.q, data.k, data.v, out, data.d_out, lse,
+                                                 data.cu_q, data.cu_kv, *grads))
+        torch.cuda.synchronize()
+        for buffer in (out_buffer, lse_buffer, *grad_buffers):
+            assert (buffer[:guard] == sentinel).all() and (buffer[-guard:] == sentinel).all()
