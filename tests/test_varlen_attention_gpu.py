@@ -17,6 +17,8 @@ from opfacade import (
     VarlenAttentionDescriptor,
 )
 from opfacade._backends.reference import varlen_backward, varlen_forward
+from opfacade.contracts.varlen_attention import offsets_problem
+from opfacade.errors import InvalidArgument
 from opfacade.testing import relative_error
 
 pytestmark = pytest.mark.gpu
@@ -173,3 +175,36 @@ def test_garbage_offsets_never_write_outside_the_outputs():
         torch.cuda.synchronize()
         for buffer in (out_buffer, lse_buffer, *grad_buffers):
             assert (buffer[:guard] == sentinel).all() and (buffer[-guard:] == sentinel).all()
+
+
+@pytest.mark.parametrize(("offsets", "argument", "message"), [
+    ([0, 100, 50, 150, 150, 150, 150], "cu_seqlens_q", "decreases at index 2 (100 -> 50)"),
+    ([3, 10, 20, 30, 40, 50, 60], "cu_seqlens_q", "starts at 3, not 0 (index 0)"),
+    ([0, 161, 200, 200, 200, 200, 200], "cu_seqlens_q", "longer than 160 at index 1"),
+])
+def test_checked_mode_names_the_argument_and_the_first_bad_index(offsets, argument, message):
+    desc = VarlenAttentionDescriptor(**CAPACITY, checked=True, save_lse=True)
+    plan = Plan.select(desc, F32, device=0)
+    data = Packed(seed=5)
+    data.cu_q.copy_(torch.tensor(offsets, dtype=torch.int32))
+    data.cu_kv.copy_(torch.tensor([0, 10, 20, 30, 40, 50, 60], dtype=torch.int32))
+    with pytest.raises(InvalidArgument, match=message) as error:
+        plan.run(data.forward_args())
+    assert error.value.argument == argument
+    # The host reference gives the same words for the same offsets.
+    assert message in offsets_problem(np.array(offsets), data.q.shape[0], 160)
+
+
+def test_checked_mode_runs_valid_offsets():
+    forward = Plan.select(VarlenAttentionDescriptor(**CAPACITY, checked=True, save_lse=True),
+                          F32, device=0)
+    data = Packed(seed=6)
+    len_q, len_kv = [10, 0, 160, 1, 5, 7], [20, 3, 200, 1, 0, 9]
+    data.set_lengths(len_q, len_kv)
+    forward.run(data.forward_args())
+    torch.cuda.synchronize()
+    tq = sum(len_q)
+    out, _ = varlen_forward(*(getattr(data, n).double().cpu().numpy()[:rows] for n, rows in
+                              (("q", tq), ("k", sum(len_kv)), ("v", sum(len_kv)))),
+                            np.array(_offsets(len_q)), np.array(_offsets(len_kv)))
+    assert relative_error(data.out[:tq].double().cpu().numpy(), out) < 1e-5

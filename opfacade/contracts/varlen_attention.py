@@ -16,6 +16,12 @@ longer than ``max_seqlen_q`` / ``max_seqlen_kv``. A plan runs any call within th
 counts Tq and Tkv are the tensors' own), so CUDA graphs and training loops with changing
 packings reuse one plan. ``bucketed()`` rounds a problem up to the documented ladder.
 
+Checked mode (``checked=True``) tests the offsets on the device before each run: they must
+start at 0, never decrease, keep every sequence within max_seqlen and end within the tensors'
+tokens; a violation is InvalidArgument naming the argument and its first bad index. Unchecked
+runs read nothing back (no host sync); garbage offsets then give garbage values, but never an
+access outside the tensors.
+
 Edges: zero-length and single-token sequences are legal. A query row with no allowed key
 (``len_kv == 0``, or masked out entirely) gets out 0 and lse -inf, and passes no gradient; never
 NaN. Tokens past ``cu_seqlens[-1]`` belong to no sequence: runs leave their out, lse and
@@ -88,6 +94,10 @@ class _VarlenProblem(AttentionMask):
     scale: float | None = None
     causal: Alignment | None = None
     window: SlidingWindow | None = None
+    # Checked mode: each run first tests the offsets on the device and raises InvalidArgument
+    # naming the argument and its first bad index. It waits for the stream to read the verdict,
+    # so a checked run synchronises the host and cannot be captured; off, nothing is read back.
+    checked: bool = False
 
     @property
     def lse_element(self) -> ElementKind:

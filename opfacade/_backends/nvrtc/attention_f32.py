@@ -31,6 +31,7 @@ from ...errors import InvalidProblem
 from ...types import ArchSku, BackendKind, ElementKind, KernelSku, MathPrecision, PrecisionGuarantee
 from . import flash_f32 as flash
 from .launch import available
+from .varlen_checks import checked
 
 __all__ = ["SDPA_SKUS", "VARLEN_SKUS"]
 
@@ -267,10 +268,11 @@ class VarlenForwardF32(_FlashSku, SkuImpl[VarlenAttentionDescriptor]):
         lse = args["lse"]
         lse_ptr = lse.ptr if lse is not None else workspace.ptr
         strides = _packed_strides(args, dict(q="q", k="k", v="v", out="out"), problem.total_q)
-        return flash.forward_call(problem, args["q"].device, args["q"].ptr,
+        call = flash.forward_call(problem, args["q"].device, args["q"].ptr,
                                   args["k"].ptr, args["v"].ptr, args["out"].ptr,
                                   lse_ptr, args["cu_seqlens_q"].ptr,
                                   args["cu_seqlens_kv"].ptr, strides, stream)
+        return checked(desc, args, stream, call) if desc.checked else call
 
 
 class VarlenBackwardF32(_FlashSku, SkuImpl[VarlenAttentionBackwardDescriptor]):
@@ -294,12 +296,13 @@ class VarlenBackwardF32(_FlashSku, SkuImpl[VarlenAttentionBackwardDescriptor]):
         problem = _call_problem(desc, args)
         names = dict(q="q", k="k", v="v", out="out", dout="grad_out", dq="grad_q", dk="grad_k",
                      dv="grad_v")
-        return flash.backward_call(
+        call = flash.backward_call(
             problem, args["q"].device,
             *(args[name].ptr for name in ("q", "k", "v", "out", "grad_out", "lse", "grad_q",
                                                "grad_k", "grad_v")),
             args["cu_seqlens_q"].ptr, args["cu_seqlens_kv"].ptr, workspace.ptr,
             _packed_strides(args, names, problem.total_q), stream)
+        return checked(desc, args, stream, call) if desc.checked else call
 
 
 SDPA_SKUS = {SDPA_FORWARD.name: (SdpaForwardF32(),), SDPA_BACKWARD.name: (SdpaBackwardF32(),)}
