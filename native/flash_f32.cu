@@ -1,0 +1,750 @@
+// Flash attention in true f32: f32 storage, f32 FMA on CUDA cores (no tensor cores, no TF32),
+// a forward and a deterministic backward, over two layouts that share one address scheme.
+//
+//   dense   q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]   (cu_seqlens null)
+//   varlen  q [Tq, Hq, D],    k [Tkv, Hkv, D],    v [Tkv, Hkv, Dv]      (cu_seqlens [B + 1])
+//
+// Element (b, h, i, d) of a tensor is at base + (row0(b) + i) * tok + h * head + b * batch + d,
+// with row0 = cu[b] (batch stride 0) for varlen and row0 = 0 for dense; lse and the backward's
+// Delta workspace are addressed the same way with d = 0. Query head h reads kv head h / group.
+//
+// Masks (per sequence, d = len_kv - len_q bottom-right, else 0): causal keeps j <= i + d; a
+// window (left, right) keeps i + d - left <= j <= i + d + right, a negative side unbounded. A
+// row with no key gets out = 0, lse = -inf and passes no gradient.
+//
+// Varlen offsets are not trusted: each sequence's first row and length are clamped into
+// [0, total) and to max_seqlen, so garbage cu_seqlens can never move a read or write outside the
+// tensors; nothing outside a sequence's clamped rows is read or written.
+//
+// Kernels (256 threads; thread t is (ty, tx) = (t / 16, t % 16), so a half-warp shares ty):
+//   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence); online softmax over
+//                                   64-key blocks, skipping blocks the mask removes entirely.
+//   flash_f32_bwd_delta             Delta_i = rowsum(dO_i * O_i) into the workspace.
+//   flash_f32_bwd_dkdv_d<D>_dv<Dv>  CTA = (64 keys, kv head, sequence); loops over the group's
+//                                   query heads, then 32-row query blocks, in a fixed order, and
+//                                   writes dK and dV for its key rows (zeros included).
+//   flash_f32_bwd_dq_d<D>_dv<Dv>    CTA = (64 query rows, head, sequence); loops over 32-key
+//                                   blocks in order and writes dQ.
+// No atomics and fixed summation orders everywhere: the backward is bitwise reproducible. The
+// backward recomputes the scores with the forward's exact operation order, so P = exp(s - lse)
+// sees the forward's bits of s.
+//
+// Shared memory holds row-major tiles padded by 4 floats a row: a float4 read of 16 different
+// rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies
+// when every base and stride allows, 4-byte copies otherwise), which lets the next V (or K)
+// block stream in while the current one is multiplied. At D = Dv = 128 each kernel takes about
+// 100 KiB, so two CTAs share an SM (__launch_bounds__(256, 2) keeps registers to 128).
+//
+// NVRTC builds without fast math: expf, logf and the divisions here are the precise ones.
+#include "common.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPad = 4;  // floats appended to every shared row
+
+// The query and key blocks of each kernel.
+constexpr int kFwdRows = 64, kFwdKeys = 64;
+constexpr int kDkdvKeys = 64, kDkdvRows = 32;
+constexpr int kDqRows = 64, kDqKeys = 32;
+
+// A tensor's rows: element (b, h, token t, d) is at at(b, h, t)[d].
+template <typename T>
+struct Rows {
+    T* base;
+    i64 batch, tok, head;
+    __device__ __forceinline__ T* at(int b, int h, i64 t) const {
+        return base + t * tok + h * head + b * batch;
+    }
+};
+
+// What every kernel is told about the problem (host ints and floats, and the offsets arrays).
+struct Problem {
+    const int* cu_q;   // null for dense
+    const int* cu_kv;  // null for dense
+    int group;         // Hq / Hkv
+    int max_q, max_kv;  // dense: Sq and Skv; varlen: the bucket (rows past it are not computed)
+    i64 total_q, total_kv;  // varlen: rows of the packed q and k tensors
+    float scale;
+    int causal;  // 0 none, 1 top-left, 2 bottom-right
+    int left, right;  // window sides, negative for unbounded
+    int vec;  // every base and row stride allows 16-byte copies (checked on the host)
+};
+
+// One sequence's rows of a tensor: row0 is where it starts, len how many rows it has.
+struct Span {
+    i64 row0;
+    int len;
+};
+
+// Sequence b: dense rows [0, max_len) of batch entry b, or varlen rows cu[b]..cu[b+1]-1 clamped
+// into [0, total) and to max_len (64-bit, so no offsets can overflow the arithmetic).
+__device__ __forceinline__ Span sequence(const int* cu, int b, int max_len, i64 total) {
+    if (cu == nullptr) return {0, max_len};
+    const i64 first = min(max((i64)cu[b], (i64)0), total);
+    const i64 len = min(min((i64)cu[b + 1] - first, total - first), (i64)max_len);
+    return {first, (int)max(len, (i64)0)};
+}
+
+// The keys row i may attend to form [lo(i), hi(i)], empty when hi < lo. Both bounds never
+// decrease with i, so a block of rows needs keys [lo(first row), hi(last row)] only.
+struct Mask {
+    int len_q, len_kv;
+    i64 diag;  // the diagonal offset d
+    bool causal;
+    int left, right;
+
+    __device__ __forceinline__ int lo(int i) const {
+        if (left < 0) return 0;
+        return (int)min(max((i64)i + diag - left, (i64)0), (i64)len_kv);
+    }
+    __device__ __forceinline__ int hi(int i) const {
+        if (i >= len_q) return -1;
+        i64 last = len_kv - 1;
+        if (causal) last = min(last, (i64)i + diag);
+        if (right >= 0) last = min(last, (i64)i + diag + right);
+        return (int)max(last, (i64)-1);
+    }
+    // The first row whose keys reach key j0 (hi(i) >= j0), and the last whose keys start at or
+    // before key j1 (lo(i) <= j1): the rows a key block [j0, j1] can receive gradient from.
+    __device__ __forceinline__ int first_row(int j0) const {
+        i64 first = 0;
+        if (causal) first = max(first, (i64)j0 - diag);
+        if (right >= 0) first = max(first, (i64)j0 - diag - right);
+        return (int)min(first, (i64)len_q);
+    }
+    __device__ __forceinline__ int last_row(int j1) const {
+        i64 last = len_q - 1;
+        if (left >= 0) last = min(last, (i64)j1 + left - diag);
+        return (int)max(last, (i64)-1);
+    }
+};
+
+__device__ __forceinline__ Mask make_mask(const Problem& p, int len_q, int len_kv) {
+    const i64 diag = p.causal == 2 ? (i64)len_kv - len_q : 0;
+    return {len_q, len_kv, diag, p.causal != 0, p.left, p.right};
+}
+
+__device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
+
+// The tiles live in dynamic shared memory sized by the launcher; one launched with less than
+// the kernel carves up would corrupt silently, so it stops the kernel instead.
+template <int FLOATS>
+__device__ __forceinline__ float* shared_tiles() {
+    extern __shared__ float4 shared[];
+    unsigned bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    if (bytes < FLOATS * sizeof(float)) __trap();
+    return reinterpret_cast<float*>(shared);
+}
+
+// The query block of a forward or dQ CTA: the last ones first, because under a causal mask the
+// late query blocks see the most keys and the GPU starts low block indices first; starting the
+// heaviest CTAs early keeps them out of the grid's tail.
+__device__ __forceinline__ int query_block_start(int rows) {
+    return (gridDim.x - 1 - blockIdx.x) * rows;
+}
+
+// ---------------------------------------------------------------------------------- copies
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void copy_async16(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
+                 "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void copy_async4(float* dst, const float* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(dst)),
+                 "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void copy_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most `pending` of this thread's newest copy groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void copy_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+}
+
+// Rows [first, first + ROWS) of a sequence's (b, h) slice into a ROWS x COLS tile (row stride
+// COLS + kPad), as this thread's share of cp.async copies. Rows at or past `len` become zeros:
+// nothing past the sequence is read, and masked scores meet finite values.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& src, int b, int h,
+                                          const Span& s, int first, bool vec) {
+    if (vec) {
+        constexpr int kChunks = COLS / 4;
+        for (int e = threadIdx.x; e < ROWS * kChunks; e += kThreads) {
+            const int r = e / kChunks, c = (e - r * kChunks) * 4;
+            float* dst = tile + r * (COLS + kPad) + c;
+            if (first + r < s.len) {
+                copy_async16(dst, src.at(b, h, s.row0 + first + r) + c);
+            } else {
+                *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+    } else {
+        for (int e = threadIdx.x; e < ROWS * COLS; e += kThreads) {
+            const int r = e / COLS, c = e - r * COLS;
+            float* dst = tile + r * (COLS + kPad) + c;
+            if (first + r < s.len) copy_async4(dst, src.at(b, h, s.row0 + first + r) + c);
+            else *dst = 0.0f;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------- products
+
+// The N / 16 columns of an N-wide row that thread tx owns in output-shaped products: M groups
+// of VW adjacent columns at VW * tx + 16 * VW * m, so 16 threads read one contiguous span.
+template <int N>
+struct Cols {
+    static constexpr int VW = N % 64 == 0 ? 4 : 2;
+    static constexpr int M = N / (16 * VW);
+    static __device__ __forceinline__ int col(int tx, int m) { return VW * tx + 16 * VW * m; }
+};
+
+template <int N>
+__device__ __forceinline__ void load_cols(float (&x)[N / 16], const float* row, int tx) {
+#pragma unroll
+    for (int m = 0; m < Cols<N>::M; ++m) {
+        const float* p = row + Cols<N>::col(tx, m);
+        if constexpr (Cols<N>::VW == 4) {
+            const float4 v = *reinterpret_cast<const float4*>(p);
+            x[4 * m] = v.x, x[4 * m + 1] = v.y, x[4 * m + 2] = v.z, x[4 * m + 3] = v.w;
+        } else {
+            const float2 v = *reinterpret_cast<const float2*>(p);
+            x[2 * m] = v.x, x[2 * m + 1] = v.y;
+        }
+    }
+}
+
+// Writes this thread's columns of one output row to global memory.
+template <int N>
+__device__ __forceinline__ void store_cols(float* row, const float (&x)[N / 16], int tx,
+                                           bool vec) {
+#pragma unroll
+    for (int m = 0; m < Cols<N>::M; ++m) {
+        float* p = row + Cols<N>::col(tx, m);
+        const float* y = x + Cols<N>::VW * m;
+        if (vec && Cols<N>::VW == 4) {
+            *reinterpret_cast<float4*>(p) = make_float4(y[0], y[1], y[2], y[3]);
+        } else if (vec) {
+            *reinterpret_cast<float2*>(p) = make_float2(y[0], y[1]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < Cols<N>::VW; ++v) p[v] = y[v];
+        }
+    }
+}
+
+// x *= factor, element by element: the softmax scale of dQ and dK, applied once at the end.
+template <int N>
+__device__ __forceinline__ void scale_cols(float (&x)[N], float factor) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) x[n] *= factor;
+}
+
+// Writes an R x C register tile (rows a_row + r, columns tx + 16 c) into a shared tile of
+// row stride LD: the layout the score-shaped products produce.
+template <int R, int C, int LD>
+__device__ __forceinline__ void store_scores(float* tile, const float (&x)[R][C], int a_row,
+                                             int tx) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) tile[(a_row + r) * LD + tx + 16 * c] = x[r][c];
+    }
+}
+
+__device__ __forceinline__ void fma4(float& acc, const float4& a, const float4& b) {
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+    acc = fmaf(a.z, b.z, acc);
+    acc = fmaf(a.w, b.w, acc);
+}
+
+// acc[r][c] += A[a_row + r] . B[tx + 16 c] over K: the score-shaped products (Q K^T, dO V^T),
+// both operands row-major tiles of K columns. Every element is one fma chain in k order, so
+// the same scores come out bit for bit whatever R and C the kernel uses.
+template <int R, int C, int K>
+__device__ __forceinline__ void dot_rows(float (&acc)[R][C], const float* a, const float* b,
+                                         int a_row, int tx) {
+    constexpr int LD = K + kPad;
+#pragma unroll 4
+    for (int k = 0; k < K; k += 4) {
+        float4 av[R], bv[C];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            av[r] = *reinterpret_cast<const float4*>(a + (a_row + r) * LD + k);
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            bv[c] = *reinterpret_cast<const float4*>(b + (tx + 16 * c) * LD + k);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int c = 0; c < C; ++c) fma4(acc[r][c], av[r], bv[c]);
+        }
+    }
+}
+
+// acc[r][n] += sum over k of A[a_row + r][k] * B[k][col n]: A row-major with row stride LDA
+// (P or dS, rows = queries), B a row-major tile of N columns (V, or K for dQ).
+template <int R, int N, int K, int LDA>
+__device__ __forceinline__ void mul_rows(float (&acc)[R][N / 16], const float* a, const float* b,
+                                         int a_row, int tx) {
+#pragma unroll 2
+    for (int k = 0; k < K; k += 4) {
+        float av[R][4];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float4 v = *reinterpret_cast<const float4*>(a + (a_row + r) * LDA + k);
+            av[r][0] = v.x, av[r][1] = v.y, av[r][2] = v.z, av[r][3] = v.w;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            float bv[N / 16];
+            load_cols<N>(bv, b + (k + kk) * (N + kPad), tx);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int n = 0; n < N / 16; ++n) acc[r][n] = fmaf(av[r][kk], bv[n], acc[r][n]);
+            }
+        }
+    }
+}
+
+// acc[r][n] += sum over k of A[k][a_col + r] * B[k][col n] for r < 4: A row-major with row
+// stride LDA read down its columns (P^T, dS^T: rows = keys), B a row-major tile of N columns.
+template <int N, int K, int LDA>
+__device__ __forceinline__ void mul_cols(float (&acc)[4][N / 16], const float* a, const float* b,
+                                         int a_col, int tx) {
+#pragma unroll 4
+    for (int k = 0; k < K; ++k) {
+        const float4 v = *reinterpret_cast<const float4*>(a + k * LDA + a_col);
+        const float av[4] = {v.x, v.y, v.z, v.w};
+        float bv[N / 16];
+        load_cols<N>(bv, b + k * (N + kPad), tx);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+#pragma unroll
+            for (int n = 0; n < N / 16; ++n) acc[r][n] = fmaf(av[r], bv[n], acc[r][n]);
+        }
+    }
+}
+
+// Reductions over the 16 threads of a half-warp (one row of scores), in a fixed butterfly:
+// every lane ends with the same bits.
+__device__ __forceinline__ float half_warp_max(float x) {
+#pragma unroll
+    for (int offset = 8; offset > 0; offset >>= 1) {
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    }
+    return x;
+}
+
+__device__ __forceinline__ float half_warp_sum(float x) {
+#pragma unroll
+    for (int offset = 8; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+
+// ---------------------------------------------------------------------------------- forward
+
+template <int D, int DV>
+struct ForwardTiles {
+    static constexpr int R = kFwdRows / 16, C = kFwdKeys / 16;
+    static constexpr int Q = kFwdRows * (D + kPad);
+    // K's tile, then P's once the scores are taken.
+    static constexpr int KP = kFwdKeys * (D + kPad) > kFwdRows * (kFwdKeys + kPad)
+                                  ? kFwdKeys * (D + kPad)
+                                  : kFwdRows * (kFwdKeys + kPad);
+    static constexpr int V = kFwdKeys * (DV + kPad);
+    static constexpr int FLOATS = Q + KP + V;
+};
+
+// Folds one key block's scores of a row into its running max m, this thread's share l of the
+// sum and acc = sum p v; s becomes p = exp(s - m). Masked scores are -inf and become 0; a row
+// without keys so far keeps m = -inf and l = 0.
+template <int C, int NV>
+__device__ __forceinline__ void softmax_step(float (&s)[C], float& m, float& l, float (&acc)[NV],
+                                             const Mask& mask, int i, int j0, int tx,
+                                             float scale) {
+    const int lo = mask.lo(i), hi = mask.hi(i);
+    float block_max = minus_infinity();
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int j = j0 + tx + 16 * c;
+        s[c] = j >= lo && j <= hi ? s[c] * scale : minus_infinity();
+        block_max = fmaxf(block_max, s[c]);
+    }
+    const float m_new = fmaxf(m, half_warp_max(block_max));
+    const float base = m_new == minus_infinity() ? 0.0f : m_new;  // no (-inf) - (-inf) below
+    const float alpha = expf(m - base);
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        s[c] = expf(s[c] - base);
+        sum += s[c];
+    }
+    l = fmaf(l, alpha, sum);
+#pragma unroll
+    for (int n = 0; n < NV; ++n) acc[n] *= alpha;
+    m = m_new;
+}
+
+// out = acc / l and lse = m + log(l) for the thread's rows below the sequence's length; rows
+// without keys (l = 0) get 0 and -inf.
+template <int R, int DV>
+__device__ __forceinline__ void forward_write(const float (&m)[R], const float (&l)[R],
+                                              float (&acc)[R][DV / 16], const Rows<float>& out,
+                                              const Rows<float>& lse, int b, int h,
+                                              const Span& sq, int first, int tx, bool vec) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float sum = half_warp_sum(l[r]);
+        const int i = first + r;
+        if (i >= sq.len) continue;
+        const i64 t = sq.row0 + i;
+#pragma unroll
+        for (int n = 0; n < DV / 16; ++n) acc[r][n] = sum > 0.0f ? acc[r][n] / sum : 0.0f;
+        store_cols<DV>(out.at(b, h, t), acc[r], tx, vec);
+        if (tx == 0) *lse.at(b, h, t) = sum > 0.0f ? m[r] + logf(sum) : minus_infinity();
+    }
+}
+
+// The key blocks [first, last] that rows [i0, i_last] need (last < first when none).
+__device__ __forceinline__ int2 key_blocks(const Mask& mask, int i0, int i_last, int keys) {
+    const int j_lo = mask.lo(i0), j_hi = mask.hi(i_last);
+    return make_int2(j_lo / keys, j_hi >= j_lo ? j_hi / keys : j_lo / keys - 1);
+}
+
+template <int D, int DV>
+__device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<const float>& k,
+                                        const Rows<const float>& v, const Rows<float>& out,
+                                        const Rows<float>& lse, const Problem& p) {
+    typedef ForwardTiles<D, DV> T;
+    constexpr int R = T::R, C = T::C, NV = DV / 16, BC = kFwdKeys;
+    const int b = blockIdx.z, h = blockIdx.y, hk = h / p.group;
+    const int i0 = query_block_start(kFwdRows);
+    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
+    if (i0 >= sq.len) return;
+    const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
+    const Mask mask = make_mask(p, sq.len, skv.len);
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4, first = i0 + ty * R;
+    float* q_tile = shared_tiles<T::FLOATS>();
+    float* kp_tile = q_tile + T::Q;
+    float* v_tile = kp_tile + T::KP;
+
+    float m[R], l[R], acc[R][NV] = {};
+#pragma unroll
+    for (int r = 0; r < R; ++r) m[r] = minus_infinity(), l[r] = 0.0f;
+    const int2 blocks = key_blocks(mask, i0, min(i0 + kFwdRows, sq.len) - 1, BC);
+    if (blocks.x <= blocks.y) {
+        load_tile<kFwdRows, D>(q_tile, q, b, h, sq, i0, p.vec);
+        load_tile<BC, D>(kp_tile, k, b, hk, skv, blocks.x * BC, p.vec);
+        copy_commit();
+        load_tile<BC, DV>(v_tile, v, b, hk, skv, blocks.x * BC, p.vec);
+        copy_commit();
+    }
+    for (int kb = blocks.x; kb <= blocks.y; ++kb) {
+        copy_wait<1>();  // Q and K have landed; V may still be in flight
+        __syncthreads();
+        float s[R][C] = {};
+        dot_rows<R, C, D>(s, q_tile, kp_tile, ty * R, tx);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            softmax_step<C, NV>(s[r], m[r], l[r], acc[r], mask, first + r, kb * BC, tx, p.scale);
+        }
+        __syncthreads();  // every thread is done with K: P takes its place
+        store_scores<R, C, BC + kPad>(kp_tile, s, ty * R, tx);
+        copy_wait<0>();
+        __syncthreads();
+        mul_rows<R, DV, BC, BC + kPad>(acc, kp_tile, v_tile, ty * R, tx);
+        __syncthreads();  // P and V are consumed: the next block's K and V may land
+        if (kb < blocks.y) {
+            load_tile<BC, D>(kp_tile, k, b, hk, skv, (kb + 1) * BC, p.vec);
+            copy_commit();
+            load_tile<BC, DV>(v_tile, v, b, hk, skv, (kb + 1) * BC, p.vec);
+            copy_commit();
+        }
+    }
+    forward_write<R, DV>(m, l, acc, out, lse, b, h, sq, first, tx, p.vec);
+}
+
+// ---------------------------------------------------------------------------------- backward
+
+// Delta_i = sum_d dO[i][d] * O[i][d]: one warp a row, lanes over d, then a fixed butterfly.
+__device__ __forceinline__ void backward_delta(const Rows<const float>& out,
+                                               const Rows<const float>& dout,
+                                               const Rows<float>& delta, const Problem& p,
+                                               int dim_v) {
+    constexpr int kRows = 64, kWarps = kThreads / 32;
+    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kRows;
+    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int i = i0 + warp; i < min(i0 + kRows, sq.len); i += kWarps) {
+        const i64 t = sq.row0 + i;
+        const float* o = out.at(b, h, t);
+        const float* g = dout.at(b, h, t);
+        float sum = 0.0f;
+        for (int d = lane; d < dim_v; d += 32) sum = fmaf(o[d], g[d], sum);
+        sum = warp_sum(sum);
+        if (lane == 0) *delta.at(b, h, t) = sum;
+    }
+}
+
+// P and dS of one score tile, in place of the scores s and of dP = dO V^T: P = exp(scale s -
+// lse) and dS = P (dP - Delta) where key j is allowed for row i; exactly 0 (a select, not a
+// product, so whatever dP holds there) where it is not, and on rows whose lse is -inf.
+// Row r is query first + r, column c key j0 + tx + 16 c.
+template <int R, int C>
+__device__ __forceinline__ void probabilities(float (&s)[R][C], float (&dp)[R][C],
+                                              const Mask& mask, const Rows<const float>& lse,
+                                              const Rows<const float>& delta, int b, int h,
+                                              const Span& sq, int first, int j0, int tx,
+                                              float scale) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = first + r, lo = mask.lo(i), hi = mask.hi(i);
+        const bool any = hi >= lo;  // false for rows past the sequence: nothing is read
+        const float row_lse = any ? *lse.at(b, h, sq.row0 + i) : minus_infinity();
+        const float row_delta = any ? *delta.at(b, h, sq.row0 + i) : 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int j = j0 + tx + 16 * c;
+            const bool keep = j >= lo && j <= hi && row_lse != minus_infinity();
+            const float prob = keep ? expf(s[r][c] * scale - row_lse) : 0.0f;
+            dp[r][c] = keep ? prob * (dp[r][c] - row_delta) : 0.0f;
+            s[r][c] = prob;
+        }
+    }
+}
+
+template <int D, int DV>
+struct DkdvTiles {
+    static constexpr int K = kDkdvKeys * (D + kPad), V = kDkdvKeys * (DV + kPad);
+    static constexpr int Q = kDkdvRows * (D + kPad), DO = kDkdvRows * (DV + kPad);
+    static constexpr int PS = kDkdvRows * (kDkdvKeys + kPad);  // P, then dS
+    static constexpr int FLOATS = K + V + Q + DO + PS;
+};
+
+// The tensors the backward reads, and the Delta workspace.
+struct BackwardInputs {
+    Rows<const float> q, k, v, dout, lse, delta;
+};
+
+// One query block's contribution to a key block's dV and dK (the tiles of Q and dO are in
+// shared memory). Loads the next step's dO, then Q, as soon as their tiles are free.
+template <int D, int DV>
+__device__ __forceinline__ void dkdv_step(float (&dk)[4][D / 16], float (&dv)[4][DV / 16],
+                                          const BackwardInputs& in, const Problem& p,
+                                          const Mask& mask, const Span& sq, int b, int h, int i0,
+                                          int j0, float* tiles, int next_h, int next_i0) {
+    typedef DkdvTiles<D, DV> T;
+    constexpr int R = kDkdvRows / 16, C = kDkdvKeys / 16, LD = kDkdvKeys + kPad;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float* k_tile = tiles;
+    float* v_tile = k_tile + T::K;
+    float* q_tile = v_tile + T::V;
+    float* do_tile = q_tile + T::Q;
+    float* ps_tile = do_tile + T::DO;
+    float s[R][C] = {}, dp[R][C] = {};
+    dot_rows<R, C, D>(s, q_tile, k_tile, ty * R, tx);
+    dot_rows<R, C, DV>(dp, do_tile, v_tile, ty * R, tx);
+    probabilities<R, C>(s, dp, mask, in.lse, in.delta, b, h, sq, i0 + ty * R, j0, tx, p.scale);
+    store_scores<R, C, LD>(ps_tile, s, ty * R, tx);
+    __syncthreads();
+    mul_cols<DV, kDkdvRows, LD>(dv, ps_tile, do_tile, ty * 4, tx);  // dV += P^T dO
+    __syncthreads();  // P and dO are consumed
+    if (next_i0 >= 0) {
+        load_tile<kDkdvRows, DV>(do_tile, in.dout, b, next_h, sq, next_i0, p.vec);
+        copy_commit();
+    }
+    store_scores<R, C, LD>(ps_tile, dp, ty * R, tx);
+    __syncthreads();
+    mul_cols<D, kDkdvRows, LD>(dk, ps_tile, q_tile, ty * 4, tx);  // dK += dS^T Q
+    __syncthreads();  // dS and Q are consumed
+    if (next_i0 >= 0) {
+        load_tile<kDkdvRows, D>(q_tile, in.q, b, next_h, sq, next_i0, p.vec);
+        copy_commit();
+    }
+}
+
+// CTA (key block, kv head, sequence): dV = sum P^T dO and dK = scale sum dS^T Q over the group's
+// query heads, then the query blocks that can see these keys, both in increasing order.
+template <int D, int DV>
+__device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Rows<float>& dk,
+                                              const Rows<float>& dv, const Problem& p) {
+    typedef DkdvTiles<D, DV> T;
+    const int b = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * kDkdvKeys;
+    const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
+    if (j0 >= skv.len) return;
+    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
+    const Mask mask = make_mask(p, sq.len, skv.len);
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float* tiles = shared_tiles<T::FLOATS>();
+    float* q_tile = tiles + T::K + T::V;
+
+    const int i_lo = mask.first_row(j0);
+    const int i_hi = mask.last_row(min(j0 + kDkdvKeys, skv.len) - 1);
+    const int qb_first = i_lo / kDkdvRows;
+    const int blocks = i_hi >= i_lo ? i_hi / kDkdvRows - qb_first + 1 : 0;
+    const int steps = blocks * p.group;
+    if (steps > 0) {
+        load_tile<kDkdvKeys, D>(tiles, in.k, b, hk, skv, j0, p.vec);
+        load_tile<kDkdvKeys, DV>(tiles + T::K, in.v, b, hk, skv, j0, p.vec);
+        load_tile<kDkdvRows, D>(q_tile, in.q, b, hk * p.group, sq, qb_first * kDkdvRows, p.vec);
+        load_tile<kDkdvRows, DV>(q_tile + T::Q, in.dout, b, hk * p.group, sq,
+                                 qb_first * kDkdvRows, p.vec);
+        copy_commit();
+    }
+    float dk_acc[4][D / 16] = {}, dv_acc[4][DV / 16] = {};
+    for (int step = 0; step < steps; ++step) {
+        const int h = hk * p.group + step / blocks;
+        const int i0 = (qb_first + step % blocks) * kDkdvRows;
+        const int next = step + 1;
+        const int next_h = hk * p.group + next / blocks;
+        const int next_i0 = next < steps ? (qb_first + next % blocks) * kDkdvRows : -1;
+        copy_wait<0>();
+        __syncthreads();
+        dkdv_step<D, DV>(dk_acc, dv_acc, in, p, mask, sq, b, h, i0, j0, tiles, next_h, next_i0);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int j = j0 + ty * 4 + r;
+        if (j >= skv.len) continue;
+        scale_cols(dk_acc[r], p.scale);
+        store_cols<D>(dk.at(b, hk, skv.row0 + j), dk_acc[r], tx, p.vec);
+        store_cols<DV>(dv.at(b, hk, skv.row0 + j), dv_acc[r], tx, p.vec);
+    }
+}
+
+template <int D, int DV>
+struct DqTiles {
+    static constexpr int Q = kDqRows * (D + kPad), DO = kDqRows * (DV + kPad);
+    static constexpr int K = kDqKeys * (D + kPad), V = kDqKeys * (DV + kPad);
+    static constexpr int DS = kDqRows * (kDqKeys + kPad);
+    static constexpr int FLOATS = Q + DO + K + V + DS;
+};
+
+// CTA (query block, head, sequence): dQ = scale sum dS K over the key blocks it sees, in order.
+template <int D, int DV>
+__device__ __forceinline__ void backward_dq(const BackwardInputs& in, const Rows<float>& dq,
+                                            const Problem& p) {
+    typedef DqTiles<D, DV> T;
+    constexpr int R = kDqRows / 16, C = kDqKeys / 16, BC = kDqKeys, LD = BC + kPad;
+    const int b = blockIdx.z, h = blockIdx.y, hk = h / p.group;
+    const int i0 = query_block_start(kDqRows);
+    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
+    if (i0 >= sq.len) return;
+    const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
+    const Mask mask = make_mask(p, sq.len, skv.len);
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float* q_tile = shared_tiles<T::FLOATS>();
+    float* do_tile = q_tile + T::Q;
+    float* k_tile = do_tile + T::DO;
+    float* v_tile = k_tile + T::K;
+    float* ds_tile = v_tile + T::V;
+
+    const int2 blocks = key_blocks(mask, i0, min(i0 + kDqRows, sq.len) - 1, BC);
+    if (blocks.x <= blocks.y) {
+        load_tile<kDqRows, D>(q_tile, in.q, b, h, sq, i0, p.vec);
+        load_tile<kDqRows, DV>(do_tile, in.dout, b, h, sq, i0, p.vec);
+        load_tile<BC, D>(k_tile, in.k, b, hk, skv, blocks.x * BC, p.vec);
+        load_tile<BC, DV>(v_tile, in.v, b, hk, skv, blocks.x * BC, p.vec);
+        copy_commit();
+    }
+    float acc[R][D / 16] = {};
+    for (int kb = blocks.x; kb <= blocks.y; ++kb) {
+        copy_wait<0>();
+        __syncthreads();
+        float s[R][C] = {}, dp[R][C] = {};
+        dot_rows<R, C, D>(s, q_tile, k_tile, ty * R, tx);
+        dot_rows<R, C, DV>(dp, do_tile, v_tile, ty * R, tx);
+        probabilities<R, C>(s, dp, mask, in.lse, in.delta, b, h, sq, i0 + ty * R, kb * BC, tx,
+                            p.scale);
+        store_scores<R, C, LD>(ds_tile, dp, ty * R, tx);
+        __syncthreads();  // dS is in place, and every thread is done with V
+        if (kb < blocks.y) {
+            load_tile<BC, DV>(v_tile, in.v, b, hk, skv, (kb + 1) * BC, p.vec);
+            copy_commit();
+        }
+        mul_rows<R, D, BC, LD>(acc, ds_tile, k_tile, ty * R, tx);  // dQ += dS K
+        __syncthreads();  // dS and K are consumed
+        if (kb < blocks.y) {
+            load_tile<BC, D>(k_tile, in.k, b, hk, skv, (kb + 1) * BC, p.vec);
+            copy_commit();
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = i0 + ty * R + r;
+        if (i >= sq.len) continue;
+        scale_cols(acc[r], p.scale);
+        store_cols<D>(dq.at(b, h, sq.row0 + i), acc[r], tx, p.vec);
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------- kernels
+//
+// Every tensor travels as its pointer and (batch, token, head) strides in elements; the problem
+// follows in one fixed list. opfacade/_backends/nvrtc/flash_f32.py packs them in this order.
+
+#define FLASH_IN(x) const float *x, i64 x##_b, i64 x##_t, i64 x##_h
+#define FLASH_OUT(x) float *x, i64 x##_b, i64 x##_t, i64 x##_h
+#define FLASH_ROWS(T, x) Rows<T>{x, x##_b, x##_t, x##_h}
+#define FLASH_PROBLEM_PARAMS                                                                  \
+    const int *cu_q, const int *cu_kv, int group, int max_q, int max_kv, i64 total_q,        \
+        i64 total_kv, float scale, int causal, int left, int right, int vec
+#define FLASH_PROBLEM                                                                         \
+    Problem { cu_q, cu_kv, group, max_q, max_kv, total_q, total_kv, scale, causal, left, right, \
+              vec }
+#define FLASH_BACKWARD_INPUTS                                                                \
+    BackwardInputs {                                                                         \
+        FLASH_ROWS(const float, q), FLASH_ROWS(const float, k), FLASH_ROWS(const float, v),  \
+            FLASH_ROWS(const float, dout), FLASH_ROWS(const float, lse),                     \
+            FLASH_ROWS(const float, delta)                                                   \
+    }
+
+extern "C" __global__ void __launch_bounds__(kThreads) flash_f32_bwd_delta(
+    FLASH_IN(out), FLASH_IN(dout), FLASH_OUT(delta), FLASH_PROBLEM_PARAMS, int dim_v) {
+    backward_delta(FLASH_ROWS(const float, out), FLASH_ROWS(const float, dout),
+                   FLASH_ROWS(float, delta), FLASH_PROBLEM, dim_v);
+}
+
+#define FLASH_KERNELS(D, DV)                                                                   \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_fwd_d##D##_dv##DV(      \
+        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), FLASH_OUT(lse),                  \
+        FLASH_PROBLEM_PARAMS) {                                                                 \
+        forward<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),                   \
+                       FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                       \
+                       FLASH_ROWS(float, lse), FLASH_PROBLEM);                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_bwd_dkdv_d##D##_dv##DV( \
+        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
+        FLASH_OUT(dk), FLASH_OUT(dv), FLASH_PROBLEM_PARAMS) {                                   \
+        backward_dkdv<D, DV>(FLASH_BACKWARD_INPUTS, FLASH_ROWS(float, dk),                       \
+                             FLASH_ROWS(float, dv), FLASH_PROBLEM);                              \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_bwd_dq_d##D##_dv##DV(   \
+        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
+        FLASH_OUT(dq), FLASH_PROBLEM_PARAMS) {                                                  \
+        backward_dq<D, DV>(FLASH_BACKWARD_INPUTS, FLASH_ROWS(float, dq), FLASH_PROBLEM);         \
+    }
+
+FLASH_KERNELS(32, 32)
+FLASH_KERNELS(64, 64)
+FLASH_KERNELS(96, 96)
+FLASH_KERNELS(128, 128)
+FLASH_KERNELS(128, 64)
+FLASH_KERNELS(64, 128)

@@ -1,0 +1,231 @@
+"""The true-f32 flash attention without a GPU: every kernel of native/flash_f32.cu compiles for
+sm_90, the launcher packs exactly the parameters each kernel declares (read from NVRTC's PTX),
+sizes grids, shared memory and workspace as the kernels expect, and rejects bad input with a
+ValueError naming the field. On a GPU: scripts/flash_f32_check.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opfacade._backends.nvrtc import compiler
+from opfacade._backends.nvrtc import flash_f32 as flash
+from opfacade.errors import InvalidArgument, InvalidProblem, Unsupported
+from opfacade.types import ArchSku
+
+NATIVE = Path(__file__).resolve().parents[1] / "native"
+SOURCE = (NATIVE / flash.SOURCE).read_text()
+VARLEN = dict(batch=3, heads_q=8, heads_kv=2, head_dim=128, head_dim_v=128, max_seqlen_q=130,
+              max_seqlen_kv=300, total_q=200, total_kv=500, varlen=True, scale=0.125,
+              causal="bottom_right", window_left=64)
+DENSE = dict(VARLEN, varlen=False, total_q=3 * 130, total_kv=3 * 300, causal=None,
+             window_left=-1)
+# Device addresses the checks accept (16-byte aligned); nothing is dereferenced here.
+ADDRESS = {name: 0x10000 * (i + 1) for i, name in enumerate(
+    ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "cu_q", "cu_kv", "workspace"))}
+# What each PTX parameter type holds, as the numpy scalar the launcher packs for it.
+PTX_TYPES = {"u64": (np.uint64, np.int64), "s64": (np.uint64, np.int64),
+             "u32": (np.int32,), "s32": (np.int32,), "f32": (np.float32,)}
+
+
+@pytest.fixture(scope="module")
+def cubin() -> bytes:
+    # No disk cache: a module fixture runs before the per-test cache directory is set.
+    return compiler.compile_cubin(flash.SOURCE, ArchSku.sm90, source=SOURCE,
+                                  use_cache=False).cubin
+
+
+@pytest.fixture(scope="module")
+def signatures() -> dict[str, list[str]]:
+    """Each kernel's parameter types, from NVRTC's PTX for sm_90."""
+    from cuda.bindings import nvrtc
+
+    headers = {p.name: p.read_text() for p in sorted(NATIVE.glob("*.cuh"))}
+    _, program = nvrtc.nvrtcCreateProgram(SOURCE.encode(), flash.SOURCE.encode(), len(headers),
+                                          [t.encode() for t in headers.values()],
+                                          [n.encode() for n in headers])
+    options = [*compiler.BASE_OPTIONS, "-arch=compute_90"]
+    try:
+        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
+        assert status == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        ptx = bytearray(size)
+        nvrtc.nvrtcGetPTX(program, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    entries = re.findall(r"\.entry (\w+)\((.*?)\)", bytes(ptx).decode(), re.S)
+    return {name: re.findall(r"\.param \.(\w+) ", params) for name, params in entries}
+
+
+def test_every_instantiation_compiles_for_sm90(cubin):
+    assert cubin[:4] == b"\x7fELF"
+    symbols = {m.decode() for m in re.findall(rb"(?<=\0)flash_f32_\w+(?=\0)", cubin)}
+    assert symbols == set(flash.kernel_names())
+
+
+def _launches(monkeypatch) -> list[tuple]:
+    """Records launches (kernel name, grid, block, args, shared bytes) in place of a GPU."""
+    launched = []
+    monkeypatch.setattr(flash, "_kernel", lambda name, device, shared: name)
+    monkeypatch.setattr(flash, "launch", lambda kernel, grid, block, args, stream, device,
+                        shared=0: launched.append((kernel, grid, block, args, shared)))
+    return launched
+
+
+def _run_both(problem: flash.FlashProblem, strides: flash.FlashStrides | None = None):
+    a = ADDRESS
+    strides = strides or flash.FlashStrides.contiguous(problem)
+    cu = (a["cu_q"], a["cu_kv"]) if problem.varlen else (0, 0)
+    flash.forward_call(problem, 0, a["q"], a["k"], a["v"], a["out"], a["lse"], *cu, strides, 7)()
+    flash.backward_call(problem, 0, a["q"], a["k"], a["v"], a["out"], a["dout"], a["lse"],
+                        a["dq"], a["dk"], a["dv"], *cu, a["workspace"], strides, 7)()
+
+
+@pytest.mark.parametrize("fields", [VARLEN, DENSE], ids=["varlen", "dense"])
+def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures, fields):
+    launched = _launches(monkeypatch)
+    _run_both(flash.FlashProblem(**fields))
+    assert [name for name, *_ in launched] == [
+        "flash_f32_fwd_d128_dv128", "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128",
+        "flash_f32_bwd_dq_d128_dv128"]
+    for name, _, block, args, _ in launched:
+        assert block == (flash.THREADS,)
+        assert len(args) == len(signatures[name]), name
+        for i, (arg, ptx_type) in enumerate(zip(args, signatures[name], strict=True)):
+            assert type(arg) in PTX_TYPES[ptx_type], (name, i, type(arg), ptx_type)
+
+
+def test_forward_arguments_grid_and_shared_memory(monkeypatch):
+    launched = _launches(monkeypatch)
+    problem = flash.FlashProblem(**VARLEN)
+    _run_both(problem)
+    name, grid, _, args, shared = launched[0]
+    assert grid == (3, 8, 3)  # ceil(130 / 64) query blocks, heads_q, batch
+    assert args[0] == ADDRESS["q"] and args[1:4] == (0, 8 * 128, 128)  # varlen [T, H, D]
+    assert args[16:20] == (ADDRESS["lse"], 0, 1, 200)  # lse [Hq, Tq]
+    problem_args = args[20:]
+    assert problem_args == (ADDRESS["cu_q"], ADDRESS["cu_kv"], 4, 130, 300, 200, 500,
+                            np.float32(0.125), 2, 64, -1, 1)
+    assert shared == flash._forward_shared(128, 128)
+
+
+def test_backward_grids_workspace_and_delta_layout(monkeypatch):
+    launched = _launches(monkeypatch)
+    problem = flash.FlashProblem(**DENSE)
+    _run_both(problem)
+    (_, delta_grid, _, delta_args, _), (_, dkdv_grid, *_), (_, dq_grid, *_) = launched[1:]
+    assert delta_grid == (3, 8, 3) and dkdv_grid == (5, 2, 3) and dq_grid == (3, 8, 3)
+    # Delta [B, Hq, Sq] right after out and dout, as (pointer, batch, token, head).
+    assert delta_args[8:12] == (ADDRESS["workspace"], 8 * 130, 1, 130)
+    # One f32 per query row and head, rounded up to 256 bytes: dense B*Sq rows, varlen Tq.
+    assert flash.backward_workspace_bytes(problem) == -(-4 * 8 * 3 * 130 // 256) * 256
+    varlen = flash.FlashProblem(**VARLEN)
+    assert flash.backward_workspace_bytes(varlen) == -(-4 * 8 * 200 // 256) * 256
+
+
+def test_an_odd_stride_turns_the_vector_copies_off(monkeypatch):
+    launched = _launches(monkeypatch)
+    problem = flash.FlashProblem(**DENSE)
+    standard = flash.FlashStrides.contiguous(problem)
+    odd = flash.FlashStrides(q=standard.q, k=standard.k, v=standard.v, out=standard.out,
+                             lse=standard.lse, dk=(3 * 300 * 129, 129, 300 * 129))
+    _run_both(problem, odd)
+    vec = [args[-1] if name != "flash_f32_bwd_delta" else args[-2]
+           for name, _, _, args, _ in launched]
+    assert vec == [1, 0, 0, 0]  # the forward never touches dk
+
+
+def test_empty_extents_launch_only_what_writes_rows(monkeypatch):
+    launched = _launches(monkeypatch)
+    _run_both(flash.FlashProblem(**dict(VARLEN, max_seqlen_q=0, total_q=0)))
+    assert [name for name, *_ in launched] == ["flash_f32_bwd_dkdv_d128_dv128"]
+
+
+def test_two_ctas_share_an_sm_at_head_dim_128():
+    # sm_90: 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA.
+    for size in (flash._forward_shared(128, 128), flash._dkdv_shared(128, 128),
+                 flash._dq_shared(128, 128)):
+        assert 2 * (size + 1024) <= 228 * 1024
+
+
+@pytest.mark.parametrize("dims", [(80, 80), (32, 64), (256, 256)])
+def test_supported_rejects_head_dims_without_kernels(dims):
+    problem = flash.FlashProblem(**dict(VARLEN, head_dim=dims[0], head_dim_v=dims[1]))
+    reason = flash.supported(problem)
+    assert reason is not None and "head_dim" in reason
+    with pytest.raises(Unsupported, match="head_dim"):
+        flash.forward_call(problem, 0, *[ADDRESS[n] for n in ("q", "k", "v", "out", "lse")],
+                           ADDRESS["cu_q"], ADDRESS["cu_kv"],
+                           flash.FlashStrides.contiguous(problem), 0)
+
+
+def test_supported_accepts_every_built_pair_and_bounds_the_grid():
+    for d, dv in flash.HEAD_DIMS:
+        problem = flash.FlashProblem(**dict(VARLEN, head_dim=d, head_dim_v=dv))
+        assert flash.supported(problem) is None
+    many = flash.FlashProblem(**dict(VARLEN, heads_q=70000, heads_kv=1))
+    assert "heads_q" in flash.supported(many)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("batch", 0), ("heads_q", 7), ("head_dim", -1), ("max_seqlen_q", -1),
+    ("total_kv", 2**31), ("window_left", -2), ("window_right", 1.5), ("scale", float("nan")),
+    ("causal", "diagonal"), ("varlen", 1),
+])
+def test_problem_fields_are_validated(field, value):
+    with pytest.raises(ValueError, match=field) as caught:
+        flash.FlashProblem(**dict(VARLEN, **{field: value}))
+    assert isinstance(caught.value, InvalidProblem) and caught.value.field == field
+
+
+def test_dense_totals_must_be_batch_times_length():
+    with pytest.raises(ValueError, match="total_q") as caught:
+        flash.FlashProblem(**dict(DENSE, total_q=7))
+    assert caught.value.field == "total_q"
+
+
+@pytest.mark.parametrize(("argument", "change"), [
+    ("q", dict(q=ADDRESS["q"] + 2)),
+    ("k", dict(k=0)),
+    ("lse", dict(lse=-4)),
+    ("cu_seqlens_kv", dict(cu_kv=0)),
+    ("strides", dict(strides=(1, 2, 3))),
+    ("stream", dict(stream=-1)),
+])
+def test_forward_arguments_are_validated(argument, change):
+    problem = flash.FlashProblem(**VARLEN)
+    call = dict(q=ADDRESS["q"], k=ADDRESS["k"], v=ADDRESS["v"], out=ADDRESS["out"],
+                lse=ADDRESS["lse"], cu_q=ADDRESS["cu_q"], cu_kv=ADDRESS["cu_kv"],
+                strides=flash.FlashStrides.contiguous(problem), stream=0)
+    with pytest.raises(ValueError, match=argument) as caught:
+        flash.forward_call(problem, 0, **dict(call, **change))
+    assert isinstance(caught.value, InvalidArgument) and caught.value.argument == argument
+
+
+@pytest.mark.parametrize(("argument", "change"), [
+    ("workspace_ptr", dict(workspace_ptr=0)),
+    ("cu_seqlens_q", dict(cu_q=ADDRESS["cu_q"])),  # given for a dense problem
+    ("dv", dict(dv=ADDRESS["dv"] + 1)),
+])
+def test_backward_arguments_are_validated(argument, change):
+    problem = flash.FlashProblem(**DENSE)
+    names = ("q", "k", "v", "out", "dout", "lse", "dq", "dk", "dv")
+    call = dict({n: ADDRESS[n] for n in names}, cu_q=0, cu_kv=0,
+                workspace_ptr=ADDRESS["workspace"],
+                strides=flash.FlashStrides.contiguous(problem), stream=0)
+    with pytest.raises(ValueError, match=argument) as caught:
+        flash.backward_call(problem, 0, **dict(call, **change))
+    assert isinstance(caught.value, InvalidArgument) and caught.value.argument == argument
+
+
+def test_strides_must_be_three_ints():
+    with pytest.raises(ValueError, match=r"strides\.dq") as caught:
+        flash.FlashStrides(q=(0, 1, 2), k=(0, 1, 2), v=(0, 1, 2), out=(0, 1, 2),
+                           lse=(0, 1, 2), dq=(0, 1))
+    assert caught.value.argument == "strides.dq"
+    given = flash.FlashStrides(q=[0, 1, 2], k=(0, 1, 2), v=(0, 1, 2), out=(0, 5, 6),
+                               lse=(0, 1, 2))
+    assert given.q == (0, 1, 2) and given.of("dout") == (0, 5, 6)
