@@ -170,9 +170,10 @@ def test_explain_without_a_gpu_gives_every_candidate_a_reason():
     assert found["sdpa_forward.cudnn.f16"] is ReasonCode.element_unsupported
     assert found["sdpa_forward.reference"] is ReasonCode.reference_is_oracle
     assert isinstance(Plan.select(forward(), arch="sm90"), SdpaForwardPlan)
+    assert Plan.select(forward(element="f32"), arch="sm90").sku.id == "sdpa_forward.nvrtc.f32"
     with pytest.raises(NoKernelSku) as caught:
-        Plan.select(forward(element="f32"), arch="sm90")
-    assert "serves bf16, problem is f32" in str(caught.value)
+        Plan.select(forward(element="f64"), arch="sm90")
+    assert "serves bf16, problem is f64" in str(caught.value)
 
 
 @pytest.mark.parametrize("kind,kw,code,message", [

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call for the true-f32 attention SKUs (varlen and dense): the kernels' own check
+# script, their GPU tests, every distribution's precision test, verify, and their bench rows.
+#   bash scripts/gpu_varlen.sh [stages...]     stages: check tests verify bench
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
+stages=${*:-check tests verify bench}
+wants() { [[ " $stages " == *" $1 "* ]]; }
+stage() { echo "=== $1 ($(date +%T))"; }
+if wants check; then
+    stage check
+    timeout 200 python3 scripts/flash_f32_check.py "$OUT/flash_check.json" > "$OUT/flash_check.log" 2>&1
+    echo "flash check exit $?"; tail -25 "$OUT/flash_check.log"
+fi
+if wants tests; then
+    stage tests
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_varlen_attention_gpu.py \
+        "tests/test_precision_gpu.py" -k "varlen or (sdpa and f32)" \
+        2>&1 | tee "$OUT/pytest_varlen.log" | tail -30
+fi
+if wants verify; then
+    stage verify
+    for op in varlen_attention_forward varlen_attention_backward sdpa_forward sdpa_backward; do
+        timeout 200 python3 -m opfacade verify --op $op --out "$OUT/verified_$op" --runs 3 2>&1 | grep -v "^PASS sdpa_.*cudnn" | tail -8
+    done
+fi
+if wants bench; then
+    stage bench
+    timeout 240 python3 -m opfacade bench --op varlen_attention --json "$OUT/bench_varlen.json" 2>&1 | tee "$OUT/bench_varlen.log" | grep -v Warning
+fi
+stage done
