@@ -147,7 +147,8 @@ def test_views_into_one_packed_qkv_give_the_same_bits_without_copies():
     plan.run(VarlenAttentionArgs(q.contiguous(), k.contiguous(), v.contiguous(), data.cu_q,
                                  data.cu_q, compact))
     torch.cuda.synchronize()
-    assert torch.equal(strided, compact)
+    owned = sum(len_q)  # rows past the last offset belong to no sequence: left as they were
+    assert torch.equal(strided[:owned], compact[:owned])
 
 
 def test_garbage_offsets_never_write_outside_the_outputs():
