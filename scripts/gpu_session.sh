@@ -40,7 +40,7 @@ fi
 
 if wants sanitize; then
     stage sanitizer
-    for script in tests/sanitize_alibi.py tests/sanitize_linear_grad.py; do
+    for script in tests/sanitize_alibi.py tests/sanitize_linear_grad.py tests/sanitize_attention_f32.py; do
         for tool in memcheck racecheck; do
             timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 $script \
                 >> "$OUT/sanitizer.log" 2>&1
