@@ -19,11 +19,12 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from .._internal.contract import Descriptor
+from .._internal.contract import Descriptor, bits_for
 from .._internal.validation import CheckedModel, one_of
 from ..types import ElementKind
 
-__all__ = ["ELEMENTS", "MAX_EXTENT", "Alignment", "AttentionMask", "SlidingWindow"]
+__all__ = ["ELEMENTS", "MAX_EXTENT", "Alignment", "AttentionMask", "SlidingWindow",
+           "large_backward_scales", "large_forward_scales"]
 
 Alignment = Literal["top_left", "bottom_right"]
 MAX_EXTENT = 1 << 31
@@ -133,3 +134,41 @@ class AttentionMask(Descriptor):
         """Keys ``j >= i + d - left`` (reference convention)."""
         return self.window.left if self.window else None
 
+
+
+# -- the "large" verification distribution, for every attention family -------------------------
+#
+# Its largest scores are about 2**12. Scores far beyond what models make exercise the softmax's
+# max subtraction and exp underflow, while an f32 score and the f32 log-sum-exp a backward reads
+# still resolve them to ~2**-12 (at 2**24 they would not resolve them at all: no kernel that
+# saves the log-sum-exp in f32 can have a backward there).
+_LARGE_SCORES = 12
+
+
+def _large_qk(desc: AttentionMask) -> int:
+    """The exponent of two for q and k that puts |scale| D |q| |k| near 2**_LARGE_SCORES."""
+    return math.floor((_LARGE_SCORES - math.log2(abs(desc.softmax_scale) * desc.head_dim)) / 2)
+
+
+def large_forward_scales(desc: AttentionMask) -> dict[str, float]:
+    """The "large" distribution's multipliers for a forward: v near the top of its range (out
+    is a convex combination of its rows), q and k making scores of about 2**_LARGE_SCORES."""
+    qk = 2.0 ** _large_qk(desc)
+    return {"q": qk, "k": qk, "v": 2.0 ** (desc.element.max_exponent - 2)}
+
+
+def large_backward_scales(desc: AttentionMask, seq_q: int, seq_kv: int) -> dict[str, float]:
+    """The "large" distribution's multipliers for a backward whose sequences are at most
+    ``seq_q`` and ``seq_kv`` long. dS = P (dO.V - rowsum(dO O)) is up to 2 D |dO| |V|, and dq
+    (dk) sums Skv (Sq times the group) terms of scale |dS| |k| (|q|): q and k as in the
+    forward, v as near the top of the range as a normal grad_out allows, and grad_out as small
+    as keeps dq, dk and dv finite."""
+    element = desc.element
+    top = element.max_exponent - 2
+    qk = _large_qk(desc)
+    group = desc.heads_q // desc.heads_kv
+    reach = bits_for(2.0 * abs(desc.softmax_scale) * desc.head_dim * max(seq_kv, seq_q * group))
+    grad = max(-qk - reach, 3 - element.max_exponent)  # v at top - 1, else the smallest normal
+    grad = min(grad, top - bits_for(seq_q * group) - 1)  # dv sums Sq*group of P dO
+    v = min(top - 1, top - qk - reach - 1 - grad)
+    return {"q": 2.0 ** qk, "k": 2.0 ** qk, "v": 2.0 ** v, "grad_out": 2.0 ** grad}

@@ -9,14 +9,14 @@ module, and every layout fact they use stays in the contract.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._internal.contract import TensorSpec, bits_for
+from .._internal.contract import TensorSpec
 from ..errors import InvalidProblem
 from ..types import ElementKind
+from .attention_masks import large_backward_scales, large_forward_scales
 
 if TYPE_CHECKING:
     from .sdpa import SdpaBackwardDescriptor, SdpaDescriptor
@@ -168,38 +168,9 @@ def _saved_by_the_forward(desc: SdpaBackwardDescriptor, inputs: dict[str, np.nda
             "stats": lse[..., None].astype(np.float32).astype(np.float64)}
 
 
-# The "large" distribution's largest scores: about 2**12. Scores far beyond what models make
-# exercise the softmax's max subtraction and exp underflow, while an f32 score and the f32
-# log-sum-exp a backward reads still resolve them to ~2**-12 (at 2**24 they would not resolve
-# them at all: no kernel that saves the log-sum-exp in f32 can have a backward there).
-_LARGE_SCORES = 12
-
-
-def _large_qk(desc: SdpaDescriptor | SdpaBackwardDescriptor) -> float:
-    """The power of two for q and k that puts |scale| D |q| |k| near 2**_LARGE_SCORES."""
-    reach = math.log2(abs(desc.softmax_scale) * desc.head_dim)
-    return 2.0 ** math.floor((_LARGE_SCORES - reach) / 2)
-
-
 def forward_large(desc: SdpaDescriptor) -> dict[str, float]:
-    """The "large" distribution's multipliers: v near the top of its range (out is a convex
-    combination of its rows), q and k making scores of about 2**_LARGE_SCORES."""
-    qk = _large_qk(desc)
-    return {"q": qk, "k": qk, "v": 2.0 ** (desc.element.max_exponent - 2)}
+    return large_forward_scales(desc)
 
 
 def backward_large(desc: SdpaBackwardDescriptor) -> dict[str, float]:
-    """The "large" distribution's multipliers for the backward. dS = P (dO.V - rowsum(dO O)) is
-    up to 2 D |dO| |V|, and dq (dk) sums Skv (Sq times the group) terms of scale |dS| |k|
-    (|q|): q and k as in the forward, v as near the top of the range as a normal grad_out
-    allows, and grad_out as small as keeps dq, dk and dv finite."""
-    element = desc.element
-    top = element.max_exponent - 2
-    qk = int(math.log2(_large_qk(desc)))
-    group = desc.heads_q // desc.heads_kv
-    reach = bits_for(2.0 * desc.softmax_scale * desc.head_dim
-                     * max(desc.seq_kv, desc.seq_q * group))
-    grad = max(1 - qk - reach - 1, 3 - element.max_exponent)  # v at top - 1, else the smallest
-    grad = min(grad, top - bits_for(desc.seq_q * group) - 1)  # dv sums Sq*group of P dO
-    v = min(top - 1, top - qk - reach - 1 - grad)
-    return {"q": 2.0 ** qk, "k": 2.0 ** qk, "v": 2.0 ** v, "grad_out": 2.0 ** grad}
+    return large_backward_scales(desc, desc.seq_q, desc.seq_kv)

@@ -37,14 +37,13 @@ gradient rows as they were. q, k, v, out and the gradients may be strided along 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pydantic import Field
 
-from .._internal.contract import BoundArgs, OpContract, TensorSpec, bits_for
+from .._internal.contract import BoundArgs, OpContract, TensorSpec
 from .._internal.tensors import (
     TensorView,
     argument_when,
@@ -56,7 +55,15 @@ from .._internal.tensors import (
 )
 from ..errors import InvalidArgument, InvalidProblem, ShapeMismatch
 from ..types import ElementKind, OpCategory
-from .attention_masks import ELEMENTS, MAX_EXTENT, Alignment, AttentionMask, SlidingWindow
+from .attention_masks import (
+    ELEMENTS,
+    MAX_EXTENT,
+    Alignment,
+    AttentionMask,
+    SlidingWindow,
+    large_backward_scales,
+    large_forward_scales,
+)
 
 __all__ = [
     "ELEMENTS",
@@ -372,32 +379,12 @@ def _backward_samples(element: ElementKind) -> list[VarlenAttentionBackwardDescr
     return [VarlenAttentionBackwardDescriptor(**shape, element=element) for shape in _SAMPLES]
 
 
-# Scores of about 2**12 at most in the "large" distribution, as in sdpa (sdpa_samples.py says
-# why not more): q and k scaled to reach them, v near the top of its range.
-_LARGE_SCORES = 12
-
-
-def _large_qk(desc: _VarlenProblem) -> int:
-    return math.floor((_LARGE_SCORES - math.log2(abs(desc.softmax_scale) * desc.head_dim)) / 2)
-
-
 def _forward_large(desc: VarlenAttentionDescriptor) -> dict[str, float]:
-    qk = 2.0 ** _large_qk(desc)
-    return {"q": qk, "k": qk, "v": 2.0 ** (desc.element.max_exponent - 2)}
+    return large_forward_scales(desc)
 
 
 def _backward_large(desc: VarlenAttentionBackwardDescriptor) -> dict[str, float]:
-    # As sdpa's backward_large: dS = P (dO.V - rowsum(dO O)) is up to 2 D |dO| |V|, and dq (dk)
-    # sums max_seqlen_kv (max_seqlen_q times the group) terms of scale |dS| |k| (|q|).
-    top = desc.element.max_exponent - 2
-    qk = _large_qk(desc)
-    group = desc.heads_q // desc.heads_kv
-    reach = bits_for(2.0 * desc.softmax_scale * desc.head_dim
-                     * max(desc.max_seqlen_kv, desc.max_seqlen_q * group))
-    grad = max(-qk - reach, 3 - desc.element.max_exponent)
-    grad = min(grad, top - bits_for(desc.max_seqlen_q * group) - 1)
-    v = min(top - 1, top - qk - reach - 1 - grad)
-    return {"q": 2.0 ** qk, "k": 2.0 ** qk, "v": 2.0 ** v, "grad_out": 2.0 ** grad}
+    return large_backward_scales(desc, desc.max_seqlen_q, desc.max_seqlen_kv)
 
 
 # ----------------------------------------------------------------------------- ops
