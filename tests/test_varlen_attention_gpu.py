@@ -211,3 +211,22 @@ def test_checked_mode_runs_valid_offsets():
                               (("q", tq), ("k", sum(len_kv)), ("v", sum(len_kv)))),
                             np.array(_offsets(len_q)), np.array(_offsets(len_kv)))
     assert relative_error(data.out[:tq].double().cpu().numpy(), out) < 1e-5
+
+
+def test_nan_in_tokens_no_sequence_owns_never_reaches_a_result():
+    """Rows past the last offset (a buffer from torch.empty, say) are never read."""
+    forward, backward = _plans(causal="bottom_right")
+    data = Packed(seed=7)
+    len_q, len_kv = [100, 0, 1, 160, 7, 30], [150, 4, 0, 200, 9, 30]
+    data.set_lengths(len_q, len_kv)
+    for tensor, used in ((data.q, sum(len_q)), (data.d_out, sum(len_q)), (data.k, sum(len_kv)),
+                         (data.v, sum(len_kv))):
+        tensor[used:] = float("nan")
+    forward.run(data.forward_args())
+    backward.run(data.backward_args())
+    torch.cuda.synchronize()
+    tq, tk = sum(len_q), sum(len_kv)
+    assert torch.isfinite(data.out[:tq]).all()
+    assert all(torch.isfinite(g[:rows]).all() for g, rows in zip(data.grads, (tq, tk, tk),
+                                                                 strict=True))
+    data.check(len_q, len_kv, causal="bottom_right")
