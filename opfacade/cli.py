@@ -154,8 +154,10 @@ def _type_text(annotation) -> str:
     return str(annotation)
 
 
-def _field_text(name: str, field) -> str:
+def _field_text(name: str, field, accepted_elements: tuple | None = None) -> str:
     kind = _type_text(field.annotation)
+    if name == "element" and accepted_elements:  # the contract's accepted set, not the enum
+        kind = "|".join(element.value for element in accepted_elements)
     if field.is_required():
         return f"{name}: {kind}"
     default = field.get_default(call_default_factory=True)
@@ -171,9 +173,10 @@ def ops_help() -> str:
     lines = ["ops and their descriptor fields (give them as key=value; [optional = default]):"]
     for op in all_ops():
         lines.append(f"  {op.name} ({op.descriptor.__name__})")
+        accepted = getattr(sys.modules[op.descriptor.__module__], "ELEMENTS", None)
         line = ""
         for name, field in op.descriptor.model_fields.items():
-            text = _field_text(name, field)
+            text = _field_text(name, field, accepted)
             if line and len(line) + 2 + len(text) > 90:  # wrap between fields, never inside one
                 lines.append("      " + line)
                 line = ""
