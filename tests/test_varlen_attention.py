@@ -169,3 +169,10 @@ def test_no_gpu_sku_is_offered_by_the_reference():
     desc = VarlenAttentionDescriptor(**FIELDS)
     report = Plan.explain(desc, PlanPreference(), arch="sm90")
     assert "reference_is_oracle" in str(report) or "reference" in str(report)
+
+
+def test_the_f32_kernels_refuse_archs_whose_blocks_lack_their_shared_memory():
+    desc = VarlenAttentionDescriptor(**{**FIELDS, "head_dim": 128, "element": "f32"})
+    report = str(Plan.explain(desc, arch="sm89"))
+    assert "shared memory per block, more than sm89" in report
+    assert Plan.select(desc, arch="sm90").sku.id == "varlen_attention_forward.nvrtc.f32"

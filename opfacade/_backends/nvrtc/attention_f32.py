@@ -42,7 +42,12 @@ __all__ = ["SDPA_SKUS", "VARLEN_SKUS"]
 # "large" inputs); the bounds keep ~10-20x of room for longer sequences and other GPUs.
 FORWARD_BOUND = 5e-6
 BACKWARD_BOUND = 2e-5
-ARCH = ArchSku.sm80  # cp.async and 108 KiB of shared memory per block (flash_f32.py)
+ARCH = ArchSku.sm80  # cp.async and up to 108 KiB of shared memory per block (flash_f32.py)
+# Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
+# compute capabilities table): sm_86, sm_89 and sm_120 stop at 99 KiB, which D = Dv = 128 needs
+# more than.
+SHARED_PER_BLOCK = {ArchSku.sm80: 163 << 10, ArchSku.sm86: 99 << 10, ArchSku.sm89: 99 << 10,
+                    ArchSku.sm90: 227 << 10, ArchSku.sm100: 227 << 10, ArchSku.sm120: 99 << 10}
 
 DenseDesc = SdpaDescriptor | SdpaBackwardDescriptor
 VarlenDesc = VarlenAttentionDescriptor | VarlenAttentionBackwardDescriptor
@@ -102,14 +107,31 @@ def _triple(view: TensorView, batch: int, token: int, head: int) -> tuple[int, i
     return (view.strides[batch] if batch >= 0 else 0, view.strides[token], view.strides[head])
 
 
+def _shared_unfit(desc: DenseDesc | VarlenDesc, arch: ArchSku | None) -> Unfit | None:
+    """The kernels' shared-memory tiles against what one block of ``arch`` may have."""
+    if arch is None:
+        return None
+    need = flash.shared_bytes(desc.head_dim, desc.dim_v)
+    have = SHARED_PER_BLOCK[arch]
+    if need > have:
+        return Unfit(ReasonCode.shape_unsupported,
+                     f"head_dim={desc.head_dim}, head_dim_v={desc.dim_v} needs {need} bytes of "
+                     f"shared memory per block, more than {arch.value}'s {have}")
+    return None
+
+
 class _FlashSku(SkuImpl):
-    """What the four SKUs share: the element, availability, 16-byte tensors."""
+    """What the four SKUs share: the element, availability, element-aligned tensors (the
+    kernels copy 16 bytes at a time where every pointer and stride allows)."""
 
     sku: KernelSku
     limits = LIMITS
 
     def unavailable(self) -> str | None:
         return available()
+
+    def unfit_on(self, desc: DenseDesc | VarlenDesc, target) -> Unfit | None:
+        return self.unfit(desc) or _shared_unfit(desc, None if target is None else target.arch)
 
     def _unfit_common(self, desc: DenseDesc | VarlenDesc) -> Unfit | None:
         if desc.element is not ElementKind.f32:

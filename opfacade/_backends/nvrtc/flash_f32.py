@@ -32,7 +32,7 @@ from .launch import get_kernel, launch
 
 __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides",
            "backward_call", "backward_workspace_bytes", "forward_call", "kernel_names",
-           "supported"]
+           "shared_bytes", "supported"]
 
 SOURCE = "flash_f32.cu"
 THREADS = 256
@@ -69,6 +69,11 @@ def _dkdv_shared(d: int, dv: int) -> int:
 def _dq_shared(d: int, dv: int) -> int:
     return _FLOAT * (_tile(DQ_ROWS, d) + _tile(DQ_ROWS, dv) + _tile(DQ_KEYS, d)
                      + _tile(DQ_KEYS, dv) + _tile(DQ_ROWS, DQ_KEYS))
+
+
+def shared_bytes(d: int, dv: int) -> int:
+    """The most dynamic shared memory any of the kernels for (d, dv) launches with."""
+    return max(_forward_shared(d, dv), _dkdv_shared(d, dv), _dq_shared(d, dv))
 
 
 def kernel_names() -> list[str]:
