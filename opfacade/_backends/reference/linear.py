@@ -238,27 +238,22 @@ def linear_backward(
     }
 
 
-def linear_forward_magnitude(
-    x: np.ndarray,
-    w: np.ndarray,
-    *,
-    weight_layout: str = "kn",
-    bias: np.ndarray | None = None,
-    activation: str = "none",
-    residual: np.ndarray | None = None,
-    alpha: float = 1.0,
-    beta: float = 1.0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Magnitude references of ``linear_forward``'s ``(out, pre)``: ``pre`` over absolute values,
-    ``|alpha| |x| @ |W| + |bias| + |beta| |residual|``, and for ``out`` that times the
-    activation's steepest slope. The scale a GEMM's rounding error is bounded by, whatever
-    cancels (see PrecisionGuarantee)."""
+def _absolute(a: np.ndarray | None) -> np.ndarray | None:
+    return None if a is None else np.abs(np.asarray(a, dtype=np.float64))
+
+
+def linear_forward_magnitude(x: np.ndarray, w: np.ndarray, *, activation: str = "none",
+                             bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                             alpha: float = 1.0, beta: float = 1.0,
+                             **options) -> tuple[np.ndarray, np.ndarray]:
+    """Magnitude references of ``linear_forward``'s ``(out, pre)`` (same arguments): ``pre``
+    over absolute values, ``|alpha| |x| @ |W| + |bias| + |beta| |residual|``, and for ``out``
+    that times the activation's steepest slope. The scale a GEMM's rounding error is bounded
+    by, whatever cancels (see PrecisionGuarantee)."""
     _math(activation)
-    absolute = None if bias is None else np.abs(np.asarray(bias, dtype=np.float64))
-    residual = None if residual is None else np.abs(np.asarray(residual, dtype=np.float64))
-    _, pre = linear_forward(np.abs(np.asarray(x, dtype=np.float64)),
-                            np.abs(np.asarray(w, dtype=np.float64)), weight_layout=weight_layout,
-                            bias=absolute, residual=residual, alpha=abs(alpha), beta=abs(beta))
+    _, pre = linear_forward(_absolute(x), _absolute(w), bias=_absolute(bias),
+                            residual=_absolute(residual), alpha=abs(alpha), beta=abs(beta),
+                            **options)
     return _STEEPEST_SLOPE[activation] * pre, pre
 
 
@@ -268,11 +263,10 @@ def linear_backward_magnitude(d_out: np.ndarray, x: np.ndarray, w: np.ndarray, p
     """Magnitude references of ``linear_backward``'s results (same arguments and keys):
     ``d_pre`` becomes ``|d_out| |act'(pre)|`` and every product and sum after it runs over
     absolute values."""
-    d_pre = (np.abs(np.asarray(d_out, dtype=np.float64))
-             * np.abs(activation_grad(np.asarray(pre, dtype=np.float64), activation)))
+    d_pre = _absolute(d_out) * np.abs(activation_grad(np.asarray(pre, dtype=np.float64),
+                                                      activation))
     options["beta"] = abs(options.get("beta", 1.0))
-    return linear_backward(d_pre, np.abs(np.asarray(x, dtype=np.float64)),
-                           np.abs(np.asarray(w, dtype=np.float64)), pre, activation="none",
+    return linear_backward(d_pre, _absolute(x), _absolute(w), pre, activation="none",
                            alpha=abs(alpha), **options)
 
 
@@ -288,7 +282,6 @@ def linear_backward_underflow(
     """What rounding ``d_pre`` to the element (before the two GEMMs) can lose in its subnormal
     range, per result of ``linear_backward`` (same keys): each d_pre term is allowed ``unit``."""
     floor = np.full(np.shape(d_out), unit)
-    return linear_backward(floor, np.abs(np.asarray(x, dtype=np.float64)),
-                           np.abs(np.asarray(w, dtype=np.float64)), floor,
+    return linear_backward(floor, _absolute(x), _absolute(w), floor,
                            weight_layout=weight_layout, activation="none",
                            need_bias_grad=need_bias_grad)
