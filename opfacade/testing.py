@@ -233,7 +233,7 @@ def reference_check(plan: Plan, inputs: dict[str, np.ndarray]) -> ReferenceCheck
                   for name, value in expected.items()}
     if oracle.underflow is not None:
         unit = plan.descriptor.element.subnormal_spacing
-        for name, value in oracle.underflow(reference.descriptor, compact, unit).items():
+        for name, value in oracle.underflow(reference.descriptor, compact, unit=unit).items():
             if name in allowances:
                 allowances[name] = allowances[name] + value
     return ReferenceCheck(expected, magnitudes, allowances)

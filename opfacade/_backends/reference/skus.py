@@ -40,9 +40,10 @@ REFERENCE_GUARANTEE = PrecisionGuarantee(
 # compute(descriptor, arrays by argument name) -> results by output argument name, in float64.
 # A magnitude reference has the same form: each result over absolute values (PrecisionGuarantee).
 Compute = Callable[[D, dict[str, np.ndarray]], dict[str, np.ndarray]]
-# underflow(descriptor, arrays, unit) -> the underflow allowance of each output: what rounding
-# the GPU kernels' element-typed intermediates into subnormals of spacing ``unit`` can lose.
-Underflow = Callable[[D, dict[str, np.ndarray], float], dict[str, np.ndarray]]
+# underflow(descriptor, arrays, unit=...) -> the underflow allowance of each output: what
+# rounding the GPU kernels' element-typed intermediates into subnormals of spacing ``unit`` can
+# lose. A Compute taking the keyword ``unit``.
+Underflow = Callable[..., dict[str, np.ndarray]]
 
 
 class ReferenceSku(SkuImpl[D], Generic[D]):
@@ -185,63 +186,38 @@ def _lengths(arrays: dict) -> dict:
     return {"seq_len_q": arrays.get("seq_len_q"), "seq_len_kv": arrays.get("seq_len_kv")}
 
 
-def _sdpa_forward(desc: sdpa.SdpaDescriptor, arrays: dict) -> dict:
-    out, lse = sdpa_math.sdpa_forward(arrays["q"], arrays["k"], arrays["v"],
-                                      bias=arrays.get("bias"), **_lengths(arrays),
-                                      **sdpa.reference_options(desc))
-    results = {"out": out}
-    if desc.save_stats:
-        results["stats"] = lse[..., None]  # the [B, Hq, Sq, 1] layout contract
-    return results
+def _sdpa_forward_with(forward: Callable) -> Compute:
+    """The forward op's compute over ``forward``: the results, their magnitude references or
+    their underflow allowances (keywords such as ``unit`` pass through)."""
+
+    def compute(desc: sdpa.SdpaDescriptor, arrays: dict, **extra) -> dict:
+        out, lse = forward(arrays["q"], arrays["k"], arrays["v"], bias=arrays.get("bias"),
+                           **_lengths(arrays), **sdpa.reference_options(desc), **extra)
+        results = {"out": out}
+        if desc.save_stats:
+            results["stats"] = lse[..., None]  # the [B, Hq, Sq, 1] layout contract
+        return results
+
+    return compute
 
 
-def _sdpa_backward(desc: sdpa.SdpaBackwardDescriptor, arrays: dict) -> dict:
-    grads = sdpa_math.sdpa_backward(arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"],
-                                    bias=arrays.get("bias"), need_bias_grad=desc.need_bias_grad,
-                                    **_lengths(arrays), **sdpa.reference_options(desc))
-    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
-    if desc.need_bias_grad:
-        results["grad_bias"] = grads["dbias"]
-    return results
+def _sdpa_backward_with(backward: Callable) -> Compute:
+    """The backward op's compute over ``backward`` (the gradients or their twins)."""
+
+    def compute(desc: sdpa.SdpaBackwardDescriptor, arrays: dict, **extra) -> dict:
+        grads = backward(arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"],
+                         bias=arrays.get("bias"), need_bias_grad=desc.need_bias_grad,
+                         **_lengths(arrays), **sdpa.reference_options(desc), **extra)
+        results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
+        if desc.need_bias_grad:
+            results["grad_bias"] = grads["dbias"]
+        return results
+
+    return compute
 
 
-def _sdpa_forward_magnitude(desc: sdpa.SdpaDescriptor, arrays: dict) -> dict:
-    out, lse = sdpa_math.sdpa_forward_magnitude(arrays["q"], arrays["k"], arrays["v"],
-                                                bias=arrays.get("bias"), **_lengths(arrays),
-                                                **sdpa.reference_options(desc))
-    results = {"out": out}
-    if desc.save_stats:
-        results["stats"] = lse[..., None]
-    return results
-
-
-def _sdpa_backward_magnitude(desc: sdpa.SdpaBackwardDescriptor, arrays: dict) -> dict:
-    grads = sdpa_math.sdpa_backward_magnitude(
-        arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"], bias=arrays.get("bias"),
-        need_bias_grad=desc.need_bias_grad, **_lengths(arrays), **sdpa.reference_options(desc))
-    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
-    if desc.need_bias_grad:
-        results["grad_bias"] = grads["dbias"]
-    return results
-
-
-def _sdpa_forward_underflow(desc: sdpa.SdpaDescriptor, arrays: dict, unit: float) -> dict:
-    out, lse = sdpa_math.sdpa_forward_underflow(arrays["q"], arrays["k"], arrays["v"], unit=unit,
-                                                bias=arrays.get("bias"), **_lengths(arrays),
-                                                **sdpa.reference_options(desc))
-    return {"out": out, **({"stats": lse[..., None]} if desc.save_stats else {})}
-
-
-def _sdpa_backward_underflow(desc: sdpa.SdpaBackwardDescriptor, arrays: dict,
-                             unit: float) -> dict:
-    grads = sdpa_math.sdpa_backward_underflow(
-        arrays["q"], arrays["k"], arrays["v"], arrays["grad_out"], unit=unit,
-        bias=arrays.get("bias"), need_bias_grad=desc.need_bias_grad, **_lengths(arrays),
-        **sdpa.reference_options(desc))
-    results = {"grad_q": grads["dq"], "grad_k": grads["dk"], "grad_v": grads["dv"]}
-    if desc.need_bias_grad:
-        results["grad_bias"] = grads["dbias"]
-    return results
+_sdpa_forward = _sdpa_forward_with(sdpa_math.sdpa_forward)
+_sdpa_backward = _sdpa_backward_with(sdpa_math.sdpa_backward)
 
 
 class _SdpaReference(ReferenceSku):
@@ -257,13 +233,15 @@ class _SdpaReference(ReferenceSku):
 
 SDPA = {
     sdpa.SDPA_FORWARD.name: (_SdpaReference(
-        sdpa.SDPA_FORWARD, _sdpa_forward, _sdpa_forward_magnitude,
+        sdpa.SDPA_FORWARD, _sdpa_forward,
+        _sdpa_forward_with(sdpa_math.sdpa_forward_magnitude),
         "softmax(scale*q.k + bias + alibi, masked).v and its log-sum-exp.",
-        underflow=_sdpa_forward_underflow),),
+        underflow=_sdpa_forward_with(sdpa_math.sdpa_forward_underflow)),),
     sdpa.SDPA_BACKWARD.name: (_SdpaReference(
-        sdpa.SDPA_BACKWARD, _sdpa_backward, _sdpa_backward_magnitude,
+        sdpa.SDPA_BACKWARD, _sdpa_backward,
+        _sdpa_backward_with(sdpa_math.sdpa_backward_magnitude),
         "Analytic dq, dk, dv (and dbias), recomputing the probabilities.",
-        underflow=_sdpa_backward_underflow),),
+        underflow=_sdpa_backward_with(sdpa_math.sdpa_backward_underflow)),),
 }
 
 
@@ -281,73 +259,59 @@ def _checked(compute: Callable) -> Callable:
     """``compute`` after the offsets' values are checked (the host reads them anyway): a bad
     one is InvalidArgument naming it and its first bad index."""
 
-    def checked(desc, arrays: dict, *rest) -> dict:
+    def checked(desc, arrays: dict, **extra) -> dict:
         varlen_attention.check_offsets(desc, *_offsets(arrays), arrays["q"].shape[0],
                                        arrays["k"].shape[0])
-        return compute(desc, arrays, *rest)
+        return compute(desc, arrays, **extra)
 
     return checked
 
 
-def _in_sequences(offsets: np.ndarray, tokens: int) -> np.ndarray:
-    """[tokens] bool: which rows some sequence owns (rows past cu_seqlens[-1] belong to none)."""
-    return np.arange(tokens) < int(offsets[-1])
+def _varlen_forward_with(forward: Callable) -> Compute:
+    """The forward op's compute over ``forward`` (the results or their twins), lse in the
+    contract's [Hq, Tq] layout."""
+
+    def compute(desc: varlen_attention.VarlenAttentionDescriptor, arrays: dict, **extra) -> dict:
+        out, lse = forward(*_packed_inputs(arrays), *_offsets(arrays),
+                           **varlen_attention.reference_options(desc), **extra)
+        return {"out": out, **({"lse": lse.T} if desc.save_lse else {})}
+
+    return _checked(compute)
 
 
-def _varlen_forward(desc: varlen_attention.VarlenAttentionDescriptor, arrays: dict) -> dict:
-    out, lse = varlen_math.varlen_forward(*_packed_inputs(arrays), *_offsets(arrays),
-                                          **varlen_attention.reference_options(desc))
-    # Rows no sequence owns keep what the caller's buffers held.
-    owned = _in_sequences(arrays["cu_seqlens_q"], out.shape[0])
-    results = {"out": np.where(owned[:, None, None], out, arrays["out"])}
-    if desc.save_lse:
-        results["lse"] = np.where(owned[None, :], lse.T, arrays["lse"])
-    return results
+def _varlen_backward_with(backward: Callable) -> Compute:
+    """The backward op's compute over ``backward`` (the gradients or their twins)."""
+
+    def compute(desc: varlen_attention.VarlenAttentionBackwardDescriptor, arrays: dict,
+                **extra) -> dict:
+        grads = backward(*_packed_inputs(arrays), arrays["grad_out"], *_offsets(arrays),
+                         **varlen_attention.reference_options(desc), **extra)
+        return dict(zip(("grad_q", "grad_k", "grad_v"), grads, strict=True))
+
+    return _checked(compute)
 
 
-def _varlen_backward(desc: varlen_attention.VarlenAttentionBackwardDescriptor,
-                     arrays: dict) -> dict:
-    grads = varlen_math.varlen_backward(*_packed_inputs(arrays), arrays["grad_out"],
-                                        *_offsets(arrays),
-                                        **varlen_attention.reference_options(desc))
-    results = {}
-    for name, grad, offsets in zip(("grad_q", "grad_k", "grad_v"), grads,
-                                   (arrays["cu_seqlens_q"], arrays["cu_seqlens_kv"],
-                                    arrays["cu_seqlens_kv"]), strict=True):
-        owned = _in_sequences(offsets, grad.shape[0])
-        results[name] = np.where(owned[:, None, None], grad, arrays[name])
-    return results
+# Which offsets own each output's rows, and the axis its tokens run along.
+_OWNERS = {"out": ("cu_seqlens_q", 0), "lse": ("cu_seqlens_q", 1),
+           "grad_q": ("cu_seqlens_q", 0), "grad_k": ("cu_seqlens_kv", 0),
+           "grad_v": ("cu_seqlens_kv", 0)}
 
 
-def _varlen_forward_magnitude(desc: varlen_attention.VarlenAttentionDescriptor,
-                              arrays: dict) -> dict:
-    out, lse = varlen_math.varlen_forward_magnitude(*_packed_inputs(arrays), *_offsets(arrays),
-                                                    **varlen_attention.reference_options(desc))
-    return {"out": out, **({"lse": lse.T} if desc.save_lse else {})}
+def _keeping_unowned_rows(compute: Compute) -> Compute:
+    """``compute`` whose results keep, in rows past the last offset (tokens no sequence owns),
+    what the caller's output buffers held."""
 
+    def keeping(desc, arrays: dict) -> dict:
+        results = compute(desc, arrays)
+        for name, value in results.items():
+            offsets, axis = _OWNERS[name]
+            owned = np.arange(value.shape[axis]) < int(arrays[offsets][-1])
+            shape = [1] * value.ndim
+            shape[axis] = -1
+            results[name] = np.where(owned.reshape(shape), value, arrays[name])
+        return results
 
-def _varlen_backward_magnitude(desc: varlen_attention.VarlenAttentionBackwardDescriptor,
-                               arrays: dict) -> dict:
-    grads = varlen_math.varlen_backward_magnitude(
-        *_packed_inputs(arrays), arrays["grad_out"], *_offsets(arrays),
-        **varlen_attention.reference_options(desc))
-    return dict(zip(("grad_q", "grad_k", "grad_v"), grads, strict=True))
-
-
-def _varlen_forward_underflow(desc: varlen_attention.VarlenAttentionDescriptor, arrays: dict,
-                              unit: float) -> dict:
-    out, lse = varlen_math.varlen_forward_underflow(
-        *_packed_inputs(arrays), *_offsets(arrays), unit=unit,
-        **varlen_attention.reference_options(desc))
-    return {"out": out, **({"lse": np.zeros(lse.T.shape)} if desc.save_lse else {})}
-
-
-def _varlen_backward_underflow(desc: varlen_attention.VarlenAttentionBackwardDescriptor,
-                               arrays: dict, unit: float) -> dict:
-    grads = varlen_math.varlen_backward_underflow(
-        *_packed_inputs(arrays), arrays["grad_out"], *_offsets(arrays), unit=unit,
-        **varlen_attention.reference_options(desc))
-    return dict(zip(("grad_q", "grad_k", "grad_v"), grads, strict=True))
+    return keeping
 
 
 class _VarlenReference(ReferenceSku):
@@ -362,13 +326,15 @@ class _VarlenReference(ReferenceSku):
 
 VARLEN_ATTENTION = {
     varlen_attention.VARLEN_ATTENTION_FORWARD.name: (_VarlenReference(
-        varlen_attention.VARLEN_ATTENTION_FORWARD, _checked(_varlen_forward),
-        _checked(_varlen_forward_magnitude),
+        varlen_attention.VARLEN_ATTENTION_FORWARD,
+        _keeping_unowned_rows(_varlen_forward_with(varlen_math.varlen_forward)),
+        _varlen_forward_with(varlen_math.varlen_forward_magnitude),
         "Each packed sequence's softmax(scale*q.k, masked).v and log-sum-exp.",
-        underflow=_checked(_varlen_forward_underflow)),),
+        underflow=_varlen_forward_with(varlen_math.varlen_forward_underflow)),),
     varlen_attention.VARLEN_ATTENTION_BACKWARD.name: (_VarlenReference(
-        varlen_attention.VARLEN_ATTENTION_BACKWARD, _checked(_varlen_backward),
-        _checked(_varlen_backward_magnitude),
+        varlen_attention.VARLEN_ATTENTION_BACKWARD,
+        _keeping_unowned_rows(_varlen_backward_with(varlen_math.varlen_backward)),
+        _varlen_backward_with(varlen_math.varlen_backward_magnitude),
         "Analytic dq, dk, dv of each packed sequence, recomputing its probabilities.",
-        underflow=_checked(_varlen_backward_underflow)),),
+        underflow=_varlen_backward_with(varlen_math.varlen_backward_underflow)),),
 }

@@ -71,13 +71,13 @@ def _packed(x: np.ndarray) -> np.ndarray:
     return x[0].transpose(1, 0, 2)
 
 
-def _map_forward(dense: Callable, q, k, v, cu_seqlens_q, cu_seqlens_kv, **options
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def _map_forward(dense: Callable, q, k, v, cu_seqlens_q, cu_seqlens_kv, *,
+                 unowned_lse: float = -np.inf, **options) -> tuple[np.ndarray, np.ndarray]:
     """``dense`` (sdpa_forward or one of its magnitude / underflow twins) on each sequence,
     packed back: (out [Tq, Hq, Dv], lse [Tq, Hq])."""
     q, k, v, spans = _sequences(q, k, v, cu_seqlens_q, cu_seqlens_kv)
     out = np.zeros(q.shape[:2] + v.shape[2:])
-    lse = np.full(q.shape[:2], -np.inf)
+    lse = np.full(q.shape[:2], unowned_lse)
     for rows, cols in spans:
         seq_out, seq_lse = dense(_dense(q[rows]), _dense(k[cols]), _dense(v[cols]), **options)
         out[rows] = _packed(seq_out)
@@ -134,7 +134,8 @@ def varlen_backward(q, k, v, d_out, cu_seqlens_q, cu_seqlens_kv, **options
 
 def varlen_forward_magnitude(q, k, v, cu_seqlens_q, cu_seqlens_kv, **options):
     """Magnitude references of ``varlen_forward``'s (out, lse): sdpa's, per sequence."""
-    return _map_forward(sdpa_forward_magnitude, q, k, v, cu_seqlens_q, cu_seqlens_kv, **options)
+    return _map_forward(sdpa_forward_magnitude, q, k, v, cu_seqlens_q, cu_seqlens_kv,
+                        unowned_lse=0.0, **options)
 
 
 def varlen_backward_magnitude(q, k, v, d_out, cu_seqlens_q, cu_seqlens_kv, **options):
@@ -145,8 +146,8 @@ def varlen_backward_magnitude(q, k, v, d_out, cu_seqlens_q, cu_seqlens_kv, **opt
 
 def varlen_forward_underflow(q, k, v, cu_seqlens_q, cu_seqlens_kv, *, unit: float, **options):
     """Underflow allowances of ``varlen_forward``'s (out, lse): sdpa's, per sequence."""
-    return _map_forward(sdpa_forward_underflow, q, k, v, cu_seqlens_q, cu_seqlens_kv, unit=unit,
-                        **options)
+    return _map_forward(sdpa_forward_underflow, q, k, v, cu_seqlens_q, cu_seqlens_kv,
+                        unowned_lse=0.0, unit=unit, **options)
 
 
 def varlen_backward_underflow(q, k, v, d_out, cu_seqlens_q, cu_seqlens_kv, *, unit: float,
