@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 from ._backends.cublaslt import linear as cublaslt_linear
 from ._backends.cudnn import sdpa as cudnn_sdpa
+from ._backends.cudnn import varlen as cudnn_varlen
 from ._backends.nvrtc import alibi as nvrtc_alibi
 from ._backends.nvrtc import attention_f32 as nvrtc_attention
 from ._backends.reference import skus as reference
@@ -66,7 +67,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("linear", linear, (cublaslt_linear.SKUS, reference.LINEAR)),
     Family("sdpa", sdpa, (cudnn_sdpa.SKUS, nvrtc_attention.SDPA_SKUS, reference.SDPA)),
     Family("varlen_attention", varlen_attention,
-           (nvrtc_attention.VARLEN_SKUS, reference.VARLEN_ATTENTION)),
+           (cudnn_varlen.SKUS, nvrtc_attention.VARLEN_SKUS, reference.VARLEN_ATTENTION)),
 )
 
 _OPS: dict[str, OpSpec] = {op.name: op for family in FAMILIES for op in family.ops()}

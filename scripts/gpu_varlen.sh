@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One device call for the true-f32 attention SKUs (varlen and dense): the kernels' own check
-# script, their GPU tests, every distribution's precision test, verify, and their bench rows.
-#   bash scripts/gpu_varlen.sh [stages...]     stages: check tests verify bench
+# One device call for the varlen attention SKUs (cuDNN ragged f16/bf16, true-f32 NVRTC) and the
+# dense f32 SDPA ones: the f32 kernels' own check script, the GPU tests, every distribution's
+# precision test, verify, compute-sanitizer on the cuDNN ragged path, and the bench rows.
+#   bash scripts/gpu_varlen.sh [stages...]   stages: check tests verify sanitize bench
+#   VERIFY_OPS="varlen_attention_forward ..." narrows verify.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -23,9 +25,16 @@ if wants tests; then
 fi
 if wants verify; then
     stage verify
-    for op in varlen_attention_forward varlen_attention_backward sdpa_forward sdpa_backward; do
+    for op in ${VERIFY_OPS:-varlen_attention_forward varlen_attention_backward sdpa_forward sdpa_backward}; do
         timeout 200 python3 -m opfacade verify --op $op --out "$OUT/verified_$op" --runs 3 2>&1 | grep -v "^PASS sdpa_.*cudnn" | tail -8
     done
+fi
+if wants sanitize; then
+    stage sanitize
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 \
+        tests/sanitize_varlen_cudnn.py > "$OUT/sanitize_varlen_cudnn.log" 2>&1
+    echo "sanitize_varlen_cudnn memcheck exit $?"; grep -v "^=========     " \
+        "$OUT/sanitize_varlen_cudnn.log" | head -40
 fi
 if wants bench; then
     stage bench

@@ -183,7 +183,7 @@ def test_frontend_graphs_declare_the_uids_and_layouts_we_bind():
                                             "seq_len_q", "seq_len_kv", "dropout_seed",
                                             "dropout_offset", "grad_bias")} == \
         {1, 2, 3, 4, 11, 5, 6, 7, 8, 9, 10, 15}
-    assert sorted(b.uids) == list(range(1, 16))
+    assert sorted(b.names) == list(range(1, 16))
     assert tuple(declared["q"].stride) == dense_strides("bshd", *desc.q_shape)
     assert tuple(declared["stats"].dim) == desc.stats_shape
     assert declared["seq_len_q"].data_type == cudnn.data_type.INT32
@@ -195,7 +195,7 @@ def test_frontend_graphs_declare_the_uids_and_layouts_we_bind():
     fwd = graphs.declare_forward(forward(window=(7, 2), save_stats=True), None)
     assert fwd.graph.nodes[0].params["diagonal_band_left_bound"] == 8  # cuDNN keeps j > i - L
     assert fwd.graph.nodes[0].params["diagonal_band_right_bound"] == 2
-    assert sorted(fwd.uids) == [1, 2, 3, 4, 5]
+    assert sorted(fwd.names) == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("kw", [

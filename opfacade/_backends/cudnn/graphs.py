@@ -195,18 +195,20 @@ class _Builder:
         self.io, self.f32 = _dtypes(self.cudnn, desc.element)
         self.graph = self.cudnn.pygraph(io_data_type=self.io, intermediate_data_type=self.f32,
                                         compute_data_type=self.f32, handle=handle)
-        self.uids: list[int] = []
+        self.names: dict[int, str] = {}  # UID -> the name a run finds the tensor's pointer by
 
-    def tensor(self, uid: Uid, shape, strides, data_type=None):
-        self.uids.append(int(uid))
+    def tensor(self, uid: int, shape, strides, data_type=None, name: str | None = None):
+        name = ARGUMENT[Uid(uid)] if name is None else name
+        self.names[int(uid)] = name
         return self.graph.tensor(dim=list(shape), stride=list(strides), uid=int(uid),
-                                 data_type=self.io if data_type is None else data_type,
-                                 name=ARGUMENT[uid])
+                                 data_type=self.io if data_type is None else data_type, name=name)
 
-    def output(self, tensor, uid: Uid, shape, strides, data_type=None) -> None:
-        self.uids.append(int(uid))
+    def output(self, tensor, uid: int, shape, strides, data_type=None,
+               name: str | None = None):
+        self.names[int(uid)] = ARGUMENT[Uid(uid)] if name is None else name
         tensor.set_output(True).set_dim(list(shape)).set_stride(list(strides))
         tensor.set_data_type(self.io if data_type is None else data_type).set_uid(int(uid))
+        return tensor
 
     def qkv(self):
         d = self.desc
@@ -250,8 +252,8 @@ class _Builder:
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
         g.build_plans()
-        uids = tuple(sorted(self.uids))
-        return BuiltGraph(g, tuple(ARGUMENT[Uid(u)] for u in uids), int(g.get_workspace_size()),
+        uids = tuple(sorted(self.names))
+        return BuiltGraph(g, tuple(self.names[u] for u in uids), int(g.get_workspace_size()),
                           _served_by(g), _Launcher(g, uids))
 
 
@@ -307,8 +309,13 @@ class GraphKey(NamedTuple):
         return (f"{self.direction} graph{f' ({variant})' if self.variant else ''} on "
                 f"cuda:{self.device} for {self.desc!r}")
 
+    def declare(self, handle: object) -> _Builder:
+        if self.direction == "forward":
+            return declare_forward(self.desc, handle, self.variant)
+        return declare_backward(self.desc, handle, self.variant)
 
-def _build(key: GraphKey) -> BuiltGraph | Declined:
+
+def _build(key) -> BuiltGraph | Declined:
     """Builds one graph. cuDNN's "not supported" comes back as a Declined; any other failure
     raises: LaunchFailed naming cuDNN's version and the error, or BackendUnavailable."""
     missing = runtime.available()
@@ -316,11 +323,10 @@ def _build(key: GraphKey) -> BuiltGraph | Declined:
         raise BackendUnavailable(missing)
     where = f"cuDNN {format_version(runtime.backend_version())}"
     declines = runtime.not_supported_types()
-    declare = declare_forward if key.direction == "forward" else declare_backward
     try:
         with on_device(key.device), timed("cuDNN %s", key):  # graphs bind the current device
             handle = runtime.handle_for(key.device)
-            return declare(key.desc, handle, key.variant).finish()
+            return key.declare(handle).finish()
     except OpFacadeError:
         raise  # ours, typed already (BackendUnavailable is a NotImplementedError: not a decline)
     except declines as error:

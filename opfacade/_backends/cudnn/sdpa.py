@@ -51,7 +51,7 @@ from ...types import (
 from ..nvrtc.sdpa_edges import DropoutDraw, PaddingRows
 from . import graphs, limits, runtime
 
-__all__ = ["SKUS", "SdpaBackwardCudnn", "SdpaForwardCudnn", "clear",
+__all__ = ["SKUS", "SdpaBackwardCudnn", "SdpaForwardCudnn", "clear", "placement",
            "estimate_workspace", "run_forward_dumping_dropout"]
 
 P = TypeVar("P", SdpaDescriptor, SdpaBackwardDescriptor)
@@ -88,7 +88,7 @@ def _guarantee(element: ElementKind, bound: float, deterministic: bool) -> Preci
     )
 
 
-def _placement(target: Target | None) -> tuple[int | None, ArchSku | None]:
+def placement(target: Target | None) -> tuple[int | None, ArchSku | None]:
     """(device to build on or None, arch or None) for a selection."""
     if target is not None:
         return target.device, target.arch
@@ -188,7 +188,7 @@ class _SdpaCudnn(SkuImpl[P]):
         if desc.element is not self.sku.element:
             return Unfit(ReasonCode.element_unsupported,
                          f"serves {self.sku.element.value}, problem is {desc.element.value}")
-        device, arch = _placement(target)
+        device, arch = placement(target)
         unfit = limits.check(self._facts(desc), limits.Context(arch, runtime.backend_version()))
         if unfit is not None or device is None:
             return unfit  # without a device: viable pending graph support
@@ -206,7 +206,7 @@ class _SdpaCudnn(SkuImpl[P]):
         return self.workspace_size_on(desc, None)
 
     def workspace_size_on(self, desc: P, target: Target | None) -> int:
-        device, _ = _placement(target)
+        device, _ = placement(target)
         if device is not None:
             built = self._graph(desc, device)
             if isinstance(built, graphs.BuiltGraph):

@@ -1,0 +1,192 @@
+"""The cuDNN varlen attention SKUs without a GPU: the ragged graphs they declare (UIDs, strides,
+shared offsets, masks) pass the frontend's own validation; the kernels around them compile and
+receive exactly the parameters they declare; the workspace is laid out as documented; selection
+and explain on sm90 say what a GPU run would take, and a workspace limit rejects the
+deterministic backward with its size. On a GPU: tests/test_varlen_attention_gpu.py and verify."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opfacade import (
+    Plan,
+    PlanPreference,
+    VarlenAttentionBackwardDescriptor,
+    VarlenAttentionDescriptor,
+)
+from opfacade._backends.cudnn import runtime
+from opfacade._backends.cudnn import varlen as cudnn_varlen
+from opfacade._backends.cudnn.ragged import RaggedKey, RaggedLayout
+from opfacade._backends.nvrtc import compiler
+from opfacade._backends.nvrtc import varlen_ragged as edges
+from opfacade.types import ArchSku, ElementKind
+
+NATIVE = Path(__file__).resolve().parents[1] / "native"
+SHAPE = dict(batch=4, heads_q=8, heads_kv=2, head_dim=128, max_seqlen_q=256, max_seqlen_kv=512,
+             element="bf16")
+FORWARD_NAMES = ("q", "k", "v", "out")
+BACKWARD_NAMES = ("q", "k", "v", "out", "grad_out", "grad_q", "grad_k", "grad_v")
+# PTX declares 64-bit parameters .u64 whether the kernel's type is signed or not.
+PTX_TYPES = {"u64": (np.uint64, np.int64), "s64": (np.uint64, np.int64), "u32": (np.int32,),
+             "s32": (np.int32,)}
+
+
+def _frontend():
+    pytest.importorskip("cudnn")
+    if runtime.available() is not None:
+        pytest.skip(runtime.available())
+
+
+def _declared(key: RaggedKey):
+    builder = key.declare(None)
+    builder.graph.validate()  # the frontend's checks of the support surface: no GPU needed
+    by_uid = {t.uid: t for t in builder.graph.tensors.values() if not t.is_virtual}
+    return builder, {builder.names[uid]: tensor for uid, tensor in by_uid.items()}
+
+
+def test_a_compact_forward_declares_two_offset_groups_and_the_bucket():
+    _frontend()
+    desc = VarlenAttentionDescriptor(**SHAPE, causal="bottom_right", save_lse=True)
+    key = RaggedKey("forward", desc, 0, False, RaggedLayout.compact(desc, FORWARD_NAMES))
+    builder, tensors = _declared(key)
+    assert key.layout.groups() == ((0, 8 * 128), (1, 2 * 128))
+    assert tuple(tensors["q"].dim) == (4, 8, 256, 128)
+    assert tuple(tensors["q"].stride) == (256 * 1024, 128, 1024, 1)
+    assert tuple(tensors["k"].stride) == (512 * 256, 128, 256, 1)
+    assert tuple(tensors["ragged_offsets_0"].dim) == (5, 1, 1, 1)
+    assert tuple(tensors["stats_padded"].dim) == (4, 8, 256, 1)
+    assert sorted(builder.names) == [1, 2, 3, 4, 5, 7, 8, 32, 33]
+    node = builder.graph.nodes[0]
+    assert node.params["diagonal_band_right_bound"] == 0
+
+
+def test_views_into_one_packed_qkv_share_one_offsets_tensor_per_stride():
+    _frontend()
+    fields = dict(SHAPE, heads_q=2)
+    desc = VarlenAttentionBackwardDescriptor(**fields, window=(64, 0))
+    packed = 3 * 2 * 128  # q, k, v: views into [T, 3, H, D]
+    strides = tuple((name, packed if name in ("q", "k", "v") else 2 * 128, 128)
+                    for name in BACKWARD_NAMES)
+    key = RaggedKey("backward", desc, 0, True, RaggedLayout(strides))
+    builder, tensors = _declared(key)
+    assert key.layout.groups() == ((0, packed), (1, packed), (0, 256), (1, 256))
+    assert key.layout.group_of("grad_q") == key.layout.group_of("out") == 2
+    assert tuple(tensors["v"].stride) == (512 * packed, 128, packed, 1)
+    assert builder.graph.nodes[0].params["use_deterministic_algorithm"] is True
+    assert builder.graph.nodes[0].params["diagonal_band_left_bound"] == 65
+
+
+def test_a_forward_without_lse_makes_no_stats():
+    _frontend()
+    desc = VarlenAttentionDescriptor(**SHAPE)
+    key = RaggedKey("forward", desc, 0, False, RaggedLayout.compact(desc, FORWARD_NAMES))
+    builder, tensors = _declared(key)
+    assert "stats_padded" not in tensors and 5 not in builder.names
+
+
+def test_workspace_regions_follow_the_graph_on_256_byte_lines():
+    regions = edges.RaggedWorkspace.plan(1000, batch=3, heads_q=2, seq_q=100, stats=True)
+    assert (regions.graph, regions.offsets) == (0, 1024)
+    assert regions.starts == 1024 + 256  # 8 groups x 4 offsets x 8 bytes = 256
+    assert regions.lens == regions.starts + 256 and regions.stats == regions.lens + 256
+    assert regions.size == regions.stats + 2560  # 3 x 2 x 100 f32, rounded up
+    assert edges.RaggedWorkspace.plan(0, 3, 2, 100, stats=False).stats is None
+
+
+@pytest.fixture(scope="module")
+def signatures() -> dict[str, list[str]]:
+    """Each kernel's parameter types, from NVRTC's PTX for sm_90."""
+    from cuda.bindings import nvrtc
+
+    source = (NATIVE / edges.SOURCE).read_text()
+    headers = {p.name: p.read_text() for p in sorted(NATIVE.glob("*.cuh"))}
+    _, program = nvrtc.nvrtcCreateProgram(source.encode(), edges.SOURCE.encode(), len(headers),
+                                          [t.encode() for t in headers.values()],
+                                          [n.encode() for n in headers])
+    options = [*compiler.BASE_OPTIONS, "-arch=compute_90"]
+    try:
+        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
+        assert status == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        ptx = bytearray(size)
+        nvrtc.nvrtcGetPTX(program, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    entries = re.findall(r"\.entry (\w+)\((.*?)\)", bytes(ptx).decode(), re.S)
+    return {name: re.findall(r"\.param \.(\w+) ", params) for name, params in entries}
+
+
+def test_the_kernels_compile_for_sm90_and_get_the_parameters_they_declare(monkeypatch,
+                                                                          signatures):
+    launched = []
+    monkeypatch.setattr(edges, "get_kernel", lambda source, name, device: name)
+    monkeypatch.setattr(edges, "launch", lambda kernel, grid, block, args, stream, device:
+                        launched.append((kernel, grid, block, args)))
+    regions = edges.RaggedWorkspace.plan(4096, 4, 8, 256, stats=True)
+    mask = edges.RaggedMask(True, 64, 0)
+    edges.prepare_call(0, 0x1000, 0x2000, 3, 300, 700, 4, 256, 512, 0x10000, regions,
+                       ((0, 1024), (1, 256)), 7)()
+    edges.forward_rows_call(ElementKind.bf16, 0, 0x3000, (1024, 128), 0x4000, 300, 0x10000,
+                            regions, 4, 8, 256, 128, mask, 7)()
+    edges.gather_stats_call(0, 0x4000, 300, 0x10000, regions, 4, 8, 256, 7)()
+    edges.backward_rows_call(ElementKind.f16, 0, (0x5000, 0x6000, 0x7000),
+                             ((1024, 128), (256, 128), (256, 128)), 0x10000, regions, 4, 8, 2,
+                             128, 128, 256, 512, mask, 7)()
+    assert [name for name, *_ in launched] == ["ragged_prepare", "ragged_forward_rows_bf16",
+                                               "ragged_gather_stats",
+                                               "ragged_backward_rows_f16"]
+    for name, _, _, args in launched:
+        assert len(args) == len(signatures[name]), name
+        for i, (arg, ptx_type) in enumerate(zip(args, signatures[name], strict=True)):
+            assert type(arg) in PTX_TYPES[ptx_type], (name, i, type(arg), ptx_type)
+    assert launched[1][1] == (2, 8, 4)  # 256 rows / 128 threads, heads, sequences
+    assert launched[3][1] == (4, 8, 4)  # the longer side: 512 keys
+
+
+def test_cubin_builds_for_sm90():
+    cubin = compiler.compile_cubin(edges.SOURCE, ArchSku.sm90, use_cache=False).cubin
+    assert cubin[:4] == b"\x7fELF"
+
+
+def test_explain_on_sm90_picks_cudnn_for_bf16_and_names_the_path():
+    _frontend()
+    desc = VarlenAttentionDescriptor(**SHAPE, causal="bottom_right", save_lse=True)
+    plan = Plan.select(desc, arch="sm90")
+    assert plan.sku.id == "varlen_attention_forward.cudnn.bf16"
+    report = str(Plan.explain(desc, arch="sm90"))
+    assert "ragged offsets, the bucket as graph dimensions" in report
+    f32 = Plan.select(desc.model_copy(update={"element": ElementKind.f32}), arch="sm90")
+    assert f32.sku.id == "varlen_attention_forward.nvrtc.f32"
+
+
+def test_a_workspace_limit_rejects_the_deterministic_backward_with_the_number():
+    _frontend()
+    desc = VarlenAttentionBackwardDescriptor(**SHAPE, causal="bottom_right")
+    deterministic = Plan.select(desc, PlanPreference(deterministic=True), arch="sm90")
+    assert deterministic.sku.id == "varlen_attention_backward.cudnn.bf16.deterministic"
+    size = deterministic.workspace_size
+    # dP of the whole bucket in 2 bytes: 4 x 8 x 256 x 512 x 2 = 8 MiB, and more.
+    assert size > 4 * 8 * 256 * 512 * 2
+    report = str(Plan.explain(desc, PlanPreference(deterministic=True, workspace_limit=size - 1),
+                              arch="sm90"))
+    assert f"needs {size} bytes of workspace, limit is {size - 1}" in report
+
+
+def test_the_default_backward_comes_first_and_is_not_deterministic():
+    skus = cudnn_varlen.SKUS["varlen_attention_backward"]
+    assert [s.sku.id for s in skus] == [
+        "varlen_attention_backward.cudnn.f16", "varlen_attention_backward.cudnn.bf16",
+        "varlen_attention_backward.cudnn.f16.deterministic",
+        "varlen_attention_backward.cudnn.bf16.deterministic"]
+    assert [s.sku.precision_guarantee.deterministic for s in skus] == [False, False, True, True]
+    assert all(s.sku.precision_guarantee.capture_safe for s in skus)
+
+
+def test_a_head_dim_cudnn_does_not_serve_is_explained_without_a_gpu():
+    desc = VarlenAttentionDescriptor(**dict(SHAPE, head_dim=100))
+    report = str(Plan.explain(desc, arch="sm90"))
+    assert "multiples of 8" in report
