@@ -1,17 +1,44 @@
-"""Packed (varlen) attention in true f32 against torch, forward and backward, plus the dense f32
-SDPA SKUs the same kernels give the sdpa family.
+"""varlen_attention benchmark (issue 12 section 7): packed attention, forward and backward,
+against its peers in one run on the same values. Every row's op starts with varlen_attention;
+the peers carry the names the issue gives them.
 
-Peers, all f32 on the same values:
-- varlen: torch's scaled_dot_product_attention on the sequences padded to the longest, with a
-  boolean mask hiding the padded keys (what a torch user without a varlen kernel runs; its
-  efficient-attention backend serves f32 with a mask). Its FLOPs on padding are its own cost;
-  the figure counts the packed problem's FLOPs for both.
-- dense: torch's scaled_dot_product_attention (its efficient-attention backend in f32).
-Backward peers are torch autograd of the same calls, timed on a kept graph.
+bf16: 16 sequences with lengths drawn uniformly from [512, 8192] by
+``numpy.random.default_rng(LENGTHS_SEED)``, Hq 32, Hkv 8, d 128, causal. Ours are the cuDNN
+SKUs selected for ``desc.bucketed()``, so what the bucket costs (a graph batch and max length
+above the call's) is in our time. Peers:
+- "cudnn graph": the raw ragged (THD) graph at the same bucket, its offsets and lengths made
+  ahead (target: ours at 0.97x of its speed or better);
+- "torch varlen_attn": ``torch.nn.attention.varlen.varlen_attn`` (target 1.5x);
+- "torch sdpa loop": torch's scaled_dot_product_attention once per sequence.
+The deterministic backward has a row of its own ("varlen_attention_backward det") against the
+raw deterministic graph and our default backward, with the workspaces in its notes.
+
+f32: dense B4 H16 S2048 at d 64 and d 128 (plain and causal; ours are the sdpa f32 SKUs), and
+the varlen set above in f32 (ours the varlen f32 SKUs, bucketed alike). Peers:
+- "torch sdpa f32": scaled_dot_product_attention held to its memory-efficient backend, dense,
+  or once per sequence for the varlen set (target 1.0x forward and backward);
+- "cudnn f32": cuDNN's f32 forward graph, dense or ragged (target 2x).
+
+Forward rows time the training forward of ours and of the "cudnn graph" (both write the
+log-sum-exp the backward reads); cuDNN's f32 graph and torch's forwards run as inference (torch
+under no_grad), which can only favour them. Backward rows start from saved forwards, torch's
+through autograd on a kept graph. Figures count only unmasked work: a causal sequence of n
+tokens has n(n+1)/2 (query, key) pairs, a forward 4*d FLOPs per pair and query head, a
+backward 2.5 times that. Notes carry our SKU and workspace bytes, and why a peer is missing
+("<peer>: declined: <first line of its error>"); one peer failing never stops the bench.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import Unsupported
 from ..ops.sdpa import SdpaArgs, SdpaBackwardArgs, SdpaBackwardDescriptor, SdpaDescriptor
 from ..ops.varlen_attention import (
     VarlenAttentionArgs,
@@ -21,131 +48,515 @@ from ..ops.varlen_attention import (
 )
 from ..plan import Plan
 from ..types import PlanPreference
-from .common import BenchRow, time_contestants
+from . import graph_timing
+from .common import (
+    BenchRow,
+    Timings,
+    host_us_interleaved,
+    suspects,
+    time_contestants,
+    time_interleaved,
+)
+from .cudnn_peers import RaggedPeer, RawCudnn, first_line
 
-# Sequence lengths of a packed batch (a mix, as a data loader packs them), heads, head dim.
-LENGTHS = (2048, 512, 1536, 256, 2048, 1024, 768, 1792)
-QUICK_LENGTHS = (256, 64, 192)
-HEADS, HEAD_DIM = 16, 128
-DENSE = dict(batch=2, heads_q=16, heads_kv=16, seq_q=4096, seq_kv=4096, head_dim=128)
-QUICK_DENSE = dict(batch=1, heads_q=4, heads_kv=4, seq_q=512, seq_kv=512, head_dim=64)
-_F32 = PlanPreference(backends={"nvrtc"})
+
+@dataclass(frozen=True)
+class VarlenSet:
+    """A packed batch to bench: ``count`` sequences with lengths drawn uniformly from [low,
+    high] (both ends included) by ``numpy.random.default_rng(seed)``, q and kv alike."""
+
+    count: int
+    low: int
+    high: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    seed: int
+
+    def lengths(self) -> list[int]:
+        rng = np.random.default_rng(self.seed)
+        return [int(n) for n in rng.integers(self.low, self.high, size=self.count,
+                                             endpoint=True)]
+
+
+# Seed 12, the issue's number: every run packs the same 16 lengths (65,499 tokens, the longest
+# 7,985: a bucket of 16 sequences of 8,192).
+LENGTHS_SEED = 12
+FULL_SET = VarlenSet(16, 512, 8192, 32, 8, 128, LENGTHS_SEED)
+QUICK_SET = VarlenSet(3, 64, 256, 4, 2, 64, LENGTHS_SEED)
+# Dense f32 problems: (batch, heads, seq, head_dim).
+FULL_DENSE = ((4, 16, 2048, 64), (4, 16, 2048, 128))
+QUICK_DENSE = ((1, 4, 256, 64),)
+# Rounds of bursts per row; the f32 varlen set runs ~0.1 s a forward and more a backward.
+REPS, F32_VARLEN_REPS, QUICK_REPS = 15, 5, 5
+# A row whose every call takes this long cannot be host-bound (a host issues any call here in
+# a few milliseconds at most): its host time is read from single calls rather than the six
+# batches of 20 calls a contestant that ``time_contestants`` times, a minute at ~0.5 s a call.
+LONG_CALL_MS = 10.0
+CUDNN = PlanPreference(backends={"cudnn"})
+NVRTC = PlanPreference(backends={"nvrtc"})
+
+
+@dataclass
+class Contestant:
+    """One contestant's calls on a problem: the forward, the backward from its own saved forward
+    (None: forward only), a maker of the backward for a capture stream where autograd must run
+    it on its forward's stream (``common.Contest``), and what each row should say about it."""
+
+    forward: Callable[[], object]
+    backward: Callable[[], object] | None = None
+    backward_on: graph_timing.Maker | None = None
+    forward_note: str = ""
+    backward_note: str = ""
+
+
+# ----------------------------------------------------------------------------- problems
+
+
+@dataclass
+class Packed:
+    """A packed problem: q [T, Hq, D], k and v [T, Hkv, D], grad_out like q, cu_seqlens int32."""
+
+    spec: VarlenSet
+    lengths: list[int]
+    q: object
+    k: object
+    v: object
+    d_out: object
+    cu: object
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def bounds(self) -> list[tuple[int, int]]:
+        ends = np.cumsum(self.lengths).tolist()
+        return list(zip([0, *ends[:-1]], ends, strict=True))
+
+    def sequences(self) -> list[list]:
+        """q, k, v and grad_out as lists of [1, H, n, D] views, one a sequence (no copies)."""
+        return [[x[start:end].transpose(0, 1).unsqueeze(0) for start, end in self.bounds]
+                for x in (self.q, self.k, self.v, self.d_out)]
+
+    def fields(self, element: str) -> dict:
+        s = self.spec
+        return dict(batch=len(self.lengths), heads_q=s.heads_q, heads_kv=s.heads_kv,
+                    head_dim=s.head_dim, max_seqlen_q=self.longest, max_seqlen_kv=self.longest,
+                    element=element, causal="bottom_right")
+
+    def case(self, element: str) -> str:
+        s = self.spec
+        return (f"{element} varlen d{s.head_dim} H{s.heads_q}/{s.heads_kv} {s.count} seqs "
+                f"{s.low}-{s.high} causal")
+
+    def about(self, bucket) -> str:
+        return (f"{sum(self.lengths)} tokens, lengths of seed {self.spec.seed}, bucket "
+                f"B{bucket.batch} S{bucket.max_seqlen_q}")
+
+
+def packed(torch, spec: VarlenSet, dtype) -> Packed:
+    """Random inputs in [-1, 1) for ``spec``'s lengths, in ``dtype``."""
+    lengths = spec.lengths()
+    tokens = sum(lengths)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def uniform(heads: int):
+        shape = (tokens, heads, spec.head_dim)
+        return torch.rand(shape, device="cuda", dtype=dtype, generator=gen) * 2 - 1
+
+    q, k, v = uniform(spec.heads_q), uniform(spec.heads_kv), uniform(spec.heads_kv)
+    d_out = uniform(spec.heads_q)
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32, device="cuda")
+    return Packed(spec, lengths, q, k, v, d_out, cu)
+
+
+def _causal_pairs(n: int) -> float:
+    return n * (n + 1) / 2
 
 
 def _tflops(flops: float, ms: float) -> str:
     return f"{flops / ms / 1e9:.1f} TFLOP/s"
 
 
-def _attention_flops(pairs: float, dim: int) -> float:
-    """Forward FLOPs of (query, key) pairs: two products of ``dim`` multiply-adds each."""
-    return 4.0 * pairs * dim
+def _workspace(torch, nbytes: int):
+    return torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
 
 
-def _varlen_rows(lengths: tuple[int, ...], causal: bool, reps: int) -> list[BenchRow]:
-    import torch
-    import torch.nn.functional as F
+def _plan_note(plan: Plan) -> str:
+    return f"ours {plan.sku.id}, workspace {plan.workspace_size} B"
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    tokens, longest, batch = sum(lengths), max(lengths), len(lengths)
 
-    def uniform(*shape):
-        return torch.rand(shape, device="cuda", generator=gen) * 2 - 1
+# ----------------------------------------------------------------------------- ours
 
-    q, k, v, d_out = (uniform(tokens, HEADS, HEAD_DIM) for _ in range(4))
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
-                           dtype=torch.int32)
-    fields = dict(batch=batch, heads_q=HEADS, heads_kv=HEADS, head_dim=HEAD_DIM,
-                  max_seqlen_q=longest, max_seqlen_kv=longest, element="f32",
-                  causal="bottom_right" if causal else None)
-    forward = Plan.select(VarlenAttentionDescriptor(**fields, save_lse=True), _F32)
-    backward = Plan.select(VarlenAttentionBackwardDescriptor(**fields), _F32)
-    out, lse = torch.empty_like(q), torch.empty((HEADS, tokens), device="cuda")
+
+class OurVarlen:
+    """Our varlen plans for a packed problem, selected for its bucket: the forward writes out
+    and lse, each backward the gradients from them. Raises Unsupported where no SKU serves."""
+
+    def __init__(self, torch, p: Packed, element: str, pref: PlanPreference):
+        self.torch, self.p, self.pref = torch, p, pref
+        fields = p.fields(element)
+        self.forward_plan = Plan.select(
+            VarlenAttentionDescriptor(**fields, save_lse=True).bucketed(), pref)
+        self.backward_desc = VarlenAttentionBackwardDescriptor(**fields).bucketed()
+        self.backward_plan = Plan.select(self.backward_desc, pref)
+        tokens = p.q.shape[0]
+        self.out = torch.empty_like(p.q)
+        self.lse = torch.empty((p.spec.heads_q, tokens), dtype=torch.float32, device="cuda")
+        self.grads = [torch.empty_like(t) for t in (p.q, p.k, p.v)]
+
+    def _args(self):
+        p = self.p
+        return (VarlenAttentionArgs(p.q, p.k, p.v, p.cu, p.cu, self.out, self.lse),
+                VarlenAttentionBackwardArgs(p.q, p.k, p.v, self.out, p.d_out, self.lse, p.cu,
+                                            p.cu, *self.grads))
+
+    def contestant(self) -> Contestant:
+        """Forward and default backward (the forward run once: the backward reads its lse)."""
+        fwd_args, bwd_args = self._args()
+        fwd_ws = _workspace(self.torch, self.forward_plan.workspace_size)
+        bwd_ws = _workspace(self.torch, self.backward_plan.workspace_size)
+        forward, backward = self.forward_plan, self.backward_plan
+        forward.run(fwd_args, workspace=fwd_ws)
+        return Contestant(lambda: forward.run(fwd_args, workspace=fwd_ws),
+                          lambda: backward.run(bwd_args, workspace=bwd_ws),
+                          forward_note=_plan_note(forward), backward_note=_plan_note(backward))
+
+    def deterministic(self) -> Plan:
+        return Plan.select(self.backward_desc,
+                           PlanPreference(backends=self.pref.backends, deterministic=True))
+
+    def deterministic_call(self, plan: Plan, workspace) -> Callable[[], None]:
+        """``plan`` (the deterministic backward) on ``workspace``, which it may share."""
+        _, bwd_args = self._args()
+        return lambda: plan.run(bwd_args, workspace=workspace)
+
+
+def _our_dense(torch, fields: dict, q, k, v, d_out) -> Contestant:
+    """Our f32 sdpa forward (saving stats) and backward; raises Unsupported without a SKU."""
+    forward = Plan.select(SdpaDescriptor(**fields, save_stats=True), NVRTC)
+    backward = Plan.select(SdpaBackwardDescriptor(**fields), NVRTC)
+    out = torch.empty_like(q)
+    stats = torch.empty((*q.shape[:3], 1), dtype=torch.float32, device="cuda")
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    fwd_ws = torch.empty(max(forward.workspace_size, 1), device="cuda", dtype=torch.uint8)
-    bwd_ws = torch.empty(max(backward.workspace_size, 1), device="cuda", dtype=torch.uint8)
-    fwd_args = VarlenAttentionArgs(q, k, v, offsets, offsets, out, lse)
-    bwd_args = VarlenAttentionBackwardArgs(q, k, v, out, d_out, lse, offsets, offsets, *grads)
-    forward.run(fwd_args, workspace=fwd_ws)
-
-    # torch: the sequences padded to the longest, [B, H, S, D], padded keys masked out.
-    def padded(x):
-        dense = x.new_zeros((batch, longest, HEADS, HEAD_DIM))
-        for s, n in enumerate(lengths):
-            dense[s, :n] = x[offsets[s]:offsets[s] + n]
-        return dense.transpose(1, 2).contiguous()
-
-    pq, pk, pv, pd = (padded(x) for x in (q, k, v, d_out))
-    keys = torch.arange(longest, device="cuda")
-    mask = keys[None, :] < torch.tensor(lengths, device="cuda")[:, None]  # [B, S] keys kept
-    mask = mask[:, None, None, :].expand(batch, 1, longest, longest)
-    if causal:
-        rows = keys[:, None]
-        mask = mask & (keys[None, :] <= rows)[None, None]  # all sequences start at row 0
-
-    def torch_forward(*tensors):
-        return F.scaled_dot_product_attention(*tensors, attn_mask=mask)
-
-    leaves = [t.detach().clone().requires_grad_() for t in (pq, pk, pv)]
-    kept = torch_forward(*leaves)
-    pairs = sum(n * (n + 1) / 2 if causal else n * n for n in lengths)
-    flops = _attention_flops(pairs * HEADS, HEAD_DIM)
-    label = f"f32 d{HEAD_DIM} H{HEADS} {batch} seqs {tokens} tokens" + (" causal" if causal
-                                                                        else "")
-    rows = [time_contestants({
-        "ours": lambda: forward.run(fwd_args, workspace=fwd_ws),
-        "torch sdpa padded+mask": lambda: torch_forward(pq, pk, pv),
-    }, reps).row("varlen_attention_forward", label, lambda ms: _tflops(flops, ms),
-                 notes=forward.sku.id)]
-    rows.append(time_contestants({
-        "ours": lambda: backward.run(bwd_args, workspace=bwd_ws),
-        "torch autograd padded+mask": lambda: torch.autograd.grad(kept, leaves, pd,
-                                                                  retain_graph=True),
-    }, reps).row("varlen_attention_backward", label, lambda ms: _tflops(2.5 * flops, ms),
-                 notes=backward.sku.id))
-    return rows
-
-
-def _dense_rows(shape: dict, causal: bool, reps: int) -> list[BenchRow]:
-    import torch
-    import torch.nn.functional as F
-
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    b, h, s, d = shape["batch"], shape["heads_q"], shape["seq_q"], shape["head_dim"]
-
-    def uniform():
-        return torch.rand((b, h, s, d), device="cuda", generator=gen) * 2 - 1
-
-    q, k, v, d_out = uniform(), uniform(), uniform(), uniform()
-    mask = dict(causal="top_left" if causal else None)
-    forward = Plan.select(SdpaDescriptor(**shape, **mask, element="f32", save_stats=True), _F32)
-    backward = Plan.select(SdpaBackwardDescriptor(**shape, **mask, element="f32"), _F32)
-    out, stats = torch.empty_like(q), torch.empty((b, h, s, 1), device="cuda")
-    grads = [torch.empty_like(t) for t in (q, k, v)]
-    ws = torch.empty(max(forward.workspace_size, backward.workspace_size, 1), device="cuda",
-                     dtype=torch.uint8)
+    ws = _workspace(torch, max(forward.workspace_size, backward.workspace_size))
     fwd_args = SdpaArgs(q, k, v, out, stats)
     bwd_args = SdpaBackwardArgs(q, k, v, out, d_out, stats, *grads)
     forward.run(fwd_args, workspace=ws)
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    kept = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    pairs = b * h * (s * (s + 1) / 2 if causal else s * s)
-    flops = _attention_flops(pairs, d)
-    label = f"f32 d{d} B{b} H{h} S{s}" + (" causal" if causal else "")
-    rows = [time_contestants({
-        "ours": lambda: forward.run(fwd_args, workspace=ws),
-        "torch sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-    }, reps).row("sdpa_forward", label, lambda ms: _tflops(flops, ms), notes=forward.sku.id)]
-    rows.append(time_contestants({
-        "ours": lambda: backward.run(bwd_args, workspace=ws),
-        "torch autograd": lambda: torch.autograd.grad(kept, leaves, d_out, retain_graph=True),
-    }, reps).row("sdpa_backward", label, lambda ms: _tflops(2.5 * flops, ms),
-                 notes=backward.sku.id))
+    return Contestant(lambda: forward.run(fwd_args, workspace=ws),
+                      lambda: backward.run(bwd_args, workspace=ws),
+                      forward_note=_plan_note(forward), backward_note=_plan_note(backward))
+
+
+def _ours(build: Callable[[], object], notes: list[str]):
+    """What ``build`` makes, or None with the reason in ``notes`` when no SKU serves (the row
+    still times the peers). Any other error is ours to fix and stops the bench."""
+    try:
+        return build()
+    except Unsupported as error:
+        notes.append(f"ours: no SKU: {first_line(error)}")
+        return None
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def _gather(builders: dict[str, Callable[[], Contestant]], notes: list[str]
+            ) -> dict[str, Contestant]:
+    """Each peer its builder makes; a builder runs its calls once, so a peer that fails, fails
+    here, and is left out with why in ``notes``."""
+    peers = {}
+    for name, build in builders.items():
+        try:
+            peers[name] = build()
+        except Exception as error:  # whatever a peer's library raises, the row goes on without it
+            notes.append(f"{name}: declined: {first_line(error)}")
+    return peers
+
+
+def _sdpa_peer(torch, qs: list, ks: list, vs: list, d_outs: list, causal: bool, backend=None,
+               name: str = "") -> Contestant:
+    """torch's scaled_dot_product_attention on each (q, k, v) of the lists in turn ([B, H, S, D]
+    each: one dense problem, or one sequence of a packed batch), held to ``backend`` where one
+    is given; its backward through autograd over every output at once. With fewer kv heads than
+    query heads it asks for GQA; a backend without GQA gets k and v heads expanded ahead of the
+    timed calls, and the notes say so."""
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    def loop(qs, ks, vs, options):
+        with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            return [sdpa(q, k, v, is_causal=causal, **options)
+                    for q, k, v in zip(qs, ks, vs, strict=True)]
+
+    groups = qs[0].shape[1] // ks[0].shape[1]
+    options, note = ({"enable_gqa": True} if groups > 1 else {}), ""
+    try:
+        with torch.no_grad():
+            loop(qs, ks, vs, options)
+    except RuntimeError:  # no kernel of this backend takes GQA: expand the heads, as users do
+        if not options:
+            raise
+        ks, vs = ([x.repeat_interleave(groups, dim=1) for x in xs] for xs in (ks, vs))
+        options, note = {}, f"{name}: k and v heads expanded to Hq ahead of the timed calls"
+        with torch.no_grad():
+            loop(qs, ks, vs, options)
+
+    def forward() -> None:
+        with torch.no_grad():
+            loop(qs, ks, vs, options)
+
+    def backward_on(stream):
+        # Autograd runs the backward on the forward's stream: a captured backward needs its
+        # forward made on the capture stream.
+        leaves = [x.detach().requires_grad_() for x in (*qs, *ks, *vs)]
+        n = len(qs)
+        with torch.cuda.stream(stream):
+            outs = loop(leaves[:n], leaves[n:2 * n], leaves[2 * n:], options)
+        return lambda: torch.autograd.grad(outs, leaves, d_outs, retain_graph=True)
+
+    backward = backward_on(torch.cuda.current_stream())
+    backward()
+    return Contestant(forward, backward, backward_on, note, note)
+
+
+def _varlen_attn_options(varlen_attn, p: Packed) -> dict:
+    """Causal and GQA in the words of this torch's varlen_attn: ``is_causal`` (torch 2.9), or
+    the window (-1, 0) of later releases; ``enable_gqa`` where its signature has it (older
+    ones take fewer kv heads as they come)."""
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" in params:
+        options = {"is_causal": True}
+    elif "window_size" in params:
+        options = {"window_size": (-1, 0)}
+    else:
+        raise TypeError(f"varlen_attn{inspect.signature(varlen_attn)} takes neither is_causal "
+                        "nor window_size")
+    if "enable_gqa" in params and p.spec.heads_q != p.spec.heads_kv:
+        options["enable_gqa"] = True
+    return options
+
+
+def _torch_varlen(torch, p: Packed) -> Contestant:
+    """torch.nn.attention.varlen.varlen_attn on the packed tensors, its backward through
+    autograd; k and v heads expanded ahead of the timed calls where it refuses GQA. Raises
+    ImportError where this torch has no varlen_attn."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    options = _varlen_attn_options(varlen_attn, p)
+    groups = p.spec.heads_q // p.spec.heads_kv
+
+    def call(q, k, v):
+        return varlen_attn(q, k, v, p.cu, p.cu, p.longest, p.longest, **options)
+
+    k, v, note = p.k, p.v, ""
+    try:
+        call(p.q, k, v)
+    except RuntimeError:
+        if groups == 1:
+            raise
+        k, v = (x.repeat_interleave(groups, dim=1) for x in (p.k, p.v))
+        note = "torch varlen_attn: k and v heads expanded to Hq ahead of the timed calls"
+        call(p.q, k, v)
+
+    def backward_on(stream):
+        leaves = [x.detach().requires_grad_() for x in (p.q, k, v)]
+        with torch.cuda.stream(stream):
+            out = call(*leaves)
+        return lambda: torch.autograd.grad(out, leaves, p.d_out, retain_graph=True)
+
+    backward = backward_on(torch.cuda.current_stream())
+    backward()
+    return Contestant(lambda: call(p.q, k, v), backward, backward_on, note, note)
+
+
+def _ragged_peer(raw: RawCudnn, p: Packed, bucket) -> RaggedPeer:
+    layout = raw.ragged_layout(p.lengths, bucket.batch, bucket.max_seqlen_q, p.q, p.k)
+    return RaggedPeer(raw, layout, p.q, p.k, p.v, causal=True)
+
+
+def _cudnn_ragged(raw: RawCudnn, p: Packed, bucket, training: bool, name: str) -> Contestant:
+    """The raw ragged graphs at ``bucket``: the training forward and the default backward, or
+    (``training=False``) the inference forward alone."""
+    peer = _ragged_peer(raw, p, bucket)
+    forward = peer.forward(save_stats=training)
+    forward_note = f"{name} workspace {forward.workspace_size} B"
+    if not training:
+        return Contestant(forward, forward_note=forward_note)
+    backward = peer.backward(p.d_out).bind()
+    backward()
+    return Contestant(forward, backward, forward_note=forward_note,
+                      backward_note=f"{name} workspace {backward.workspace_size} B")
+
+
+def _cudnn_dense(raw: RawCudnn, q, k, v, causal: bool) -> Contestant:
+    graph = raw.dense_forward(q, k, v, raw.torch.empty_like(q), causal).bind()
+    graph()
+    return Contestant(graph, forward_note=f"cudnn f32 workspace {graph.workspace_size} B")
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+def _timings(fns: dict[str, Callable[[], object]], reps: int,
+             makers: dict[str, graph_timing.Maker]) -> Timings:
+    """``time_contestants``, except where a first round shows every call taking LONG_CALL_MS
+    or more: then bursts, and host time from single calls (a host-bound contestant found there
+    after all gets the full judgement)."""
+    first = time_interleaved(fns, reps=1, warmup=1)
+    if min(first.values()) < LONG_CALL_MS:
+        return time_contestants(fns, reps, makers=makers)
+    gpu = time_interleaved(fns, reps, warmup=0)
+    host = {name: us / 1e3 for name, us in host_us_interleaved(fns, 1, rounds=3).items()}
+    if suspects(gpu, host):
+        return time_contestants(fns, reps, makers=makers)
+    return Timings(gpu, host, {}, [])
+
+
+def _row(op: str, case: str, fns: dict[str, Callable[[], object]],
+         makers: dict[str, graph_timing.Maker], reps: int, flops: float, notes: list[str]
+         ) -> BenchRow:
+    """One row: ours against the peers in ``fns``; without ours (no SKU), the peers alone, with
+    ours_ms NaN and the fastest peer's figure."""
+    note = "; ".join(n for n in notes if n)
+    if not fns:
+        return BenchRow(op, case, math.nan, "nothing ran", notes=note)
+    timings = _timings(fns, reps, makers)
+    if "ours" in fns:
+        return timings.row(op, case, lambda ms: _tflops(flops, ms), note)
+    best = min(timings.gpu_ms, key=timings.gpu_ms.get)
+    return BenchRow(op, case, math.nan, f"no ours; {best} {_tflops(flops, timings.gpu_ms[best])}",
+                    dict(timings.gpu_ms), "; ".join(filter(None, (note, timings.graph_notes))),
+                    host_ms=dict(timings.host_ms), graph_ms=dict(timings.graph_ms),
+                    host_bound=list(timings.host_bound))
+
+
+def _training_rows(case: str, contestants: dict[str, Contestant], reps: int, flops: float,
+                   notes: list[str]) -> list[BenchRow]:
+    """The forward row (``flops`` of work) and the backward row (2.5 times that) of the
+    contestants that have each."""
+    backward = {n: c for n, c in contestants.items() if c.backward is not None}
+    return [
+        _row("varlen_attention_forward", case, {n: c.forward for n, c in contestants.items()},
+             {}, reps, flops, notes + [c.forward_note for c in contestants.values()]),
+        _row("varlen_attention_backward", case, {n: c.backward for n, c in backward.items()},
+             {n: c.backward_on for n, c in backward.items() if c.backward_on is not None},
+             reps, 2.5 * flops, notes + [c.backward_note for c in backward.values()]),
+    ]
+
+
+def _varlen_flops(p: Packed) -> float:
+    pairs = sum(_causal_pairs(n) for n in p.lengths)
+    return 4.0 * pairs * p.spec.heads_q * p.spec.head_dim
+
+
+def _bf16_rows(torch, raw: RawCudnn, spec: VarlenSet, reps: int) -> list[BenchRow]:
+    p = packed(torch, spec, torch.bfloat16)
+    bucket = VarlenAttentionDescriptor(**p.fields("bf16")).bucketed()
+    notes = [p.about(bucket)]
+    ours = _ours(lambda: OurVarlen(torch, p, "bf16", CUDNN), notes)
+    contestants = {"ours": ours.contestant()} if ours else {}
+    contestants.update(_gather({
+        "cudnn graph": lambda: _cudnn_ragged(raw, p, bucket, True, "cudnn graph"),
+        "torch varlen_attn": lambda: _torch_varlen(torch, p),
+        "torch sdpa loop": lambda: _sdpa_peer(torch, *p.sequences(), True,
+                                              name="torch sdpa loop"),
+    }, notes))
+    flops, case = _varlen_flops(p), p.case("bf16")
+    rows = _training_rows(case, contestants, reps, flops, notes)
+    default = contestants.get("ours")
+    del contestants  # the peers' buffers and kept graphs, before the deterministic ones
+    torch.cuda.empty_cache()
+    rows.append(_deterministic_row(torch, raw, p, ours, default, bucket, case, reps,
+                                   2.5 * flops, notes[0]))
     return rows
 
 
+def _deterministic_row(torch, raw: RawCudnn, p: Packed, ours: OurVarlen | None,
+                       default: Contestant | None, bucket, case: str, reps: int, flops: float,
+                       about: str) -> BenchRow:
+    """Our deterministic backward against cuDNN's deterministic ragged graph at the bucket, our
+    default backward beside them. The two deterministic workspaces (tens of GB at the full
+    set) are one buffer, since they never run at once."""
+    op, notes = "varlen_attention_backward det", [about]
+    plan = _ours(ours.deterministic, notes) if ours else None
+    graph = None
+    try:
+        peer = _ragged_peer(raw, p, bucket)
+        peer.forward()
+        graph = peer.backward(p.d_out, deterministic=True)
+    except Exception as error:  # whatever cuDNN raises, the row goes on without it
+        notes.append(f"cudnn graph: declined: {first_line(error)}")
+    size = max((x.workspace_size for x in (plan, graph) if x is not None), default=0)
+    try:
+        shared = _workspace(torch, size)
+    except torch.cuda.OutOfMemoryError as error:
+        notes.append(f"the deterministic workspace of {size} B did not fit: {first_line(error)}")
+        return BenchRow(op, case, math.nan, "not run", notes="; ".join(notes))
+    fns = {}
+    if plan is not None:
+        fns["ours"] = ours.deterministic_call(plan, shared)
+        notes.append(_plan_note(plan))
+    if graph is not None:
+        fns["cudnn graph"] = graph.bind(shared)
+        notes.append(f"cudnn graph deterministic workspace {graph.workspace_size} B")
+    if default is not None:
+        fns["ours default"] = default.backward
+        notes.append(f"ours default: {default.backward_note.removeprefix('ours ')}")
+    return _row(op, case, fns, {}, reps, flops, notes)
+
+
+def _f32_varlen_rows(torch, raw: RawCudnn, spec: VarlenSet, reps: int) -> list[BenchRow]:
+    from torch.nn.attention import SDPBackend
+
+    p = packed(torch, spec, torch.float32)
+    bucket = VarlenAttentionDescriptor(**p.fields("f32")).bucketed()
+    notes = [p.about(bucket)]
+    ours = _ours(lambda: OurVarlen(torch, p, "f32", NVRTC), notes)
+    contestants = {"ours": ours.contestant()} if ours else {}
+    contestants.update(_gather({
+        "torch sdpa f32": lambda: _sdpa_peer(torch, *p.sequences(), True,
+                                             SDPBackend.EFFICIENT_ATTENTION, "torch sdpa f32"),
+        "cudnn f32": lambda: _cudnn_ragged(raw, p, bucket, False, "cudnn f32"),
+    }, notes))
+    return _training_rows(p.case("f32"), contestants, reps, _varlen_flops(p), notes)
+
+
+def _dense_rows(torch, raw: RawCudnn, shape: tuple[int, int, int, int], causal: bool,
+                reps: int) -> list[BenchRow]:
+    from torch.nn.attention import SDPBackend
+
+    b, h, s, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v, d_out = (torch.rand((b, h, s, d), device="cuda", generator=gen) * 2 - 1
+                      for _ in range(4))
+    fields = dict(batch=b, heads_q=h, heads_kv=h, seq_q=s, seq_kv=s, head_dim=d, element="f32",
+                  causal="top_left" if causal else None)
+    notes: list[str] = []
+    ours = _ours(lambda: _our_dense(torch, fields, q, k, v, d_out), notes)
+    contestants = {"ours": ours} if ours else {}
+    contestants.update(_gather({
+        "torch sdpa f32": lambda: _sdpa_peer(torch, [q], [k], [v], [d_out], causal,
+                                             SDPBackend.EFFICIENT_ATTENTION, "torch sdpa f32"),
+        "cudnn f32": lambda: _cudnn_dense(raw, q, k, v, causal),
+    }, notes))
+    pairs = b * h * (_causal_pairs(s) if causal else s * s)
+    case = f"f32 dense d{d} B{b} H{h} S{s}" + (" causal" if causal else "")
+    return _training_rows(case, contestants, reps, 4.0 * pairs * d, notes)
+
+
 def run(quick: bool = False) -> list[BenchRow]:
-    reps = 5 if quick else 15
-    lengths, dense = (QUICK_LENGTHS, QUICK_DENSE) if quick else (LENGTHS, DENSE)
-    rows = [r for causal in (False, True) for r in _varlen_rows(lengths, causal, reps)]
-    rows += [r for causal in (False, True) for r in _dense_rows(dense, causal, reps)]
+    import torch
+
+    spec, dense = (QUICK_SET, QUICK_DENSE) if quick else (FULL_SET, FULL_DENSE)
+    reps = QUICK_REPS if quick else REPS
+    raw = RawCudnn(torch)
+    rows = _bf16_rows(torch, raw, spec, reps)
+    torch.cuda.empty_cache()
+    for shape in dense:
+        for causal in (False, True):
+            rows += _dense_rows(torch, raw, shape, causal, reps)
+            torch.cuda.empty_cache()
+    rows += _f32_varlen_rows(torch, raw, spec, QUICK_REPS if quick else F32_VARLEN_REPS)
     return rows
