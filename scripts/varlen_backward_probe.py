@@ -11,7 +11,11 @@ one thing, forward and backward:
     padded          [16, 32, 8192, 128] BHSD tensors (no ragged offsets), padding mask
     loop            one graph per sequence at its own length (batch 1), summed
 
-    python3 scripts/varlen_backward_probe.py OUT.json
+    ragged-top-left the same with the causal mask aligned top-left (equal q and kv lengths)
+    loop-top-left   loop, aligned top-left
+    loop-dense      loop without ragged offsets or the padding mask: plain dense graphs
+
+    python3 scripts/varlen_backward_probe.py OUT.json [variant,variant...]
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def graph():
                          handle=handle)
 
 
-def pair(lengths, batch, seq, hkv, total=False, ragged=True):
+def pair(lengths, batch, seq, hkv, total=False, ragged=True, top_left=False, padding=True):
     """(forward ms, backward ms, workspaces) of one ragged or padded problem."""
     tokens = sum(lengths)
     lens = list(lengths) + [0] * (batch - len(lengths))
@@ -98,9 +102,12 @@ def pair(lengths, batch, seq, hkv, total=False, ragged=True):
                       data_type=cudnn.data_type.INT32)
         skv = g.tensor(name="skv", dim=[batch, 1, 1, 1], stride=[1, 1, 1, 1],
                        data_type=cudnn.data_type.INT32)
-        options = dict(use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv, attn_scale=D ** -0.5,
-                       diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
-                       diagonal_band_right_bound=0)
+        alignment = cudnn.diagonal_alignment
+        options = dict(attn_scale=D ** -0.5, diagonal_band_right_bound=0,
+                       diagonal_alignment=alignment.TOP_LEFT if top_left else
+                       alignment.BOTTOM_RIGHT)
+        if padding:
+            options.update(use_padding_mask=True, seq_len_q=sq, seq_len_kv=skv)
         return ro, options
 
     def out_like(t, heads, offsets):
@@ -120,8 +127,9 @@ def pair(lengths, batch, seq, hkv, total=False, ragged=True):
         .set_data_type(F32)
     built(g)
     ws = torch.empty(max(g.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
-    pack = {tq: q, tk: k, tv: v, out: o, st: stats, options["seq_len_q"]: seq_len,
-            options["seq_len_kv"]: seq_len}
+    pack = {tq: q, tk: k, tv: v, out: o, st: stats}
+    if padding:
+        pack.update({options["seq_len_q"]: seq_len, options["seq_len_kv"]: seq_len})
     if ragged:
         pack.update({qo: off_q, kvo: off_kv})
     fwd_ms = elapsed(lambda: g.execute(pack, ws, handle=handle))
@@ -142,7 +150,9 @@ def pair(lengths, batch, seq, hkv, total=False, ragged=True):
     built(g2)
     ws2 = torch.empty(max(g2.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
     pack2 = {q2: q, k2: k, v2: v, o2: o, do2: d_o, st2: stats, dq: grads[0], dk: grads[1],
-             dv: grads[2], options2["seq_len_q"]: seq_len, options2["seq_len_kv"]: seq_len}
+             dv: grads[2]}
+    if padding:
+        pack2.update({options2["seq_len_q"]: seq_len, options2["seq_len_kv"]: seq_len})
     if ragged:
         pack2.update({qo2: off_q, kvo2: off_kv})
     bwd_ms = elapsed(lambda: g2.execute(pack2, ws2, handle=handle))
@@ -161,21 +171,32 @@ def case(name, fn):
     torch.cuda.empty_cache()
 
 
-case("ragged", lambda: pair(LENGTHS, 16, 8192, HKV))
-case("ragged-sorted", lambda: pair(sorted(LENGTHS, reverse=True), 16, 8192, HKV))
-case("ragged-mha", lambda: pair(LENGTHS, 16, 8192, HQ))
-case("ragged-exact", lambda: pair(LENGTHS, 16, max(LENGTHS), HKV))
-case("ragged-total", lambda: pair(LENGTHS, 16, 8192, HKV, total=True))
-case("padded", lambda: pair(LENGTHS, 16, 8192, HKV, ragged=False))
+VARIANTS = sys.argv[2].split(",") if len(sys.argv) > 2 else None
 
 
-def loop():
-    parts = [pair([n], 1, n, HKV) for n in LENGTHS]
+def wanted(name: str) -> bool:
+    return VARIANTS is None or name in VARIANTS
+
+
+def loop(**options):
+    parts = [pair([n], 1, n, HKV, **options) for n in LENGTHS]
     return {"forward_ms": sum(p["forward_ms"] for p in parts),
             "backward_ms": sum(p["backward_ms"] for p in parts)}
 
 
-case("loop", loop)
+for name, run in (
+        ("ragged", lambda: pair(LENGTHS, 16, 8192, HKV)),
+        ("ragged-sorted", lambda: pair(sorted(LENGTHS, reverse=True), 16, 8192, HKV)),
+        ("ragged-mha", lambda: pair(LENGTHS, 16, 8192, HQ)),
+        ("ragged-exact", lambda: pair(LENGTHS, 16, max(LENGTHS), HKV)),
+        ("ragged-total", lambda: pair(LENGTHS, 16, 8192, HKV, total=True)),
+        ("ragged-top-left", lambda: pair(LENGTHS, 16, 8192, HKV, top_left=True)),
+        ("padded", lambda: pair(LENGTHS, 16, 8192, HKV, ragged=False)),
+        ("loop", loop),
+        ("loop-top-left", lambda: loop(top_left=True)),
+        ("loop-dense", lambda: loop(top_left=True, padding=False, ragged=False))):
+    if wanted(name):
+        case(name, run)
 pairs = sum(n * (n + 1) / 2 for n in LENGTHS)
 for result in RESULTS["cases"].values():
     if "backward_ms" in result:
