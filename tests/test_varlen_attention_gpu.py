@@ -297,3 +297,20 @@ def test_a_workspace_limit_rejects_the_deterministic_backward_with_its_exact_siz
     # Within the limit, the default backward still serves (it is not deterministic).
     plan = Plan.select(desc, PlanPreference(workspace_limit=exact - 1), device=0)
     assert plan.sku.id == "varlen_attention_backward.cudnn.bf16"
+
+
+@flavors
+def test_one_buffer_for_both_offsets_runs_bottom_right_as_top_left(flavor):
+    """Self-attention: every sequence has as many queries as keys, so a bottom-right mask is the
+    top-left one, and the cuDNN SKUs run their faster top-left graph (cudnn/varlen.py)."""
+    forward, backward = _plans(flavor, causal="bottom_right", window=(40, 0))
+    data = Packed(seed=8, flavor=flavor)
+    lengths = [160, 1, 0, 77, 33, 100]
+    data.set_lengths(lengths, lengths)
+    args = [data.forward_args(), data.backward_args()]
+    for arg in args:
+        arg.cu_seqlens_kv = data.cu_q  # the same buffer
+    forward.run(args[0])
+    backward.run(args[1])
+    torch.cuda.synchronize()
+    data.check(lengths, lengths, causal="bottom_right", window=(40, 0))

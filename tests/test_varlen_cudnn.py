@@ -190,3 +190,26 @@ def test_a_head_dim_cudnn_does_not_serve_is_explained_without_a_gpu():
     desc = VarlenAttentionDescriptor(**dict(SHAPE, head_dim=100))
     report = str(Plan.explain(desc, arch="sm90"))
     assert "multiples of 8" in report
+
+
+@pytest.mark.parametrize("mask", [dict(causal="bottom_right"),
+                                  dict(causal="bottom_right", window=(5, 0)),
+                                  dict(window={"left": 4, "right": 2,
+                                               "alignment": "bottom_right"})])
+def test_the_top_left_twin_is_the_same_mask_when_queries_and_keys_pair_up(mask):
+    from opfacade._backends.cudnn.varlen import _top_left_twin
+    from opfacade._backends.reference import varlen_forward
+    from opfacade.contracts.varlen_attention import reference_options
+
+    desc = VarlenAttentionDescriptor(**SHAPE, **mask)
+    twin = _top_left_twin(desc)
+    assert twin.alignment == "top_left" and desc.alignment == "bottom_right"
+    assert (twin.left_bound, twin.right_bound) == (desc.left_bound, desc.right_bound)
+    rng = np.random.default_rng(0)
+    cu = np.array([0, 7, 7, 8, 30])
+    q, k, v = (rng.standard_normal((30, 2, 8)) for _ in range(3))
+    ours, theirs = (varlen_forward(q, k, v, cu, cu, **reference_options(d)) for d in (desc, twin))
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    unequal = np.array([0, 3, 9, 12, 30])  # with other key counts they differ
+    assert not np.array_equal(varlen_forward(q, k, v, cu, unequal, **reference_options(desc))[0],
+                              varlen_forward(q, k, v, cu, unequal, **reference_options(twin))[0])
