@@ -314,3 +314,54 @@ def test_one_buffer_for_both_offsets_runs_bottom_right_as_top_left(flavor):
     backward.run(args[1])
     torch.cuda.synchronize()
     data.check(lengths, lengths, causal="bottom_right", window=(40, 0))
+
+
+# The issue's shapes: one sequence; a thousand short ones; one long sequence among short ones,
+# GQA 32/8 at d 128; lengths that are multiples of nothing in particular.
+SHAPES = {
+    "batch 1": ([301], [517], 4, 2, 64),
+    "batch 1024": (list(np.random.default_rng(9).integers(0, 40, 1024)),
+                   list(np.random.default_rng(10).integers(0, 40, 1024)), 4, 2, 64),
+    "one long among short, GQA 32/8": ([1, 3, 1500, 17, 0, 65], [2, 3, 1500, 129, 5, 65], 32, 8,
+                                       128),
+}
+
+
+@flavors
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_issues_shapes_match_the_reference(flavor, shape):
+    len_q, len_kv, heads_q, heads_kv, dim = SHAPES[shape]
+    fields = dict(batch=len(len_q), heads_q=heads_q, heads_kv=heads_kv, head_dim=dim,
+                  max_seqlen_q=max(len_q), max_seqlen_kv=max(len_kv), element=flavor.element,
+                  causal="bottom_right")
+    forward = Plan.select(VarlenAttentionDescriptor(**fields, save_lse=True), flavor.pref,
+                          device=0)
+    backward = Plan.select(VarlenAttentionBackwardDescriptor(**fields), flavor.pref, device=0)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    tq, tk = int(sum(len_q)), int(sum(len_kv))
+
+    def uniform(*shape):
+        return (torch.rand(shape, device="cuda", generator=gen) * 2 - 1).to(flavor.dtype)
+
+    q, d_out = uniform(tq, heads_q, dim), uniform(tq, heads_q, dim)
+    k, v = uniform(tk, heads_kv, dim), uniform(tk, heads_kv, dim)
+    out, lse = torch.empty_like(q), torch.empty((heads_q, tq), device="cuda")
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    cu_q, cu_kv = (torch.tensor(_offsets(n), device="cuda", dtype=torch.int32)
+                   for n in (len_q, len_kv))
+    forward.run(VarlenAttentionArgs(q, k, v, cu_q, cu_kv, out, lse))
+    backward.run(VarlenAttentionBackwardArgs(q, k, v, out, d_out, lse, cu_q, cu_kv, *grads))
+    torch.cuda.synchronize()
+    host = [t.double().cpu().numpy() for t in (q, k, v, d_out)]
+    offsets = [np.array(_offsets(n)) for n in (len_q, len_kv)]
+    want_out, want_lse = varlen_forward(*host[:3], *offsets, causal="bottom_right")
+    assert relative_error(out.double().cpu().numpy(), want_out) < flavor.out_error
+    got_lse = lse.double().cpu().numpy()
+    np.testing.assert_array_equal(np.isneginf(got_lse), np.isneginf(want_lse.T))
+    finite = np.isfinite(want_lse.T)
+    np.testing.assert_allclose(got_lse[finite], want_lse.T[finite], rtol=flavor.lse_tolerance,
+                               atol=flavor.lse_tolerance)
+    want = varlen_backward(*host, *offsets, causal="bottom_right")
+    for got, expected in zip(grads, want, strict=True):
+        got = got.double().cpu().numpy()
+        assert np.isfinite(got).all() and relative_error(got, expected) < flavor.grad_error
