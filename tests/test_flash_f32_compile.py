@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ptx import assert_packed_like_declared, kernel_parameters
 
 from opfacade._backends.nvrtc import compiler
 from opfacade._backends.nvrtc import flash_f32 as flash
@@ -26,9 +27,6 @@ DENSE = dict(VARLEN, varlen=False, total_q=3 * 130, total_kv=3 * 300, causal=Non
 # Device addresses the checks accept (16-byte aligned); nothing is dereferenced here.
 ADDRESS = {name: 0x10000 * (i + 1) for i, name in enumerate(
     ("q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv", "cu_q", "cu_kv", "workspace"))}
-# What each PTX parameter type holds, as the numpy scalar the launcher packs for it.
-PTX_TYPES = {"u64": (np.uint64, np.int64), "s64": (np.uint64, np.int64),
-             "u32": (np.int32,), "s32": (np.int32,), "f32": (np.float32,)}
 
 
 @pytest.fixture(scope="module")
@@ -40,24 +38,7 @@ def cubin() -> bytes:
 
 @pytest.fixture(scope="module")
 def signatures() -> dict[str, list[str]]:
-    """Each kernel's parameter types, from NVRTC's PTX for sm_90."""
-    from cuda.bindings import nvrtc
-
-    headers = {p.name: p.read_text() for p in sorted(NATIVE.glob("*.cuh"))}
-    _, program = nvrtc.nvrtcCreateProgram(SOURCE.encode(), flash.SOURCE.encode(), len(headers),
-                                          [t.encode() for t in headers.values()],
-                                          [n.encode() for n in headers])
-    options = [*compiler.BASE_OPTIONS, "-arch=compute_90"]
-    try:
-        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
-        assert status == nvrtc.nvrtcResult.NVRTC_SUCCESS
-        _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = bytearray(size)
-        nvrtc.nvrtcGetPTX(program, ptx)
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
-    entries = re.findall(r"\.entry (\w+)\((.*?)\)", bytes(ptx).decode(), re.S)
-    return {name: re.findall(r"\.param \.(\w+) ", params) for name, params in entries}
+    return kernel_parameters(flash.SOURCE)
 
 
 def test_every_instantiation_compiles_for_sm90(cubin):
@@ -93,9 +74,7 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
         "flash_f32_bwd_dq_d128_dv128"]
     for name, _, block, args, _ in launched:
         assert block == (flash.THREADS,)
-        assert len(args) == len(signatures[name]), name
-        for i, (arg, ptx_type) in enumerate(zip(args, signatures[name], strict=True)):
-            assert type(arg) in PTX_TYPES[ptx_type], (name, i, type(arg), ptx_type)
+        assert_packed_like_declared(name, args, signatures)
 
 
 def test_forward_arguments_grid_and_shared_memory(monkeypatch):

@@ -6,11 +6,9 @@ deterministic backward with its size. On a GPU: tests/test_varlen_attention_gpu.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
+from ptx import assert_packed_like_declared, kernel_parameters
 
 from opfacade import (
     Plan,
@@ -25,14 +23,10 @@ from opfacade._backends.nvrtc import compiler
 from opfacade._backends.nvrtc import varlen_ragged as edges
 from opfacade.types import ArchSku, ElementKind
 
-NATIVE = Path(__file__).resolve().parents[1] / "native"
 SHAPE = dict(batch=4, heads_q=8, heads_kv=2, head_dim=128, max_seqlen_q=256, max_seqlen_kv=512,
              element="bf16")
 FORWARD_NAMES = ("q", "k", "v", "out")
 BACKWARD_NAMES = ("q", "k", "v", "out", "grad_out", "grad_q", "grad_k", "grad_v")
-# PTX declares 64-bit parameters .u64 whether the kernel's type is signed or not.
-PTX_TYPES = {"u64": (np.uint64, np.int64), "s64": (np.uint64, np.int64), "u32": (np.int32,),
-             "s32": (np.int32,)}
 
 
 def _frontend():
@@ -99,25 +93,7 @@ def test_workspace_regions_follow_the_graph_on_256_byte_lines():
 
 @pytest.fixture(scope="module")
 def signatures() -> dict[str, list[str]]:
-    """Each kernel's parameter types, from NVRTC's PTX for sm_90."""
-    from cuda.bindings import nvrtc
-
-    source = (NATIVE / edges.SOURCE).read_text()
-    headers = {p.name: p.read_text() for p in sorted(NATIVE.glob("*.cuh"))}
-    _, program = nvrtc.nvrtcCreateProgram(source.encode(), edges.SOURCE.encode(), len(headers),
-                                          [t.encode() for t in headers.values()],
-                                          [n.encode() for n in headers])
-    options = [*compiler.BASE_OPTIONS, "-arch=compute_90"]
-    try:
-        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), [o.encode() for o in options])
-        assert status == nvrtc.nvrtcResult.NVRTC_SUCCESS
-        _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = bytearray(size)
-        nvrtc.nvrtcGetPTX(program, ptx)
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
-    entries = re.findall(r"\.entry (\w+)\((.*?)\)", bytes(ptx).decode(), re.S)
-    return {name: re.findall(r"\.param \.(\w+) ", params) for name, params in entries}
+    return kernel_parameters(edges.SOURCE)
 
 
 def test_the_kernels_compile_for_sm90_and_get_the_parameters_they_declare(monkeypatch,
@@ -140,9 +116,7 @@ def test_the_kernels_compile_for_sm90_and_get_the_parameters_they_declare(monkey
                                                "ragged_gather_stats",
                                                "ragged_backward_rows_f16"]
     for name, _, _, args in launched:
-        assert len(args) == len(signatures[name]), name
-        for i, (arg, ptx_type) in enumerate(zip(args, signatures[name], strict=True)):
-            assert type(arg) in PTX_TYPES[ptx_type], (name, i, type(arg), ptx_type)
+        assert_packed_like_declared(name, args, signatures)
     assert launched[1][1] == (2, 8, 4)  # 256 rows / 128 threads, heads, sequences
     assert launched[3][1] == (4, 8, 4)  # the longer side: 512 keys
 

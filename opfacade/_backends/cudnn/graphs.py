@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from ..._internal.device import on_device
 from ..._internal.log import LOG, timed
+from ..._internal.sku import ReasonCode, Unfit
 from ..._internal.tensors import c_strides
 from ...contracts.sdpa import (
     SdpaBackwardDescriptor,
@@ -49,8 +50,8 @@ from . import runtime
 from .limits import format_version
 
 __all__ = ["EXECUTE_PATH", "GRAPHS", "BuiltGraph", "Declined", "GraphCache", "GraphKey", "Uid",
-           "backward_graph", "declare_backward", "declare_forward", "diagonal_band",
-           "forward_graph"]
+           "backward_graph", "built_or_unfit", "declare_backward", "declare_forward",
+           "diagonal_band", "forward_graph", "mask_options"]
 
 # "auto": the backend's raw-pointer call when available; "public": always pygraph.execute.
 EXECUTE_PATH = "auto"
@@ -92,6 +93,23 @@ def diagonal_band(desc: Problem) -> tuple[str, int | None, int | None]:
     """(alignment, cuDNN left bound, cuDNN right bound) for the descriptor's causal/window."""
     left = None if desc.left_bound is None else desc.left_bound + 1
     return desc.alignment, left, desc.right_bound
+
+
+def mask_options(cudnn, desc) -> dict:
+    """The sdpa/sdpa_backward keywords of the softmax scale and the diagonal band, for any
+    attention descriptor (``attention_masks.AttentionMask``)."""
+    alignment, left, right = diagonal_band(desc)
+    options = {
+        "attn_scale": float(desc.softmax_scale),
+        "diagonal_alignment": (cudnn.diagonal_alignment.BOTTOM_RIGHT
+                               if alignment == "bottom_right"
+                               else cudnn.diagonal_alignment.TOP_LEFT),
+    }
+    if left is not None:
+        options["diagonal_band_left_bound"] = left
+    if right is not None:
+        options["diagonal_band_right_bound"] = right
+    return options
 
 
 @dataclass(frozen=True)
@@ -219,19 +237,8 @@ class _Builder:
     def options(self) -> dict:
         """The sdpa/sdpa_backward keywords shared by both directions."""
         d, cudnn = self.desc, self.cudnn
-        alignment, left, right = diagonal_band(d)
-        options = {
-            "attn_scale": float(d.softmax_scale),
-            "use_alibi_mask": bool(d.alibi),
-            "use_padding_mask": bool(d.padding),
-            "diagonal_alignment": (cudnn.diagonal_alignment.BOTTOM_RIGHT
-                                   if alignment == "bottom_right"
-                                   else cudnn.diagonal_alignment.TOP_LEFT),
-        }
-        if left is not None:
-            options["diagonal_band_left_bound"] = left
-        if right is not None:
-            options["diagonal_band_right_bound"] = right
+        options = {**mask_options(cudnn, d), "use_alibi_mask": bool(d.alibi),
+                   "use_padding_mask": bool(d.padding)}
         if d.bias is not None:
             options["bias"] = self.tensor(Uid.BIAS, d.bias_shape, c_strides(d.bias_shape))
         if d.padding:
@@ -386,6 +393,21 @@ class GraphCache:
 
 
 GRAPHS = GraphCache()
+
+
+def built_or_unfit(key) -> BuiltGraph | Unfit:
+    """The graph for ``key`` from GRAPHS, or selection's verdict on why there is none: cuDNN's
+    decline (cached), a failed build (not cached: the next selection builds again), or no
+    cuDNN."""
+    try:
+        built = GRAPHS.get(key)
+    except BackendUnavailable as error:
+        return Unfit(ReasonCode.backend_unavailable, str(error))
+    except LaunchFailed as error:
+        return Unfit(ReasonCode.build_failed, str(error))
+    if isinstance(built, Declined):
+        return Unfit(ReasonCode.feature_unsupported, built.reason)
+    return built
 
 
 def forward_graph(desc: SdpaDescriptor, device: int, *, dump_dropout: bool = False

@@ -24,7 +24,7 @@ from ...contracts.varlen_attention import (
     VarlenAttentionBackwardDescriptor,
     VarlenAttentionDescriptor,
 )
-from .graphs import Uid, _Builder, diagonal_band
+from .graphs import Uid, _Builder, mask_options
 
 __all__ = ["KV_SIDE", "MAX_GROUPS", "OFFSETS_UID", "Q_SIDE", "RaggedKey", "RaggedLayout",
            "declare_ragged"]
@@ -132,20 +132,9 @@ def declare_ragged(key: RaggedKey, handle: object) -> _Builder:
     stats_shape = (batch, desc.heads_q, seq_q, 1)
     stats_strides = (desc.heads_q * seq_q, seq_q, 1, 1)
     lengths = ((batch, 1, 1, 1), (1, 1, 1, 1), cudnn.data_type.INT32)
-    alignment, left, right = diagonal_band(desc)
-    options = {
-        "attn_scale": float(desc.softmax_scale),
-        "use_padding_mask": True,
-        "seq_len_q": b.tensor(Uid.SEQ_LEN_Q, *lengths),
-        "seq_len_kv": b.tensor(Uid.SEQ_LEN_KV, *lengths),
-        "diagonal_alignment": (cudnn.diagonal_alignment.BOTTOM_RIGHT
-                               if alignment == "bottom_right"
-                               else cudnn.diagonal_alignment.TOP_LEFT),
-    }
-    if left is not None:
-        options["diagonal_band_left_bound"] = left
-    if right is not None:
-        options["diagonal_band_right_bound"] = right
+    options = {**mask_options(cudnn, desc), "use_padding_mask": True,
+               "seq_len_q": b.tensor(Uid.SEQ_LEN_Q, *lengths),
+               "seq_len_kv": b.tensor(Uid.SEQ_LEN_KV, *lengths)}
     q, k, v = packed(Uid.Q, "q"), packed(Uid.K, "k"), packed(Uid.V, "v")
     if key.direction == "forward":
         out, stats = b.graph.sdpa(q, k, v, name="sdpa", generate_stats=bool(desc.save_lse),

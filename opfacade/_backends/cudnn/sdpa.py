@@ -39,7 +39,7 @@ from ...contracts.sdpa import (
     SdpaBackwardDescriptor,
     SdpaDescriptor,
 )
-from ...errors import BackendUnavailable, BufferTooSmall, LaunchFailed, LayoutMismatch, Unsupported
+from ...errors import BufferTooSmall, LayoutMismatch, Unsupported
 from ...types import (
     ArchSku,
     BackendKind,
@@ -192,14 +192,9 @@ class _SdpaCudnn(SkuImpl[P]):
         unfit = limits.check(self._facts(desc), limits.Context(arch, runtime.backend_version()))
         if unfit is not None or device is None:
             return unfit  # without a device: viable pending graph support
-        try:
-            built = self._graph(desc, device)
-        except BackendUnavailable as error:
-            return Unfit(ReasonCode.backend_unavailable, str(error))
-        except LaunchFailed as error:  # not cached: the next selection builds again
-            return Unfit(ReasonCode.build_failed, str(error))
-        if isinstance(built, graphs.Declined):
-            return Unfit(ReasonCode.feature_unsupported, built.reason)
+        built = graphs.built_or_unfit(self._key(desc, device))
+        if isinstance(built, Unfit):
+            return built
         return WORKSPACE.check(built.workspace_size)  # the graph's own figure, not the estimate
 
     def workspace_size(self, desc: P) -> int:
@@ -224,7 +219,10 @@ class _SdpaCudnn(SkuImpl[P]):
     def _graph(self, desc: P, device: int) -> graphs.BuiltGraph | graphs.Declined:
         """This SKU's graph for ``desc`` on ``device``, from ``graphs.GRAPHS``; raises what a
         failed build raises (LaunchFailed, BackendUnavailable)."""
-        return graphs.GRAPHS.get(graphs.GraphKey(self.direction, desc, device, self.variant))
+        return graphs.GRAPHS.get(self._key(desc, device))
+
+    def _key(self, desc: P, device: int) -> graphs.GraphKey:
+        return graphs.GraphKey(self.direction, desc, device, self.variant)
 
     def release(self, desc: P) -> None:
         """Drops this SKU's graphs for ``desc`` (every device) and what it derived from them."""

@@ -52,9 +52,7 @@ from ...contracts.varlen_attention import (
     VarlenAttentionDescriptor,
 )
 from ...errors import (
-    BackendUnavailable,
     BufferTooSmall,
-    LaunchFailed,
     LayoutMismatch,
     Unsupported,
 )
@@ -176,14 +174,10 @@ class _RaggedSku(SkuImpl[P]):
                 unfit = Unfit(rule.code, rule.why(facts, ctx))
         if unfit is not None or device is None:
             return unfit  # without a device: viable pending graph support
-        try:
-            built = self._graph(desc, device, RaggedLayout.compact(desc, self.names))
-        except BackendUnavailable as error:
-            return Unfit(ReasonCode.backend_unavailable, str(error))
-        except LaunchFailed as error:  # not cached: the next selection builds again
-            return Unfit(ReasonCode.build_failed, str(error))
-        if isinstance(built, graphs.Declined):
-            return Unfit(ReasonCode.feature_unsupported, built.reason)
+        built = graphs.built_or_unfit(self._key(desc, device,
+                                                RaggedLayout.compact(desc, self.names)))
+        if isinstance(built, Unfit):
+            return built
         return WORKSPACE.check(self._size(desc, built.workspace_size))
 
     def workspace_size(self, desc: P) -> int:
@@ -207,8 +201,10 @@ class _RaggedSku(SkuImpl[P]):
     # -- what was built --------------------------------------------------------------------
     def _graph(self, desc: P, device: int, layout: RaggedLayout
                ) -> graphs.BuiltGraph | graphs.Declined:
-        return graphs.GRAPHS.get(RaggedKey(self.direction, desc, device, self.deterministic,
-                                           layout))
+        return graphs.GRAPHS.get(self._key(desc, device, layout))
+
+    def _key(self, desc: P, device: int, layout: RaggedLayout) -> RaggedKey:
+        return RaggedKey(self.direction, desc, device, self.deterministic, layout)
 
     def release(self, desc: P) -> None:
         graphs.GRAPHS.discard(desc, self.direction, self.deterministic)
