@@ -187,3 +187,24 @@ def test_the_top_left_twin_is_the_same_mask_when_queries_and_keys_pair_up(mask):
     unequal = np.array([0, 3, 9, 12, 30])  # with other key counts they differ
     assert not np.array_equal(varlen_forward(q, k, v, cu, unequal, **reference_options(desc))[0],
                               varlen_forward(q, k, v, cu, unequal, **reference_options(twin))[0])
+
+
+def test_strides_cudnn_cannot_load_are_a_layout_mismatch_naming_the_argument():
+    from opfacade.contracts.varlen_attention import VARLEN_ATTENTION_FORWARD, VarlenAttentionArgs
+    from opfacade.errors import LayoutMismatch
+
+    desc = VarlenAttentionDescriptor(**dict(SHAPE, heads_q=2, heads_kv=2, head_dim=64,
+                                            element="f16"))
+    cu = np.array([0, 4, 10], np.int32)
+    k = np.zeros((10, 2, 64), np.float16)
+    forward = cudnn_varlen.SKUS["varlen_attention_forward"][0]
+    packed_qkv = np.zeros((10, 3, 2, 64), np.float16)[:, 0]  # token stride 384: loadable
+    bound = VARLEN_ATTENTION_FORWARD.bind(desc, VarlenAttentionArgs(packed_qkv, k, k, cu, cu,
+                                                                     np.zeros_like(k)))
+    forward.check_args(desc, bound)
+    padded = np.zeros((10, 2, 68), np.float16)[:, :, :64]  # head stride 68: not 16-byte steps
+    bound = VARLEN_ATTENTION_FORWARD.bind(desc, VarlenAttentionArgs(padded, k, k, cu, cu,
+                                                                     np.zeros_like(k)))
+    with pytest.raises(LayoutMismatch, match=r"strides \(136, 68, 1\)") as error:
+        forward.check_args(desc, bound)
+    assert error.value.argument == "q"
