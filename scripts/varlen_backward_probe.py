@@ -14,6 +14,8 @@ one thing, forward and backward:
     ragged-top-left the same with the causal mask aligned top-left (equal q and kv lengths)
     loop-top-left   loop, aligned top-left
     loop-dense      loop without ragged offsets or the padding mask: plain dense graphs
+    dense-bottom-right / dense-top-left   B4 x 4096 dense (no padding), the two alignments:
+                    the same mask where queries and keys are equally many
 
     python3 scripts/varlen_backward_probe.py OUT.json [variant,variant...]
 """
@@ -194,7 +196,11 @@ for name, run in (
         ("padded", lambda: pair(LENGTHS, 16, 8192, HKV, ragged=False)),
         ("loop", loop),
         ("loop-top-left", lambda: loop(top_left=True)),
-        ("loop-dense", lambda: loop(top_left=True, padding=False, ragged=False))):
+        ("loop-dense", lambda: loop(top_left=True, padding=False, ragged=False)),
+        ("dense-bottom-right", lambda: pair([4096] * 4, 4, 4096, HKV, ragged=False,
+                                            padding=False)),
+        ("dense-top-left", lambda: pair([4096] * 4, 4, 4096, HKV, ragged=False, padding=False,
+                                        top_left=True))):
     if wanted(name):
         case(name, run)
 pairs = sum(n * (n + 1) / 2 for n in LENGTHS)
