@@ -220,3 +220,19 @@ def test_the_frontends_own_validation_agrees_with_our_limits(kw):
     accepted.graph.validate()
 
 
+
+
+@pytest.mark.parametrize(("kw", "declared"), [
+    (dict(causal="bottom_right", seq_q=24), "TOP_LEFT"),  # seq_q == seq_kv: the same mask
+    (dict(causal="bottom_right", window=(4, None), seq_q=24), "TOP_LEFT"),
+    (dict(causal="bottom_right"), "BOTTOM_RIGHT"),
+    (dict(causal="bottom_right", seq_q=24, padding=True), "BOTTOM_RIGHT"),  # lengths per sequence
+])
+def test_a_square_bottom_right_band_is_declared_top_left(kw, declared):
+    cudnn = pytest.importorskip("cudnn")
+    if runtime.available() is not None:
+        pytest.skip(runtime.available())
+    desc = backward(**kw)
+    assert desc.alignment == "bottom_right"
+    node = graphs.declare_backward(desc, None).graph.nodes[0]
+    assert node.params["diagonal_alignment"] == getattr(cudnn.diagonal_alignment, declared)

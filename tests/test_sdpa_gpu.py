@@ -36,7 +36,8 @@ F16_CASES = ("plain", "causal_bottom_right", "bias_1hqk_causal", "alibi", "paddi
              "window_left_right")
 PARAMS = [pytest.param("bf16", name, id=f"bf16-{name}") for name in CASES] + [
     pytest.param("f16", name, id=f"f16-{name}") for name in F16_CASES]
-DETERMINISTIC = ("plain", "causal_bottom_right", "gqa_bias_window_bshd_d128", "padding_bias",
+DETERMINISTIC = ("plain", "causal_bottom_right", "causal_bottom_right_square",
+                 "gqa_bias_window_bshd_d128", "padding_bias",
                  "alibi", "window_left_right")
 
 
