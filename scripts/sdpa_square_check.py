@@ -1,7 +1,10 @@
 """Dense SDPA with a bottom-right causal mask over as many queries as keys: the same mask as
 top-left, which graphs.py now declares to cuDNN (its backward is the faster one). Times both
-plans through opfacade (B4 H32/8 S4096 d128 bf16) and checks that their results are bitwise
-equal.
+plans through opfacade (B4 H32/8 S4096 d128 bf16) and checks that their forwards are bitwise
+equal (the default backward adds dQ with atomics, so its bits may differ run to run anyway).
+
+Seen on an H100 (2026-11-23, before the forward check was narrowed to out): both backwards
+2.917 ms; the raw bottom-right graph took 5.23 ms (scripts/varlen_backward_probe.py).
 
     python3 scripts/sdpa_square_check.py
 """
@@ -43,5 +46,5 @@ for causal in ("bottom_right", "top_left"):
     stop.synchronize()
     times[causal] = start.elapsed_time(stop) / 10
     results[causal] = [out.clone(), *(g.clone() for g in grads)]
-same = all(torch.equal(a, b) for a, b in zip(*results.values(), strict=True))
-print(json.dumps({"backward_ms": times, "bitwise_equal": same}))
+same = torch.equal(results["bottom_right"][0], results["top_left"][0])
+print(json.dumps({"backward_ms": times, "forward_out_bitwise_equal": same}))
