@@ -6,7 +6,7 @@ finite differences) in ``tests/test_reference_*.py``.
 """
 
 from .alibi import alibi_backward, alibi_distance, alibi_forward
-from .decode import decode_forward, gather_kv
+from .decode import decode_attention, decode_forward, gather_kv, kv_append
 from .linear import (
     ACTIVATIONS,
     WEIGHT_LAYOUTS,
@@ -34,8 +34,10 @@ __all__ = [
     "alibi_backward",
     "alibi_distance",
     "alibi_forward",
+    "decode_attention",
     "decode_forward",
     "gather_kv",
+    "kv_append",
     "linear_backward",
     "linear_forward",
     "sdpa_backward",

@@ -12,7 +12,7 @@ import numpy as np
 
 from .sdpa import sdpa_forward
 
-__all__ = ["gather_kv", "decode_forward"]
+__all__ = ["decode_attention", "decode_forward", "gather_kv", "kv_append"]
 
 
 def _check_lengths(seq_lens: np.ndarray, batch: int, capacity: int) -> np.ndarray:
@@ -99,6 +99,7 @@ def decode_forward(
     *,
     page_table: np.ndarray | None = None,
     scale: float | None = None,
+    window_left: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention of T new tokens per sequence over its KV cache (see the module docstring).
 
@@ -106,6 +107,7 @@ def decode_forward(
         q: [B, Hq, T, D] new query tokens; Hq must be a multiple of the cache's Hkv.
         k_cache, v_cache, seq_lens, page_table: as ``gather_kv``.
         scale: score scale, default ``1 / sqrt(D)``.
+        window_left: keep only keys at most this many positions before each query's own.
 
     Returns:
         ``(out, lse)``: out [B, Hq, T, Dv] and lse [B, Hq, T], float64.
@@ -118,8 +120,10 @@ def decode_forward(
         raise ValueError(f"q must have B={len(keys)} sequences to match seq_lens, got {q.shape[0]}")
     outs, lses = [], []
     for b, (key, value) in enumerate(zip(keys, values, strict=True)):
+        window = None if window_left is None else (window_left, None)
         out, lse = sdpa_forward(
-            q[b : b + 1], key[None], value[None], scale=scale, causal="bottom_right"
+            q[b : b + 1], key[None], value[None], scale=scale, causal="bottom_right",
+            window=window,
         )
         outs.append(out)
         lses.append(lse)
@@ -127,3 +131,83 @@ def decode_forward(
     if not outs:
         return np.zeros(q.shape[:3] + (dv,)), np.zeros(q.shape[:3])
     return np.concatenate(outs), np.concatenate(lses)
+
+
+# -- the decode_attention family's layouts (contracts/decode_attention.py) ---------------------
+
+
+def _heads_major(cache: np.ndarray, kv_layout: str) -> np.ndarray:
+    """[rows, tokens, Hkv, D] ("nhd") or [rows, Hkv, tokens, D] ("hnd") as the latter."""
+    if kv_layout not in ("nhd", "hnd"):
+        raise ValueError(f"kv_layout must be 'nhd' or 'hnd', got {kv_layout!r}")
+    cache = np.asarray(cache)
+    return cache if kv_layout == "hnd" else np.swapaxes(cache, 1, 2)
+
+
+def decode_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    seq_lens: np.ndarray,
+    *,
+    kv_layout: str = "nhd",
+    page_table: np.ndarray | None = None,
+    scale: float | None = None,
+    window_left: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``decode_forward`` in the family's layouts: q [b, T, Hq, D]; a contiguous cache of at
+    least b sequences or a page pool, token-major ("nhd") or heads-major ("hnd"). Returns out
+    [b, T, Hq, Dv] and lse [b, T, Hq], float64."""
+    q = np.asarray(q)
+    if q.ndim != 4:
+        raise ValueError(f"q must have 4 dimensions [b, T, Hq, D], got shape {q.shape}")
+    keys, values = _heads_major(k_cache, kv_layout), _heads_major(v_cache, kv_layout)
+    if page_table is None:  # contiguous: the first b rows are the call's sequences
+        keys, values = keys[: q.shape[0]], values[: q.shape[0]]
+    out, lse = decode_forward(np.swapaxes(q, 1, 2), keys, values, seq_lens,
+                              page_table=page_table, scale=scale, window_left=window_left)
+    return np.swapaxes(out, 1, 2), np.swapaxes(lse, 1, 2)
+
+
+def kv_append(
+    k_new: np.ndarray,
+    v_new: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    seq_lens: np.ndarray,
+    *,
+    kv_layout: str = "nhd",
+    page_table: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of the caches with new token t of sequence s written at position
+    ``seq_lens[s] - T + t`` (k_new, v_new [b, T, Hkv, D]); the rest of each cache unchanged.
+
+    Raises:
+        ValueError: a sequence holds fewer than T tokens or more than its capacity, or a page
+            table entry it uses is outside the pool.
+    """
+    k_new, v_new = np.asarray(k_new), np.asarray(v_new)
+    k_out, v_out = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
+    sequences, new = k_new.shape[:2]
+    token_axis = 1 if kv_layout == "nhd" else 2
+    tokens = k_out.shape[token_axis]
+    capacity = tokens * (np.asarray(page_table).shape[1] if page_table is not None else 1)
+    lengths = np.asarray(seq_lens, dtype=np.int64)
+    for s in range(sequences):
+        if not new <= lengths[s] <= capacity:
+            raise ValueError(f"seq_lens[{s}] must lie in [{new}, {capacity}] to append {new} "
+                             f"tokens, got {lengths[s]}")
+        for t in range(new):
+            position = lengths[s] - new + t
+            row, slot = s, position
+            if page_table is not None:
+                row, slot = int(page_table[s, position // tokens]), position % tokens
+                if not 0 <= row < k_out.shape[0]:
+                    raise ValueError(f"page_table[{s}, {position // tokens}] = {row} is outside "
+                                     f"the pool of {k_out.shape[0]} pages")
+            for cache, values in ((k_out, k_new), (v_out, v_new)):
+                if kv_layout == "nhd":
+                    cache[row, slot] = values[s, t]
+                else:
+                    cache[row, :, slot] = values[s, t]
+    return k_out, v_out
