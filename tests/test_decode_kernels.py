@@ -1,0 +1,81 @@
+"""The split-KV decode and kv_append kernels (native/decode_attention.cu) without a GPU: every
+kernel compiles for sm_90, the launcher packs exactly the parameters each declares, grids and
+the workspace follow the envelope, and the shared memory stays under the default 48 KiB. The
+kernels have not run on a GPU yet; no SKU uses them (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+from ptx import assert_packed_like_declared, kernel_parameters
+
+from opfacade._backends.nvrtc import compiler
+from opfacade._backends.nvrtc import decode as kernels
+from opfacade.contracts.decode_attention import DecodeAttentionDescriptor, KvAppendDescriptor
+from opfacade.types import ArchSku, ElementKind
+
+
+@pytest.fixture(scope="module")
+def signatures() -> dict[str, list[str]]:
+    return kernel_parameters(kernels.SOURCE)
+
+
+def test_every_kernel_compiles_for_sm90(signatures):
+    cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, use_cache=False).cubin
+    assert cubin[:4] == b"\x7fELF"
+    assert set(signatures) == {f"{kind}_{e}" for kind in ("decode_partial", "decode_merge",
+                                                          "kv_append")
+                               for e in ("f32", "f16", "bf16")}
+    assert kernels.SHARED_BYTES <= 48 << 10
+
+
+def _record(monkeypatch) -> list[tuple]:
+    launched = []
+    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
+    monkeypatch.setattr(kernels, "launch", lambda kernel, grid, block, args, stream, device,
+                        shared=0: launched.append((kernel, grid, block, args, shared)))
+    return launched
+
+
+@pytest.mark.parametrize("element", [ElementKind.f32, ElementKind.f16, ElementKind.bf16])
+def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, element):
+    launched = _record(monkeypatch)
+    desc = DecodeAttentionDescriptor(batch=8, heads_q=32, heads_kv=8, head_dim=128,
+                                     element=element, cache="paged", page_size=16,
+                                     max_pages=64, q_len=4, save_lse=True)
+    cache = kernels.DecodeCache.of(desc, pages=600)
+    kernels.decode_call(element, 0, cache, 5, 32, 4, 0.088, None, 0x1000, (4 * 32 * 128, 32 * 128,
+                        128), 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, (4 * 32 * 128, 32 * 128,
+                        128), 0x7000, 0x100000, 7)()
+    kernels.append_call(element, 0, cache, 5, 4, 0x8000, 0x9000, 0x2000, 0x3000, 0x4000,
+                        0x5000, 7)()
+    names = [name for name, *_ in launched]
+    assert names == [f"decode_partial_{element.value}", f"decode_merge_{element.value}",
+                     f"kv_append_{element.value}"]
+    for name, _, block, args, _ in launched:
+        assert block == (kernels.THREADS,)
+        assert_packed_like_declared(name, args, signatures)
+    # 1024 tokens in chunks of 256; 8 kv heads x 1 row tile (4 heads x 4 tokens = 16 rows).
+    assert launched[0][1] == (4, 8, 5) and launched[0][4] == kernels.SHARED_BYTES
+    assert launched[1][1] == (5, 32, 4)
+    assert launched[2][1] == (5, 4, 8)
+
+
+def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
+    launched = _record(monkeypatch)
+    desc = DecodeAttentionDescriptor(batch=2, heads_q=32, heads_kv=1, head_dim=64,
+                                     element="bf16", cache="contiguous", max_seq=300, q_len=2)
+    kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
+                        0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
+                        0x100000, 0)()
+    assert launched[0][1] == (2, 4, 2)  # 64 rows in tiles of 16; 300 tokens in 2 chunks
+    assert launched[0][3][-1] == 16  # the window's left side
+
+
+def test_the_workspace_holds_every_partial_of_the_envelope():
+    size = kernels.workspace_bytes(batch=64, heads_q=32, q_len=1, capacity=4096, dim_v=128)
+    rows = 64 * 32 * 16  # sequences x query heads x chunks
+    assert size >= rows * (128 + 2) * 4 and size % 256 == 0
+    append = KvAppendDescriptor(batch=2, heads_kv=2, head_dim=64, element="f16",
+                                cache="pointers", max_seq=100, kv_layout="hnd")
+    cache = kernels.DecodeCache.of(append)
+    assert (cache.kind, cache.hnd, cache.capacity, cache.page_size) == ("pointers", True, 100, 0)
