@@ -79,3 +79,60 @@ def test_the_workspace_holds_every_partial_of_the_envelope():
                                 cache="pointers", max_seq=100, kv_layout="hnd")
     cache = kernels.DecodeCache.of(append)
     assert (cache.kind, cache.hnd, cache.capacity, cache.page_size) == ("pointers", True, 100, 0)
+
+
+def _split_kv(q, keys, values, length, q_len, scale, left):
+    """decode_partial then decode_merge for one sequence and one query head, step for step in
+    float64: the kernels' algorithm (chunks of CHUNK keys, masks by position, merge in chunk
+    order), to hold against the reference."""
+    import numpy as np
+
+    n = -(-length // kernels.CHUNK)
+    partials = []
+    for chunk in range(n):
+        k0 = chunk * kernels.CHUNK
+        p = np.arange(k0, min(k0 + kernels.CHUNK, length))
+        rows = []
+        for t in range(q_len):
+            pos = length - q_len + t
+            seen = (p <= pos) & ((left < 0) | (p >= pos - left))
+            s = np.where(seen, keys[p] @ q[t] * scale, -np.inf)
+            m = s.max(initial=-np.inf)
+            e = np.exp(s - (0.0 if m == -np.inf else m))
+            rows.append((m, e.sum(), e @ values[p]))
+        partials.append(rows)
+    out, lse = [], []
+    for t in range(q_len):
+        if length - q_len + t < 0 or n == 0:
+            out.append(np.zeros(values.shape[1]))
+            lse.append(-np.inf)
+            continue
+        m = max(part[t][0] for part in partials)
+        weights = [np.exp(part[t][0] - m) for part in partials]
+        total = sum(w * part[t][1] for w, part in zip(weights, partials, strict=True))
+        acc = sum(w * part[t][2] for w, part in zip(weights, partials, strict=True))
+        out.append(acc / total)
+        lse.append(m + np.log(total))
+    return np.array(out), np.array(lse)
+
+
+@pytest.mark.parametrize(("length", "q_len", "left"), [
+    (700, 1, -1), (700, 4, -1), (256, 3, -1), (2, 4, -1), (0, 1, -1), (600, 2, 300),
+    (513, 1, 10)])
+def test_the_split_kv_algorithm_is_attention(length, q_len, left):
+    import numpy as np
+
+    from opfacade._backends.reference import sdpa_forward
+
+    rng = np.random.default_rng(length + q_len)
+    d = 16
+    q = rng.standard_normal((q_len, d))
+    keys, values = rng.standard_normal((max(length, 1), d)), rng.standard_normal((max(length, 1),
+                                                                                     d))
+    out, lse = _split_kv(q, keys, values, length, q_len, d ** -0.5, left)
+    window = None if left < 0 else (left, None)
+    want, want_lse = sdpa_forward(q[None, None], keys[None, None, :length],
+                                  values[None, None, :length], causal="bottom_right",
+                                  window=window)
+    np.testing.assert_allclose(out, want[0, 0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse[0, 0], rtol=1e-12)
