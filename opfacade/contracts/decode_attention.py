@@ -207,12 +207,28 @@ def _required(obj: Any, name: str) -> TensorView:
     return wrap(obj, name)
 
 
-def _lengths(obj: Any, name: str, batch: int) -> TensorView:
+def _tokens(obj: Any, name: str, desc: _KvCache, heads: int, dim: int,
+            sequences: int | None = None, like: str | None = None) -> TensorView:
+    """A [b, q_len, heads, dim] tensor of the step's tokens; b is the first one's."""
     view = _required(obj, name)
-    if view.ndim != 1 or not 1 <= view.shape[0] <= batch:
-        raise ShapeMismatch(f"{name} must be 1-D with 1 to batch = {batch} entries, got shape "
+    if view.ndim != 4:
+        raise ShapeMismatch(f"{name} must be 4-D [b, {desc.q_len}, {heads}, {dim}], got shape "
                             f"{view.shape}", argument=name)
-    expect(view, name, shape=view.shape, element=ElementKind.i32)
+    b = view.shape[0] if sequences is None else sequences
+    expect(view, name, shape=(b, desc.q_len, heads, dim), element=desc.element, like=like)
+    return view
+
+
+def _lengths(obj: Any, batch: int, sequences: int, of: str) -> TensorView:
+    """seq_lens: int32, one entry per sequence of ``of``, at most ``batch``."""
+    view = _required(obj, "seq_lens")
+    if view.ndim != 1 or not 1 <= view.shape[0] <= batch:
+        raise ShapeMismatch(f"seq_lens must be 1-D with 1 to batch = {batch} entries, got shape "
+                            f"{view.shape}", argument="seq_lens")
+    if view.shape[0] != sequences:
+        raise ShapeMismatch(f"seq_lens must have one entry per sequence of {of} ({sequences}), "
+                            f"got shape {view.shape}", argument="seq_lens")
+    expect(view, "seq_lens", shape=view.shape, element=ElementKind.i32)
     return view
 
 
@@ -247,23 +263,12 @@ def _caches(desc: _KvCache, args, sequences: int) -> dict[str, TensorView | None
 
 def _bind_decode(desc: DecodeAttentionDescriptor, args: DecodeAttentionArgs) -> BoundArgs:
     expect_args_type(args, DecodeAttentionArgs)
-    q = _required(args.q, "q")
-    if q.ndim != 4:
-        raise ShapeMismatch(f"q must be 4-D [b, {desc.q_len}, {desc.heads_q}, {desc.head_dim}], "
-                            f"got shape {q.shape}", argument="q")
+    q = _tokens(args.q, "q", desc, desc.heads_q, desc.head_dim)
     sequences = q.shape[0]
-    expect(q, "q", shape=(sequences, desc.q_len, desc.heads_q, desc.head_dim),
-           element=desc.element)
-    views: dict[str, TensorView | None] = {"q": q}
-    views["seq_lens"] = _lengths(args.seq_lens, "seq_lens", desc.batch)
-    if views["seq_lens"].shape[0] != sequences:
-        raise ShapeMismatch(f"seq_lens must have one entry per sequence of q ({sequences}), "
-                            f"got shape {views['seq_lens'].shape}", argument="seq_lens")
+    views: dict[str, TensorView | None] = {
+        "q": q, "seq_lens": _lengths(args.seq_lens, desc.batch, sequences, "q")}
     views.update(_caches(desc, args, sequences))
-    out = _required(args.out, "out")
-    expect(out, "out", shape=(sequences, desc.q_len, desc.heads_q, desc.dim_v),
-           element=desc.element, like="q")
-    views["out"] = out
+    views["out"] = _tokens(args.out, "out", desc, desc.heads_q, desc.dim_v, sequences, "q")
     lse = argument_when(args.lse, "lse", desc.save_lse, "save_lse is True")
     views["lse"] = None
     if lse is not None:
@@ -277,21 +282,13 @@ def _bind_decode(desc: DecodeAttentionDescriptor, args: DecodeAttentionArgs) -> 
 
 def _bind_append(desc: KvAppendDescriptor, args: KvAppendArgs) -> BoundArgs:
     expect_args_type(args, KvAppendArgs)
-    k_new = _required(args.k_new, "k_new")
-    if k_new.ndim != 4:
-        raise ShapeMismatch(f"k_new must be 4-D [b, {desc.q_len}, {desc.heads_kv}, "
-                            f"{desc.head_dim}], got shape {k_new.shape}", argument="k_new")
+    k_new = _tokens(args.k_new, "k_new", desc, desc.heads_kv, desc.head_dim)
     sequences = k_new.shape[0]
-    expect(k_new, "k_new", shape=(sequences, desc.q_len, desc.heads_kv, desc.head_dim),
-           element=desc.element)
-    v_new = _required(args.v_new, "v_new")
-    expect(v_new, "v_new", shape=(sequences, desc.q_len, desc.heads_kv, desc.dim_v),
-           element=desc.element, like="k_new")
-    views: dict[str, TensorView | None] = {"k_new": k_new, "v_new": v_new}
-    views["seq_lens"] = _lengths(args.seq_lens, "seq_lens", desc.batch)
-    if views["seq_lens"].shape[0] != sequences:
-        raise ShapeMismatch(f"seq_lens must have one entry per sequence of k_new ({sequences}),"
-                            f" got shape {views['seq_lens'].shape}", argument="seq_lens")
+    views: dict[str, TensorView | None] = {
+        "k_new": k_new,
+        "v_new": _tokens(args.v_new, "v_new", desc, desc.heads_kv, desc.dim_v, sequences,
+                         "k_new"),
+        "seq_lens": _lengths(args.seq_lens, desc.batch, sequences, "k_new")}
     views.update(_caches(desc, args, sequences))
     outputs = ("k_cache", "v_cache")
     expect_no_overlaps(views, outputs)
