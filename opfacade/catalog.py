@@ -32,14 +32,15 @@ def catalog_json(op: str | None = None) -> str:
 def catalog_table(op: str | None = None, *, markdown: bool = True) -> str:
     """One row per SKU: what it computes, where it runs and what it guarantees."""
     header = ("id", "op", "element", "backend", "arch", "math", "accumulator", "deterministic",
-              "bit_stable", "max_rel_error")
+              "bit_stable", "batch_invariant", "max_rel_error")
     rows = []
     for sku in all_skus(op):
         g = sku.precision_guarantee
         rows.append((sku.id, sku.op, sku.element.value, sku.backend.value,
                      sku.arch.value if sku.arch else "host", g.math_precision.value,
                      g.accumulator.value, "yes" if g.deterministic else "no",
-                     "yes" if g.bit_stable else "no", f"{g.max_rel_error:.3g}"))
+                     "yes" if g.bit_stable else "no", "yes" if g.batch_invariant else "no",
+                     f"{g.max_rel_error:.3g}"))
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -75,7 +75,8 @@ def _explain(args: argparse.Namespace) -> int:
         raise InvalidProblem(f"each field may be given once, got {', '.join(twice)} more than "
                              f"once", field=twice[0])
     desc = op_named(args.op).descriptor(**fields)
-    pref = {"deterministic": args.deterministic, "objective": args.objective}
+    pref = {"deterministic": args.deterministic, "batch_invariant": args.batch_invariant,
+            "objective": args.objective}
     if args.backend:
         pref["backends"] = args.backend
     if args.workspace_limit is not None:
@@ -211,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--device", type=_device,
                          help="CUDA ordinal (0 or cuda:0), or 'cpu' for the float64 reference")
     explain.add_argument("--deterministic", action="store_true")
+    explain.add_argument("--batch-invariant", action="store_true",
+                         help="only SKUs whose results for an item do not depend on its batch")
     explain.add_argument("--backend", action="append", choices=[b.value for b in BackendKind],
                          help="allowed backend (repeatable)")
     explain.add_argument("--workspace-limit", type=_count(0), help="bytes")

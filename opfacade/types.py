@@ -125,7 +125,10 @@ class PrecisionGuarantee(CheckedModel):
     bitwise-equal outputs run after run on the same device and configuration, whatever the
     workspace address or stream. ``bit_stable``: the order of every reduction is fixed by the
     descriptor alone (not the device's size, the alignment of the tensors or the workspace), so
-    results also agree across GPUs of the same architecture. ``capture_safe``: run() does no
+    results also agree across GPUs of the same architecture. ``batch_invariant``: an item's
+    results (a sequence's, in attention) are bitwise the same whatever else shares its batch and
+    wherever it sits in it, because no reduction's order or split depends on the batch.
+    ``capture_safe``: run() does no
     host sync, no allocation when given a workspace, and no host read of device data, so it may
     be captured in a CUDA graph.
     """
@@ -136,11 +139,13 @@ class PrecisionGuarantee(CheckedModel):
     bit_stable: bool
     max_rel_error: float = Field(gt=0.0, allow_inf_nan=False)
     capture_safe: bool = True
+    batch_invariant: bool = False
 
     @model_validator(mode="after")
-    def _bit_stable_implies_deterministic(self) -> PrecisionGuarantee:
-        if self.bit_stable and not self.deterministic:
-            raise ValueError("a bit_stable guarantee must also be deterministic")
+    def _stability_implies_determinism(self) -> PrecisionGuarantee:
+        for name in ("bit_stable", "batch_invariant"):
+            if getattr(self, name) and not self.deterministic:
+                raise ValueError(f"a {name} guarantee must also be deterministic")
         return self
 
 
@@ -235,6 +240,7 @@ class PlanPreference(CheckedModel):
 
     deterministic: bool = False
     bit_stable: bool = False
+    batch_invariant: bool = False
     min_math_precision: MathPrecision | None = None
     max_rel_error: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)  # None: no bound
     backends: frozenset[BackendKind] | None = None

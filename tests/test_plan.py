@@ -408,3 +408,17 @@ def test_a_workspace_of_the_wrong_types_is_named(workspace):
     with pytest.raises(InvalidArgument, match="workspace must be a Workspace") as caught:
         Plan.select(backward("f64"), device="cpu").can_implement(args, workspace)
     assert caught.value.argument == "workspace"
+
+
+def test_a_batch_invariance_preference_rejects_every_sku_that_does_not_claim_it():
+    """No SKU claims batch invariance yet (issue 13's split-KV decode will): explain says why
+    each is out, with its own code."""
+    from opfacade.contracts.sdpa import SdpaDescriptor
+
+    desc = SdpaDescriptor(batch=1, heads_q=2, heads_kv=2, seq_q=64, seq_kv=64, head_dim=64,
+                          element="bf16")
+    report = Plan.explain(desc, PlanPreference(batch_invariant=True), arch="sm90")
+    gpu = [v for v in report.verdicts
+           if v.sku.backend.value != "reference" and v.sku.element.value == "bf16"]
+    assert gpu and {v.code for v in gpu} == {ReasonCode.not_batch_invariant}
+    assert "depend on the rest of the batch" in str(report)

@@ -43,10 +43,12 @@ def test_math_precision_is_ordered():
     assert not MathPrecision.bf16.at_least(MathPrecision.f16)
 
 
-def test_bit_stable_requires_deterministic():
-    with pytest.raises(InvalidProblem, match="bit_stable"):
-        PrecisionGuarantee(math_precision="f32", accumulator="f32", deterministic=False,
-                           bit_stable=True, max_rel_error=1e-6)
+@pytest.mark.parametrize("claim", ["bit_stable", "batch_invariant"])
+def test_stability_claims_require_deterministic(claim):
+    fields = dict(math_precision="f32", accumulator="f32", deterministic=False,
+                  bit_stable=False, max_rel_error=1e-6)
+    with pytest.raises(InvalidProblem, match=claim):
+        PrecisionGuarantee(**{**fields, claim: True})
 
 
 def test_preference_coercion():

@@ -165,6 +165,9 @@ def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Targe
     if pref.bit_stable and not guarantee.bit_stable:
         return reject(ReasonCode.not_bit_stable,
                       "reduction order not fixed; preference requires it")
+    if pref.batch_invariant and not guarantee.batch_invariant:
+        return reject(ReasonCode.not_batch_invariant,
+                      "results may depend on the rest of the batch; preference requires not")
     if pref.min_math_precision and not guarantee.math_precision.at_least(pref.min_math_precision):
         return reject(ReasonCode.precision_below_minimum,
                       f"math in {guarantee.math_precision}, preference needs at least "

@@ -36,6 +36,7 @@ class ReasonCode(enum.StrEnum):
     feature_unsupported = "feature_unsupported"
     not_deterministic = "not_deterministic"
     not_bit_stable = "not_bit_stable"
+    not_batch_invariant = "not_batch_invariant"
     precision_below_minimum = "precision_below_minimum"
     error_bound_too_loose = "error_bound_too_loose"
     workspace_over_limit = "workspace_over_limit"
