@@ -170,23 +170,36 @@ def test_a_head_dim_cudnn_does_not_serve_is_explained_without_a_gpu():
                                   dict(causal="bottom_right", window=(5, 0)),
                                   dict(window={"left": 4, "right": 2,
                                                "alignment": "bottom_right"})])
-def test_the_top_left_twin_is_the_same_mask_when_queries_and_keys_pair_up(mask):
-    from opfacade._backends.cudnn.varlen import _top_left_twin
+def test_a_square_graph_declares_the_same_mask_top_left(mask):
+    """One cu_seqlens buffer for both sides: each sequence has as many queries as keys, where a
+    bottom-right diagonal is the top-left one (the float64 reference agrees bit for bit, and
+    differs once the key counts differ); the square graph declares it top-left."""
     from opfacade._backends.reference import varlen_forward
     from opfacade.contracts.varlen_attention import reference_options
 
+    _frontend()
+    cudnn = pytest.importorskip("cudnn")
     desc = VarlenAttentionDescriptor(**SHAPE, **mask)
-    twin = _top_left_twin(desc)
-    assert twin.alignment == "top_left" and desc.alignment == "bottom_right"
-    assert (twin.left_bound, twin.right_bound) == (desc.left_bound, desc.right_bound)
+    options = reference_options(desc)
+    top_left = dict(options, alignment="top_left",
+                    causal="top_left" if options["causal"] else None)
+    assert desc.alignment == "bottom_right"
     rng = np.random.default_rng(0)
     cu = np.array([0, 7, 7, 8, 30])
     q, k, v = (rng.standard_normal((30, 2, 8)) for _ in range(3))
-    ours, theirs = (varlen_forward(q, k, v, cu, cu, **reference_options(d)) for d in (desc, twin))
+    ours, theirs = (varlen_forward(q, k, v, cu, cu, **o) for o in (options, top_left))
     np.testing.assert_array_equal(ours[0], theirs[0])
     unequal = np.array([0, 3, 9, 12, 30])  # with other key counts they differ
-    assert not np.array_equal(varlen_forward(q, k, v, cu, unequal, **reference_options(desc))[0],
-                              varlen_forward(q, k, v, cu, unequal, **reference_options(twin))[0])
+    assert not np.array_equal(varlen_forward(q, k, v, cu, unequal, **options)[0],
+                              varlen_forward(q, k, v, cu, unequal, **top_left)[0])
+    layout = RaggedLayout.compact(desc, FORWARD_NAMES)
+    for square, declared in ((False, "BOTTOM_RIGHT"), (True, "TOP_LEFT")):
+        builder, _ = _declared(RaggedKey("forward", desc, 0, False, layout, square))
+        node = builder.graph.nodes[0]
+        assert node.params["diagonal_alignment"] == getattr(cudnn.diagonal_alignment, declared)
+        assert (node.params.get("diagonal_band_left_bound"),
+                node.params.get("diagonal_band_right_bound")) == (
+            None if desc.left_bound is None else desc.left_bound + 1, desc.right_bound)
 
 
 def test_strides_cudnn_cannot_load_are_a_layout_mismatch_naming_the_argument():
@@ -208,3 +221,46 @@ def test_strides_cudnn_cannot_load_are_a_layout_mismatch_naming_the_argument():
     with pytest.raises(LayoutMismatch, match=r"strides \(136, 68, 1\)") as error:
         forward.check_args(desc, bound)
     assert error.value.argument == "q"
+
+
+@pytest.mark.parametrize(("one_buffer", "causal", "square"), [
+    (True, "bottom_right", True), (False, "bottom_right", False), (True, "top_left", False)])
+def test_a_run_asks_for_the_square_graph_only_when_one_buffer_serves_both_sides(
+        monkeypatch, one_buffer, causal, square):
+    """Which graph a run takes (no GPU: the cache answers with a stand-in of 1 KiB)."""
+    from opfacade._backends.cudnn import graphs
+    from opfacade._internal.sku import Workspace
+
+    asked = []
+    stand_in = graphs.BuiltGraph(None, (), 1024, "stand-in", None)
+    monkeypatch.setattr(graphs.GRAPHS, "get", lambda key: asked.append(key) or stand_in)
+    desc = VarlenAttentionDescriptor(**dict(SHAPE, element="f16"), causal=causal)
+    cu_q, cu_kv = np.array([0, 4, 10], np.int32), np.array([0, 4, 10], np.int32)
+    views = {"q": type("V", (), {"device": 0})(),
+             "cu_seqlens_q": type("V", (), {"ptr": cu_q.ctypes.data})(),
+             "cu_seqlens_kv": type("V", (), {"ptr": (cu_q if one_buffer else cu_kv).ctypes.data})()}
+    forward = cudnn_varlen.SKUS["varlen_attention_forward"][0]
+    layout = RaggedLayout.compact(desc, FORWARD_NAMES)
+    built, regions = forward._graph_for_run(desc, views, layout, Workspace(0, 1 << 30, 0))
+    assert built is stand_in and regions.size == forward._size(desc, 1024)
+    assert [key.square for key in asked] == [square]
+    assert asked[0].desc is desc
+
+
+def test_selection_on_a_device_takes_the_graphs_verdict_and_its_exact_workspace(monkeypatch):
+    """The device branch of selection (cudnn/selection.py), with the cache standing in for a
+    GPU: the built graph's bytes plus the ragged buffers, or cuDNN's decline as the reason."""
+    from opfacade._backends.cudnn import graphs
+    from opfacade._internal.selection import Target
+    from opfacade._internal.sku import ReasonCode
+
+    answer = graphs.BuiltGraph(None, (), 4096, "stand-in", None)
+    monkeypatch.setattr(graphs.GRAPHS, "get", lambda key: answer)
+    desc = VarlenAttentionBackwardDescriptor(**SHAPE, causal="bottom_right")
+    backward = cudnn_varlen.SKUS["varlen_attention_backward"][1]  # bf16, default
+    target = Target(ArchSku.sm90, device=0)
+    assert backward.unfit_on(desc, target) is None
+    assert backward.workspace_size_on(desc, target) == backward._size(desc, 4096)
+    answer = graphs.Declined("cuDNN 9.19.0: not supported")
+    unfit = backward.unfit_on(desc, target)
+    assert unfit.code is ReasonCode.feature_unsupported and "not supported" in unfit.detail

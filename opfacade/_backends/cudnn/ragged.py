@@ -84,18 +84,22 @@ class RaggedLayout:
 
 class RaggedKey(NamedTuple):
     """What a ragged graph is built for: the bucket (the descriptor), the device, the
-    deterministic backward or not, and the tensors' strides."""
+    deterministic backward or not, and the tensors' strides. ``square``: every call gives each
+    sequence as many queries as keys, so the descriptor's diagonal is declared top-left (the
+    same mask then; ``varlen.py`` says when and why)."""
 
     direction: str
     desc: VarlenProblem
     device: int
     variant: bool  # the backward: use_deterministic_algorithm
     layout: RaggedLayout
+    square: bool = False
 
     def __str__(self) -> str:
         variant = " (deterministic)" if self.variant else ""
+        square = ", declared top-left" if self.square else ""
         return (f"ragged {self.direction} graph{variant} on cuda:{self.device} for "
-                f"{self.desc!r} with strides {self.layout.strides}")
+                f"{self.desc!r} with strides {self.layout.strides}{square}")
 
     def declare(self, handle: object) -> _Builder:
         return declare_ragged(self, handle)
@@ -132,7 +136,7 @@ def declare_ragged(key: RaggedKey, handle: object) -> _Builder:
     stats_shape = (batch, desc.heads_q, seq_q, 1)
     stats_strides = (desc.heads_q * seq_q, seq_q, 1, 1)
     lengths = ((batch, 1, 1, 1), (1, 1, 1, 1), cudnn.data_type.INT32)
-    options = {**mask_options(cudnn, desc), "use_padding_mask": True,
+    options = {**mask_options(cudnn, desc, top_left=key.square), "use_padding_mask": True,
                "seq_len_q": b.tensor(Uid.SEQ_LEN_Q, *lengths),
                "seq_len_kv": b.tensor(Uid.SEQ_LEN_KV, *lengths)}
     q, k, v = packed(Uid.Q, "q"), packed(Uid.K, "k"), packed(Uid.V, "v")

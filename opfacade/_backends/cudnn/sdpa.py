@@ -27,11 +27,11 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from ..._internal.contract import BoundArgs, OpContract
-from ..._internal.device import current_device, device_arch, device_count, on_device
+from ..._internal.device import current_device, on_device
 from ..._internal.limits import workspace_limit
 from ..._internal.log import LOG
 from ..._internal.selection import Target
-from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.sku import SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, c_strides, expect_aligned
 from ...contracts.sdpa import (
     SDPA_BACKWARD,
@@ -50,8 +50,9 @@ from ...types import (
 )
 from ..nvrtc.sdpa_edges import DropoutDraw, PaddingRows
 from . import graphs, limits, runtime
+from .selection import GraphSelection
 
-__all__ = ["SKUS", "SdpaBackwardCudnn", "SdpaForwardCudnn", "clear", "placement",
+__all__ = ["SKUS", "SdpaBackwardCudnn", "SdpaForwardCudnn", "clear",
            "estimate_workspace", "run_forward_dumping_dropout"]
 
 P = TypeVar("P", SdpaDescriptor, SdpaBackwardDescriptor)
@@ -86,16 +87,6 @@ def _guarantee(element: ElementKind, bound: float, deterministic: bool) -> Preci
         # execute, which a CUDA graph would freeze; graph capture is not verified for SDPA yet.
         capture_safe=False,
     )
-
-
-def placement(target: Target | None) -> tuple[int | None, ArchSku | None]:
-    """(device to build on or None, arch or None) for a selection."""
-    if target is not None:
-        return target.device, target.arch
-    if runtime.available() is not None or device_count() == 0:
-        return None, None
-    device = current_device()
-    return device, device_arch(device)
 
 
 def estimate_workspace(desc: SdpaDescriptor | SdpaBackwardDescriptor, direction: str,
@@ -158,9 +149,10 @@ def _expect_strides(view: TensorView, name: str, expected: tuple[int, ...], what
                 f"for, got {view.strides}", argument=name)
 
 
-class _SdpaCudnn(SkuImpl[P]):
+class _SdpaCudnn(GraphSelection, SkuImpl[P]):
     direction: str
     contract: OpContract[P]
+    WORKSPACE = WORKSPACE
 
     def __init__(self, sku: KernelSku, variant: bool):
         self.sku = sku
@@ -181,31 +173,13 @@ class _SdpaCudnn(SkuImpl[P]):
             workspace=estimate_workspace(desc, self.direction,
                                          self.sku.precision_guarantee.deterministic))
 
-    def unfit(self, desc: P) -> Unfit | None:
-        return self.unfit_on(desc, None)
+    def _data_unfit(self, desc: P, ctx: limits.Context) -> Unfit | None:
+        return limits.check(self._facts(desc), ctx)
 
-    def unfit_on(self, desc: P, target: Target | None) -> Unfit | None:
-        if desc.element is not self.sku.element:
-            return Unfit(ReasonCode.element_unsupported,
-                         f"serves {self.sku.element.value}, problem is {desc.element.value}")
-        device, arch = placement(target)
-        unfit = limits.check(self._facts(desc), limits.Context(arch, runtime.backend_version()))
-        if unfit is not None or device is None:
-            return unfit  # without a device: viable pending graph support
-        built = graphs.built_or_unfit(self._key(desc, device))
-        if isinstance(built, Unfit):
-            return built
-        return WORKSPACE.check(built.workspace_size)  # the graph's own figure, not the estimate
+    def _selection_key(self, desc: P, device: int) -> graphs.GraphKey:
+        return self._key(desc, device)
 
-    def workspace_size(self, desc: P) -> int:
-        return self.workspace_size_on(desc, None)
-
-    def workspace_size_on(self, desc: P, target: Target | None) -> int:
-        device, _ = placement(target)
-        if device is not None:
-            built = self._graph(desc, device)
-            if isinstance(built, graphs.BuiltGraph):
-                return built.workspace_size
+    def _estimate(self, desc: P) -> int:
         return estimate_workspace(desc, self.direction, self.sku.precision_guarantee.deterministic)
 
     def plan_for(self, desc: P, pref, target: Target | None) -> tuple[int, str]:

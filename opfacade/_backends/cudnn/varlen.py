@@ -21,12 +21,13 @@ plan's, the run raises BufferTooSmall naming both.
 
 Self-attention passes one cu_seqlens buffer as both cu_seqlens_q and cu_seqlens_kv. Every
 sequence then has as many queries as keys, so a bottom-right mask (causal or window) is the same
-mask aligned top-left, and the run uses the top-left graph: on cuDNN 9.19 (H100) its backward
-took 15.2 ms where the bottom-right one took 28.2 ms on the bench's bf16 set (the forwards
-4.8 and 4.9; ``scripts/varlen_backward_probe.py``). The check is a comparison of two
-addresses at prepare time; it reads no data. Should the top-left graph need more workspace than
-the plan holds, the bottom-right one runs. Results of the two graphs may differ in their last
-bits, so a deterministic plan repeats bitwise for a given choice of buffers.
+mask aligned top-left, and the run uses a graph that declares it so (``RaggedKey.square``). On
+cuDNN 9.19 (H100) that backward took 15.2 ms where the bottom-right one took 28.2 ms on the
+bench's bf16 set (the forwards 4.8 and 4.9; ``scripts/varlen_backward_probe.py``). The check
+is a comparison of two addresses at prepare time; it reads no data. Should the square graph
+need more workspace than the plan holds, the bottom-right one runs. Results of the two graphs
+may differ in their last bits, so a deterministic plan repeats bitwise for a given choice of
+buffers.
 
 cuDNN 9.19 takes the bucket as graph dimensions. cuDNN 9.21's override shapes and 9.24's
 cu_seq_len inputs would lift that, but this module does not use them yet: explain says which
@@ -62,7 +63,8 @@ from ..nvrtc import varlen_ragged as edges
 from ..nvrtc.varlen_checks import checked
 from . import graphs, limits, runtime
 from .ragged import RaggedKey, RaggedLayout
-from .sdpa import BACKWARD_BOUND, FORWARD_BOUND, placement
+from .sdpa import BACKWARD_BOUND, FORWARD_BOUND
+from .selection import GraphSelection
 
 __all__ = ["RAGGED_RULES", "SKUS", "VarlenBackwardCudnn", "VarlenForwardCudnn",
            "estimate_graph_workspace"]
@@ -129,11 +131,12 @@ def _path(version: int | None) -> str:
     return f"{found}: ragged offsets, the bucket as graph dimensions{unused}"
 
 
-class _RaggedSku(SkuImpl[P]):
+class _RaggedSku(GraphSelection, SkuImpl[P]):
     direction: str
     contract: OpContract[P]
     names: tuple[str, ...]  # the packed tensors the graph binds
     limits = LIMITS
+    WORKSPACE = WORKSPACE
 
     def __init__(self, sku: KernelSku, deterministic: bool = False):
         self.sku = sku
@@ -148,8 +151,7 @@ class _RaggedSku(SkuImpl[P]):
             dropout=False, padding=True, right_bound=desc.right_bound,
             left_bound=desc.left_bound, bottom_right=desc.alignment == "bottom_right",
             deterministic=self.deterministic, heads_kv=desc.heads_kv,
-            workspace=self._size(desc, estimate_graph_workspace(desc, self.direction,
-                                                                 self.deterministic)))
+            workspace=self._size(desc, self._estimate(desc)))
 
     def _regions(self, desc: P, graph_bytes: int) -> edges.RaggedWorkspace:
         stats = self.direction == "backward" or desc.save_lse
@@ -159,38 +161,22 @@ class _RaggedSku(SkuImpl[P]):
     def _size(self, desc: P, graph_bytes: int) -> int:
         return self._regions(desc, graph_bytes).size
 
-    def unfit(self, desc: P) -> Unfit | None:
-        return self.unfit_on(desc, None)
-
-    def unfit_on(self, desc: P, target: Target | None) -> Unfit | None:
-        if desc.element is not self.sku.element:
-            return Unfit(ReasonCode.element_unsupported,
-                         f"serves {self.sku.element.value}, problem is {desc.element.value}")
-        device, arch = placement(target)
-        facts, ctx = self._facts(desc), limits.Context(arch, runtime.backend_version())
+    def _data_unfit(self, desc: P, ctx: limits.Context) -> Unfit | None:
+        facts = self._facts(desc)
         unfit = limits.check(facts, ctx) or check(self.limits, desc)
         for rule in RAGGED_RULES:
             if unfit is None and rule.rejects(facts, ctx):
                 unfit = Unfit(rule.code, rule.why(facts, ctx))
-        if unfit is not None or device is None:
-            return unfit  # without a device: viable pending graph support
-        built = graphs.built_or_unfit(self._key(desc, device,
-                                                RaggedLayout.compact(desc, self.names)))
-        if isinstance(built, Unfit):
-            return built
-        return WORKSPACE.check(self._size(desc, built.workspace_size))
+        return unfit
 
-    def workspace_size(self, desc: P) -> int:
-        return self.workspace_size_on(desc, None)
+    def _selection_key(self, desc: P, device: int) -> RaggedKey:
+        return self._key(desc, device, RaggedLayout.compact(desc, self.names))
 
-    def workspace_size_on(self, desc: P, target: Target | None) -> int:
-        device, _ = placement(target)
-        if device is not None:
-            built = self._graph(desc, device, RaggedLayout.compact(desc, self.names))
-            if isinstance(built, graphs.BuiltGraph):
-                return self._size(desc, built.workspace_size)
-        return self._size(desc, estimate_graph_workspace(desc, self.direction,
-                                                         self.deterministic))
+    def _workspace(self, desc: P, graph_bytes: int) -> int:
+        return self._size(desc, graph_bytes)
+
+    def _estimate(self, desc: P) -> int:
+        return estimate_graph_workspace(desc, self.direction, self.deterministic)
 
     def plan_for(self, desc: P, pref, target: Target | None) -> tuple[int, str]:
         return self.workspace_size_on(desc, target), _path(runtime.backend_version())
@@ -199,17 +185,16 @@ class _RaggedSku(SkuImpl[P]):
         return runtime.available() or nvrtc_launch.available()
 
     # -- what was built --------------------------------------------------------------------
-    def _graph(self, desc: P, device: int, layout: RaggedLayout
+    def _graph(self, desc: P, device: int, layout: RaggedLayout, square: bool = False
                ) -> graphs.BuiltGraph | graphs.Declined:
-        return graphs.GRAPHS.get(self._key(desc, device, layout))
+        return graphs.GRAPHS.get(self._key(desc, device, layout, square))
 
-    def _key(self, desc: P, device: int, layout: RaggedLayout) -> RaggedKey:
-        return RaggedKey(self.direction, desc, device, self.deterministic, layout)
+    def _key(self, desc: P, device: int, layout: RaggedLayout, square: bool = False
+             ) -> RaggedKey:
+        return RaggedKey(self.direction, desc, device, self.deterministic, layout, square)
 
     def release(self, desc: P) -> None:
-        graphs.GRAPHS.discard(desc, self.direction, self.deterministic)
-        if desc.alignment == "bottom_right":
-            graphs.GRAPHS.discard(_top_left_twin(desc), self.direction, self.deterministic)
+        graphs.GRAPHS.discard(desc, self.direction, self.deterministic)  # square ones too
 
     # -- running ---------------------------------------------------------------------------
     def check_args(self, desc: P, args: BoundArgs) -> None:
@@ -226,13 +211,6 @@ class _RaggedSku(SkuImpl[P]):
                     f"{TENSOR_ALIGNMENT} bytes at a time), got strides {view.strides}",
                     argument=name)
 
-    def _built_for_run(self, desc: P, device: int, layout: RaggedLayout) -> graphs.BuiltGraph:
-        built = self._graph(desc, device, layout)
-        if isinstance(built, graphs.Declined):
-            raise Unsupported(f"{self.sku.id} cannot serve these strides {layout.strides} on "
-                              f"cuda:{device}: {built.reason}")
-        return built
-
     def _pointers(self, built: graphs.BuiltGraph, views: dict[str, TensorView], base: int,
                   regions: edges.RaggedWorkspace, batch: int) -> list[int]:
         """Each graph operand's address: the caller's tensors, the workspace's buffers."""
@@ -246,33 +224,35 @@ class _RaggedSku(SkuImpl[P]):
         return [found[name] for name in built.names]
 
     def _graph_for_run(self, desc: P, views: dict[str, TensorView], layout: RaggedLayout,
-                       workspace: Workspace) -> tuple[P, graphs.BuiltGraph]:
-        """(the problem the run's graph is built for, the graph): the top-left twin of a
-        bottom-right mask when both cu_seqlens are one buffer and its graph fits the workspace
-        (the module docstring says why), else ``desc``'s own."""
+                       workspace: Workspace) -> tuple[graphs.BuiltGraph, edges.RaggedWorkspace]:
+        """The run's graph and its workspace regions: the square graph of a bottom-right mask
+        when both cu_seqlens are one buffer and it fits the workspace (the module docstring says
+        why), else ``desc``'s own."""
         device = views["q"].device
         if desc.alignment == "bottom_right" and (
                 views["cu_seqlens_q"].ptr == views["cu_seqlens_kv"].ptr):
-            twin = _top_left_twin(desc)
-            built = self._graph(twin, device, layout)
-            if (isinstance(built, graphs.BuiltGraph)
-                    and self._regions(desc, built.workspace_size).size <= workspace.size):
-                return twin, built
-        built = self._built_for_run(desc, device, layout)
-        size = self._regions(desc, built.workspace_size).size
-        if workspace.size < size:
+            built = self._graph(desc, device, layout, square=True)
+            if isinstance(built, graphs.BuiltGraph):
+                regions = self._regions(desc, built.workspace_size)
+                if regions.size <= workspace.size:
+                    return built, regions
+        built = self._graph(desc, device, layout)
+        if isinstance(built, graphs.Declined):
+            raise Unsupported(f"{self.sku.id} cannot serve these strides {layout.strides} on "
+                              f"cuda:{device}: {built.reason}")
+        regions = self._regions(desc, built.workspace_size)
+        if workspace.size < regions.size:
             raise BufferTooSmall(
                 f"workspace has {workspace.size} bytes; the graph built on cuda:{device} for "
-                f"strides {layout.strides} needs {size}", argument="workspace")
-        return desc, built
+                f"strides {layout.strides} needs {regions.size}", argument="workspace")
+        return built, regions
 
     def prepared(self, desc: P, args: BoundArgs, workspace: Workspace, stream: int | None
                  ) -> Callable[[], None]:
         views = args.views
         device, stream = views["q"].device, stream or 0
         layout = RaggedLayout.of(views, self.names)
-        desc, built = self._graph_for_run(desc, views, layout, workspace)
-        regions = self._regions(desc, built.workspace_size)
+        built, regions = self._graph_for_run(desc, views, layout, workspace)
         base, batch = workspace.ptr, desc.batch
         handle = runtime.handle_for(device)
         execute = built.launch.bind(self._pointers(built, views, base, regions, batch),
@@ -308,19 +288,6 @@ class _RaggedSku(SkuImpl[P]):
                 graph: Callable[[], None]) -> tuple[Callable[[], None], ...]:
         """The steps after ``ragged_prepare``: the graph and its direction's edges."""
         raise NotImplementedError
-
-
-def _top_left_twin(desc: P) -> P:
-    """``desc`` with its mask aligned top-left: the same mask wherever every sequence has as many
-    queries as keys."""
-    update = {}
-    if desc.causal is not None:
-        update["causal"] = "top_left"
-    # A window aligned bottom-right through its own field (the causal mask's alignment wins
-    # over a window's, so only a set field needs changing).
-    if desc.window is not None and desc.window.alignment is not None:
-        update["window"] = desc.window.model_copy(update={"alignment": "top_left"})
-    return desc.model_copy(update=update)
 
 
 def _sku(op: OpContract, element: ElementKind, bound: float, deterministic: bool,
