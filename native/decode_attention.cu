@@ -1,20 +1,23 @@
-// Decode attention over KV caches, split over fixed chunks of keys (issue 13), and kv_append.
-// NOT YET RUN ON A GPU: compiled and parameter-checked on the host only (tests/
-// test_decode_kernels.py); the next GPU session verifies it before any SKU is registered.
+// Decode attention over KV caches, split over fixed chunks of keys (issue 13), its checked mode,
+// and kv_append.
 //
-//   decode_partial_<T>   CTA = (chunk c of kChunk keys, kv head g and row tile, sequence s). Its
-//                        rows are the query heads of g's group times the q_len new tokens (up to
-//                        kRows of them), so each K and V byte of the chunk is read once per
-//                        tile. It writes, per row, the chunk's max score m, its sum l of
+//   decode_partial_<T>_<D>_<R>  CTA = (chunk c of kChunk keys x row tile, kv head g, sequence
+//                        s). A tile holds R of the rows of g's group (its query heads times the
+//                        q_len new tokens), so each K and V byte of the chunk is read once per
+//                        tile; the tiles of one chunk are neighbours in the grid and share it
+//                        through L2. Per row it writes the chunk's max score m, its sum l of
 //                        exp(s - m) and acc = sum exp(s - m) v into the workspace.
 //   decode_merge_<T>     CTA = (sequence, query head, new token): merges the sequence's chunks
 //                        in order 0, 1, ... into out and lse.
-//   kv_append_<T>        CTA = (sequence, new token, kv head): writes k_new and v_new at the
-//                        token's position.
+//   kv_append_<T>        one thread per 16 bytes of the step's new keys and values, written at
+//                        each token's position.
+//   decode_check         checked mode: the first sequence whose length, pages or cache
+//                        addresses break the contract's rules.
 //
-// Batch invariance: the chunk size is a constant, a chunk's work depends on its own sequence's
-// data only, and the merge runs in chunk order, so a sequence's out and lse are bitwise the same
-// whatever else is in the batch. Nothing uses atomics: runs repeat bitwise.
+// Batch invariance: the chunk size is a constant, a chunk's work reads its own sequence's data
+// only, and every sum runs in an order fixed by D and R (which the descriptor fixes): a
+// sequence's out and lse are bitwise the same whatever else is in the batch. Nothing uses
+// atomics (decode_check's atomicMin picks an index, not a sum): runs repeat bitwise.
 //
 // Positions: new token t of sequence s is at pos = len - q_len + t (len = seq_lens[s], clamped to
 // [0, capacity]). It sees keys p with p <= pos and, with a window, p >= pos - left; pos < 0
@@ -23,21 +26,20 @@
 // Caches (element (row, token, kv head, d); `row` the sequence or the page):
 //   kind 0 contiguous   nhd [B, cap, Hkv, D]          hnd [B, Hkv, cap, D]
 //   kind 1 paged        nhd [pages, psize, Hkv, D]    hnd [pages, Hkv, psize, D]
-//                       page of position p = table[s * max_pages + p / psize] clamped into
-//                       [0, pages), slot p % psize
+//                       page of position p = table[s * max_pages + p / psize]
 //   kind 2 pointers     per-sequence base addresses (int64 [b]), each [cap, Hkv, D] (hnd:
 //                       [Hkv, cap, D])
-// Every cache is dense in its own layout (checked on the host). Garbage lengths and page indices
-// are clamped, so unchecked runs never read or write outside the caches (pointers excepted: an
-// address is the caller's word).
+// Every cache is dense in its own layout, 16-byte aligned (checked on the host; a per-sequence
+// address is checked here: a null or unaligned one makes its sequence empty). Reads clamp
+// garbage lengths and page indices into the caches; writes skip them. Unchecked runs therefore
+// never touch memory outside the caches (pointers excepted: an address is the caller's word).
 #include "common.cuh"
 
 namespace {
 
 constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
-constexpr int kRows = 16;     // query rows per CTA tile
 constexpr int kThreads = 128;
-constexpr int kMaxDim = 256;
+constexpr int kUnroll = 4;    // 16-byte loads a thread has in flight
 
 struct Cache {
     const void* k;  // kind 0/1: the tensor; kind 2: const i64* of per-sequence addresses
@@ -49,6 +51,49 @@ struct Cache {
     int heads_kv, dim, dim_v;
 };
 
+// A row of D elements of T as 16-byte vectors: kLanes consecutive threads share a row, each
+// loading kPerLane vectors; kGroups rows are read by one CTA pass.
+template <typename T, int D>
+struct Row {
+    static constexpr int kVec = 16 / sizeof(T);
+    static constexpr int kVecs = D / kVec;
+    static constexpr int kLanes = kVecs < 32 ? kVecs : 32;
+    static constexpr int kPerLane = kVecs / kLanes;
+    static constexpr int kGroups = kThreads / kLanes;
+    static constexpr int kPasses = kChunk / kGroups;
+    static_assert(kVecs % kLanes == 0 && kPasses % kUnroll == 0, "D must be 64, 128 or 256");
+};
+
+// The kVec floats of a 16-byte vector of T.
+template <typename T> __device__ __forceinline__ void unpack(const uint4& raw, float* out);
+
+template <> __device__ __forceinline__ void unpack<float>(const uint4& raw, float* out) {
+    out[0] = __uint_as_float(raw.x);
+    out[1] = __uint_as_float(raw.y);
+    out[2] = __uint_as_float(raw.z);
+    out[3] = __uint_as_float(raw.w);
+}
+
+template <> __device__ __forceinline__ void unpack<bf16_t>(const uint4& raw, float* out) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __uint_as_float(words[i] << 16);
+        out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<f16_t>(const uint4& raw, float* out) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = Math<f16_t>::up(f16_t{(u16)(words[i] & 0xffffu)});
+        out[2 * i + 1] = Math<f16_t>::up(f16_t{(u16)(words[i] >> 16)});
+    }
+}
+
+__device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
+
 // Element offset of (row, token, kv head) in a dense cache block of `tokens` tokens.
 __device__ __forceinline__ i64 offset(const Cache& c, i64 row, int token, int g, int tokens,
                                       int dim) {
@@ -56,13 +101,32 @@ __device__ __forceinline__ i64 offset(const Cache& c, i64 row, int token, int g,
                  : ((row * tokens + token) * (i64)c.heads_kv + g) * dim;
 }
 
-// Where key/value position p of sequence s, kv head g, starts.
+__device__ __forceinline__ bool usable_address(i64 address) {
+    return address != 0 && (address & 15) == 0;
+}
+
+// Tokens sequence s holds, clamped to [0, capacity]; 0 where its cache address is unusable.
+__device__ __forceinline__ int sequence_length(const Cache& c, const int* seq_lens, int s) {
+    if (c.kind == 2 && !(usable_address(static_cast<const i64*>(c.k)[s]) &&
+                         usable_address(static_cast<const i64*>(c.v)[s]))) {
+        return 0;
+    }
+    return min(max(seq_lens[s], 0), c.capacity);
+}
+
+// The page of position p of sequence s, or -1 where the table's entry is outside the pool.
+__device__ __forceinline__ int page_of(const Cache& c, int s, int p) {
+    const int page = c.table[(i64)s * c.max_pages + p / c.page_size];
+    return page >= 0 && page < c.pages ? page : -1;
+}
+
+// Where position p of sequence s, kv head g starts; a page outside the pool reads page 0
+// (garbage in, but inside the cache).
 template <typename T>
 __device__ __forceinline__ const T* row_at(const Cache& c, const void* base, int s, int p, int g,
                                            int dim) {
     if (c.kind == 1) {
-        int page = c.table[(i64)s * c.max_pages + p / c.page_size];
-        page = min(max(page, 0), c.pages - 1);
+        const int page = max(page_of(c, s, p), 0);
         return static_cast<const T*>(base) + offset(c, page, p % c.page_size, g, c.page_size, dim);
     }
     if (c.kind == 2) {
@@ -72,12 +136,6 @@ __device__ __forceinline__ const T* row_at(const Cache& c, const void* base, int
     return static_cast<const T*>(base) + offset(c, s, p, g, c.capacity, dim);
 }
 
-__device__ __forceinline__ int clamped_length(const int* seq_lens, int s, int capacity) {
-    return min(max(seq_lens[s], 0), capacity);
-}
-
-__device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
-
 // Workspace of the partials: acc [b, Hkv, chunks, rows, Dv] then (m, l) [b, Hkv, chunks, rows, 2],
 // rows = group * q_len, row r = t * group + (h - g * group).
 __device__ __forceinline__ i64 partial_index(int s, int g, int chunk, int r, int heads_kv,
@@ -85,71 +143,140 @@ __device__ __forceinline__ i64 partial_index(int s, int g, int chunk, int r, int
     return (((i64)s * heads_kv + g) * chunks + chunk) * rows + r;
 }
 
-template <typename T>
-__device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, Cache c,
-                        const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
-                        float* __restrict__ ws_ml, int q_len, int group, int chunks, float scale,
-                        int left) {
-    extern __shared__ float shared[];
-    const int chunk = blockIdx.x, s = blockIdx.z;
-    const int tiles = (group * q_len + kRows - 1) / kRows;
-    const int g = blockIdx.y / tiles, tile = blockIdx.y % tiles;
-    const int rows = group * q_len, r0 = tile * kRows, nr = min(kRows, rows - r0);
-    const int len = clamped_length(seq_lens, s, c.capacity);
-    const int k0 = chunk * kChunk;
-    if (k0 >= len) return;  // the merge reads chunks below ceil(len / kChunk) only
-    const int keys = min(kChunk, len - k0);
-    const int dim = c.dim, dim_v = c.dim_v;
-    float* q_tile = shared;                    // [kRows][dim]
-    float* scores = shared + kRows * kMaxDim;  // [kRows][kChunk]
-
-    for (int e = threadIdx.x; e < nr * dim; e += kThreads) {
-        const int r = e / dim, d = e - r * dim;
-        const int row = r0 + r, t = row / group, h = g * group + row % group;
-        q_tile[r * dim + d] = Math<T>::up(q[s * q_sb + t * q_st + h * q_sh + d]);
+// Sums v over the O*2 lanes of a row group, splitting the rows among them: at each level a lane
+// keeps half of its rows and sends the other half to its partner, so a warp issues R - 1 + the
+// remaining levels shuffles instead of R per level. Afterwards v[0] holds the full sum of row
+// `first` (the rows' order is fixed by the lane, so every run adds in the same order).
+template <int COUNT, int O>
+struct SplitSum {
+    template <int R>
+    static __device__ __forceinline__ void run(float (&v)[R], int lane, int& first) {
+        if constexpr (O == 0) {
+            return;
+        } else if constexpr (COUNT == 1) {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+            SplitSum<1, O / 2>::run(v, lane, first);
+        } else {
+            constexpr int half = COUNT / 2;
+            const bool upper = (lane & O) != 0;
+#pragma unroll
+            for (int i = 0; i < half; ++i) {
+                const float send = upper ? v[i] : v[i + half];
+                const float keep = upper ? v[i + half] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            if (upper) first += half;
+            SplitSum<half, O / 2>::run(v, lane, first);
+        }
     }
-    __syncthreads();
+};
 
-    // Scores: one key per thread, every row of the tile; a row's dot product runs over d in
-    // order, so the same inputs give the same bits.
-    for (int j = threadIdx.x; j < kChunk; j += kThreads) {
-        float acc[kRows];
+template <typename T, int D, int R>
+__device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
+                        const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
+                        float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
+                        float scale, int left) {
+    using L = Row<T, D>;
+    static_assert(R <= L::kLanes, "a row tile is split among a row's lanes");
+    extern __shared__ float shared[];
+    const int tile = blockIdx.x % tiles, chunk = blockIdx.x / tiles;
+    const int g = blockIdx.y, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    const int len = sequence_length(c, seq_lens, s);
+    const int k0 = chunk * kChunk;
+    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
+    const int keys = min(kChunk, len - k0);
+    const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
+    const int tid = threadIdx.x;
+    if (k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left)) {
+        // No row of the tile sees a key of this chunk: the merge skips it (m = -inf).
+        if (tid < nr) {
+            const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
+            ws_ml[2 * at] = minus_infinity();
+            ws_ml[2 * at + 1] = 0.0f;
+        }
+        return;
+    }
+    const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
+    constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
+
+    // The tile's queries, scaled, in registers: this lane's columns of each row.
+    float qr[R][kCols];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-        if (j < keys) {
-            const T* key = row_at<T>(c, c.k, s, k0 + j, g, dim);
-            for (int d = 0; d < dim; ++d) {
-                const float kd = Math<T>::up(key[d]);
+    for (int r = 0; r < R; ++r) {
+        const int row = r0 + r;
+        const T* q_row = q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
 #pragma unroll
-                for (int r = 0; r < kRows; ++r) acc[r] = fmaf(q_tile[r * dim + d], kd, acc[r]);
+        for (int i = 0; i < L::kPerLane; ++i) {
+#pragma unroll
+            for (int e = 0; e < L::kVec; ++e) {
+                qr[r][i * L::kVec + e] =
+                    r < nr ? Math<T>::up(q_row[(lane + i * L::kLanes) * L::kVec + e]) * scale
+                           : 0.0f;
             }
         }
-        const int p = k0 + j;
+    }
+
+    // Scores [kChunk][R]: a row group's lanes each dot their columns, then split the sum.
+    float* p = shared;
+    for (int pass = 0; pass < L::kPasses; pass += kUnroll) {
+        uint4 raw[kUnroll][L::kPerLane];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            const int pos = len - q_len + (r0 + r) / group;
-            const bool seen = j < keys && r < nr && p <= pos && (left < 0 || p >= pos - left);
-            scores[r * kChunk + j] = seen ? acc[r] * scale : minus_infinity();
+        for (int u = 0; u < kUnroll; ++u) {
+            const int j = (pass + u) * L::kGroups + key_group;
+            const T* key = j < keys ? row_at<T>(c, c.k, s, k0 + j, g, D) : nullptr;
+#pragma unroll
+            for (int i = 0; i < L::kPerLane; ++i) {
+                raw[u][i] = key ? load16(key + (lane + i * L::kLanes) * L::kVec)
+                                : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            float dot[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) dot[r] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < L::kPerLane; ++i) {
+                float k_cols[L::kVec];
+                unpack<T>(raw[u][i], k_cols);
+#pragma unroll
+                for (int e = 0; e < L::kVec; ++e) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        dot[r] = fmaf(qr[r][i * L::kVec + e], k_cols[e], dot[r]);
+                    }
+                }
+            }
+            int r = 0;
+            SplitSum<R, L::kLanes / 2>::run(dot, lane, r);
+            if ((lane & (L::kLanes / R - 1)) == 0) {
+                const int j = (pass + u) * L::kGroups + key_group;
+                const int key_pos = k0 + j, pos = len - q_len + (r0 + r) / group;
+                const bool seen = j < keys && r < nr && key_pos <= pos &&
+                                  (left < 0 || key_pos >= pos - left);
+                // Rows past the tile's own get weight 0 (the softmax below skips them).
+                p[j * R + r] = seen ? dot[0] : r < nr ? minus_infinity() : 0.0f;
+            }
         }
     }
     __syncthreads();
 
-    // Per row: max and sum over the chunk, in a fixed butterfly; scores become exp(s - m).
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // Per row: max and sum over the chunk in a fixed butterfly; scores become exp(s - m).
+    const int warp = tid >> 5, warp_lane = tid & 31;
     for (int r = warp; r < nr; r += kThreads / 32) {
-        float* row = scores + r * kChunk;
         float m = minus_infinity();
-        for (int j = lane; j < kChunk; j += 32) m = fmaxf(m, row[j]);
+        for (int j = warp_lane; j < kChunk; j += 32) m = fmaxf(m, p[j * R + r]);
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         const float base = m == minus_infinity() ? 0.0f : m;
         float l = 0.0f;
-        for (int j = lane; j < kChunk; j += 32) {
-            const float e = expf(row[j] - base);
-            row[j] = e;
+        for (int j = warp_lane; j < kChunk; j += 32) {
+            const float e = expf(p[j * R + r] - base);
+            p[j * R + r] = e;
             l += e;
         }
-        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-        if (lane == 0) {
+        l = warp_sum(l);
+        if (warp_lane == 0) {
             const i64 at = partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows);
             ws_ml[2 * at] = m;
             ws_ml[2 * at + 1] = l;
@@ -157,69 +284,164 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, C
     }
     __syncthreads();
 
-    // acc[r][d] = sum over the chunk's keys, in order, of p[r][j] v[j][d]: one column a thread.
-    for (int d = threadIdx.x; d < dim_v; d += kThreads) {
-        float acc[kRows];
+    // acc[r][col] over this key group's keys, in order; keys past the length have p = 0 and
+    // are never loaded (their cache content, NaN included, never meets a weight).
+    float acc[R][kCols];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-        for (int j = 0; j < keys; ++j) {
-            const float vd = Math<T>::up(row_at<T>(c, c.v, s, k0 + j, g, dim_v)[d]);
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) acc[r] = fmaf(scores[r * kChunk + j], vd, acc[r]);
+        for (int e = 0; e < kCols; ++e) acc[r][e] = 0.0f;
+    }
+    for (int pass = 0; pass < L::kPasses; pass += kUnroll) {
+        uint4 raw[kUnroll][L::kPerLane];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int j = (pass + u) * L::kGroups + key_group;
+            const T* value = j < keys ? row_at<T>(c, c.v, s, k0 + j, g, D) : nullptr;
+#pragma unroll
+            for (int i = 0; i < L::kPerLane; ++i) {
+                raw[u][i] = value ? load16(value + (lane + i * L::kLanes) * L::kVec)
+                                  : make_uint4(0, 0, 0, 0);
+            }
         }
-        for (int r = 0; r < nr; ++r) {
-            ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * dim_v + d] =
-                acc[r];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int j = (pass + u) * L::kGroups + key_group;
+            float w[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) w[r] = p[j * R + r];
+#pragma unroll
+            for (int i = 0; i < L::kPerLane; ++i) {
+                float v_cols[L::kVec];
+                unpack<T>(raw[u][i], v_cols);
+#pragma unroll
+                for (int e = 0; e < L::kVec; ++e) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        acc[r][i * L::kVec + e] = fmaf(w[r], v_cols[e], acc[r][i * L::kVec + e]);
+                    }
+                }
+            }
         }
+    }
+    __syncthreads();  // the scores are spent: the shared buffer takes the key groups' sums
+
+    // [kGroups][R][D], summed over the key groups in order.
+    float* sums = shared;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int i = 0; i < L::kPerLane; ++i) {
+#pragma unroll
+            for (int e = 0; e < L::kVec; ++e) {
+                sums[(key_group * R + r) * D + (lane + i * L::kLanes) * L::kVec + e] =
+                    acc[r][i * L::kVec + e];
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < nr * D; e += kThreads) {
+        const int r = e / D, d = e - r * D;
+        float total = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < L::kGroups; ++k) total += sums[(k * R + r) * D + d];
+        ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d] = total;
     }
 }
 
 template <typename T>
 __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
                       const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                      const int* __restrict__ seq_lens, int capacity, int heads_kv, int group,
-                      int q_len, int chunks, int dim_v) {
-    const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z;
-    const int g = h / group, rows = group * q_len, r = t * group + h % group;
-    const int len = clamped_length(seq_lens, s, capacity);
-    const int n = min((len + kChunk - 1) / kChunk, chunks);
-    const bool any = len - q_len + t >= 0 && n > 0;
+                      const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
+                      int chunks) {
+    __shared__ float weights[kThreads];
+    __shared__ float reduced[kThreads / 32];
+    const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
+    const int len = sequence_length(c, seq_lens, s);
+    const int n = len - q_len + t >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
+
+    // The largest chunk max (a max is the same in any order).
     float m = minus_infinity();
-    for (int c = 0; any && c < n; ++c) {
-        m = fmaxf(m, ws_ml[2 * partial_index(s, g, c, r, heads_kv, chunks, rows)]);
+    for (int k = tid; k < n; k += kThreads) {
+        m = fmaxf(m, ws_ml[2 * partial_index(s, g, k, r, c.heads_kv, chunks, rows)]);
     }
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) reduced[tid >> 5] = m;
+    __syncthreads();
+    m = fmaxf(fmaxf(reduced[0], reduced[1]), fmaxf(reduced[2], reduced[3]));
+    __syncthreads();  // `reduced` is written again below
     const float base = m == minus_infinity() ? 0.0f : m;
+
+    // Chunks in order, kThreads at a time: their weights exp(m_k - m), then every column adds
+    // them in turn; thread 0 adds the sums l. A chunk no row saw (m_k = -inf) weighs 0 and its
+    // acc, never written, is never read.
+    float acc[2] = {0.0f, 0.0f};  // columns tid and tid + kThreads (Dv <= 256)
     float l = 0.0f;
-    for (int c = 0; any && c < n; ++c) {
-        const i64 at = partial_index(s, g, c, r, heads_kv, chunks, rows);
-        l = fmaf(ws_ml[2 * at + 1], expf(ws_ml[2 * at] - base), l);
-    }
-    T* row = out + s * o_sb + t * o_st + h * o_sh;
-    for (int d = threadIdx.x; d < dim_v; d += kThreads) {
-        float acc = 0.0f;
-        for (int c = 0; any && c < n; ++c) {
-            const i64 at = partial_index(s, g, c, r, heads_kv, chunks, rows);
-            acc = fmaf(ws_acc[at * dim_v + d], expf(ws_ml[2 * at] - base), acc);
+    for (int k0 = 0; k0 < n; k0 += kThreads) {
+        __syncthreads();
+        const int k = k0 + tid;
+        float w = 0.0f;
+        if (k < n) {
+            const float mk = ws_ml[2 * partial_index(s, g, k, r, c.heads_kv, chunks, rows)];
+            w = mk == minus_infinity() ? 0.0f : expf(mk - base);
         }
-        row[d] = Math<T>::down(l > 0.0f ? acc / l : 0.0f);
+        weights[tid] = w;
+        __syncthreads();
+        const int count = min(kThreads, n - k0);
+        for (int j = 0; j < count; ++j) {
+            const float wj = weights[j];
+            if (wj == 0.0f) continue;
+            const i64 at = partial_index(s, g, k0 + j, r, c.heads_kv, chunks, rows);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int d = tid + half * kThreads;
+                if (d < dim_v) acc[half] = fmaf(ws_acc[at * dim_v + d], wj, acc[half]);
+            }
+            if (tid == 0) l = fmaf(ws_ml[2 * at + 1], wj, l);
+        }
     }
-    if (lse != nullptr && threadIdx.x == 0) {
-        lse[((i64)s * q_len + t) * (heads_kv * group) + h] =
+    if (tid == 0) reduced[0] = l;
+    __syncthreads();
+    l = reduced[0];
+    T* row = out + s * o_sb + t * o_st + h * o_sh;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int d = tid + half * kThreads;
+        if (d < dim_v) row[d] = Math<T>::down(l > 0.0f ? acc[half] / l : 0.0f);
+    }
+    if (lse != nullptr && tid == 0) {
+        lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] =
             l > 0.0f ? m + logf(l) : minus_infinity();
     }
 }
 
 template <typename T>
-__device__ void append(const T* __restrict__ k_new, const T* __restrict__ v_new, Cache c,
-                       const int* __restrict__ seq_lens, int q_len) {
-    const int s = blockIdx.x, t = blockIdx.y, g = blockIdx.z;
-    const int pos = seq_lens[s] - q_len + t;
-    if (pos < 0 || pos >= c.capacity) return;  // checked mode names these; unchecked skips them
-    T* key = const_cast<T*>(row_at<T>(c, c.k, s, pos, g, c.dim));
-    T* value = const_cast<T*>(row_at<T>(c, c.v, s, pos, g, c.dim_v));
-    const i64 src = ((i64)s * q_len + t) * c.heads_kv + g;
-    for (int d = threadIdx.x; d < c.dim; d += kThreads) key[d] = k_new[src * c.dim + d];
-    for (int d = threadIdx.x; d < c.dim_v; d += kThreads) value[d] = v_new[src * c.dim_v + d];
+__device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
+                       const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh, const Cache& c,
+                       const int* __restrict__ seq_lens, int sequences, int q_len) {
+    constexpr int kVec = 16 / sizeof(T);
+    const int key_vecs = c.dim / kVec, per_head = key_vecs + c.dim_v / kVec;
+    const i64 total = (i64)sequences * q_len * c.heads_kv * per_head;
+    for (i64 i = (i64)blockIdx.x * kThreads + threadIdx.x; i < total;
+         i += (i64)gridDim.x * kThreads) {
+        const int e = (int)(i % per_head);
+        i64 rest = i / per_head;
+        const int g = (int)(rest % c.heads_kv);
+        rest /= c.heads_kv;
+        const int t = (int)(rest % q_len), s = (int)(rest / q_len);
+        const int pos = seq_lens[s] - q_len + t;
+        // Checked mode names these; unchecked runs skip them rather than write elsewhere.
+        if (pos < 0 || pos >= c.capacity || sequence_length(c, seq_lens, s) == 0) continue;
+        if (c.kind == 1 && page_of(c, s, pos) < 0) continue;
+        const bool is_key = e < key_vecs;
+        const int col = (is_key ? e : e - key_vecs) * kVec;
+        const T* src = is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
+                              : v_new + s * v_sb + t * v_st + g * v_sh + col;
+        T* dst = const_cast<T*>(is_key ? row_at<T>(c, c.k, s, pos, g, c.dim)
+                                       : row_at<T>(c, c.v, s, pos, g, c.dim_v)) + col;
+        store16(dst, load16(src));
+    }
 }
 
 __device__ __forceinline__ Cache make_cache(const void* k, const void* v, const int* table,
@@ -238,26 +460,89 @@ __device__ __forceinline__ Cache make_cache(const void* k, const void* v, const 
     make_cache(k, v, table, kind, hnd, capacity, page_size, max_pages, pages, heads_kv, dim,     \
                dim_v)
 
-#define OPFACADE_DECODE(SUFFIX, T)                                                               \
-    extern "C" __global__ void __launch_bounds__(kThreads) decode_partial_##SUFFIX(              \
+#define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
+    extern "C" __global__ void __launch_bounds__(kThreads) decode_partial_##SUFFIX##_##D##_##R(  \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int q_len, int group, int chunks, float scale, int left) {  \
-        partial<T>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, q_len,     \
-                   group, chunks, scale, left);                                                  \
-    }                                                                                            \
+        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left) {                                                                              \
+        partial<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
+                         q_len, group, tiles, chunks, scale, left);                              \
+    }
+
+#define OPFACADE_DECODE(SUFFIX, T)                                                               \
+    OPFACADE_PARTIAL(SUFFIX, T, 64, 4)                                                           \
+    OPFACADE_PARTIAL(SUFFIX, T, 64, 8)                                                           \
+    OPFACADE_PARTIAL(SUFFIX, T, 128, 4)                                                          \
+    OPFACADE_PARTIAL(SUFFIX, T, 128, 8)                                                          \
+    OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
+    OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
     extern "C" __global__ void __launch_bounds__(kThreads) decode_merge_##SUFFIX(                \
         T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
-        const float* ws_ml, const int* seq_lens, int capacity, int heads_kv, int group,          \
-        int q_len, int chunks, int dim_v) {                                                      \
-        merge<T>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, seq_lens, capacity, heads_kv, group, \
-                 q_len, chunks, dim_v);                                                          \
+        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
+        int chunks) {                                                                            \
+        merge<T>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS, seq_lens,       \
+                 group, q_len, chunks);                                                          \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(kThreads) kv_append_##SUFFIX(                   \
-        const T* k_new, const T* v_new, OPFACADE_CACHE_PARAMS, const int* seq_lens,              \
-        int q_len) {                                                                             \
-        append<T>(k_new, v_new, OPFACADE_CACHE_ARGS, seq_lens, q_len);                           \
+        const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
+        i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len) {        \
+        append<T>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, OPFACADE_CACHE_ARGS,         \
+                  seq_lens, sequences, q_len);                                                   \
     }
 
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
+
+// Checked mode: verdict int32 [4] = (sequence, rule, detail, value) of the first sequence s that
+// breaks a rule, or sequence -1. Rules: 1 seq_lens[s] = value is neither 0 nor within
+// [q_len, capacity]; 2 page_table[s, detail] = value is outside [0, pages); 3 k_cache's address
+// of s is null or not 16-byte aligned; 4 v_cache's likewise. One CTA: each thread tests its
+// sequences, the smallest failing index wins (atomicMin), then thread 0 describes it.
+__device__ __forceinline__ int check_sequence(const Cache& c, const int* seq_lens, int s,
+                                             int q_len, int* detail, int* value) {
+    const int len = seq_lens[s];
+    *detail = 0;
+    *value = len;
+    if (len != 0 && (len < q_len || len > c.capacity)) return 1;
+    if (c.kind == 1) {
+        const int used = (len + c.page_size - 1) / c.page_size;
+        for (int k = 0; k < used; ++k) {
+            const int page = c.table[(i64)s * c.max_pages + k];
+            if (page < 0 || page >= c.pages) {
+                *detail = k;
+                *value = page;
+                return 2;
+            }
+        }
+    }
+    if (c.kind == 2) {
+        if (!usable_address(static_cast<const i64*>(c.k)[s])) return 3;
+        if (!usable_address(static_cast<const i64*>(c.v)[s])) return 4;
+    }
+    return 0;
+}
+
+extern "C" __global__ void __launch_bounds__(256) decode_check(
+    OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len, int* verdict) {
+    __shared__ int first;
+    const Cache c = OPFACADE_CACHE_ARGS;
+    if (threadIdx.x == 0) first = 0x7fffffff;
+    __syncthreads();
+    int detail, value;
+    for (int s = threadIdx.x; s < sequences; s += blockDim.x) {
+        if (check_sequence(c, seq_lens, s, q_len, &detail, &value) != 0) {
+            atomicMin(&first, s);
+            break;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int s = first == 0x7fffffff ? -1 : first;
+        const int rule = s < 0 ? 0 : check_sequence(c, seq_lens, s, q_len, &detail, &value);
+        verdict[0] = s;
+        verdict[1] = rule;
+        verdict[2] = s < 0 ? 0 : detail;
+        verdict[3] = s < 0 ? 0 : value;
+    }
+}

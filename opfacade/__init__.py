@@ -37,6 +37,13 @@ from .ops.alibi import (
     alibi_backward,
     alibi_forward,
 )
+from .ops.decode_attention import (
+    DecodeAttentionArgs,
+    DecodeAttentionDescriptor,
+    DecodeAttentionPlan,
+    decode_attention,
+)
+from .ops.kv_append import KvAppendArgs, KvAppendDescriptor, KvAppendPlan, kv_append
 from .ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
@@ -128,6 +135,14 @@ __all__ = [
     "VarlenAttentionBackwardPlan",
     "varlen_attention",
     "varlen_attention_backward",
+    "DecodeAttentionDescriptor",
+    "DecodeAttentionArgs",
+    "DecodeAttentionPlan",
+    "decode_attention",
+    "KvAppendDescriptor",
+    "KvAppendArgs",
+    "KvAppendPlan",
+    "kv_append",
     "LinearDescriptor",
     "LinearBackwardDescriptor",
     "LinearArgs",

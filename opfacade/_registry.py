@@ -17,10 +17,11 @@ from ._backends.cudnn import sdpa as cudnn_sdpa
 from ._backends.cudnn import varlen as cudnn_varlen
 from ._backends.nvrtc import alibi as nvrtc_alibi
 from ._backends.nvrtc import attention_f32 as nvrtc_attention
+from ._backends.nvrtc import decode_attention as nvrtc_decode
 from ._backends.reference import skus as reference
 from ._internal.contract import Descriptor, OpContract
 from ._internal.sku import SkuImpl
-from .contracts import alibi, linear, sdpa, varlen_attention
+from .contracts import alibi, decode_attention, kv_append, linear, sdpa, varlen_attention
 from .errors import InvalidProblem
 
 __all__ = ["FAMILIES", "Family", "OpSpec", "all_ops", "op_for", "op_named"]
@@ -68,6 +69,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("sdpa", sdpa, (cudnn_sdpa.SKUS, nvrtc_attention.SDPA_SKUS, reference.SDPA)),
     Family("varlen_attention", varlen_attention,
            (cudnn_varlen.SKUS, nvrtc_attention.VARLEN_SKUS, reference.VARLEN_ATTENTION)),
+    Family("decode_attention", decode_attention,
+           (nvrtc_decode.DECODE_SKUS, reference.DECODE_ATTENTION)),
+    Family("kv_append", kv_append, (nvrtc_decode.APPEND_SKUS, reference.KV_APPEND)),
 )
 
 _OPS: dict[str, OpSpec] = {op.name: op for family in FAMILIES for op in family.ops()}

@@ -179,7 +179,11 @@ _VALID = {"alibi": ["batch=2", "heads=4", "query_len=16", "key_len=16", "element
           "sdpa": ["batch=1", "heads_q=2", "heads_kv=2", "seq_q=16", "seq_kv=16", "head_dim=64",
                    "element=f16"],
           "varlen": ["batch=2", "heads_q=2", "heads_kv=2", "head_dim=64", "max_seqlen_q=16",
-                     "max_seqlen_kv=16", "element=f32"]}
+                     "max_seqlen_kv=16", "element=f32"],
+          "decode": ["batch=2", "heads_q=4", "heads_kv=2", "head_dim=64", "element=bf16",
+                     "cache=paged", "page_size=16", "max_pages=8"],
+          "kv": ["batch=2", "heads_kv=2", "head_dim=64", "element=bf16", "cache=contiguous",
+                 "max_seq=64"]}
 
 
 @st.composite

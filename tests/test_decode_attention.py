@@ -1,7 +1,6 @@
-"""The decode_attention family's contract and float64 reference without a GPU (issue 13's
-groundwork; its SKUs and registry line come with the GPU kernels): the descriptor's rules, the
-binding of every cache form and layout, kv_append followed by decode against plain attention,
-and the verification inputs."""
+"""The decode_attention and kv_append families' contracts and float64 reference without a GPU:
+the descriptor's rules, the binding of every cache form and layout, kv_append followed by decode
+against plain attention, and the verification inputs."""
 
 from __future__ import annotations
 
@@ -11,13 +10,11 @@ import pytest
 from opfacade._backends.reference import decode_attention, kv_append, sdpa_forward
 from opfacade.contracts.decode_attention import (
     DECODE_ATTENTION,
-    KV_APPEND,
     DecodeAttentionArgs,
     DecodeAttentionDescriptor,
-    KvAppendArgs,
-    KvAppendDescriptor,
-    cache_shape,
 )
+from opfacade.contracts.kv_append import KV_APPEND, KvAppendArgs, KvAppendDescriptor
+from opfacade.contracts.kv_cache import cache_shape
 from opfacade.errors import InvalidArgument, InvalidProblem, ShapeMismatch
 
 BASE = dict(batch=4, heads_q=8, heads_kv=2, head_dim=16, element="f32")

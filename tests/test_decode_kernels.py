@@ -1,7 +1,8 @@
 """The split-KV decode and kv_append kernels (native/decode_attention.cu) without a GPU: every
-kernel compiles for sm_90, the launcher packs exactly the parameters each declares, grids and
-the workspace follow the envelope, and the shared memory stays under the default 48 KiB. The
-kernels have not run on a GPU yet; no SKU uses them (issue 13)."""
+kernel compiles for sm_90, the launcher packs exactly the parameters each declares, grids, row
+tiles and the workspace follow the envelope, and the shared memory stays under the default
+48 KiB; a float64 step-for-step model of the algorithm is attention. tests/
+test_decode_attention_gpu.py runs them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from ptx import assert_packed_like_declared, kernel_parameters
 
 from opfacade._backends.nvrtc import compiler
 from opfacade._backends.nvrtc import decode as kernels
-from opfacade.contracts.decode_attention import DecodeAttentionDescriptor, KvAppendDescriptor
+from opfacade.contracts.decode_attention import DecodeAttentionDescriptor
+from opfacade.contracts.kv_append import KvAppendDescriptor
+from opfacade.errors import InvalidArgument
 from opfacade.types import ArchSku, ElementKind
+
+ELEMENTS = ("f32", "f16", "bf16")
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +27,14 @@ def signatures() -> dict[str, list[str]]:
 def test_every_kernel_compiles_for_sm90(signatures):
     cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, use_cache=False).cubin
     assert cubin[:4] == b"\x7fELF"
-    assert set(signatures) == {f"{kind}_{e}" for kind in ("decode_partial", "decode_merge",
-                                                          "kv_append")
-                               for e in ("f32", "f16", "bf16")}
-    assert kernels.SHARED_BYTES <= 48 << 10
+    partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
+                for r in kernels.TILES}
+    others = {f"{kind}_{e}" for kind in ("decode_merge", "kv_append") for e in ELEMENTS}
+    assert set(signatures) == partials | others | {"decode_check"}
+    for element in (ElementKind.f32, ElementKind.bf16):
+        for dim in kernels.DIMS:
+            for tile in kernels.TILES:
+                assert kernels.shared_bytes(element, dim, tile) <= 48 << 10
 
 
 def _record(monkeypatch) -> list[tuple]:
@@ -43,21 +52,53 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
                                      element=element, cache="paged", page_size=16,
                                      max_pages=64, q_len=4, save_lse=True)
     cache = kernels.DecodeCache.of(desc, pages=600)
-    kernels.decode_call(element, 0, cache, 5, 32, 4, 0.088, None, 0x1000, (4 * 32 * 128, 32 * 128,
-                        128), 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, (4 * 32 * 128, 32 * 128,
-                        128), 0x7000, 0x100000, 7)()
-    kernels.append_call(element, 0, cache, 5, 4, 0x8000, 0x9000, 0x2000, 0x3000, 0x4000,
-                        0x5000, 7)()
+    strides = (4 * 32 * 128, 32 * 128, 128)
+    kernels.decode_call(element, 0, cache, 5, 32, 4, 0.088, None, 0x1000, strides, 0x2000,
+                        0x3000, 0x4000, 0x5000, 0x6000, strides, 0x7000, 0x100000, 7)()
+    kernels.append_call(element, 0, cache, 5, 4, 0x8000, (4 * 8 * 128, 8 * 128, 128), 0x9000,
+                        (4 * 8 * 128, 8 * 128, 128), 0x2000, 0x3000, 0x4000, 0x5000, 7)()
     names = [name for name, *_ in launched]
-    assert names == [f"decode_partial_{element.value}", f"decode_merge_{element.value}",
+    assert names == [f"decode_partial_{element.value}_128_8", f"decode_merge_{element.value}",
                      f"kv_append_{element.value}"]
     for name, _, block, args, _ in launched:
         assert block == (kernels.THREADS,)
         assert_packed_like_declared(name, args, signatures)
-    # 1024 tokens in chunks of 256; 8 kv heads x 1 row tile (4 heads x 4 tokens = 16 rows).
-    assert launched[0][1] == (4, 8, 5) and launched[0][4] == kernels.SHARED_BYTES
+    # 1024 tokens in 4 chunks of 256, each in 2 tiles of 8 rows (4 heads x 4 tokens = 16 rows).
+    assert launched[0][1] == (8, 8, 5)
+    assert launched[0][4] == kernels.shared_bytes(element, 128, 8)
     assert launched[1][1] == (5, 32, 4)
-    assert launched[2][1] == (5, 4, 8)
+    # 5 x 4 tokens x 8 kv heads x 256 columns of k and v, 16 bytes a thread.
+    assert launched[2][1] == (-(-5 * 4 * 8 * 256 * element.itemsize // (16 * 128)),)
+
+
+def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
+    pytest.importorskip("cupy")
+    launched = _record(monkeypatch)
+    monkeypatch.setattr("cupy.zeros", lambda *a, **k: type("V", (), {"data": type(
+        "P", (), {"ptr": 0x42})()})())
+    desc = DecodeAttentionDescriptor(batch=8, heads_q=8, heads_kv=8, head_dim=64,
+                                     element="f16", cache="pointers", max_seq=100)
+    cache = kernels.DecodeCache.of(desc)
+    monkeypatch.setattr("cupy.cuda.Device", lambda device: __import__("contextlib").nullcontext())
+    call = kernels.check_call(0, cache, 8, 1, 0x10, 0x20, 0, 0x30, 0, lambda: None)
+    import ctypes
+
+    import numpy as np
+
+    passed = np.array([-1, 0, 0, 0], np.int32)  # the verdict of a clean check
+    monkeypatch.setattr("cupy.cuda.runtime.memcpyAsync", lambda dst, src, size, kind, stream:
+                        ctypes.memmove(dst, passed.ctypes.data, size))
+    monkeypatch.setattr("cupy.cuda.runtime.streamSynchronize", lambda *a: None)
+    call()
+    name, grid, block, args, _ = launched[0]
+    assert (name, grid, block) == ("decode_check", (1,), (kernels.CHECK_THREADS,))
+    assert_packed_like_declared(name, args, signatures)
+
+
+@pytest.mark.parametrize(("rows", "tile", "tiles"), [(1, 4, 1), (4, 4, 1), (5, 8, 1),
+                                                      (8, 8, 1), (16, 8, 2), (64, 8, 8)])
+def test_row_tiles_follow_the_group_alone(rows, tile, tiles):
+    assert kernels.row_tile(rows) == tile and -(-rows // tile) == tiles
 
 
 def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
@@ -67,7 +108,7 @@ def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
-    assert launched[0][1] == (2, 4, 2)  # 64 rows in tiles of 16; 300 tokens in 2 chunks
+    assert launched[0][1] == (2 * 8, 1, 2)  # 64 rows in tiles of 8; 300 tokens in 2 chunks
     assert launched[0][3][-1] == 16  # the window's left side
 
 
@@ -79,6 +120,24 @@ def test_the_workspace_holds_every_partial_of_the_envelope():
                                 cache="pointers", max_seq=100, kv_layout="hnd")
     cache = kernels.DecodeCache.of(append)
     assert (cache.kind, cache.hnd, cache.capacity, cache.page_size) == ("pointers", True, 100, 0)
+
+
+@pytest.mark.parametrize(("verdict", "argument", "text"), [
+    ((3, 1, 0, 5000), "seq_lens",
+     "seq_lens\\[3\\] = 5000 must be 0 or within \\[q_len, capacity\\] = \\[2, 1024\\]"),
+    ((0, 2, 7, 999), "page_table", "page_table\\[0, 7\\] = 999 must be a page of the pool, "
+                                   "within \\[0, 600\\)"),
+    ((5, 3, 0, 0), "k_cache", "k_cache\\[5\\] must be a non-null, 16-byte aligned"),
+])
+def test_a_verdict_becomes_an_error_naming_the_argument(verdict, argument, text):
+    import numpy as np
+
+    desc = DecodeAttentionDescriptor(batch=8, heads_q=8, heads_kv=8, head_dim=64, q_len=2,
+                                     element="f16", cache="paged", page_size=16, max_pages=64)
+    error = kernels.verdict_error(np.array(verdict), kernels.DecodeCache.of(desc, 600), 2)
+    assert isinstance(error, InvalidArgument) and error.argument == argument
+    with pytest.raises(InvalidArgument, match=text):
+        raise error
 
 
 def _split_kv(q, keys, values, length, q_len, scale, left):

@@ -1,9 +1,7 @@
-"""Launching native/decode_attention.cu: split-KV decode attention and kv_append (issue 13).
+"""Launching native/decode_attention.cu: split-KV decode attention, kv_append and their checked
+mode (issue 13).
 
-NOT YET RUN ON A GPU. The kernels compile for sm_90 and receive the parameters they declare
-(tests/test_decode_kernels.py); no SKU uses them until a GPU session has verified them.
-
-A decode call is two launches on one stream: ``decode_partial`` over (chunk, kv head x row tile,
+A decode call is two launches on one stream: ``decode_partial`` over (chunk x row tile, kv head,
 sequence), then ``decode_merge`` over (sequence, query head, new token). The partials live in
 the workspace, sized for the descriptor's envelope (``workspace_bytes``). Everything the kernels
 read about lengths and pages is device data: a call may be captured and replayed with new
@@ -18,19 +16,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._internal.sku import Workspace
+from ...contracts.kv_cache import violation
+from ...errors import InvalidArgument
 from ...types import ElementKind
 from .launch import get_kernel, launch
 
-__all__ = ["CHUNK", "KINDS", "ROWS", "SOURCE", "DecodeCache", "append_call", "decode_call",
-           "workspace_bytes"]
+__all__ = ["CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call", "check_call",
+           "decode_call", "row_tile", "shared_bytes", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"
-CHUNK = 256  # keys per chunk: kChunk
-ROWS = 16  # query rows per CTA tile: kRows
-THREADS = 128
-MAX_DIM = 256  # kMaxDim: the query tile's row length
-SHARED_BYTES = 4 * ROWS * (MAX_DIM + CHUNK)  # under the 48 KiB every launch may take
+CHUNK = 256  # keys per chunk: kChunk, a constant (batch invariance rests on it)
+THREADS = 128  # kThreads
+DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
+TILES = (4, 8)  # query rows per CTA tile the partial kernel is built for
+CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
+_APPEND_CTAS = 132 * 8  # a grid-stride loop: enough CTAs to fill any current GPU
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,21 @@ def chunks(capacity: int) -> int:
     return -(-capacity // CHUNK)
 
 
+def row_tile(rows: int) -> int:
+    """Query rows per CTA: the smallest built tile that holds a kv head's rows (group x q_len),
+    else the largest, in several tiles. The descriptor fixes it, so batch invariance holds."""
+    return next((tile for tile in TILES if rows <= tile), TILES[-1])
+
+
+def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
+    """The partial kernel's shared memory: the scores [CHUNK][tile], then reused for the key
+    groups' sums [groups][tile][dim] (groups x dim = THREADS x the columns a thread holds)."""
+    vec = 16 // element.itemsize
+    lanes = min(dim // vec, 32)
+    groups = THREADS // lanes
+    return 4 * max(CHUNK * tile, groups * tile * dim)
+
+
 def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
     """The partials of ``batch`` sequences: acc (Dv floats) and (m, l) per query row and chunk."""
     rows = batch * heads_q * q_len * chunks(capacity)
@@ -80,40 +96,80 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     """The two launches of one decode step over ``sequences`` sequences (strides in elements:
     batch, token, head)."""
     group = heads_q // cache.heads_kv
-    tiles = -(-group * q_len // ROWS)
+    tile = row_tile(group * q_len)
+    tiles = -(-group * q_len // tile)
     n_chunks = chunks(cache.capacity)
     rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
-    partial = get_kernel(SOURCE, f"decode_partial_{element.value}", device)
-    merge = get_kernel(SOURCE, f"decode_merge_{element.value}", device)
-    partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache.args(k, v, table),
+    suffix = element.value
+    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}", device)
+    merge = get_kernel(SOURCE, f"decode_merge_{suffix}", device)
+    cache_args = cache.args(k, v, table)
+    partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
-                    np.int32(group), np.int32(n_chunks), np.float32(scale),
+                    np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
-                  np.uint64(ws_acc), np.uint64(ws_ml), np.uint64(seq_lens),
-                  np.int32(cache.capacity), np.int32(cache.heads_kv), np.int32(group),
-                  np.int32(q_len), np.int32(n_chunks), np.int32(cache.dim_v))
-    partial_grid = (n_chunks, cache.heads_kv * tiles, sequences)
+                  np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
+                  np.int32(group), np.int32(q_len), np.int32(n_chunks))
+    partial_grid = (n_chunks * tiles, cache.heads_kv, sequences)
     merge_grid = (sequences, heads_q, q_len)
+    shared = shared_bytes(element, cache.dim, tile)
 
     def step() -> None:
-        launch(partial, partial_grid, (THREADS,), partial_args, stream, device, SHARED_BYTES)
+        launch(partial, partial_grid, (THREADS,), partial_args, stream, device, shared)
         launch(merge, merge_grid, (THREADS,), merge_args, stream, device)
 
     return step
 
 
 def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences: int,
-                q_len: int, k_new: int, v_new: int, k: int, v: int, table: int, seq_lens: int,
+                q_len: int, k_new: int, k_strides: tuple[int, int, int], v_new: int,
+                v_strides: tuple[int, int, int], k: int, v: int, table: int, seq_lens: int,
                 stream: int) -> Callable[[], None]:
-    """One launch writing every sequence's new tokens (k_new, v_new dense [b, q_len, Hkv, D])."""
+    """One launch writing every sequence's new tokens (strides in elements: batch, token,
+    head)."""
     kernel = get_kernel(SOURCE, f"kv_append_{element.value}", device)
-    args = (np.uint64(k_new), np.uint64(v_new), *cache.args(k, v, table), np.uint64(seq_lens),
-            np.int32(q_len))
-    grid = (sequences, q_len, cache.heads_kv)
+    args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
+            *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
+            np.int32(sequences), np.int32(q_len))
+    vectors = sequences * q_len * cache.heads_kv * (cache.dim + cache.dim_v) * element.itemsize
+    grid = (max(1, min(_APPEND_CTAS, -(-vectors // (16 * THREADS)))),)
 
     def append() -> None:
         launch(kernel, grid, (THREADS,), args, stream, device)
 
     return append
+
+
+def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> InvalidArgument:
+    """The typed error for decode_check's verdict (sequence, rule, detail, value)."""
+    s, rule, detail, value = (int(x) for x in verdict)
+    return violation(rule, s, detail, value, cache.capacity, q_len, cache.pages)
+
+
+def check_call(device: int, cache: DecodeCache, sequences: int, q_len: int, k: int, v: int,
+               table: int, seq_lens: int, stream: int, run: Callable[[], None]
+               ) -> Callable[[], None]:
+    """``run`` preceded by decode_check: a call that synchronises the stream, reads the verdict
+    and raises InvalidArgument naming the argument and its first bad index instead of
+    running. Checked mode's price: a host sync per call, so it cannot be captured."""
+    import cupy
+
+    with cupy.cuda.Device(device):
+        verdict = cupy.zeros(4, dtype=cupy.int32)
+    kernel = get_kernel(SOURCE, "decode_check", device)
+    args = (*cache.args(k, v, table), np.uint64(seq_lens), np.int32(sequences), np.int32(q_len),
+            np.uint64(verdict.data.ptr))
+    host = np.empty(4, dtype=np.int32)
+
+    def check_then_run() -> None:
+        launch(kernel, (1,), (CHECK_THREADS,), args, stream, device)
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, verdict.data.ptr, host.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream)
+        cupy.cuda.runtime.streamSynchronize(stream)
+        if host[0] >= 0:
+            raise verdict_error(host, cache, q_len)
+        run()
+
+    return check_then_run

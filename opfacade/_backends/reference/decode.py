@@ -8,6 +8,8 @@ A query whose position would be negative (``seq_lens[b] < T``) sees no key: out 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .sdpa import sdpa_forward
@@ -100,6 +102,7 @@ def decode_forward(
     page_table: np.ndarray | None = None,
     scale: float | None = None,
     window_left: int | None = None,
+    forward: Callable = sdpa_forward,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention of T new tokens per sequence over its KV cache (see the module docstring).
 
@@ -108,6 +111,7 @@ def decode_forward(
         k_cache, v_cache, seq_lens, page_table: as ``gather_kv``.
         scale: score scale, default ``1 / sqrt(D)``.
         window_left: keep only keys at most this many positions before each query's own.
+        forward: ``sdpa_forward``, or its magnitude twin ``sdpa_forward_magnitude``.
 
     Returns:
         ``(out, lse)``: out [B, Hq, T, Dv] and lse [B, Hq, T], float64.
@@ -121,7 +125,7 @@ def decode_forward(
     outs, lses = [], []
     for b, (key, value) in enumerate(zip(keys, values, strict=True)):
         window = None if window_left is None else (window_left, None)
-        out, lse = sdpa_forward(
+        out, lse = forward(
             q[b : b + 1], key[None], value[None], scale=scale, causal="bottom_right",
             window=window,
         )
@@ -154,6 +158,7 @@ def decode_attention(
     page_table: np.ndarray | None = None,
     scale: float | None = None,
     window_left: int | None = None,
+    forward: Callable = sdpa_forward,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``decode_forward`` in the family's layouts: q [b, T, Hq, D]; a contiguous cache of at
     least b sequences or a page pool, token-major ("nhd") or heads-major ("hnd"). Returns out
@@ -165,7 +170,8 @@ def decode_attention(
     if page_table is None:  # contiguous: the first b rows are the call's sequences
         keys, values = keys[: q.shape[0]], values[: q.shape[0]]
     out, lse = decode_forward(np.swapaxes(q, 1, 2), keys, values, seq_lens,
-                              page_table=page_table, scale=scale, window_left=window_left)
+                              page_table=page_table, scale=scale, window_left=window_left,
+                              forward=forward)
     return np.swapaxes(out, 1, 2), np.swapaxes(lse, 1, 2)
 
 
@@ -180,11 +186,12 @@ def kv_append(
     page_table: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Copies of the caches with new token t of sequence s written at position
-    ``seq_lens[s] - T + t`` (k_new, v_new [b, T, Hkv, D]); the rest of each cache unchanged.
+    ``seq_lens[s] - T + t`` (k_new, v_new [b, T, Hkv, D]); the rest of each cache unchanged. A
+    sequence of length 0 is an empty slot of the batch: nothing of it is written.
 
     Raises:
-        ValueError: a sequence holds fewer than T tokens or more than its capacity, or a page
-            table entry it uses is outside the pool.
+        ValueError: a sequence holds fewer than T tokens (but some) or more than its capacity,
+            or a page table entry it uses is outside the pool.
     """
     k_new, v_new = np.asarray(k_new), np.asarray(v_new)
     k_out, v_out = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
@@ -194,6 +201,8 @@ def kv_append(
     capacity = tokens * (np.asarray(page_table).shape[1] if page_table is not None else 1)
     lengths = np.asarray(seq_lens, dtype=np.int64)
     for s in range(sequences):
+        if lengths[s] == 0:
+            continue
         if not new <= lengths[s] <= capacity:
             raise ValueError(f"seq_lens[{s}] must lie in [{new}, {capacity}] to append {new} "
                              f"tokens, got {lengths[s]}")

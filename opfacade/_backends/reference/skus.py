@@ -17,14 +17,24 @@ import numpy as np
 from ..._internal.contract import BoundArgs, Descriptor, OpContract
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import as_numpy
-from ...contracts import alibi, linear, sdpa, varlen_attention
+from ...contracts import (
+    alibi,
+    decode_attention,
+    kv_append,
+    kv_cache,
+    linear,
+    sdpa,
+    varlen_attention,
+)
 from ...types import BackendKind, ElementKind, MathPrecision, PrecisionGuarantee
 from . import alibi as alibi_math
+from . import decode as decode_math
 from . import linear as linear_math
 from . import sdpa as sdpa_math
 from . import varlen as varlen_math
 
-__all__ = ["ALIBI", "LINEAR", "SDPA", "VARLEN_ATTENTION", "ReferenceSku"]
+__all__ = ["ALIBI", "DECODE_ATTENTION", "KV_APPEND", "LINEAR", "SDPA", "VARLEN_ATTENTION",
+           "ReferenceSku"]
 
 D = TypeVar("D", bound=Descriptor)
 
@@ -338,3 +348,60 @@ VARLEN_ATTENTION = {
         "Analytic dq, dk, dv of each packed sequence, recomputing its probabilities.",
         underflow=_varlen_backward_with(varlen_math.varlen_backward_underflow)),),
 }
+
+
+# -- decode_attention and kv_append ---------------------------------------------------------------
+
+def _decode_with(forward: Callable) -> Compute:
+    """The decode step's compute over ``forward`` (sdpa_forward or its magnitude twin)."""
+
+    def compute(desc: decode_attention.DecodeAttentionDescriptor, arrays: dict) -> dict:
+        window = None if desc.window is None else desc.window.left
+        out, lse = decode_math.decode_attention(
+            arrays["q"], arrays["k_cache"], arrays["v_cache"], arrays["seq_lens"],
+            kv_layout=desc.kv_layout, page_table=arrays.get("page_table"),
+            scale=desc.softmax_scale, window_left=window, forward=forward)
+        return {"out": out, "lse": lse} if desc.save_lse else {"out": out}
+
+    return compute
+
+
+def _kv_append(desc: kv_append.KvAppendDescriptor, arrays: dict) -> dict:
+    k_cache, v_cache = decode_math.kv_append(
+        arrays["k_new"], arrays["v_new"], arrays["k_cache"], arrays["v_cache"],
+        arrays["seq_lens"], kv_layout=desc.kv_layout, page_table=arrays.get("page_table"))
+    return {"k_cache": k_cache, "v_cache": v_cache}
+
+
+def _kv_append_magnitude(desc: kv_append.KvAppendDescriptor, arrays: dict) -> dict:
+    return {name: np.abs(value) for name, value in _kv_append(desc, arrays).items()}
+
+
+class _TensorCacheReference(ReferenceSku):
+    """The float64 oracle reads caches as host arrays: per-sequence device addresses
+    ("pointers") are beyond it; tests check that form against its contiguous twin. It reads
+    seq_lens and page tables on the host, so it checks them with the arguments, by checked
+    mode's rules."""
+
+    def check_args(self, desc, args: BoundArgs) -> None:
+        table = args["page_table"]
+        kv_cache.check_lengths(desc, as_numpy(args["seq_lens"]),
+                               None if table is None else as_numpy(table),
+                               args["k_cache"].shape[0])
+
+    def unfit(self, desc) -> Unfit | None:
+        if desc.cache == "pointers":
+            return Unfit(ReasonCode.feature_unsupported,
+                         'cache="pointers" holds device addresses, which the host oracle '
+                         "cannot read")
+        return None
+
+
+DECODE_ATTENTION = {decode_attention.DECODE_ATTENTION.name: (_TensorCacheReference(
+    decode_attention.DECODE_ATTENTION, _decode_with(sdpa_math.sdpa_forward),
+    _decode_with(sdpa_math.sdpa_forward_magnitude),
+    "Each sequence's new tokens' softmax(scale*q.k, causal, windowed).v over its cache, and "
+    "log-sum-exp."),)}
+KV_APPEND = {kv_append.KV_APPEND.name: (_TensorCacheReference(
+    kv_append.KV_APPEND, _kv_append, _kv_append_magnitude,
+    "The caches with each sequence's new tokens written at their positions."),)}

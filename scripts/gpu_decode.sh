@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call for the decode_attention and kv_append SKUs (issue 13): the GPU tests, every
+# distribution's precision test, verify, compute-sanitizer memcheck and racecheck on the decode
+# kernels, the bench rows, and the f32 units probe (which units torch's f32 SDPA runs on).
+#   bash scripts/gpu_decode.sh [stages...]   stages: tests verify sanitize bench units
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
+stages=${*:-tests verify sanitize bench}
+wants() { [[ " $stages " == *" $1 "* ]]; }
+stage() { echo "=== $1 ($(date +%T))"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+if wants tests; then
+    stage tests
+    timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-15} \
+        tests/test_decode_attention_gpu.py tests/test_kv_append_gpu.py tests/test_precision_gpu.py \
+        -k "${TESTS_K:-decode or kv_append}" 2>&1 | tee "$OUT/pytest_decode.log" | grep -v "^    " | tail -${TESTS_TAIL:-60}
+fi
+if wants verify; then
+    stage verify
+    for op in ${VERIFY_OPS:-decode_attention kv_append}; do
+        timeout 200 python3 -m opfacade verify --op $op --out "$OUT/verified_$op" --runs 3 2>&1 | tail -8
+    done
+fi
+if wants sanitize; then
+    stage sanitize
+    for tool in memcheck racecheck; do
+        timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 \
+            tests/sanitize_decode.py > "$OUT/sanitize_decode_$tool.log" 2>&1
+        echo "sanitize_decode $tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/sanitize_decode_$tool.log" | tr '\n' ' ')"
+        grep -v "^=========     " "$OUT/sanitize_decode_$tool.log" | grep -m 12 -E "Error|Invalid|Race|Hazard|Traceback|Error:"
+    done
+fi
+if wants units; then
+    stage units
+    timeout 240 ncu --metrics sass__inst_executed_per_opcode --print-metric-instances details --csv \
+        python3 scripts/f32_units_probe.py run > "$OUT/f32_units.csv" 2> "$OUT/f32_units.err"
+    echo "ncu exit $?"; tail -3 "$OUT/f32_units.err"
+    python3 scripts/f32_units_probe.py parse "$OUT/f32_units.csv"
+fi
+if wants bench; then
+    stage bench
+    flags=$(for op in ${BENCH_OPS:-decode_attention kv_append}; do echo --op $op; done)
+    timeout ${BENCH_TIMEOUT:-300} python3 -m opfacade bench $flags \
+        --json "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log" | tail -40
+fi
+stage done

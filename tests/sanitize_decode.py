@@ -1,0 +1,78 @@
+"""Drives the split-KV decode, kv_append and decode_check kernels (native/decode_attention.cu)
+for compute-sanitizer: f32 and f16 (CuPy has no bf16), every head dim and row tile, each
+cache form, windows, and unchecked runs on garbage lengths and page tables, which must stay
+inside the caches and outputs. Every tensor is sized exactly, so a stray access lands outside
+an allocation.
+`compute-sanitizer --tool memcheck python3 tests/sanitize_decode.py`. Not a pytest file: the
+sanitizer wraps the whole process."""
+
+import cupy
+import numpy as np
+
+from opfacade import (
+    DecodeAttentionArgs,
+    DecodeAttentionDescriptor,
+    DecodeAttentionPlan,
+    KvAppendArgs,
+    KvAppendDescriptor,
+    KvAppendPlan,
+)
+from opfacade.errors import InvalidArgument
+
+# CuPy has no bfloat16; bf16 runs the same code as f16 but for the 16-byte unpack.
+DTYPES = {"f32": cupy.float32, "f16": cupy.float16}
+rng = np.random.default_rng(0)
+
+
+def tensor(shape, element):
+    return cupy.random.uniform(-1, 1, shape).astype(DTYPES[element])
+
+
+def run_case(element, cache, dim, heads_q, heads_kv, q_len, capacity, batch, window, garbage):
+    fields = dict(batch=batch, heads_kv=heads_kv, head_dim=dim, element=element, cache=cache,
+                  q_len=q_len)
+    if cache == "paged":
+        fields.update(page_size=16, max_pages=-(-capacity // 16))
+        pages = batch * fields["max_pages"] + 1
+        k = tensor((pages, 16, heads_kv, dim), element)
+        v = tensor((pages, 16, heads_kv, dim), element)
+        table = cupy.asarray(rng.permutation(pages)[: batch * fields["max_pages"]].reshape(
+            batch, -1).astype(np.int32))
+        if garbage:
+            table[0, 0], table[-1, -1] = -7, 10**8
+    else:
+        fields["max_seq"] = capacity
+        k, v = tensor((batch, capacity, heads_kv, dim), element), tensor(
+            (batch, capacity, heads_kv, dim), element)
+        table = None
+    lengths = rng.integers(0, capacity, batch, endpoint=True).astype(np.int32)
+    if garbage:
+        lengths[0], lengths[-1] = -5, capacity * 3 + 1
+    seq_lens = cupy.asarray(lengths)
+    q = tensor((batch, q_len, heads_q, dim), element)
+    out = tensor((batch, q_len, heads_q, dim), element)
+    lse = cupy.empty((batch, q_len, heads_q), cupy.float32)
+    desc = DecodeAttentionDescriptor(**fields, heads_q=heads_q, save_lse=True,
+                                     window=None if window is None else (window, None))
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    plan.run(DecodeAttentionArgs(q, k, v, seq_lens, out, table, lse))
+    append = KvAppendPlan.select(KvAppendDescriptor(**fields), device=0)
+    k_new = tensor((batch, q_len, heads_kv, dim), element)
+    append.run(KvAppendArgs(k_new, k_new.copy(), k, v, seq_lens, table))
+    checked = DecodeAttentionPlan.select(desc.model_copy(update={"checked": True}), device=0)
+    try:
+        checked.run(DecodeAttentionArgs(q, k, v, seq_lens, out, table, lse))
+    except InvalidArgument as error:
+        assert garbage, error
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+for element in ("f32", "f16"):
+    for dim in (64, 128, 256):
+        run_case(element, "contiguous", dim, 8, 2, 1, 300, 3, None, False)
+run_case("f16", "paged", 128, 32, 8, 4, 700, 5, None, False)   # two row tiles of 8
+run_case("f32", "paged", 64, 4, 4, 1, 520, 4, 100, False)
+run_case("f16", "contiguous", 64, 6, 2, 3, 260, 4, 40, False)
+run_case("f16", "paged", 128, 8, 2, 2, 400, 6, None, True)     # garbage lengths and pages
+run_case("f32", "contiguous", 128, 8, 1, 1, 333, 5, None, True)
+print("sanitize_decode: done")

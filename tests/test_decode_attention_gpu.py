@@ -1,0 +1,342 @@
+"""The split-KV decode attention SKUs on a GPU: against the float64 reference over every cache
+form and layout, with NaN past the lengths and in pages no sequence owns, batch invariance
+(a sequence alone and inside batches, at other positions, bitwise), one captured CUDA graph
+replayed for new lengths, page tables and batch compositions, per-sequence caches against their
+contiguous twin, checked mode, and bad input. Every SKU's bound on every input distribution is
+tests/test_precision_gpu.py's; kv_append's GPU tests are tests/test_kv_append_gpu.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from opfacade import (
+    DecodeAttentionArgs,
+    DecodeAttentionDescriptor,
+    DecodeAttentionPlan,
+    PlanPreference,
+)
+from opfacade._backends.reference import decode_attention as reference_decode
+from opfacade._backends.reference.sdpa import sdpa_forward_magnitude
+from opfacade.errors import DTypeMismatch, InvalidArgument, InvalidProblem, LayoutMismatch
+from opfacade.testing import relative_error
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+INVARIANT = PlanPreference(batch_invariant=True)
+
+
+@dataclass(frozen=True)
+class Cache:
+    """One cache form for a test: contiguous, paged (page size) or per-sequence pointers."""
+
+    form: str
+    layout: str = "nhd"
+    page_size: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.form}{self.page_size or ''}-{self.layout}"
+
+
+CACHES = [Cache("contiguous"), Cache("contiguous", "hnd"), Cache("paged", "nhd", 16),
+          Cache("paged", "hnd", 64), Cache("paged", "nhd", 1), Cache("pointers")]
+
+
+def _descriptor(cache: Cache, element: str, capacity: int, batch: int, **fields
+                ) -> DecodeAttentionDescriptor:
+    if cache.form == "paged":
+        where = dict(page_size=cache.page_size, max_pages=-(-capacity // cache.page_size))
+    else:
+        where = dict(max_seq=capacity)
+    return DecodeAttentionDescriptor(batch=batch, element=element, cache=cache.form,
+                                     kv_layout=cache.layout, save_lse=True,
+                                     **{"heads_q": 8, "heads_kv": 2, "head_dim": 64, **fields},
+                                     **where)
+
+
+@dataclass
+class Problem:
+    """A step's tensors for ``desc`` with ``lengths``: the history as the reference sees it
+    (contiguous, float64) and the caches as the plan reads them, NaN wherever no sequence's
+    token is."""
+
+    desc: DecodeAttentionDescriptor
+    lengths: np.ndarray
+    q: object
+    keys: np.ndarray  # [b, Hkv, capacity, D] float64, zeros past the lengths
+    values: np.ndarray
+    k_cache: object
+    v_cache: object
+    page_table: object
+    seq_lens: object
+    keep: list  # per-sequence caches behind "pointers"
+
+    def args(self, out=None, lse=None) -> DecodeAttentionArgs:
+        b, d = self.q.shape[0], self.desc
+        out = torch.full((b, d.q_len, d.heads_q, d.dim_v), float("nan"), dtype=self.q.dtype,
+                         device="cuda") if out is None else out
+        lse = torch.full((b, d.q_len, d.heads_q), float("nan"), device="cuda") if lse is None \
+            else lse
+        return DecodeAttentionArgs(self.q, self.k_cache, self.v_cache, self.seq_lens, out,
+                                   self.page_table, lse)
+
+    def expected(self, forward=None):
+        q = self.q.double().cpu().numpy()
+        options = dict(scale=self.desc.softmax_scale,
+                       window_left=None if self.desc.window is None else self.desc.window.left)
+        if forward is not None:
+            options["forward"] = forward
+        return reference_decode(q, self.keys, self.values, self.lengths, kv_layout="hnd",
+                                **options)
+
+
+def _rounded(values: np.ndarray, dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device="cuda")
+
+
+def make_problem(desc: DecodeAttentionDescriptor, lengths, seed: int = 0,
+                 history: tuple[np.ndarray, np.ndarray] | None = None) -> Problem:
+    """Random (or the given) history per sequence, laid out in the descriptor's cache form."""
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, np.int64)
+    b, hkv, d, cap = len(lengths), desc.heads_kv, desc.head_dim, desc.capacity
+    dtype = DTYPES[desc.element.value]
+    q = _rounded(rng.uniform(-1, 1, (b, desc.q_len, desc.heads_q, d)), dtype)
+    if history is None:
+        keys = rng.uniform(-1, 1, (b, hkv, cap, d))
+        values = rng.uniform(-1, 1, (b, hkv, cap, d))
+    else:
+        keys, values = history
+    owned = np.arange(cap)[None, None, :, None] < lengths[:, None, None, None]
+    keys = np.where(owned, _rounded(keys, dtype).double().cpu().numpy(), 0.0)
+    values = np.where(owned, _rounded(values, dtype).double().cpu().numpy(), 0.0)
+    nan_k, nan_v = np.where(owned, keys, np.nan), np.where(owned, values, np.nan)
+    table, keep = None, []
+    if desc.cache == "paged":
+        ps, mp = desc.page_size, desc.max_pages
+        pages = b * mp + 5
+        order = rng.permutation(pages)[: b * mp].reshape(b, mp)
+        pool_k = np.full((pages, ps, hkv, d), np.nan)
+        pool_v = np.full((pages, ps, hkv, d), np.nan)
+        padded_k = np.full((b, hkv, mp * ps, d), np.nan)
+        padded_v = np.full((b, hkv, mp * ps, d), np.nan)
+        padded_k[:, :, :cap], padded_v[:, :, :cap] = nan_k, nan_v
+        for s in range(b):
+            for slot in range(mp):
+                rows = slice(slot * ps, (slot + 1) * ps)
+                pool_k[order[s, slot]] = padded_k[s, :, rows].transpose(1, 0, 2)
+                pool_v[order[s, slot]] = padded_v[s, :, rows].transpose(1, 0, 2)
+        k_host, v_host = pool_k, pool_v
+        table = torch.tensor(order, dtype=torch.int32, device="cuda")
+    else:
+        k_host, v_host = nan_k.transpose(0, 2, 1, 3), nan_v.transpose(0, 2, 1, 3)  # nhd
+    if desc.kv_layout == "hnd":
+        k_host, v_host = k_host.transpose(0, 2, 1, 3), v_host.transpose(0, 2, 1, 3)
+    k_cache = _rounded(np.ascontiguousarray(k_host), dtype)
+    v_cache = _rounded(np.ascontiguousarray(v_host), dtype)
+    if desc.cache == "pointers":
+        keep = [(k_cache[s].clone(), v_cache[s].clone()) for s in range(b)]
+        k_cache = torch.tensor([k.data_ptr() for k, _ in keep], dtype=torch.int64, device="cuda")
+        v_cache = torch.tensor([v.data_ptr() for _, v in keep], dtype=torch.int64, device="cuda")
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    return Problem(desc, lengths, q, keys, values, k_cache, v_cache, table, seq_lens, keep)
+
+
+def _check(problem: Problem, args: DecodeAttentionArgs, bound: float) -> None:
+    out, lse = problem.expected()
+    out_mag, _ = problem.expected(forward=sdpa_forward_magnitude)
+    got = args.out.double().cpu().numpy()
+    assert np.isfinite(got).all()
+    assert relative_error(got, out, out_mag) <= bound
+    got_lse = args.lse.double().cpu().numpy()
+    assert np.array_equal(np.isneginf(got_lse), np.isneginf(lse))
+    finite = np.isfinite(lse)
+    assert np.allclose(got_lse[finite], lse[finite], rtol=1e-5, atol=1e-5)
+    empty = problem.lengths == 0
+    assert (got[empty] == 0).all()
+
+
+@pytest.mark.parametrize("element", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_every_cache_form_matches_the_reference(element, cache, q_len):
+    """Lengths: empty, shorter than q_len, inside the first chunk, across chunks, full; NaN
+    everywhere no sequence's token is."""
+    desc = _descriptor(cache, element, 600, 6, q_len=q_len)
+    problem = make_problem(desc, [0, q_len - 1 if q_len > 1 else 1, 37, 257, 600, 513], seed=1)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    assert plan.precision_guarantee.batch_invariant and plan.sku.backend.value == "nvrtc"
+    args = problem.args()
+    plan.run(args)
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
+@pytest.mark.parametrize(("heads_q", "heads_kv", "head_dim", "window"), [
+    (32, 8, 128, None), (32, 1, 128, None), (16, 16, 256, None), (12, 4, 64, (100, None)),
+    (64, 8, 128, (300, None))])
+def test_gqa_mqa_head_dims_and_windows(heads_q, heads_kv, head_dim, window):
+    desc = _descriptor(Cache("paged", "nhd", 32), "bf16", 1100, 4, heads_q=heads_q,
+                       heads_kv=heads_kv, head_dim=head_dim, window=window, q_len=3)
+    problem = make_problem(desc, [1100, 0, 301, 555], seed=2)
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    args = problem.args()
+    plan.run(args)
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
+@pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "hnd", 16)],
+                         ids=lambda c: c.id)
+def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(cache):
+    """Batch invariance: sequence 0's out and lse alone, then at positions 0, 5 and 15 of
+    batches of 16 whose other sequences are random, repeat to the bit."""
+    capacity, rng = 2000, np.random.default_rng(3)
+    desc = _descriptor(cache, "bf16", capacity, 16, heads_q=32, heads_kv=8, head_dim=128)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    hkv, d = desc.heads_kv, desc.head_dim
+    mine = (rng.uniform(-1, 1, (hkv, capacity, d)), rng.uniform(-1, 1, (hkv, capacity, d)))
+    q_mine = rng.uniform(-1, 1, (1, desc.heads_q, d))
+    results = []
+    for position, batch in ((0, 1), (0, 16), (5, 16), (15, 16)):
+        lengths = rng.integers(0, capacity, batch, endpoint=True)
+        lengths[position] = 1777
+        keys = rng.uniform(-1, 1, (batch, hkv, capacity, d))
+        values = rng.uniform(-1, 1, (batch, hkv, capacity, d))
+        keys[position], values[position] = mine
+        problem = make_problem(desc, lengths, seed=position + batch, history=(keys, values))
+        problem.q[position] = _rounded(q_mine, problem.q.dtype)
+        args = problem.args()
+        plan.run(args)
+        results.append((args.out[position].clone(), args.lse[position].clone()))
+    first_out, first_lse = results[0]
+    for out, lse in results[1:]:
+        assert torch.equal(out, first_out) and torch.equal(lse, first_lse)
+
+
+def test_runs_repeat_bitwise_over_streams_and_workspaces():
+    from opfacade.testing import repeat_runs
+
+    desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 2048, 12, heads_q=32, heads_kv=8,
+                       head_dim=128)
+    lengths = np.random.default_rng(4).integers(0, 2048, 12, endpoint=True)
+    problem = make_problem(desc, lengths, seed=4)
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    result = repeat_runs(plan, problem.args(), runs=4)
+    assert result.bitwise_equal, result
+
+
+def test_pointer_caches_give_their_contiguous_twins_bits():
+    lengths = [700, 0, 1, 299]
+    contiguous = _descriptor(Cache("contiguous"), "f16", 700, 4, q_len=2)
+    pointers = _descriptor(Cache("pointers"), "f16", 700, 4, q_len=2)
+    a, b = make_problem(contiguous, lengths, seed=5), make_problem(pointers, lengths, seed=5)
+    outputs = []
+    for desc, problem in ((contiguous, a), (pointers, b)):
+        args = problem.args()
+        DecodeAttentionPlan.select(desc, device=0).run(args)
+        outputs.append(args)
+    assert torch.equal(outputs[0].out, outputs[1].out)
+    assert torch.equal(outputs[0].lse, outputs[1].lse)
+
+
+@pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "nhd", 16)],
+                         ids=lambda c: c.id)
+def test_one_captured_graph_replays_new_lengths_tables_and_batches(cache):
+    """Captured once at the envelope's batch; replayed with new seq_lens and page tables written
+    into the same buffers, and a batch whose tail slots are empty (length 0)."""
+    desc = _descriptor(cache, "bf16", 1500, 8, heads_q=32, heads_kv=8, head_dim=128)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    assert plan.precision_guarantee.capture_safe
+    problem = make_problem(desc, [1500] * 8, seed=6)
+    args = problem.args()
+    workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step = plan.prepare(args, workspace=workspace)
+        step()  # warm: modules loaded outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    for seed, lengths in ((7, [1, 1500, 0, 256, 257, 900, 13, 1499]),
+                          (8, [300, 0, 0, 0, 0, 0, 0, 0]), (9, [1500, 2, 3, 4, 0, 0, 0, 0])):
+        fresh = make_problem(desc, lengths, seed=seed)
+        for name in ("q", "k_cache", "v_cache", "seq_lens", "page_table"):
+            if getattr(problem, name) is not None:
+                getattr(problem, name).copy_(getattr(fresh, name))
+        fresh.q, fresh.k_cache, fresh.v_cache = problem.q, problem.k_cache, problem.v_cache
+        args.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(fresh, args, plan.precision_guarantee.max_rel_error)
+
+
+@pytest.mark.parametrize(("cache", "lengths", "table_fix", "argument", "message"), [
+    (Cache("contiguous"), [5, 9000, 3], None, "seq_lens", r"seq_lens\[1\] = 9000"),
+    (Cache("contiguous"), [5, -2, 3], None, "seq_lens", r"seq_lens\[1\] = -2"),
+    (Cache("contiguous", "nhd"), [0, 5, 2], None, "seq_lens", r"seq_lens\[2\] = 2"),
+    (Cache("paged", "nhd", 16), [40, 20, 3], (1, 1, 10**6), "page_table",
+     r"page_table\[1, 1\] = 1000000"),
+    (Cache("paged", "nhd", 16), [40, 20, 3], (2, 0, -1), "page_table", r"page_table\[2, 0\] = -1"),
+])
+def test_checked_mode_names_the_first_bad_entry(cache, lengths, table_fix, argument, message):
+    desc = _descriptor(cache, "bf16", 512, 3, checked=True, q_len=3)
+    good = [min(max(n, 3), 512) for n in lengths]
+    problem = make_problem(desc, good, seed=10)
+    problem.seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+    if table_fix is not None:
+        s, slot, value = table_fix
+        problem.page_table[s, slot] = value
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    with pytest.raises(InvalidArgument, match=message) as raised:
+        plan.run(problem.args())
+    assert raised.value.argument == argument
+    unchecked = DecodeAttentionPlan.select(desc.model_copy(update={"checked": False}), device=0)
+    unchecked.run(problem.args())  # garbage in, but no fault (memcheck: tests/sanitize_decode.py)
+    torch.cuda.synchronize()
+
+
+def test_checked_mode_passes_good_data_and_refuses_bad_pointers():
+    desc = _descriptor(Cache("pointers"), "f32", 300, 3, checked=True)
+    problem = make_problem(desc, [300, 0, 17], seed=11)
+    args = problem.args()
+    DecodeAttentionPlan.select(desc, device=0).run(args)
+    _check(problem, args, 5e-6)
+    problem.k_cache[2] += 4  # no longer 16-byte aligned
+    with pytest.raises(InvalidArgument, match=r"k_cache\[2\]") as raised:
+        DecodeAttentionPlan.select(desc, device=0).run(problem.args())
+    assert raised.value.argument == "k_cache"
+
+
+def test_bad_input_gets_typed_errors_naming_the_argument():
+    desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 256, 4)
+    problem = make_problem(desc, [10, 20, 30, 40], seed=12)
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    args = problem.args()
+    with pytest.raises(DTypeMismatch, match="page_table") as raised:
+        plan.run(DecodeAttentionArgs(args.q, args.k_cache, args.v_cache, args.seq_lens,
+                                     args.out, problem.page_table.long(), args.lse))
+    assert raised.value.argument == "page_table"
+    with pytest.raises(InvalidArgument, match="page_table"):
+        plan.run(DecodeAttentionArgs(args.q, args.k_cache, args.v_cache, args.seq_lens,
+                                     args.out, problem.page_table[:, :3], args.lse))
+    with pytest.raises(DTypeMismatch, match="seq_lens"):
+        plan.run(DecodeAttentionArgs(args.q, args.k_cache, args.v_cache, args.seq_lens.long(),
+                                     args.out, problem.page_table, args.lse))
+    misaligned = torch.empty(problem.k_cache.numel() + 8, dtype=problem.k_cache.dtype,
+                             device="cuda")[1:1 + problem.k_cache.numel()].view(
+                                 problem.k_cache.shape)
+    with pytest.raises(LayoutMismatch, match="k_cache") as raised:
+        plan.run(DecodeAttentionArgs(args.q, misaligned, args.v_cache, args.seq_lens, args.out,
+                                     problem.page_table, args.lse))
+    assert raised.value.argument == "k_cache"
+    with pytest.raises(InvalidProblem, match="multiple of heads_kv"):
+        _descriptor(Cache("contiguous"), "bf16", 64, 2, heads_q=6, heads_kv=4)
+    with pytest.raises(InvalidProblem, match="q_len"):
+        _descriptor(Cache("contiguous"), "bf16", 64, 2, q_len=9)
+    odd = _descriptor(Cache("contiguous"), "bf16", 64, 2, head_dim=96)
+    report = DecodeAttentionPlan.explain(odd, device=0)
+    assert "head_dim" in str(report)

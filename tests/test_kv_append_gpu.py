@@ -1,0 +1,141 @@
+"""The kv_append SKUs on a GPU: appending a history token by token (and a speculative step of
+several tokens) then decoding equals attention over the whole history, in every element type,
+cache form and layout; k_new and v_new may be slices of a fused QKV projection; positions past
+a sequence's capacity are skipped unchecked and named in checked mode; nothing outside the new
+tokens' slots changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_decode_attention_gpu import DTYPES, Cache, _descriptor, make_problem
+
+from opfacade import KvAppendArgs, KvAppendDescriptor, KvAppendPlan
+from opfacade.errors import InvalidArgument, LayoutMismatch
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+CACHES = [Cache("contiguous"), Cache("contiguous", "hnd"), Cache("paged", "nhd", 16),
+          Cache("paged", "hnd", 64), Cache("pointers")]
+
+
+def _append_descriptor(decode, q_len: int) -> KvAppendDescriptor:
+    fields = decode.model_dump(include={"batch", "heads_kv", "head_dim", "element", "cache",
+                                        "kv_layout", "max_seq", "page_size", "max_pages",
+                                        "checked"})
+    return KvAppendDescriptor(**fields, q_len=q_len)
+
+
+def _fused_qkv(b: int, q_len: int, heads_q: int, heads_kv: int, d: int, dtype, seed: int):
+    """k_new and v_new as slices of one [b, q_len, Hq + 2 Hkv, d] projection (strided views)."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    qkv = torch.rand((b, q_len, heads_q + 2 * heads_kv, d), generator=generator,
+                     device="cuda").to(dtype) * 2 - 1
+    return qkv[:, :, heads_q:heads_q + heads_kv], qkv[:, :, heads_q + heads_kv:]
+
+
+@pytest.mark.parametrize("element", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
+def test_appending_then_decoding_is_attention_over_the_history(element, cache):
+    """Start from a history, append 3 steps of one token and one of 4, then compare the cache
+    (bitwise, in the sequences' slots) and the decode step with the float64 reference."""
+    from opfacade import DecodeAttentionPlan
+
+    capacity, lengths = 300, np.array([0, 5, 150, 290])
+    decode = _descriptor(cache, element, capacity, 4, q_len=4)
+    problem = make_problem(decode, lengths, seed=20)
+    keys, values = problem.keys.copy(), problem.values.copy()
+    dtype = DTYPES[element]
+    for step, q_len in enumerate((1, 1, 1, 4)):
+        lengths = lengths + q_len
+        problem.seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        k_new, v_new = _fused_qkv(4, q_len, decode.heads_q, decode.heads_kv, decode.head_dim,
+                                  dtype, seed=step)
+        assert not k_new.is_contiguous()
+        plan = KvAppendPlan.select(_append_descriptor(decode, q_len), device=0)
+        plan.run(KvAppendArgs(k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens,
+                              problem.page_table))
+        for s, length in enumerate(lengths):
+            rows = slice(length - q_len, length)
+            keys[s, :, rows] = k_new[s].double().cpu().numpy().transpose(1, 0, 2)
+            values[s, :, rows] = v_new[s].double().cpu().numpy().transpose(1, 0, 2)
+    problem.keys, problem.values, problem.lengths = keys, values, lengths
+    args = problem.args()
+    decoder = DecodeAttentionPlan.select(decode, device=0)
+    decoder.run(args)
+    out, lse = problem.expected()
+    got = args.out.double().cpu().numpy()
+    # The appended tokens are the caller's bits, so the only error left is the decode's.
+    from opfacade._backends.reference.sdpa import sdpa_forward_magnitude
+    from opfacade.testing import relative_error
+
+    magnitude, _ = problem.expected(forward=sdpa_forward_magnitude)
+    assert relative_error(got, out, magnitude) <= decoder.precision_guarantee.max_rel_error
+    assert np.allclose(args.lse.double().cpu().numpy(), lse, rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_new_tokens_slots_change_and_overflow_is_skipped():
+    decode = _descriptor(Cache("paged", "nhd", 16), "bf16", 64, 3)
+    problem = make_problem(decode, [10, 64, 0], seed=21)
+    before_k, before_v = problem.k_cache.clone(), problem.v_cache.clone()
+    # Sequence 1 is full: a token at position 64 is past its capacity and is skipped; sequence 2
+    # gets its first token.
+    problem.seq_lens.copy_(torch.tensor([11, 65, 1], dtype=torch.int32))
+    k_new, v_new = _fused_qkv(3, 1, decode.heads_q, decode.heads_kv, decode.head_dim,
+                              torch.bfloat16, seed=3)
+    plan = KvAppendPlan.select(_append_descriptor(decode, 1), device=0)
+    plan.run(KvAppendArgs(k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens,
+                          problem.page_table))
+    changed = (problem.k_cache.view(torch.int16) != before_k.view(torch.int16)).any(-1).any(-1)
+    table = problem.page_table.cpu().numpy()
+    expected = torch.zeros_like(changed)
+    expected[int(table[0, 0]), 10] = True
+    expected[int(table[2, 0]), 0] = True
+    assert torch.equal(changed, expected)
+    assert torch.equal(problem.k_cache[int(table[0, 0]), 10], k_new[0, 0])
+    assert torch.equal(problem.v_cache[int(table[2, 0]), 0], v_new[2, 0])
+    changed_v = (problem.v_cache.view(torch.int16) != before_v.view(torch.int16)).any(-1)
+    assert torch.equal(changed_v.any(-1), expected)
+    checked = _append_descriptor(decode.model_copy(update={"checked": True}), 1)
+    with pytest.raises(InvalidArgument, match=r"seq_lens\[1\] = 65") as raised:
+        KvAppendPlan.select(checked, device=0).run(KvAppendArgs(
+            k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens,
+            problem.page_table))
+    assert raised.value.argument == "seq_lens"
+
+
+def test_one_captured_append_replays_for_new_positions():
+    decode = _descriptor(Cache("contiguous"), "f16", 128, 4)
+    problem = make_problem(decode, [1, 1, 1, 1], seed=22)
+    plan = KvAppendPlan.select(_append_descriptor(decode, 1), device=0)
+    k_new, v_new = _fused_qkv(4, 1, decode.heads_q, decode.heads_kv, decode.head_dim,
+                              torch.float16, seed=4)
+    args = KvAppendArgs(k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step = plan.prepare(args)
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    for lengths in ([5, 9, 128, 2], [100, 1, 3, 64]):
+        problem.seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        k_new.copy_(torch.rand_like(k_new))
+        graph.replay()
+        torch.cuda.synchronize()
+        for s, length in enumerate(lengths):
+            assert torch.equal(problem.k_cache[s, length - 1], k_new[s, 0])
+            assert torch.equal(problem.v_cache[s, length - 1], v_new[s, 0])
+
+
+def test_misaligned_token_views_are_refused_naming_the_argument():
+    decode = _descriptor(Cache("contiguous"), "bf16", 64, 2)
+    problem = make_problem(decode, [3, 4], seed=23)
+    plan = KvAppendPlan.select(_append_descriptor(decode, 1), device=0)
+    flat = torch.rand(2 * 1 * 2 * 64 + 1, device="cuda").to(torch.bfloat16)
+    k_new = flat[1:].view(2, 1, 2, 64)
+    with pytest.raises(LayoutMismatch, match="k_new") as raised:
+        plan.run(KvAppendArgs(k_new, k_new.clone(), problem.k_cache, problem.v_cache,
+                              problem.seq_lens))
+    assert raised.value.argument == "k_new"
