@@ -37,9 +37,26 @@
 
 namespace {
 
+// Tuning, measured on an H100 (scripts/decode_variants.py, docs/PERF-NOTES.md): 16-byte loads a
+// thread has in flight per batch (two batches alternate), and the blocks per SM the compiler
+// must fit. A 4-row tile holding one vector per lane fits five blocks an SM (92% of a device
+// copy's bandwidth against 84% at the compiler's own choice of four); 8-row tiles hold twice
+// the accumulators and stream best with batches of two. Neither changes any sum's order, so the
+// results are the same bits whatever they are. OPFACADE_DECODE_UNROLL and
+// OPFACADE_DECODE_MIN_BLOCKS override both, for the variants script.
+#ifdef OPFACADE_DECODE_UNROLL
+template <int R, int PER> constexpr int kUnrollOf = OPFACADE_DECODE_UNROLL;
+#else
+template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
+#endif
+#ifdef OPFACADE_DECODE_MIN_BLOCKS
+#define OPFACADE_MIN_BLOCKS(R, PER) OPFACADE_DECODE_MIN_BLOCKS
+#else
+#define OPFACADE_MIN_BLOCKS(R, PER) ((R) <= 4 && (PER) == 1 ? 5 : 1)
+#endif
+
 constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
 constexpr int kThreads = 128;
-constexpr int kUnroll = 4;    // 16-byte loads a thread has in flight
 
 struct Cache {
     const void* k;  // kind 0/1: the tensor; kind 2: const i64* of per-sequence addresses
@@ -61,7 +78,7 @@ struct Row {
     static constexpr int kPerLane = kVecs / kLanes;
     static constexpr int kGroups = kThreads / kLanes;
     static constexpr int kPasses = kChunk / kGroups;
-    static_assert(kVecs % kLanes == 0 && kPasses % kUnroll == 0, "D must be 64, 128 or 256");
+    static_assert(kVecs % kLanes == 0 && kPasses % 8 == 0, "D must be 64, 128 or 256");
 };
 
 // The kVec floats of a 16-byte vector of T.
@@ -121,12 +138,12 @@ __device__ __forceinline__ int page_of(const Cache& c, int s, int p) {
 }
 
 // Where position p of sequence s, kv head g starts; a page outside the pool reads page 0
-// (garbage in, but inside the cache).
+// (garbage in, but inside the cache). `page` >= 0: the page, already looked up.
 template <typename T>
 __device__ __forceinline__ const T* row_at(const Cache& c, const void* base, int s, int p, int g,
-                                           int dim) {
+                                           int dim, int page = -1) {
     if (c.kind == 1) {
-        const int page = max(page_of(c, s, p), 0);
+        page = page >= 0 ? page : max(page_of(c, s, p), 0);
         return static_cast<const T*>(base) + offset(c, page, p % c.page_size, g, c.page_size, dim);
     }
     if (c.kind == 2) {
@@ -189,7 +206,13 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
     const int tid = threadIdx.x;
     if (k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left)) {
-        // No row of the tile sees a key of this chunk: the merge skips it (m = -inf).
+        // No row of the tile sees a key of this chunk: m = -inf, l = 0 and acc = 0 (so the
+        // merge reads only values written this run, weighted 0).
+        for (int e = tid; e < nr * D; e += kThreads) {
+            const int r = e / D;
+            ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + e - r * D] =
+                0.0f;
+        }
         if (tid < nr) {
             const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
             ws_ml[2 * at] = minus_infinity();
@@ -199,6 +222,25 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     }
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
     constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
+    constexpr int kUnroll = kUnrollOf<R, L::kPerLane>;
+    constexpr int kBatch = 2 * kUnroll;           // passes per loop turn: two load batches
+
+    // Each key's row, as an element offset from this sequence's K (and V) base, resolved once
+    // per chunk: a paged cache's table lookup and page arithmetic leave the load loops, whose
+    // addresses then need no dependent load.
+    i64* row_off = reinterpret_cast<i64*>(shared + kChunk * R);
+    const T* k_base = static_cast<const T*>(c.k);
+    const T* v_base = static_cast<const T*>(c.v);
+    if (c.kind == 2) {
+        k_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.k)[s]);
+        v_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.v)[s]);
+    }
+    for (int j = tid; j < keys; j += kThreads) {
+        const int key = k0 + j;
+        row_off[j] = c.kind == 1 ? offset(c, max(page_of(c, s, key), 0), key % c.page_size, g,
+                                          c.page_size, D)
+                                 : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
+    }
 
     // The tile's queries, scaled, in registers: this lane's columns of each row.
     float qr[R][kCols];
@@ -216,21 +258,25 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
             }
         }
     }
+    __syncthreads();  // row_off
 
-    // Scores [kChunk][R]: a row group's lanes each dot their columns, then split the sum.
-    float* p = shared;
-    for (int pass = 0; pass < L::kPasses; pass += kUnroll) {
-        uint4 raw[kUnroll][L::kPerLane];
+    // kUnroll passes' 16-byte vectors of `base`'s rows, zeros past the chunk's keys (never
+    // loaded: their content, NaN included, never meets a weight).
+    auto load = [&](uint4 (&raw)[kUnroll][L::kPerLane], const T* base, int pass) {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int j = (pass + u) * L::kGroups + key_group;
-            const T* key = j < keys ? row_at<T>(c, c.k, s, k0 + j, g, D) : nullptr;
 #pragma unroll
             for (int i = 0; i < L::kPerLane; ++i) {
-                raw[u][i] = key ? load16(key + (lane + i * L::kLanes) * L::kVec)
-                                : make_uint4(0, 0, 0, 0);
+                raw[u][i] = j < keys ? load16(base + row_off[j] + (lane + i * L::kLanes) * L::kVec)
+                                     : make_uint4(0, 0, 0, 0);
             }
         }
+    };
+
+    // Scores [kChunk][R]: a row group's lanes each dot their columns, then split the sum.
+    float* p = shared;
+    auto score = [&](const uint4 (&raw)[kUnroll][L::kPerLane], int pass) {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             float dot[R];
@@ -259,7 +305,18 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                 p[j * R + r] = seen ? dot[0] : r < nr ? minus_infinity() : 0.0f;
             }
         }
+    };
+
+    // Two load batches alternate, so one is in flight while the other is computed.
+    uint4 raw_a[kUnroll][L::kPerLane], raw_b[kUnroll][L::kPerLane];
+    load(raw_a, k_base, 0);
+    for (int pass = 0; pass < L::kPasses; pass += kBatch) {
+        load(raw_b, k_base, pass + kUnroll);
+        score(raw_a, pass);
+        if (pass + kBatch < L::kPasses) load(raw_a, k_base, pass + kBatch);
+        score(raw_b, pass + kUnroll);
     }
+    load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
     __syncthreads();
 
     // Per row: max and sum over the chunk in a fixed butterfly; scores become exp(s - m).
@@ -284,26 +341,14 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     }
     __syncthreads();
 
-    // acc[r][col] over this key group's keys, in order; keys past the length have p = 0 and
-    // are never loaded (their cache content, NaN included, never meets a weight).
+    // acc[r][col] over this key group's keys, in order.
     float acc[R][kCols];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int e = 0; e < kCols; ++e) acc[r][e] = 0.0f;
     }
-    for (int pass = 0; pass < L::kPasses; pass += kUnroll) {
-        uint4 raw[kUnroll][L::kPerLane];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int j = (pass + u) * L::kGroups + key_group;
-            const T* value = j < keys ? row_at<T>(c, c.v, s, k0 + j, g, D) : nullptr;
-#pragma unroll
-            for (int i = 0; i < L::kPerLane; ++i) {
-                raw[u][i] = value ? load16(value + (lane + i * L::kLanes) * L::kVec)
-                                  : make_uint4(0, 0, 0, 0);
-            }
-        }
+    auto accumulate = [&](const uint4 (&raw)[kUnroll][L::kPerLane], int pass) {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int j = (pass + u) * L::kGroups + key_group;
@@ -323,6 +368,12 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                 }
             }
         }
+    };
+    for (int pass = 0; pass < L::kPasses; pass += kBatch) {
+        load(raw_b, v_base, pass + kUnroll);
+        accumulate(raw_a, pass);
+        if (pass + kBatch < L::kPasses) load(raw_a, v_base, pass + kBatch);
+        accumulate(raw_b, pass + kUnroll);
     }
     __syncthreads();  // the scores are spent: the shared buffer takes the key groups' sums
 
@@ -349,70 +400,78 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     }
 }
 
+// The merge: the block's threads form slices of Dv / 4 threads (a float4 of columns each); slice
+// k adds chunks k, k + slices, ... in turn, then the slices' sums are added in slice order. The
+// order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
+// and each slice's loads are independent of one another (several in flight, where one thread
+// walking every chunk would wait on each).
 template <typename T>
 __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
                       const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                       const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
                       int chunks) {
-    __shared__ float weights[kThreads];
-    __shared__ float reduced[kThreads / 32];
+    __shared__ float4 slice_acc[kThreads];
+    __shared__ float slice_l[kThreads];
+    __shared__ float warp_max[kThreads / 32];
     const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
     const int len = sequence_length(c, seq_lens, s);
     const int n = len - q_len + t >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
+    const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
+    const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
 
     // The largest chunk max (a max is the same in any order).
     float m = minus_infinity();
-    for (int k = tid; k < n; k += kThreads) {
-        m = fmaxf(m, ws_ml[2 * partial_index(s, g, k, r, c.heads_kv, chunks, rows)]);
-    }
+    for (int k = tid; k < n; k += kThreads) m = fmaxf(m, ml[k * ml_step]);
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((tid & 31) == 0) reduced[tid >> 5] = m;
+    if ((tid & 31) == 0) warp_max[tid >> 5] = m;
     __syncthreads();
-    m = fmaxf(fmaxf(reduced[0], reduced[1]), fmaxf(reduced[2], reduced[3]));
-    __syncthreads();  // `reduced` is written again below
+    m = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
     const float base = m == minus_infinity() ? 0.0f : m;
 
-    // Chunks in order, kThreads at a time: their weights exp(m_k - m), then every column adds
-    // them in turn; thread 0 adds the sums l. A chunk no row saw (m_k = -inf) weighs 0 and its
-    // acc, never written, is never read.
-    float acc[2] = {0.0f, 0.0f};  // columns tid and tid + kThreads (Dv <= 256)
+    const int width = dim_v / 4, slices = kThreads / width;  // Dv in {64, 128, 256}
+    const int slice = tid / width, col = (tid % width) * 4;
+    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
+    const i64 acc_step = (i64)rows * dim_v;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float l = 0.0f;
-    for (int k0 = 0; k0 < n; k0 += kThreads) {
-        __syncthreads();
-        const int k = k0 + tid;
-        float w = 0.0f;
-        if (k < n) {
-            const float mk = ws_ml[2 * partial_index(s, g, k, r, c.heads_kv, chunks, rows)];
-            w = mk == minus_infinity() ? 0.0f : expf(mk - base);
+    if (slice < slices) {
+#pragma unroll 4
+        for (int k = slice; k < n; k += slices) {
+            const float mk = ml[k * ml_step];
+            const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
+            const float4 x = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
+            acc.x = fmaf(x.x, w, acc.x);
+            acc.y = fmaf(x.y, w, acc.y);
+            acc.z = fmaf(x.z, w, acc.z);
+            acc.w = fmaf(x.w, w, acc.w);
+            l = fmaf(ml[k * ml_step + 1], w, l);
         }
-        weights[tid] = w;
-        __syncthreads();
-        const int count = min(kThreads, n - k0);
-        for (int j = 0; j < count; ++j) {
-            const float wj = weights[j];
-            if (wj == 0.0f) continue;
-            const i64 at = partial_index(s, g, k0 + j, r, c.heads_kv, chunks, rows);
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int d = tid + half * kThreads;
-                if (d < dim_v) acc[half] = fmaf(ws_acc[at * dim_v + d], wj, acc[half]);
-            }
-            if (tid == 0) l = fmaf(ws_ml[2 * at + 1], wj, l);
-        }
+        slice_acc[tid] = acc;
+        slice_l[tid] = l;
     }
-    if (tid == 0) reduced[0] = l;
     __syncthreads();
-    l = reduced[0];
-    T* row = out + s * o_sb + t * o_st + h * o_sh;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int d = tid + half * kThreads;
-        if (d < dim_v) row[d] = Math<T>::down(l > 0.0f ? acc[half] / l : 0.0f);
-    }
-    if (lse != nullptr && tid == 0) {
-        lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] =
-            l > 0.0f ? m + logf(l) : minus_infinity();
+    if (tid < width) {
+        acc = slice_acc[tid];
+        l = slice_l[tid];
+        for (int k = 1; k < slices; ++k) {
+            const float4 x = slice_acc[k * width + tid];
+            acc.x += x.x;
+            acc.y += x.y;
+            acc.z += x.z;
+            acc.w += x.w;
+            l += slice_l[k * width + tid];
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        T* row = out + s * o_sb + t * o_st + h * o_sh + col;
+        row[0] = Math<T>::down(acc.x * inv);
+        row[1] = Math<T>::down(acc.y * inv);
+        row[2] = Math<T>::down(acc.z * inv);
+        row[3] = Math<T>::down(acc.w * inv);
+        if (lse != nullptr && tid == 0) {
+            lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] =
+                l > 0.0f ? m + logf(l) : minus_infinity();
+        }
     }
 }
 
@@ -461,7 +520,9 @@ __device__ __forceinline__ Cache make_cache(const void* k, const void* v, const 
                dim_v)
 
 #define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
-    extern "C" __global__ void __launch_bounds__(kThreads) decode_partial_##SUFFIX##_##D##_##R(  \
+    extern "C" __global__ void __launch_bounds__(                                                \
+        kThreads, OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))                                 \
+        decode_partial_##SUFFIX##_##D##_##R(                                                     \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
         int left) {                                                                              \

@@ -2,7 +2,7 @@
 # One device call for the decode_attention and kv_append SKUs (issue 13): the GPU tests, every
 # distribution's precision test, verify, compute-sanitizer memcheck and racecheck on the decode
 # kernels, the bench rows, and the f32 units probe (which units torch's f32 SDPA runs on).
-#   bash scripts/gpu_decode.sh [stages...]   stages: tests verify sanitize bench units
+#   bash scripts/gpu_decode.sh [stages...]   stages: tests verify sanitize bench units variants
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -32,6 +32,10 @@ if wants sanitize; then
         echo "sanitize_decode $tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/sanitize_decode_$tool.log" | tr '\n' ' ')"
         grep -v "^=========     " "$OUT/sanitize_decode_$tool.log" | grep -m 12 -E "Error|Invalid|Race|Hazard|Traceback|Error:"
     done
+fi
+if wants variants; then
+    stage variants
+    timeout 300 python3 scripts/decode_variants.py "$OUT/decode_variants.json" 2>&1 | tail -40
 fi
 if wants units; then
     stage units

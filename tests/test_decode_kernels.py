@@ -38,10 +38,15 @@ def test_every_kernel_compiles_for_sm90(signatures):
 
 
 def _record(monkeypatch) -> list[tuple]:
+    """Launches as (kernel name, grid, block, args, shared bytes), in the order they run."""
     launched = []
+
+    def record(kernel, grid, block, args, stream, device, shared=0):
+        launched.append((kernel, grid, block, args, shared))
+
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
-    monkeypatch.setattr(kernels, "launch", lambda kernel, grid, block, args, stream, device,
-                        shared=0: launched.append((kernel, grid, block, args, shared)))
+    monkeypatch.setattr(kernels, "launch", record)
+    monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
     return launched
 
 
@@ -195,3 +200,37 @@ def test_the_split_kv_algorithm_is_attention(length, q_len, left):
                                   window=window)
     np.testing.assert_allclose(out, want[0, 0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, want_lse[0, 0], rtol=1e-12)
+
+
+def test_a_packed_launch_is_one_driver_call_and_a_failure_is_typed(monkeypatch):
+    """PackedLaunch packs the parameters once (each pointer in kernelParams reads the value it
+    was given) and calls the driver once per launch; a failure retried under the device's
+    context and failing again is LaunchFailed, never a silent skip."""
+    import contextlib
+    import ctypes
+
+    import numpy as np
+
+    from opfacade._backends.nvrtc import launch as launching
+    from opfacade.errors import LaunchFailed
+
+    calls, statuses = [], [0]
+
+    def driver(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        pointers = (ctypes.c_void_p * 3).from_address(params)
+        calls.append((function, (gx, gy, gz), (bx, by, bz), shared, stream,
+                      ctypes.c_uint64.from_address(pointers[0]).value,
+                      ctypes.c_int32.from_address(pointers[1]).value,
+                      ctypes.c_float.from_address(pointers[2]).value))
+        return statuses.pop(0) if statuses else 700
+
+    monkeypatch.setattr(launching, "_driver_launch", lambda: driver)
+    monkeypatch.setattr("cupy.cuda.Device", lambda device: contextlib.nullcontext())
+    function = type("F", (), {"ptr": 0xF00})()
+    packed = launching.PackedLaunch(function, (3, 2), (128,), (np.uint64(0xABC), np.int32(-7),
+                                    np.float32(0.5)), 0x5, 0, 1024)
+    packed()
+    assert calls == [(0xF00, (3, 2, 1), (128, 1, 1), 1024, 0x5, 0xABC, -7, 0.5)]
+    with pytest.raises(LaunchFailed, match="CUresult 700"):
+        packed()
+    assert len(calls) == 3  # the failure was retried once

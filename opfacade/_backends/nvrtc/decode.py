@@ -19,7 +19,7 @@ from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
-from .launch import get_kernel, launch
+from .launch import PackedLaunch, get_kernel, launch
 
 __all__ = ["CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call", "check_call",
            "decode_call", "row_tile", "shared_bytes", "workspace_bytes"]
@@ -63,6 +63,13 @@ class DecodeCache:
                 np.int32(self.dim), np.int32(self.dim_v))
 
 
+def launcher(function, grid, block, args, stream: int, device: int, shared: int = 0
+             ) -> Callable[[], None]:
+    """A launch packed once (``PackedLaunch``: one driver call per step, the decode loop's
+    host time)."""
+    return PackedLaunch(function, grid, block, args, stream, device, shared)
+
+
 def chunks(capacity: int) -> int:
     return -(-capacity // CHUNK)
 
@@ -74,12 +81,13 @@ def row_tile(rows: int) -> int:
 
 
 def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
-    """The partial kernel's shared memory: the scores [CHUNK][tile], then reused for the key
-    groups' sums [groups][tile][dim] (groups x dim = THREADS x the columns a thread holds)."""
+    """The partial kernel's shared memory: the scores [CHUNK][tile] f32 and each key's row
+    offset [CHUNK] i64, then reused for the key groups' sums [groups][tile][dim] f32 (groups x
+    dim = THREADS x the columns a thread holds)."""
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
-    return 4 * max(CHUNK * tile, groups * tile * dim)
+    return max(4 * CHUNK * tile + 8 * CHUNK, 4 * groups * tile * dim)
 
 
 def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
@@ -115,10 +123,13 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     partial_grid = (n_chunks * tiles, cache.heads_kv, sequences)
     merge_grid = (sequences, heads_q, q_len)
     shared = shared_bytes(element, cache.dim, tile)
+    launch_partial = launcher(partial, partial_grid, (THREADS,), partial_args, stream, device,
+                              shared)
+    launch_merge = launcher(merge, merge_grid, (THREADS,), merge_args, stream, device)
 
     def step() -> None:
-        launch(partial, partial_grid, (THREADS,), partial_args, stream, device, shared)
-        launch(merge, merge_grid, (THREADS,), merge_args, stream, device)
+        launch_partial()
+        launch_merge()
 
     return step
 
@@ -135,11 +146,7 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
             np.int32(sequences), np.int32(q_len))
     vectors = sequences * q_len * cache.heads_kv * (cache.dim + cache.dim_v) * element.itemsize
     grid = (max(1, min(_APPEND_CTAS, -(-vectors // (16 * THREADS)))),)
-
-    def append() -> None:
-        launch(kernel, grid, (THREADS,), args, stream, device)
-
-    return append
+    return launcher(kernel, grid, (THREADS,), args, stream, device)
 
 
 def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> InvalidArgument:

@@ -1,0 +1,130 @@
+"""Times builds of native/decode_attention.cu with other tuning knobs (OPFACADE_DECODE_UNROLL,
+OPFACADE_DECODE_MIN_BLOCKS) on the bench's decode shapes, through the real plans: KV bandwidth
+as a fraction of a device copy, and host microseconds per prepared step and per run(). The knobs
+change no sum's order, so every variant's output is checked bitwise against the default build's.
+
+    python3 scripts/decode_variants.py [out.json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+from opfacade import DecodeAttentionArgs, DecodeAttentionDescriptor, DecodeAttentionPlan
+from opfacade._backends.nvrtc import compiler
+from opfacade._backends.nvrtc import decode as kernels
+from opfacade.types import ArchSku
+
+# The build's own per-tile choice first; then every tile at one setting (what it was chosen
+# against: docs/PERF-NOTES.md has the H100 figures).
+VARIANTS = {"per tile (default)": (),
+            "u4 b1": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=1"),
+            "u4 b5": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=5"),
+            "u2 b1": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=1")}
+CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
+         (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0)]
+
+
+def modules(options: tuple[str, ...]):
+    import cupy
+
+    cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, extra_options=options).cubin
+    module = cupy.cuda.function.Module()
+    module.load(cubin)
+    return module
+
+
+def case_tensors(batch, seq, cache, page_size):
+    q_len = 4 if cache == "contiguous4" else 1
+    form = "paged" if cache == "paged" else "contiguous"
+    fields = dict(batch=batch, heads_q=32, heads_kv=8, head_dim=128, element="bf16", cache=form,
+                  q_len=q_len)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    if form == "paged":
+        pages = batch * seq // page_size
+        fields.update(page_size=page_size, max_pages=seq // page_size)
+        k = torch.rand((pages, page_size, 8, 128), generator=gen, device="cuda").bfloat16()
+        table = torch.randperm(pages, generator=gen, device="cuda").int().view(batch, -1)
+    else:
+        fields.update(max_seq=seq)
+        k = torch.rand((batch, seq, 8, 128), generator=gen, device="cuda").bfloat16()
+        table = None
+    v = torch.rand(k.shape, generator=gen, device="cuda").bfloat16()
+    q = torch.rand((batch, q_len, 32, 128), generator=gen, device="cuda").bfloat16()
+    out = torch.empty_like(q)
+    lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
+    desc = DecodeAttentionDescriptor(**fields)
+    return desc, DecodeAttentionArgs(q, k, v, lens, out, table), 2 * k.numel() * 2
+
+
+def gpu_ms(fn, reps=30):
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 5)
+    return float(np.median(times))
+
+
+def host_us(fn, calls=200):
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return float(np.median(samples))
+
+
+def main() -> None:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_tbps = 2 * src.numel() / gpu_ms(lambda: dst.copy_(src)) / 1e9
+    print(f"device copy {copy_tbps:.2f} TB/s")
+    results, reference = {}, {}
+    original = kernels.get_kernel
+    for name, options in VARIANTS.items():
+        module = modules(options)
+        kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
+        for case in CASES:
+            desc, args, nbytes = case_tensors(*case)
+            plan = DecodeAttentionPlan.select(desc, device=0)
+            ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+            step = plan.prepare(args, workspace=ws)
+            ms = gpu_ms(step)
+            key = f"B{case[0]} S{case[1]} {case[2]}{case[3] or ''}"
+            bits = args.out.view(torch.int16).clone()
+            if key in reference and not torch.equal(reference[key], bits):
+                print(f"  {name} {key}: output bits differ from the default build's")
+            reference.setdefault(key, bits)
+            row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)
+            if name.endswith("(default)"):
+                row["host_us_step"] = host_us(step)
+                row["host_us_run"] = host_us(lambda p=plan, a=args, w=ws: p.run(a, workspace=w))
+            results[f"{name} | {key}"] = row
+            print(f"{name:16s} {key:26s} {ms:7.3f} ms {row['tbps']:5.2f} TB/s "
+                  f"{row['of_copy']:6.1%} of copy" + (
+                      f"  host step {row['host_us_step']:.1f} us, run {row['host_us_run']:.1f}"
+                      " us" if "host_us_step" in row else ""))
+            plan.free()
+    kernels.get_kernel = original
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as handle:
+            json.dump(dict(copy_tbps=copy_tbps, rows=results), handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
