@@ -26,6 +26,8 @@ VARIANTS = {"per tile (default)": (),
             "u4 b1": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=1"),
             "u4 b5": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=5"),
             "u2 b1": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=1")}
+if "--quick" in sys.argv:
+    VARIANTS = {"per tile (default)": ()}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0)]
 
@@ -89,7 +91,27 @@ def host_us(fn, calls=200):
     return float(np.median(samples))
 
 
+def launch_floor() -> dict[str, float]:
+    """Host microseconds of one launch of a kernel that does nothing (decode_check over no
+    sequence), packed once (PackedLaunch, as our steps launch), and of one replay of a CUDA
+    graph holding it: the floor under any prepared call's host time on this machine."""
+    from opfacade._backends.nvrtc.launch import GraphedLaunches, PackedLaunch
+
+    verdict = torch.empty(4, dtype=torch.int32, device="cuda")
+    args = (*kernels.DecodeCache("contiguous", False, 1, 1, 64, 64).args(0, 0, 0),
+            np.uint64(0), np.int32(0), np.int32(1), np.uint64(verdict.data_ptr()))
+    kernel = kernels.get_kernel(kernels.SOURCE, "decode_check", 0)
+    stream = torch.cuda.current_stream().cuda_stream
+    packed = PackedLaunch(kernel, (1,), (256,), args, stream, 0)
+    graphed = GraphedLaunches(lambda on: [PackedLaunch(kernel, (1,), (256,), args, on, 0)],
+                              stream, 0)
+    graphed()
+    return {"one packed launch": host_us(packed), "one graph replay": host_us(graphed)}
+
+
 def main() -> None:
+    floor = launch_floor()
+    print("host floor:", ", ".join(f"{k} {v:.1f} us" for k, v in floor.items()))
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     copy_tbps = 2 * src.numel() / gpu_ms(lambda: dst.copy_(src)) / 1e9
@@ -121,9 +143,11 @@ def main() -> None:
                       " us" if "host_us_step" in row else ""))
             plan.free()
     kernels.get_kernel = original
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as handle:
-            json.dump(dict(copy_tbps=copy_tbps, rows=results), handle, indent=1)
+    paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+    if paths:
+        with open(paths[0], "w") as handle:
+            json.dump(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=results), handle,
+                      indent=1)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ def _record(monkeypatch) -> list[tuple]:
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
     monkeypatch.setattr(kernels, "launch", record)
     monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
+    monkeypatch.setattr(kernels, "steps", lambda make, stream, device: lambda: [
+        launch() for launch in make(stream)])
     return launched
 
 

@@ -19,7 +19,7 @@ from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
-from .launch import PackedLaunch, get_kernel, launch
+from .launch import GraphedLaunches, PackedLaunch, get_kernel, launch
 
 __all__ = ["CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call", "check_call",
            "decode_call", "row_tile", "shared_bytes", "workspace_bytes"]
@@ -68,6 +68,14 @@ def launcher(function, grid, block, args, stream: int, device: int, shared: int 
     """A launch packed once (``PackedLaunch``: one driver call per step, the decode loop's
     host time)."""
     return PackedLaunch(function, grid, block, args, stream, device, shared)
+
+
+def steps(launches: Callable[[int], list[Callable[[], None]]], stream: int, device: int
+          ) -> Callable[[], None]:
+    """The step's launches on ``stream``, replayed as one CUDA graph from the second call
+    (``GraphedLaunches``: one driver call per step, and a graph replay costs the host less than
+    a kernel launch: 3.2 against 5.8 us on an H100 machine, scripts/decode_variants.py)."""
+    return GraphedLaunches(launches, stream, device)
 
 
 def chunks(capacity: int) -> int:
@@ -123,15 +131,12 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     partial_grid = (n_chunks * tiles, cache.heads_kv, sequences)
     merge_grid = (sequences, heads_q, q_len)
     shared = shared_bytes(element, cache.dim, tile)
-    launch_partial = launcher(partial, partial_grid, (THREADS,), partial_args, stream, device,
-                              shared)
-    launch_merge = launcher(merge, merge_grid, (THREADS,), merge_args, stream, device)
 
-    def step() -> None:
-        launch_partial()
-        launch_merge()
+    def launches(on: int) -> list[Callable[[], None]]:
+        return [launcher(partial, partial_grid, (THREADS,), partial_args, on, device, shared),
+                launcher(merge, merge_grid, (THREADS,), merge_args, on, device)]
 
-    return step
+    return steps(launches, stream, device)
 
 
 def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences: int,
@@ -146,7 +151,8 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
             np.int32(sequences), np.int32(q_len))
     vectors = sequences * q_len * cache.heads_kv * (cache.dim + cache.dim_v) * element.itemsize
     grid = (max(1, min(_APPEND_CTAS, -(-vectors // (16 * THREADS)))),)
-    return launcher(kernel, grid, (THREADS,), args, stream, device)
+    return steps(lambda on: [launcher(kernel, grid, (THREADS,), args, on, device)], stream,
+                 device)
 
 
 def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> InvalidArgument:
