@@ -489,17 +489,18 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
         const int g = (int)(rest % c.heads_kv);
         rest /= c.heads_kv;
         const int t = (int)(rest % q_len), s = (int)(rest / q_len);
+        const bool is_key = e < key_vecs;
+        const int col = (is_key ? e : e - key_vecs) * kVec;
+        // The token's bytes are loaded before its position is known, so the two loads overlap.
+        const uint4 bytes = load16(is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
+                                          : v_new + s * v_sb + t * v_st + g * v_sh + col);
         const int pos = seq_lens[s] - q_len + t;
         // Checked mode names these; unchecked runs skip them rather than write elsewhere.
         if (pos < 0 || pos >= c.capacity || sequence_length(c, seq_lens, s) == 0) continue;
         if (c.kind == 1 && page_of(c, s, pos) < 0) continue;
-        const bool is_key = e < key_vecs;
-        const int col = (is_key ? e : e - key_vecs) * kVec;
-        const T* src = is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
-                              : v_new + s * v_sb + t * v_st + g * v_sh + col;
         T* dst = const_cast<T*>(is_key ? row_at<T>(c, c.k, s, pos, g, c.dim)
                                        : row_at<T>(c, c.v, s, pos, g, c.dim_v)) + col;
-        store16(dst, load16(src));
+        store16(dst, bytes);
     }
 }
 

@@ -13,6 +13,7 @@ import types
 from dataclasses import dataclass, fields
 
 from ._backends.cublaslt import linear as cublaslt_linear
+from ._backends.cudnn import decode as cudnn_decode
 from ._backends.cudnn import sdpa as cudnn_sdpa
 from ._backends.cudnn import varlen as cudnn_varlen
 from ._backends.nvrtc import alibi as nvrtc_alibi
@@ -70,7 +71,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("varlen_attention", varlen_attention,
            (cudnn_varlen.SKUS, nvrtc_attention.VARLEN_SKUS, reference.VARLEN_ATTENTION)),
     Family("decode_attention", decode_attention,
-           (nvrtc_decode.DECODE_SKUS, reference.DECODE_ATTENTION)),
+           (nvrtc_decode.DECODE_SKUS, cudnn_decode.SKUS, reference.DECODE_ATTENTION)),
     Family("kv_append", kv_append, (nvrtc_decode.APPEND_SKUS, reference.KV_APPEND)),
 )
 

@@ -134,11 +134,16 @@ def main() -> None:
             reference.setdefault(key, bits)
             row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)
             if name.endswith("(default)"):
+                # The step's two kernels alone (its direct launches), to place the gap.
+                partial, merge = step._call._direct
+                row["partial_ms"], row["merge_ms"] = gpu_ms(partial), gpu_ms(merge)
                 row["host_us_step"] = host_us(step)
                 row["host_us_run"] = host_us(lambda p=plan, a=args, w=ws: p.run(a, workspace=w))
             results[f"{name} | {key}"] = row
             print(f"{name:16s} {key:26s} {ms:7.3f} ms {row['tbps']:5.2f} TB/s "
                   f"{row['of_copy']:6.1%} of copy" + (
+                      f"  partial {row['partial_ms']:.3f} merge {row['merge_ms']:.3f} ms"
+                      if "partial_ms" in row else "") + (
                       f"  host step {row['host_us_step']:.1f} us, run {row['host_us_run']:.1f}"
                       " us" if "host_us_step" in row else ""))
             plan.free()

@@ -274,6 +274,24 @@ def test_one_captured_graph_replays_new_lengths_tables_and_batches(cache):
         _check(fresh, args, plan.precision_guarantee.max_rel_error)
 
 
+def test_a_prepared_step_replays_as_one_graph_with_the_same_bits():
+    """From its second call a prepared step is one CUDA graph replay (launch host time), and
+    gives the bits of its direct launches."""
+    desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 700, 5, heads_q=32, heads_kv=8,
+                       head_dim=128)
+    problem = make_problem(desc, [700, 0, 5, 300, 256], seed=13)
+    args = problem.args()
+    step = DecodeAttentionPlan.select(desc, device=0).prepare(args)
+    step()
+    first = (args.out.clone(), args.lse.clone())
+    for _ in range(2):
+        args.out.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        assert torch.equal(args.out, first[0]) and torch.equal(args.lse, first[1])
+    assert step._call._exec is not None, "the step did not become a graph"
+
+
 @pytest.mark.parametrize(("cache", "lengths", "table_fix", "argument", "message"), [
     (Cache("contiguous"), [5, 9000, 3], None, "seq_lens", r"seq_lens\[1\] = 9000"),
     (Cache("contiguous"), [5, -2, 3], None, "seq_lens", r"seq_lens\[1\] = -2"),
@@ -340,3 +358,146 @@ def test_bad_input_gets_typed_errors_naming_the_argument():
     odd = _descriptor(Cache("contiguous"), "bf16", 64, 2, head_dim=96)
     report = DecodeAttentionPlan.explain(odd, device=0)
     assert "head_dim" in str(report)
+
+
+# =================================================================================================
+# The cuDNN paged decode SKUs (decode_attention.cudnn.{f16,bf16}, _backends/cudnn/decode.py),
+# selected with PlanPreference(backends={"cudnn"}): q_len 1, paged caches, the envelope's whole
+# batch. GQA is tested explicitly: cuDNN's release notes list wrong results for decode with a
+# causal mask and Hq != Hkv, which these SKUs never declare.
+# =================================================================================================
+
+CUDNN = PlanPreference(backends={"cudnn"})
+CUDNN_CACHES = [Cache("paged", "nhd", 16), Cache("paged", "hnd", 64)]
+
+
+def _cudnn_problem(desc: DecodeAttentionDescriptor, lengths, seed: int) -> Problem:
+    """make_problem's step under the precondition explain states for cuDNN: the pages a table
+    lists are finite past the sequence's length (cuDNN may weigh masked slots by 0, and
+    0 * NaN is NaN). Pages no table lists stay NaN and must never reach an output."""
+    problem = make_problem(desc, lengths, seed=seed)
+    listed = problem.page_table.flatten().long().unique()
+    unlisted = torch.ones(problem.k_cache.shape[0], dtype=torch.bool, device="cuda")
+    unlisted[listed] = False
+    for cache in (problem.k_cache, problem.v_cache):
+        cache[listed] = torch.nan_to_num(cache[listed], nan=0.25)
+        assert unlisted.any() and cache[unlisted].isnan().all()
+    return problem
+
+
+def _cudnn_plan(desc: DecodeAttentionDescriptor) -> DecodeAttentionPlan:
+    plan = DecodeAttentionPlan.select(desc, CUDNN, device=0)
+    assert plan.sku.id == f"decode_attention.cudnn.{desc.element.value}"
+    return plan
+
+
+@pytest.mark.parametrize("element", ["f16", "bf16"])
+@pytest.mark.parametrize("cache", CUDNN_CACHES, ids=[c.id for c in CUDNN_CACHES])
+@pytest.mark.parametrize(("heads_q", "heads_kv"), [(32, 8), (8, 8)], ids=["gqa", "mha"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cudnn_paged_decode_matches_the_reference(element, cache, heads_q, heads_kv, head_dim):
+    """Lengths 0, 1, inside a page, across pages, full; NaN in the pages no table lists."""
+    desc = _descriptor(cache, element, 600, 6, heads_q=heads_q, heads_kv=heads_kv,
+                       head_dim=head_dim)
+    problem = _cudnn_problem(desc, [0, 1, 37, 257, 600, 513], seed=21)
+    plan = _cudnn_plan(desc)
+    assert not plan.precision_guarantee.batch_invariant
+    args = problem.args()
+    plan.run(args)
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
+@pytest.mark.parametrize("cache", [Cache("paged", "hnd", 16), Cache("paged", "nhd", 64)],
+                         ids=lambda c: c.id)
+def test_cudnn_paged_decode_other_page_sizes_and_layouts(cache):
+    desc = _descriptor(cache, "bf16", 1100, 4, heads_q=32, heads_kv=8, head_dim=128)
+    problem = _cudnn_problem(desc, [1100, 0, 1, 555], seed=22)
+    plan = _cudnn_plan(desc)
+    args = problem.args()
+    plan.run(args)
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
+def test_cudnn_paged_decode_without_lse_writes_out_alone():
+    with_lse = _descriptor(Cache("paged", "hnd", 16), "f16", 300, 4, heads_q=16, heads_kv=4)
+    desc = DecodeAttentionDescriptor(**{**with_lse.model_dump(), "save_lse": False})
+    problem = _cudnn_problem(desc, [300, 0, 1, 77], seed=23)
+    plan = _cudnn_plan(desc)
+    full = problem.args()
+    args = DecodeAttentionArgs(full.q, full.k_cache, full.v_cache, full.seq_lens, full.out,
+                               full.page_table)
+    plan.run(args)
+    out, _ = problem.expected()
+    out_mag, _ = problem.expected(forward=sdpa_forward_magnitude)
+    got = args.out.double().cpu().numpy()
+    assert np.isfinite(got).all() and (got[problem.lengths == 0] == 0).all()
+    assert relative_error(got, out, out_mag) <= plan.precision_guarantee.max_rel_error
+
+
+@pytest.mark.parametrize("cache", CUDNN_CACHES, ids=[c.id for c in CUDNN_CACHES])
+def test_cudnn_one_captured_graph_replays_new_lengths_and_tables(cache):
+    """Captured once at the envelope's batch (the ones of seq_len_q are a memset in the graph);
+    replayed with new seq_lens and page tables written into the same buffers, and batches whose
+    tail sequences are empty (length 0)."""
+    desc = _descriptor(cache, "bf16", 1500, 8, heads_q=32, heads_kv=8, head_dim=128)
+    plan = _cudnn_plan(desc)
+    assert plan.precision_guarantee.capture_safe
+    problem = _cudnn_problem(desc, [1500] * 8, seed=24)
+    args = problem.args()
+    workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step = plan.prepare(args, workspace=workspace)
+        step()  # warm: the graph for this pool built, modules loaded outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    for seed, lengths in ((25, [1, 1500, 0, 256, 257, 900, 13, 1499]),
+                          (26, [300, 0, 0, 0, 0, 0, 0, 0]), (27, [1500, 2, 3, 4, 0, 0, 0, 0])):
+        fresh = _cudnn_problem(desc, lengths, seed=seed)
+        for name in ("q", "k_cache", "v_cache", "seq_lens", "page_table"):
+            getattr(problem, name).copy_(getattr(fresh, name))
+        fresh.q, fresh.k_cache, fresh.v_cache = problem.q, problem.k_cache, problem.v_cache
+        workspace.fill_(0xFF)  # the ones must come from the replay itself
+        args.out.fill_(float("nan"))
+        args.lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(fresh, args, plan.precision_guarantee.max_rel_error)
+
+
+def test_cudnn_checked_mode_names_a_bad_page_index_and_a_bad_length():
+    desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 512, 3, heads_q=32, heads_kv=8,
+                       head_dim=128, checked=True)
+    problem = _cudnn_problem(desc, [40, 20, 3], seed=28)
+    plan = _cudnn_plan(desc)
+    args = problem.args()
+    plan.run(args)
+    torch.cuda.synchronize()
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+    good = problem.page_table[1, 1].item()
+    problem.page_table[1, 1] = 10**6
+    with pytest.raises(InvalidArgument, match=r"page_table\[1, 1\] = 1000000") as raised:
+        plan.run(problem.args())
+    assert raised.value.argument == "page_table"
+    problem.page_table[1, 1] = good
+    problem.seq_lens[2] = 9000
+    with pytest.raises(InvalidArgument, match=r"seq_lens\[2\] = 9000") as raised:
+        plan.run(problem.args())
+    assert raised.value.argument == "seq_lens"
+
+
+def test_cudnn_runs_the_envelopes_batch_and_refuses_fewer_sequences():
+    from opfacade.errors import ShapeMismatch
+
+    desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 256, 4, heads_q=32, heads_kv=8,
+                       head_dim=128)
+    plan = _cudnn_plan(desc)
+    short = _cudnn_problem(desc, [10, 0, 30], seed=29)
+    with pytest.raises(ShapeMismatch, match="pad the batch with seq_len 0 sequences") as raised:
+        plan.run(short.args())
+    assert raised.value.argument == "q"
+    padded = _cudnn_problem(desc, [10, 0, 30, 0], seed=29)
+    args = padded.args()
+    plan.run(args)
+    _check(padded, args, plan.precision_guarantee.max_rel_error)

@@ -14,7 +14,7 @@ from opfacade._backends.nvrtc import decode as kernels
 from opfacade.contracts.decode_attention import DecodeAttentionDescriptor
 from opfacade.contracts.kv_append import KvAppendDescriptor
 from opfacade.errors import InvalidArgument
-from opfacade.types import ArchSku, ElementKind
+from opfacade.types import ArchSku, ElementKind, PlanPreference
 
 ELEMENTS = ("f32", "f16", "bf16")
 
@@ -236,3 +236,18 @@ def test_a_packed_launch_is_one_driver_call_and_a_failure_is_typed(monkeypatch):
     with pytest.raises(LaunchFailed, match="CUresult 700"):
         packed()
     assert len(calls) == 3  # the failure was retried once
+
+
+def test_a_capacity_past_the_kernels_int_positions_is_unfit():
+    from opfacade import DecodeAttentionPlan, KvAppendDescriptor, KvAppendPlan
+
+    wide = dict(batch=2, heads_kv=2, head_dim=64, element="bf16", cache="paged", page_size=2,
+                max_pages=2**30)
+    report = DecodeAttentionPlan.explain(DecodeAttentionDescriptor(**wide, heads_q=2),
+                                         arch="sm90")
+    assert "capacity" in str(report) and "decode_attention.nvrtc.bf16" in str(report)
+    with pytest.raises(Exception, match="capacity"):
+        DecodeAttentionPlan.select(DecodeAttentionDescriptor(**wide, heads_q=2),
+                                   PlanPreference(backends={"nvrtc"}), arch="sm90")
+    with pytest.raises(Exception, match="capacity"):
+        KvAppendPlan.select(KvAppendDescriptor(**wide), arch="sm90")

@@ -13,7 +13,14 @@ tables and batch compositions.
 from __future__ import annotations
 
 from ..._internal.contract import BoundArgs
-from ..._internal.limits import GRID_YZ_MAX, INT64_MAX, Limit, check, workspace_limit
+from ..._internal.limits import (
+    GRID_YZ_MAX,
+    INT32_MAX,
+    INT64_MAX,
+    Limit,
+    check,
+    workspace_limit,
+)
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
 from ...contracts.decode_attention import DECODE_ATTENTION, DecodeAttentionDescriptor
@@ -83,7 +90,16 @@ def _decode_workspace(desc: DecodeAttentionDescriptor) -> int:
                                    desc.dim_v)
 
 
+def _capacity(desc) -> int:
+    return desc.capacity
+
+
+CAPACITY_LIMIT = Limit("capacity", "capacity (page_size*max_pages or max_seq)", "tokens",
+                       "the kernels' int positions", INT32_MAX, _capacity,
+                       "native/decode_attention.cu: `int` positions and capacity")
+
 DECODE_LIMITS: tuple[Limit[DecodeAttentionDescriptor], ...] = (
+    CAPACITY_LIMIT,
     Limit("heads_kv", "heads_kv", "kv heads", "the partial grid's y extent", GRID_YZ_MAX,
           lambda d: d.heads_kv, "decode.py: partial grid (chunks x tiles, heads_kv, batch)"),
     Limit("batch", "batch", "sequences", "the grids' z and x extents", GRID_YZ_MAX,
@@ -146,6 +162,7 @@ class DecodeAttentionNvrtc(SkuImpl[DecodeAttentionDescriptor]):
 
 
 APPEND_LIMITS: tuple[Limit[KvAppendDescriptor], ...] = (
+    CAPACITY_LIMIT,
     Limit("vectors", "batch*q_len*heads_kv*(head_dim+head_dim_v)", "elements",
           "the kernel's int64 vector index", INT64_MAX,
           lambda d: d.batch * d.q_len * d.heads_kv * (d.head_dim + d.dim_v),

@@ -1,0 +1,343 @@
+"""The cuDNN paged decode SKUs (f16, bf16): decode_attention over a paged cache through cuDNN's
+paged-attention SDPA graph (issue 13), an alternative to the NVRTC split-KV SKUs that a caller
+picks with ``PlanPreference(backends={"cudnn"})``.
+
+One graph per (descriptor, device, ``PagedLayout``), built in graphs.py's fixed order and cached
+in ``graphs.GRAPHS``:
+
+    q, out      [b, 1, Hq, D] as [B, Hq, 1, D], their batch and head strides
+    k, v        the page pools as cuDNN's containers [P, Hkv, page_size, D]: an nhd pool
+                [P, page_size, Hkv, D] with strides (page_size*Hkv*D, D, Hkv*D, 1), an hnd one
+                [P, Hkv, page_size, D] in C order; P is the pool's page count
+    page_table  int32 [b, max_pages] as both the k and the v table [B, 1, max_pages, 1]
+    seq_lens    int32 [b] as seq_len_kv [B, 1, 1, 1]
+    seq_len_q   all ones [B, 1, 1, 1], in the plan's workspace
+    lse         [b, 1, Hq] f32 as the stats [B, Hq, 1, 1], when save_lse
+
+with the padding mask on and ``paged_attention_max_seq_len_kv`` the envelope's capacity. No
+causal mask, ever: one query per sequence attends to every key it holds, so q_len 1 needs none,
+and cuDNN's release notes list a known bug, decode with a causal mask and Hq != Hkv giving wrong
+results.
+
+The graph's B is the descriptor's ``batch``: a call with fewer sequences cannot be described to
+the built graph without another build, so it is a ShapeMismatch naming q (pad the batch with
+sequences of length 0). A pool of another page count than the one selection built for (the
+signature's, ``verification_pages``) gets its own graph on first use.
+
+One prepared call, in stream order: checked mode's ``decode_check`` (the NVRTC family's, with a
+host sync); ``cuMemsetD32Async`` of the ones; the graph; ``sdpa_padding_rows``
+(native/sdpa_edges.cu), which gives sequences of length 0 out 0 and lse -inf, rows cuDNN's
+padded SDPA leaves unwritten (sdpa.py; nothing in the frontend's documentation promises
+otherwise for paged decode). Unchecked, nothing is read on the host, so the call may be captured
+and replayed with new lengths and tables.
+
+What nothing checks, explain prints beside the verdict (``NOTE``): the call's batch is the
+envelope's; a page table row is read as cuDNN's tiles go, possibly past the sequence's length,
+so every entry must name a page of the pool, and those pages' slots past the length must be
+finite; unchecked runs trust seq_lens (checked mode tests them and the pages in use).
+
+The declaration is the bench's raw peer graph (``_bench/decode_peers.py``), which built and
+matched the NVRTC SKU on an H100 with cuDNN 9.19; this SKU's own GPU tests are the cuDNN section
+of tests/test_decode_attention_gpu.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..._internal.contract import BoundArgs
+from ..._internal.device import current_device, on_device
+from ..._internal.limits import INT32_MAX, Limit, check, workspace_limit
+from ..._internal.selection import Target
+from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
+from ..._internal.tensors import TensorView, expect_aligned
+from ...contracts.decode_attention import DECODE_ATTENTION, DecodeAttentionDescriptor
+from ...contracts.kv_cache import verification_pages
+from ...errors import BufferTooSmall, LaunchFailed, LayoutMismatch, ShapeMismatch, Unsupported
+from ...types import ArchSku, BackendKind, ElementKind, MathPrecision, PrecisionGuarantee
+from ..nvrtc import decode as nvrtc_decode
+from ..nvrtc import launch as nvrtc_launch
+from ..nvrtc.sdpa_edges import PaddingRows
+from . import graphs, limits, runtime
+from .graphs import Uid, _Builder
+from .sdpa import FORWARD_BOUND, TENSOR_ALIGNMENT
+from .selection import GraphSelection
+
+__all__ = ["DIMS", "PAGED_RULES", "SKUS", "DecodeAttentionCudnn", "PagedKey", "PagedLayout",
+           "declare_paged"]
+
+DIRECTION = "paged_decode"  # the GraphKey direction of these graphs
+DIMS = (64, 128, 256)  # D = Dv: what cuDNN 9.19 builds paged decode for on an H100
+TABLE_K_UID, TABLE_V_UID = 40, 41  # past every Uid and ragged.py's offsets
+LAYOUT = ("q, out [B,1,Hq,D] (B the envelope's), d-contiguous, 16-byte steps; paged pools "
+          "dense nhd|hnd; lse [B,1,Hq] f32 dense")
+# What explain says beside a viable verdict: the preconditions nothing checks unchecked.
+NOTE = ("runs the envelope's batch; every entry of a page table row must be a page of the pool, "
+        "its slots past the sequence's length finite (cuDNN may read whole tiles past a length "
+        "and weigh them by 0, and 0 * NaN is NaN); unchecked, seq_lens are trusted as given")
+PAGED_VERSION = 90500  # sdpa_support_surface.h: paged caches need cuDNN 9.5.0
+WIDE_PAGED_VERSION = 91000  # ... and head dims above 128 more than 9.9
+
+PAGED_RULES: tuple[limits.Rule, ...] = (
+    limits.Rule("paged before 9.5", ReasonCode.version_blocked,
+                lambda f, c: c.version is not None and c.version < PAGED_VERSION,
+                lambda f, c: f"paged caches need cuDNN {limits.format_version(PAGED_VERSION)}, "
+                             f"found {limits.format_version(c.version)}"),
+    limits.Rule("wide paged before 9.10", ReasonCode.version_blocked,
+                lambda f, c: (c.version is not None and c.version < WIDE_PAGED_VERSION
+                              and max(f.head_dim, f.head_dim_v) > 128),
+                lambda f, c: f"paged caches with head dims above 128 need cuDNN "
+                             f"{limits.format_version(WIDE_PAGED_VERSION)}, found "
+                             f"{limits.format_version(c.version)}"),
+)
+LIMITS: tuple[Limit[DecodeAttentionDescriptor], ...] = (
+    Limit("capacity", "page_size*max_pages", "tokens",
+          "cuDNN's int32 sequence lengths (seq_len_kv, paged_attention_max_seq_len_kv)",
+          INT32_MAX, lambda d: d.capacity,
+          "cudnn-frontend: seq_len_kv is an INT32 [B, 1, 1, 1] tensor"),
+)
+WORKSPACE = workspace_limit(lambda size: size, "the built graph's plus the ones of seq_len_q",
+                            "the workspace")
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """What a graph is declared for beyond the descriptor: q's and out's (batch, head) strides
+    in elements, and the pools' page count."""
+
+    q: tuple[int, int]
+    out: tuple[int, int]
+    pages: int
+
+    @classmethod
+    def compact(cls, desc: DecodeAttentionDescriptor) -> PagedLayout:
+        """Freshly allocated tensors and the signature's pool: what selection builds for."""
+        return cls((desc.heads_q * desc.head_dim, desc.head_dim),
+                   (desc.heads_q * desc.dim_v, desc.dim_v), verification_pages(desc))
+
+    @classmethod
+    def of(cls, views: dict[str, TensorView | None]) -> PagedLayout:
+        q, out = views["q"], views["out"]
+        return cls((q.strides[0], q.strides[2]), (out.strides[0], out.strides[2]),
+                   views["k_cache"].shape[0])
+
+
+class PagedKey(NamedTuple):
+    """A paged decode graph's cache key (graphs.GraphCache reads direction, desc, variant)."""
+
+    direction: str
+    desc: DecodeAttentionDescriptor
+    device: int
+    variant: bool
+    layout: PagedLayout
+
+    def __str__(self) -> str:
+        return (f"paged decode graph on cuda:{self.device} for {self.desc!r} with "
+                f"{self.layout}")
+
+    def declare(self, handle: object) -> _Builder:
+        return declare_paged(self, handle)
+
+
+def _pool(desc: DecodeAttentionDescriptor, dim: int, pages: int
+          ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(dims, strides) of a dense pool as cuDNN's container [P, Hkv, page_size, D]."""
+    ps, h = desc.page_size, desc.heads_kv
+    if desc.kv_layout == "nhd":
+        return (pages, h, ps, dim), (ps * h * dim, dim, h * dim, 1)
+    return (pages, h, ps, dim), (h * ps * dim, ps * dim, dim, 1)
+
+
+def declare_paged(key: PagedKey, handle: object) -> _Builder:
+    """The paged decode graph with its tensors and the sdpa node declared, nothing built."""
+    desc, layout = key.desc, key.layout
+    b = _Builder(desc, handle)
+    i32 = b.cudnn.data_type.INT32
+    batch, hq, mp = desc.batch, desc.heads_q, desc.max_pages
+    (qb, qh), (ob, oh) = layout.q, layout.out
+    q = b.tensor(Uid.Q, (batch, hq, 1, desc.head_dim), (qb, qh, qb, 1), name="q")
+    k = b.tensor(Uid.K, *_pool(desc, desc.head_dim, layout.pages), name="k_cache")
+    v = b.tensor(Uid.V, *_pool(desc, desc.dim_v, layout.pages), name="v_cache")
+    table = ((batch, 1, mp, 1), (mp, mp, 1, 1), i32)
+    lengths = ((batch, 1, 1, 1), (1, 1, 1, 1), i32)
+    # No causal mask (the module docstring says why): the padding mask alone.
+    out, stats = b.graph.sdpa(
+        q, k, v, name="paged_decode", attn_scale=float(desc.softmax_scale),
+        use_padding_mask=True,
+        seq_len_q=b.tensor(Uid.SEQ_LEN_Q, *lengths, name="seq_len_q"),
+        seq_len_kv=b.tensor(Uid.SEQ_LEN_KV, *lengths, name="seq_lens"),
+        paged_attention_k_table=b.tensor(TABLE_K_UID, *table, name="page_table_k"),
+        paged_attention_v_table=b.tensor(TABLE_V_UID, *table, name="page_table_v"),
+        paged_attention_max_seq_len_kv=desc.capacity, generate_stats=bool(desc.save_lse))
+    b.output(out, Uid.O, (batch, hq, 1, desc.dim_v), (ob, oh, ob, 1), name="out")
+    if desc.save_lse:  # lse [B, 1, Hq] dense
+        b.output(stats, Uid.STATS, (batch, hq, 1, 1), (hq, 1, hq, 1), b.f32, name="lse")
+    return b
+
+
+def _fill_ones(ptr: int, count: int, stream: int) -> None:
+    """``count`` int32 ones at ``ptr``, enqueued on ``stream`` (a memset node when captured)."""
+    from cuda.bindings import driver
+
+    (status,) = driver.cuMemsetD32Async(ptr, 1, count, stream)
+    if status != driver.CUresult.CUDA_SUCCESS:
+        raise LaunchFailed(f"filling seq_len_q with ones failed: {status}")
+
+
+class DecodeAttentionCudnn(GraphSelection, SkuImpl[DecodeAttentionDescriptor]):
+    limits = LIMITS
+    WORKSPACE = WORKSPACE
+
+    def __init__(self, element: ElementKind):
+        self.sku = DECODE_ATTENTION.sku(
+            BackendKind.cudnn, element, layout=LAYOUT, arch=ArchSku.sm80,
+            aux_element=ElementKind.f32,
+            guarantee=PrecisionGuarantee(
+                # cuDNN's tensor-core products take the probabilities rounded to the element,
+                # as its dense SDPA does (sdpa.py): math in the element, sums in f32.
+                math_precision=MathPrecision(element.value), accumulator=ElementKind.f32,
+                deterministic=False, bit_stable=False,
+                # Seen not bitwise run to run at batch >= 16 on an H100; nothing says a
+                # sequence's bits are independent of the rest of the batch either.
+                batch_invariant=False, max_rel_error=FORWARD_BOUND[element], capture_safe=True),
+            description="cuDNN's paged-attention SDPA graph for one query per sequence (no "
+                        "causal mask), built for the envelope's batch; lengths and page "
+                        "tables read on the device; sequences of length 0 zeroed after it.")
+
+    # -- selection -------------------------------------------------------------------------
+    def _data_unfit(self, desc: DecodeAttentionDescriptor, ctx: limits.Context
+                    ) -> Unfit | None:
+        what = None
+        if desc.cache != "paged":
+            what = f"a paged cache; problem has a {desc.cache} cache"
+        elif desc.q_len != 1:
+            what = f"q_len 1; problem has q_len {desc.q_len}"
+        elif desc.window is not None:
+            what = f"no sliding window; problem has window=({desc.window.left}, None)"
+        if what is not None:
+            return Unfit(ReasonCode.feature_unsupported, f"cuDNN paged decode serves {what}")
+        if desc.head_dim not in DIMS or desc.dim_v != desc.head_dim:
+            return Unfit(ReasonCode.shape_unsupported,
+                         f"cuDNN paged decode serves head_dim = head_dim_v in {DIMS}; problem "
+                         f"has head_dim={desc.head_dim}, head_dim_v={desc.dim_v}")
+        facts = limits.Facts(
+            direction="forward", element=desc.element, batch=desc.batch, heads_q=desc.heads_q,
+            seq_q=1, seq_kv=desc.capacity, head_dim=desc.head_dim, head_dim_v=desc.dim_v,
+            bias=None, alibi=False, dropout=False, padding=True, right_bound=None,
+            left_bound=None, bottom_right=False, heads_kv=desc.heads_kv,
+            workspace=self._workspace(desc, self._estimate(desc)))
+        for rule in PAGED_RULES:
+            if rule.rejects(facts, ctx):
+                return Unfit(rule.code, rule.why(facts, ctx))
+        return limits.check(facts, ctx) or check(self.limits, desc)
+
+    def _selection_key(self, desc: DecodeAttentionDescriptor, device: int) -> PagedKey:
+        return PagedKey(DIRECTION, desc, device, False, PagedLayout.compact(desc))
+
+    def _workspace(self, desc: DecodeAttentionDescriptor, graph_bytes: int) -> int:
+        """The graph's own, then seq_len_q's ones (int32 [B]), each on a 256-byte line."""
+        return Workspace.round_up(graph_bytes) + Workspace.round_up(4 * desc.batch)
+
+    def _estimate(self, desc: DecodeAttentionDescriptor) -> int:
+        """The graph's workspace without a GPU: none assumed (the built graph's figure replaces
+        it wherever selection has a device; a run that finds it short raises BufferTooSmall)."""
+        return 0
+
+    def plan_for(self, desc: DecodeAttentionDescriptor, pref, target: Target | None
+                 ) -> tuple[int, str]:
+        return self.workspace_size_on(desc, target), NOTE
+
+    def unavailable(self) -> str | None:
+        return runtime.available() or nvrtc_launch.available()
+
+    def release(self, desc: DecodeAttentionDescriptor) -> None:
+        graphs.GRAPHS.discard(desc, DIRECTION, False)  # every pool size and layout
+
+    # -- running ---------------------------------------------------------------------------
+    def check_args(self, desc: DecodeAttentionDescriptor, args: BoundArgs) -> None:
+        sequences = args["q"].shape[0]
+        if sequences != desc.batch:
+            raise ShapeMismatch(
+                f"q holds {sequences} sequences; the cuDNN paged SKU runs the envelope's batch "
+                f"= {desc.batch}: pad the batch with seq_len 0 sequences", argument="q")
+        for name in ("q", "out"):
+            view = args[name]
+            expect_aligned(view, name, TENSOR_ALIGNMENT)
+            if view.strides[3] != 1 or any(
+                    s * view.itemsize % TENSOR_ALIGNMENT for s in (view.strides[0],
+                                                                    view.strides[2])):
+                raise LayoutMismatch(
+                    f"{name} must have unit stride along D and batch and head strides that are "
+                    f"multiples of {TENSOR_ALIGNMENT // view.itemsize} elements (cuDNN loads "
+                    f"{TENSOR_ALIGNMENT} bytes at a time), got strides {view.strides}",
+                    argument=name)
+        for name in ("k_cache", "v_cache", "page_table", "seq_lens", "lse"):
+            view = args[name]
+            if view is None:
+                continue
+            if not view.is_contiguous:
+                raise LayoutMismatch(f"{name} must be dense in its own layout (C order), got "
+                                     f"strides {view.strides} for shape {view.shape}",
+                                     argument=name)
+            expect_aligned(view, name, TENSOR_ALIGNMENT if view.element.is_float
+                           else view.itemsize)
+
+    def _graph_for_run(self, desc: DecodeAttentionDescriptor, device: int,
+                       layout: PagedLayout, workspace: Workspace) -> graphs.BuiltGraph:
+        built = graphs.GRAPHS.get(PagedKey(DIRECTION, desc, device, False, layout))
+        if isinstance(built, graphs.Declined):
+            raise Unsupported(f"{self.sku.id} cannot serve {layout} on cuda:{device}: "
+                              f"{built.reason}")
+        need = self._workspace(desc, built.workspace_size)
+        if workspace.size < need:
+            raise BufferTooSmall(
+                f"workspace has {workspace.size} bytes; the graph built on cuda:{device} for "
+                f"{layout} needs {need}", argument="workspace")
+        return built
+
+    def prepared(self, desc: DecodeAttentionDescriptor, args: BoundArgs, workspace: Workspace,
+                 stream: int | None) -> Callable[[], None]:
+        views = args.views
+        device, stream = views["q"].device, stream or 0
+        layout = PagedLayout.of(views)
+        built = self._graph_for_run(desc, device, layout, workspace)
+        ones = workspace.ptr + Workspace.round_up(built.workspace_size)
+        found = {name: view.ptr for name, view in args.present().items()}
+        found.update(seq_len_q=ones, page_table_k=found["page_table"],
+                     page_table_v=found["page_table"])
+        handle = runtime.handle_for(device)
+        execute = built.launch.bind([found[name] for name in built.names], workspace.ptr,
+                                    handle)
+        out, lse = views["out"], views["lse"]
+        fix = PaddingRows(desc.element, device, (desc.batch, desc.heads_q, 1, desc.dim_v),
+                          (out.strides[0], out.strides[2], out.strides[1]),
+                          None if lse is None else (lse.strides[0], lse.strides[2],
+                                                    lse.strides[1]))
+        zero_empty = fix.bind(out.ptr, None if lse is None else lse.ptr, ones,
+                              found["seq_lens"], stream)
+        set_stream, batch, elsewhere = runtime.set_stream, desc.batch, current_device() != device
+
+        def step() -> None:
+            _fill_ones(ones, batch, stream)
+            set_stream(handle, stream)
+            execute()
+            zero_empty()
+
+        def run() -> None:
+            if elsewhere:
+                with on_device(device):  # cuDNN and the memset act on the current device
+                    step()
+            else:
+                step()
+
+        if not desc.checked:
+            return run
+        cache = nvrtc_decode.DecodeCache.of(desc, layout.pages)
+        return nvrtc_decode.check_call(device, cache, batch, desc.q_len, found["k_cache"],
+                                       found["v_cache"], found["page_table"],
+                                       found["seq_lens"], stream, run)
+
+
+SKUS = {DECODE_ATTENTION.name: tuple(DecodeAttentionCudnn(e) for e in limits.ELEMENTS)}
