@@ -1,14 +1,16 @@
 // Decode attention over KV caches, split over fixed chunks of keys (issue 13), its checked mode,
 // and kv_append.
 //
-//   decode_partial_<T>_<D>_<R>  CTA = (chunk c of kChunk keys x row tile, kv head g, sequence
+//   decode_partial_<T>_<D>_<R>  CTA = (kv head g x row tile, chunk c of kChunk keys, sequence
 //                        s). A tile holds R of the rows of g's group (its query heads times the
 //                        q_len new tokens), so each K and V byte of the chunk is read once per
 //                        tile; the tiles of one chunk are neighbours in the grid and share it
 //                        through L2. Per row it writes the chunk's max score m, its sum l of
 //                        exp(s - m) and acc = sum exp(s - m) v into the workspace.
-//   decode_merge_<T>     CTA = (sequence, query head, new token): merges the sequence's chunks
-//                        in order 0, 1, ... into out and lse.
+//   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
+//                        chunks into out and lse in slices of chunks added in a fixed order.
+//                        Built with 128 and 256 threads; the launcher picks one from the
+//                        cache's capacity (decode.py), never from the batch.
 //   kv_append_<T>        one thread per 16 bytes of the step's new keys and values, written at
 //                        each token's position.
 //   decode_check         checked mode: the first sequence whose length, pages or cache
@@ -33,6 +35,10 @@
 // address is checked here: a null or unaligned one makes its sequence empty). Reads clamp
 // garbage lengths and page indices into the caches; writes skip them. Unchecked runs therefore
 // never touch memory outside the caches (pointers excepted: an address is the caller's word).
+// K and V are read once per step: their 16-byte loads (and kv_append's stores) carry the
+// evict-first hint (common.cuh), measured on an H100 at 95% of a device copy's bandwidth
+// against 93% without (scripts/decode_variants.py).
+#define OPFACADE_STREAMING 1
 #include "common.cuh"
 
 namespace {
@@ -196,8 +202,10 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     using L = Row<T, D>;
     static_assert(R <= L::kLanes, "a row tile is split among a row's lanes");
     extern __shared__ float shared[];
-    const int tile = blockIdx.x % tiles, chunk = blockIdx.x / tiles;
-    const int g = blockIdx.y, s = blockIdx.z;
+    // x runs over (kv head, tile) fastest: CTAs resident together read the same keys of every
+    // kv head, whole token rows of a token-major cache, rather than one head's slice of many.
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
+    const int chunk = blockIdx.y, s = blockIdx.z;
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
     const int k0 = chunk * kChunk;
@@ -405,14 +413,14 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 // order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
 // and each slice's loads are independent of one another (several in flight, where one thread
 // walking every chunk would wait on each).
-template <typename T>
+template <typename T, int kMergeThreads>
 __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
                       const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                       const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
                       int chunks) {
-    __shared__ float4 slice_acc[kThreads];
-    __shared__ float slice_l[kThreads];
-    __shared__ float warp_max[kThreads / 32];
+    __shared__ float4 slice_acc[kMergeThreads];
+    __shared__ float slice_l[kMergeThreads];
+    __shared__ float warp_max[kMergeThreads / 32];
     const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
     const int len = sequence_length(c, seq_lens, s);
@@ -422,21 +430,21 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
 
     // The largest chunk max (a max is the same in any order).
     float m = minus_infinity();
-    for (int k = tid; k < n; k += kThreads) m = fmaxf(m, ml[k * ml_step]);
+    for (int k = tid; k < n; k += kMergeThreads) m = fmaxf(m, ml[k * ml_step]);
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((tid & 31) == 0) warp_max[tid >> 5] = m;
     __syncthreads();
-    m = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+    for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
     const float base = m == minus_infinity() ? 0.0f : m;
 
-    const int width = dim_v / 4, slices = kThreads / width;  // Dv in {64, 128, 256}
+    const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
     const int slice = tid / width, col = (tid % width) * 4;
     const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
     const i64 acc_step = (i64)rows * dim_v;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float l = 0.0f;
     if (slice < slices) {
-#pragma unroll 4
+#pragma unroll 8
         for (int k = slice; k < n; k += slices) {
             const float mk = ml[k * ml_step];
             const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
@@ -531,6 +539,15 @@ __device__ __forceinline__ Cache make_cache(const void* k, const void* v, const 
                          q_len, group, tiles, chunks, scale, left);                              \
     }
 
+#define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
+        T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
+        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
+        int chunks) {                                                                            \
+        merge<T, THREADS>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS,        \
+                          seq_lens, group, q_len, chunks);                                       \
+    }
+
 #define OPFACADE_DECODE(SUFFIX, T)                                                               \
     OPFACADE_PARTIAL(SUFFIX, T, 64, 4)                                                           \
     OPFACADE_PARTIAL(SUFFIX, T, 64, 8)                                                           \
@@ -538,13 +555,8 @@ __device__ __forceinline__ Cache make_cache(const void* k, const void* v, const 
     OPFACADE_PARTIAL(SUFFIX, T, 128, 8)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
-    extern "C" __global__ void __launch_bounds__(kThreads) decode_merge_##SUFFIX(                \
-        T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
-        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
-        int chunks) {                                                                            \
-        merge<T>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS, seq_lens,       \
-                 group, q_len, chunks);                                                          \
-    }                                                                                            \
+    OPFACADE_MERGE(SUFFIX, T, 128)                                                               \
+    OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
     extern "C" __global__ void __launch_bounds__(kThreads) kv_append_##SUFFIX(                   \
         const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
         i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len) {        \

@@ -25,9 +25,12 @@ from opfacade.types import ArchSku
 VARIANTS = {"per tile (default)": (),
             "u4 b1": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=1"),
             "u4 b5": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=5"),
-            "u2 b1": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=1")}
+            "u2 b1": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=1"),
+            "streaming loads": ("-DOPFACADE_STREAMING=1",)}
 if "--quick" in sys.argv:
     VARIANTS = {"per tile (default)": ()}
+if "--streaming" in sys.argv:
+    VARIANTS = {"per tile (default)": (), "streaming loads": ("-DOPFACADE_STREAMING=1",)}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0)]
 

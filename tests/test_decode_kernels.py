@@ -29,7 +29,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
     assert cubin[:4] == b"\x7fELF"
     partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
                 for r in kernels.TILES}
-    others = {f"{kind}_{e}" for kind in ("decode_merge", "kv_append") for e in ELEMENTS}
+    others = {f"kv_append_{e}" for e in ELEMENTS} | {
+        f"decode_merge_{e}_{threads}" for e in ELEMENTS for threads in (128, 256)}
     assert set(signatures) == partials | others | {"decode_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
         for dim in kernels.DIMS:
@@ -65,13 +66,13 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     kernels.append_call(element, 0, cache, 5, 4, 0x8000, (4 * 8 * 128, 8 * 128, 128), 0x9000,
                         (4 * 8 * 128, 8 * 128, 128), 0x2000, 0x3000, 0x4000, 0x5000, 7)()
     names = [name for name, *_ in launched]
-    assert names == [f"decode_partial_{element.value}_128_8", f"decode_merge_{element.value}",
-                     f"kv_append_{element.value}"]
+    assert names == [f"decode_partial_{element.value}_128_8",
+                     f"decode_merge_{element.value}_128", f"kv_append_{element.value}"]
     for name, _, block, args, _ in launched:
-        assert block == (kernels.THREADS,)
+        assert block == ((kernels.MERGE_THREADS_FEW,) if "merge" in name else (kernels.THREADS,))
         assert_packed_like_declared(name, args, signatures)
-    # 1024 tokens in 4 chunks of 256, each in 2 tiles of 8 rows (4 heads x 4 tokens = 16 rows).
-    assert launched[0][1] == (8, 8, 5)
+    # 8 kv heads x 2 tiles of 8 rows (4 heads x 4 tokens = 16 rows); 1024 tokens in 4 chunks.
+    assert launched[0][1] == (16, 4, 5)
     assert launched[0][4] == kernels.shared_bytes(element, 128, 8)
     assert launched[1][1] == (5, 32, 4)
     # 5 x 4 tokens x 8 kv heads x 256 columns of k and v, 16 bytes a thread.
@@ -115,7 +116,7 @@ def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
-    assert launched[0][1] == (2 * 8, 1, 2)  # 64 rows in tiles of 8; 300 tokens in 2 chunks
+    assert launched[0][1] == (1 * 8, 2, 2)  # 64 rows in tiles of 8; 300 tokens in 2 chunks
     assert launched[0][3][-1] == 16  # the window's left side
 
 
@@ -251,3 +252,8 @@ def test_a_capacity_past_the_kernels_int_positions_is_unfit():
                                    PlanPreference(backends={"nvrtc"}), arch="sm90")
     with pytest.raises(Exception, match="capacity"):
         KvAppendPlan.select(KvAppendDescriptor(**wide), arch="sm90")
+
+
+def test_the_merge_threads_follow_the_capacity_alone():
+    assert kernels.merge_threads_for(1) == kernels.merge_threads_for(8) == 128
+    assert kernels.merge_threads_for(9) == kernels.merge_threads_for(128) == 256
