@@ -147,6 +147,29 @@ def make_problem(desc: DecodeAttentionDescriptor, lengths, seed: int = 0,
     return Problem(desc, lengths, q, keys, values, k_cache, v_cache, table, seq_lens, keep)
 
 
+def captured_step(plan, args, workspace):
+    """A CUDA graph of the plan's prepared step on ``args``, captured once after a warm call
+    (modules loaded, graphs built, outside the capture)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step = plan.prepare(args, workspace=workspace)
+        step()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            step()
+    return graph
+
+
+def load_into(problem: Problem, fresh: Problem) -> Problem:
+    """Writes ``fresh``'s tensors into ``problem``'s buffers (those a captured graph reads) and
+    returns ``fresh`` pointed at them, for the expected values."""
+    for name in ("q", "k_cache", "v_cache", "seq_lens", "page_table"):
+        if getattr(problem, name) is not None:
+            getattr(problem, name).copy_(getattr(fresh, name))
+    fresh.q, fresh.k_cache, fresh.v_cache = problem.q, problem.k_cache, problem.v_cache
+    return fresh
+
+
 def _check(problem: Problem, args: DecodeAttentionArgs, bound: float) -> None:
     out, lse = problem.expected()
     out_mag, _ = problem.expected(forward=sdpa_forward_magnitude)
@@ -254,20 +277,10 @@ def test_one_captured_graph_replays_new_lengths_tables_and_batches(cache):
     problem = make_problem(desc, [1500] * 8, seed=6)
     args = problem.args()
     workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step = plan.prepare(args, workspace=workspace)
-        step()  # warm: modules loaded outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            step()
+    graph = captured_step(plan, args, workspace)
     for seed, lengths in ((7, [1, 1500, 0, 256, 257, 900, 13, 1499]),
                           (8, [300, 0, 0, 0, 0, 0, 0, 0]), (9, [1500, 2, 3, 4, 0, 0, 0, 0])):
-        fresh = make_problem(desc, lengths, seed=seed)
-        for name in ("q", "k_cache", "v_cache", "seq_lens", "page_table"):
-            if getattr(problem, name) is not None:
-                getattr(problem, name).copy_(getattr(fresh, name))
-        fresh.q, fresh.k_cache, fresh.v_cache = problem.q, problem.k_cache, problem.v_cache
+        fresh = load_into(problem, make_problem(desc, lengths, seed=seed))
         args.out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -445,19 +458,10 @@ def test_cudnn_one_captured_graph_replays_new_lengths_and_tables(cache):
     problem = _cudnn_problem(desc, [1500] * 8, seed=24)
     args = problem.args()
     workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step = plan.prepare(args, workspace=workspace)
-        step()  # warm: the graph for this pool built, modules loaded outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            step()
+    graph = captured_step(plan, args, workspace)  # the graph for this pool built when warm
     for seed, lengths in ((25, [1, 1500, 0, 256, 257, 900, 13, 1499]),
                           (26, [300, 0, 0, 0, 0, 0, 0, 0]), (27, [1500, 2, 3, 4, 0, 0, 0, 0])):
-        fresh = _cudnn_problem(desc, lengths, seed=seed)
-        for name in ("q", "k_cache", "v_cache", "seq_lens", "page_table"):
-            getattr(problem, name).copy_(getattr(fresh, name))
-        fresh.q, fresh.k_cache, fresh.v_cache = problem.q, problem.k_cache, problem.v_cache
+        fresh = load_into(problem, _cudnn_problem(desc, lengths, seed=seed))
         workspace.fill_(0xFF)  # the ones must come from the replay itself
         args.out.fill_(float("nan"))
         args.lse.fill_(float("nan"))

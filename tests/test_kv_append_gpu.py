@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_decode_attention_gpu import DTYPES, Cache, _descriptor, make_problem
+from test_decode_attention_gpu import DTYPES, Cache, _descriptor, captured_step, make_problem
 
 from opfacade import KvAppendArgs, KvAppendDescriptor, KvAppendPlan
 from opfacade.errors import InvalidArgument, LayoutMismatch
@@ -112,13 +112,7 @@ def test_one_captured_append_replays_for_new_positions():
     k_new, v_new = _fused_qkv(4, 1, decode.heads_q, decode.heads_kv, decode.head_dim,
                               torch.float16, seed=4)
     args = KvAppendArgs(k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        step = plan.prepare(args)
-        step()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            step()
+    graph = captured_step(plan, args, None)
     for lengths in ([5, 9, 128, 2], [100, 1, 3, 64]):
         problem.seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
         k_new.copy_(torch.rand_like(k_new))

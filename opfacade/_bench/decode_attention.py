@@ -70,8 +70,31 @@ def page_order(batch: int, max_pages: int, seed: int = PAGES_SEED) -> np.ndarray
     return pool.reshape(batch, max_pages).astype(np.int32)
 
 
+class CacheShape:
+    """What a bench case's ``cache``, ``capacity`` and ``page_size`` say about its cache (the
+    decode and kv_append cases share it)."""
+
+    cache: str
+    capacity: int
+    page_size: int | None
+
+    @property
+    def paged(self) -> bool:
+        return self.cache == "paged"
+
+    @property
+    def max_pages(self) -> int:
+        return self.capacity // self.page_size if self.paged else 0
+
+    def cache_fields(self) -> dict:
+        """The descriptor's cache fields."""
+        where = (dict(page_size=self.page_size, max_pages=self.max_pages) if self.paged
+                 else dict(max_seq=self.capacity))
+        return dict(cache=self.cache, **where)
+
+
 @dataclass(frozen=True)
-class DecodeCase:
+class DecodeCase(CacheShape):
     """One row's problem: ``batch`` sequences in caches of ``capacity`` tokens, contiguous or
     paged, every sequence full unless ``varied``; ``q_len`` new tokens each."""
 
@@ -82,25 +105,15 @@ class DecodeCase:
     q_len: int = 1
     varied: bool = False
 
-    @property
-    def paged(self) -> bool:
-        return self.cache == "paged"
-
-    @property
-    def max_pages(self) -> int:
-        return self.capacity // self.page_size if self.paged else 0
-
     def lengths(self) -> np.ndarray:
         if self.varied:
             return varied_lengths(self.batch, self.capacity)
         return np.full(self.batch, self.capacity, np.int64)
 
     def descriptor(self) -> DecodeAttentionDescriptor:
-        cache = (dict(page_size=self.page_size, max_pages=self.max_pages) if self.paged
-                 else dict(max_seq=self.capacity))
         return DecodeAttentionDescriptor(batch=self.batch, q_len=self.q_len, heads_q=HEADS_Q,
                                          heads_kv=HEADS_KV, head_dim=HEAD_DIM, element="bf16",
-                                         cache=self.cache, **cache)
+                                         **self.cache_fields())
 
     @property
     def peers(self) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from ..errors import Unsupported
 from ..ops.kv_append import KvAppendArgs, KvAppendDescriptor, KvAppendPlan
 from .common import HOST_CALLS, BenchRow, Timings, host_us_interleaved, time_contestants
 from .cudnn_peers import first_line
-from .decode_attention import page_order, peers_only_row
+from .decode_attention import CacheShape, page_order, peers_only_row
 
 OP = "kv_append"
 HEADS_KV, HEAD_DIM, ITEMSIZE = 8, 128, 2  # bf16
@@ -43,7 +43,7 @@ PEER_NAMES = ("torch index_put",)
 
 
 @dataclass(frozen=True)
-class AppendCase:
+class AppendCase(CacheShape):
     """One row's problem: ``batch`` sequences in caches of ``capacity`` tokens, contiguous or
     paged, ``q_len`` new tokens each."""
 
@@ -52,14 +52,6 @@ class AppendCase:
     q_len: int = 1
     capacity: int = CAPACITY
     page_size: int | None = None
-
-    @property
-    def paged(self) -> bool:
-        return self.cache == "paged"
-
-    @property
-    def max_pages(self) -> int:
-        return self.capacity // self.page_size if self.paged else 0
 
     def lengths(self) -> np.ndarray:
         """seq_lens with the new tokens counted, uniform in [q_len, capacity]."""
@@ -71,10 +63,8 @@ class AppendCase:
         return self.batch * self.q_len * HEADS_KV * HEAD_DIM * 2 * ITEMSIZE
 
     def descriptor(self) -> KvAppendDescriptor:
-        cache = (dict(page_size=self.page_size, max_pages=self.max_pages) if self.paged
-                 else dict(max_seq=self.capacity))
         return KvAppendDescriptor(batch=self.batch, q_len=self.q_len, heads_kv=HEADS_KV,
-                                  head_dim=HEAD_DIM, element="bf16", cache=self.cache, **cache)
+                                  head_dim=HEAD_DIM, element="bf16", **self.cache_fields())
 
     @property
     def label(self) -> str:
