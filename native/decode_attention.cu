@@ -489,14 +489,15 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
                        const int* __restrict__ seq_lens, int sequences, int q_len) {
     constexpr int kVec = 16 / sizeof(T);
     const int key_vecs = c.dim / kVec, per_head = key_vecs + c.dim_v / kVec;
-    const i64 total = (i64)sequences * q_len * c.heads_kv * per_head;
-    for (i64 i = (i64)blockIdx.x * kThreads + threadIdx.x; i < total;
-         i += (i64)gridDim.x * kThreads) {
-        const int e = (int)(i % per_head);
-        i64 rest = i / per_head;
-        const int g = (int)(rest % c.heads_kv);
+    // 32-bit index arithmetic (the SKU's limit keeps the vectors under 2^31): a 64-bit
+    // division costs a long instruction sequence per thread on this latency-bound path.
+    const int total = sequences * q_len * c.heads_kv * per_head;
+    for (int i = blockIdx.x * kThreads + threadIdx.x; i < total; i += gridDim.x * kThreads) {
+        const int e = i % per_head;
+        int rest = i / per_head;
+        const int g = rest % c.heads_kv;
         rest /= c.heads_kv;
-        const int t = (int)(rest % q_len), s = (int)(rest / q_len);
+        const int t = rest % q_len, s = rest / q_len;
         const bool is_key = e < key_vecs;
         const int col = (is_key ? e : e - key_vecs) * kVec;
         // The token's bytes are loaded before its position is known, so the two loads overlap.

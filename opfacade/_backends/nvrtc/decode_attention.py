@@ -16,7 +16,6 @@ from ..._internal.contract import BoundArgs
 from ..._internal.limits import (
     GRID_YZ_MAX,
     INT32_MAX,
-    INT64_MAX,
     Limit,
     check,
     workspace_limit,
@@ -164,9 +163,9 @@ class DecodeAttentionNvrtc(SkuImpl[DecodeAttentionDescriptor]):
 APPEND_LIMITS: tuple[Limit[KvAppendDescriptor], ...] = (
     CAPACITY_LIMIT,
     Limit("vectors", "batch*q_len*heads_kv*(head_dim+head_dim_v)", "elements",
-          "the kernel's int64 vector index", INT64_MAX,
+          "the kernel's int vector index", INT32_MAX,
           lambda d: d.batch * d.q_len * d.heads_kv * (d.head_dim + d.dim_v),
-          "native/decode_attention.cu: append's i64 grid-stride index"),
+          "native/decode_attention.cu: append's int grid-stride index"),
 )
 
 
