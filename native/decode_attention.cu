@@ -1,5 +1,5 @@
-// Decode attention over KV caches, split over fixed chunks of keys (issue 13), its checked mode,
-// and kv_append.
+// Decode attention over KV caches, split over fixed chunks of keys (issue 13). The caches'
+// forms and addressing are kv_cache.cuh's; kv_append and checked mode's check are kv_append.cu's.
 //
 //   decode_partial_<T>_<D>_<R>  CTA = (kv head g x row tile, chunk c of kChunk keys, sequence
 //                        s). A tile holds R of the rows of g's group (its query heads times the
@@ -11,37 +11,25 @@
 //                        chunks into out and lse in slices of chunks added in a fixed order.
 //                        Built with 128 and 256 threads; the launcher picks one from the
 //                        cache's capacity (decode.py), never from the batch.
-//   kv_append_<T>        one thread per 16 bytes of the step's new keys and values, written at
-//                        each token's position.
-//   decode_check         checked mode: the first sequence whose length, pages or cache
-//                        addresses break the contract's rules.
 //
 // Batch invariance: the chunk size is a constant, a chunk's work reads its own sequence's data
 // only, and every sum runs in an order fixed by D and R (which the descriptor fixes): a
 // sequence's out and lse are bitwise the same whatever else is in the batch. Nothing uses
-// atomics (decode_check's atomicMin picks an index, not a sum): runs repeat bitwise.
+// atomics: runs repeat bitwise.
 //
 // Positions: new token t of sequence s is at pos = len - q_len + t (len = seq_lens[s], clamped to
 // [0, capacity]). It sees keys p with p <= pos and, with a window, p >= pos - left; pos < 0
 // sees none (out 0, lse -inf).
 //
-// Caches (element (row, token, kv head, d); `row` the sequence or the page):
-//   kind 0 contiguous   nhd [B, cap, Hkv, D]          hnd [B, Hkv, cap, D]
-//   kind 1 paged        nhd [pages, psize, Hkv, D]    hnd [pages, Hkv, psize, D]
-//                       page of position p = table[s * max_pages + p / psize]
-//   kind 2 pointers     per-sequence base addresses (int64 [b]), each [cap, Hkv, D] (hnd:
-//                       [Hkv, cap, D])
-// Every cache is dense in its own layout, 16-byte aligned (checked on the host; a per-sequence
-// address is checked here: a null or unaligned one makes its sequence empty). Reads clamp
-// garbage lengths and page indices into the caches; writes skip them. Unchecked runs therefore
-// never touch memory outside the caches (pointers excepted: an address is the caller's word).
-// K and V are read once per step: their 16-byte loads (and kv_append's stores) carry the
+// K and V are read once per step: their 16-byte loads carry the
 // evict-first hint (common.cuh), measured on an H100 at 95% of a device copy's bandwidth
 // against 93% without (scripts/decode_variants.py).
 #define OPFACADE_STREAMING 1
-#include "common.cuh"
+#include "kv_cache.cuh"
 
 namespace {
+
+using namespace kv_cache;
 
 // Tuning, measured on an H100 (scripts/decode_variants.py, docs/PERF-NOTES.md): 16-byte loads a
 // thread has in flight per batch (two batches alternate), and the blocks per SM the compiler
@@ -63,16 +51,6 @@ template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
 
 constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
 constexpr int kThreads = 128;
-
-struct Cache {
-    const void* k;  // kind 0/1: the tensor; kind 2: const i64* of per-sequence addresses
-    const void* v;
-    const int* table;  // kind 1
-    int kind, hnd;
-    int capacity;  // tokens a sequence may hold
-    int page_size, max_pages, pages;  // kind 1
-    int heads_kv, dim, dim_v;
-};
 
 // A row of D elements of T as 16-byte vectors: kLanes consecutive threads share a row, each
 // loading kPerLane vectors; kGroups rows are read by one CTA pass.
@@ -116,48 +94,6 @@ template <> __device__ __forceinline__ void unpack<f16_t>(const uint4& raw, floa
 }
 
 __device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
-
-// Element offset of (row, token, kv head) in a dense cache block of `tokens` tokens.
-__device__ __forceinline__ i64 offset(const Cache& c, i64 row, int token, int g, int tokens,
-                                      int dim) {
-    return c.hnd ? ((row * c.heads_kv + g) * (i64)tokens + token) * dim
-                 : ((row * tokens + token) * (i64)c.heads_kv + g) * dim;
-}
-
-__device__ __forceinline__ bool usable_address(i64 address) {
-    return address != 0 && (address & 15) == 0;
-}
-
-// Tokens sequence s holds, clamped to [0, capacity]; 0 where its cache address is unusable.
-__device__ __forceinline__ int sequence_length(const Cache& c, const int* seq_lens, int s) {
-    if (c.kind == 2 && !(usable_address(static_cast<const i64*>(c.k)[s]) &&
-                         usable_address(static_cast<const i64*>(c.v)[s]))) {
-        return 0;
-    }
-    return min(max(seq_lens[s], 0), c.capacity);
-}
-
-// The page of position p of sequence s, or -1 where the table's entry is outside the pool.
-__device__ __forceinline__ int page_of(const Cache& c, int s, int p) {
-    const int page = c.table[(i64)s * c.max_pages + p / c.page_size];
-    return page >= 0 && page < c.pages ? page : -1;
-}
-
-// Where position p of sequence s, kv head g starts; a page outside the pool reads page 0
-// (garbage in, but inside the cache). `page` >= 0: the page, already looked up.
-template <typename T>
-__device__ __forceinline__ const T* row_at(const Cache& c, const void* base, int s, int p, int g,
-                                           int dim, int page = -1) {
-    if (c.kind == 1) {
-        page = page >= 0 ? page : max(page_of(c, s, p), 0);
-        return static_cast<const T*>(base) + offset(c, page, p % c.page_size, g, c.page_size, dim);
-    }
-    if (c.kind == 2) {
-        const T* own = reinterpret_cast<const T*>(static_cast<const i64*>(base)[s]);
-        return own + offset(c, 0, p, g, c.capacity, dim);
-    }
-    return static_cast<const T*>(base) + offset(c, s, p, g, c.capacity, dim);
-}
 
 // Workspace of the partials: acc [b, Hkv, chunks, rows, Dv] then (m, l) [b, Hkv, chunks, rows, 2],
 // rows = group * q_len, row r = t * group + (h - g * group).
@@ -483,51 +419,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     }
 }
 
-template <typename T>
-__device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
-                       const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh, const Cache& c,
-                       const int* __restrict__ seq_lens, int sequences, int q_len) {
-    constexpr int kVec = 16 / sizeof(T);
-    const int key_vecs = c.dim / kVec, per_head = key_vecs + c.dim_v / kVec;
-    // 32-bit index arithmetic (the SKU's limit keeps the vectors under 2^31): a 64-bit
-    // division costs a long instruction sequence per thread on this latency-bound path.
-    const int total = sequences * q_len * c.heads_kv * per_head;
-    for (int i = blockIdx.x * kThreads + threadIdx.x; i < total; i += gridDim.x * kThreads) {
-        const int e = i % per_head;
-        int rest = i / per_head;
-        const int g = rest % c.heads_kv;
-        rest /= c.heads_kv;
-        const int t = rest % q_len, s = rest / q_len;
-        const bool is_key = e < key_vecs;
-        const int col = (is_key ? e : e - key_vecs) * kVec;
-        // The token's bytes are loaded before its position is known, so the two loads overlap.
-        const uint4 bytes = load16(is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
-                                          : v_new + s * v_sb + t * v_st + g * v_sh + col);
-        const int pos = seq_lens[s] - q_len + t;
-        // Checked mode names these; unchecked runs skip them rather than write elsewhere.
-        if (pos < 0 || pos >= c.capacity || sequence_length(c, seq_lens, s) == 0) continue;
-        if (c.kind == 1 && page_of(c, s, pos) < 0) continue;
-        T* dst = const_cast<T*>(is_key ? row_at<T>(c, c.k, s, pos, g, c.dim)
-                                       : row_at<T>(c, c.v, s, pos, g, c.dim_v)) + col;
-        store16(dst, bytes);
-    }
-}
-
-__device__ __forceinline__ Cache make_cache(const void* k, const void* v, const int* table,
-                                            int kind, int hnd, int capacity, int page_size,
-                                            int max_pages, int pages, int heads_kv, int dim,
-                                            int dim_v) {
-    return {k, v, table, kind, hnd, capacity, page_size, max_pages, pages, heads_kv, dim, dim_v};
-}
-
 }  // namespace
-
-#define OPFACADE_CACHE_PARAMS                                                                    \
-    const void *k, const void *v, const int *table, int kind, int hnd, int capacity,            \
-        int page_size, int max_pages, int pages, int heads_kv, int dim, int dim_v
-#define OPFACADE_CACHE_ARGS                                                                      \
-    make_cache(k, v, table, kind, hnd, capacity, page_size, max_pages, pages, heads_kv, dim,     \
-               dim_v)
 
 #define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
     extern "C" __global__ void __launch_bounds__(                                                \
@@ -557,67 +449,9 @@ __device__ __forceinline__ Cache make_cache(const void* k, const void* v, const 
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
     OPFACADE_MERGE(SUFFIX, T, 128)                                                               \
-    OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
-    extern "C" __global__ void __launch_bounds__(kThreads) kv_append_##SUFFIX(                   \
-        const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
-        i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len) {        \
-        append<T>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, OPFACADE_CACHE_ARGS,         \
-                  seq_lens, sequences, q_len);                                                   \
-    }
+    OPFACADE_MERGE(SUFFIX, T, 256)
 
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
 
-// Checked mode: verdict int32 [4] = (sequence, rule, detail, value) of the first sequence s that
-// breaks a rule, or sequence -1. Rules: 1 seq_lens[s] = value is neither 0 nor within
-// [q_len, capacity]; 2 page_table[s, detail] = value is outside [0, pages); 3 k_cache's address
-// of s is null or not 16-byte aligned; 4 v_cache's likewise. One CTA: each thread tests its
-// sequences, the smallest failing index wins (atomicMin), then thread 0 describes it.
-__device__ __forceinline__ int check_sequence(const Cache& c, const int* seq_lens, int s,
-                                             int q_len, int* detail, int* value) {
-    const int len = seq_lens[s];
-    *detail = 0;
-    *value = len;
-    if (len != 0 && (len < q_len || len > c.capacity)) return 1;
-    if (c.kind == 1) {
-        const int used = (len + c.page_size - 1) / c.page_size;
-        for (int k = 0; k < used; ++k) {
-            const int page = c.table[(i64)s * c.max_pages + k];
-            if (page < 0 || page >= c.pages) {
-                *detail = k;
-                *value = page;
-                return 2;
-            }
-        }
-    }
-    if (c.kind == 2) {
-        if (!usable_address(static_cast<const i64*>(c.k)[s])) return 3;
-        if (!usable_address(static_cast<const i64*>(c.v)[s])) return 4;
-    }
-    return 0;
-}
-
-extern "C" __global__ void __launch_bounds__(256) decode_check(
-    OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len, int* verdict) {
-    __shared__ int first;
-    const Cache c = OPFACADE_CACHE_ARGS;
-    if (threadIdx.x == 0) first = 0x7fffffff;
-    __syncthreads();
-    int detail, value;
-    for (int s = threadIdx.x; s < sequences; s += blockDim.x) {
-        if (check_sequence(c, seq_lens, s, q_len, &detail, &value) != 0) {
-            atomicMin(&first, s);
-            break;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const int s = first == 0x7fffffff ? -1 : first;
-        const int rule = s < 0 ? 0 : check_sequence(c, seq_lens, s, q_len, &detail, &value);
-        verdict[0] = s;
-        verdict[1] = rule;
-        verdict[2] = s < 0 ? 0 : detail;
-        verdict[3] = s < 0 ? 0 : value;
-    }
-}

@@ -95,7 +95,7 @@ def host_us(fn, calls=200):
 
 
 def launch_floor() -> dict[str, float]:
-    """Host microseconds of one launch of a kernel that does nothing (decode_check over no
+    """Host microseconds of one launch of a kernel that does nothing (kv_cache_check over no
     sequence), packed once (PackedLaunch, as our steps launch), and of one replay of a CUDA
     graph holding it: the floor under any prepared call's host time on this machine."""
     from opfacade._backends.nvrtc.launch import GraphedLaunches, PackedLaunch
@@ -103,7 +103,7 @@ def launch_floor() -> dict[str, float]:
     verdict = torch.empty(4, dtype=torch.int32, device="cuda")
     args = (*kernels.DecodeCache("contiguous", False, 1, 1, 64, 64).args(0, 0, 0),
             np.uint64(0), np.int32(0), np.int32(1), np.uint64(verdict.data_ptr()))
-    kernel = kernels.get_kernel(kernels.SOURCE, "decode_check", 0)
+    kernel = kernels.get_kernel(kernels.APPEND_SOURCE, "kv_cache_check", 0)
     stream = torch.cuda.current_stream().cuda_stream
     packed = PackedLaunch(kernel, (1,), (256,), args, stream, 0)
     graphed = GraphedLaunches(lambda on: [PackedLaunch(kernel, (1,), (256,), args, on, 0)],

@@ -1,8 +1,8 @@
-"""Drives the split-KV decode, kv_append and decode_check kernels (native/decode_attention.cu)
-for compute-sanitizer: f32 and f16 (CuPy has no bf16), every head dim and row tile, each
-cache form, windows, and unchecked runs on garbage lengths and page tables, which must stay
-inside the caches and outputs. Every tensor is sized exactly, so a stray access lands outside
-an allocation.
+"""Drives the split-KV decode, kv_append and kv_cache_check kernels (native/decode_attention.cu,
+native/kv_append.cu) for compute-sanitizer: f32 and f16 (CuPy has no bf16), every head dim and
+row tile, each cache form, windows, and unchecked runs on garbage lengths and page tables,
+which must stay inside the caches and outputs. Every tensor is sized exactly, so a stray access
+lands outside an allocation.
 `compute-sanitizer --tool memcheck python3 tests/sanitize_decode.py`. Not a pytest file: the
 sanitizer wraps the whole process."""
 

@@ -418,7 +418,7 @@ def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypat
         checks.append((device, cache, sequences, q_len, k, v, table, seq_lens, stream))
 
         def check_then_run():
-            faked.calls.append(("decode_check",))
+            faked.calls.append(("kv_cache_check",))
             run()
 
         return check_then_run
@@ -430,7 +430,7 @@ def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypat
     _, workspace = _workspace(2048)
     bound = _bound(desc, step)
     _impl().prepared(desc, bound, workspace, stream=3)()
-    assert [c[0] for c in faked.calls] == ["decode_check", "ones", "cudnn",
+    assert [c[0] for c in faked.calls] == ["kv_cache_check", "ones", "cudnn",
                                            "sdpa_padding_rows_bf16"]
     (device, cache, sequences, q_len, k, v, table, seq_lens, stream), = checks
     assert (device, sequences, q_len, stream) == (0, 4, 1, 3)

@@ -21,17 +21,19 @@ ELEMENTS = ("f32", "f16", "bf16")
 
 @pytest.fixture(scope="module")
 def signatures() -> dict[str, list[str]]:
-    return kernel_parameters(kernels.SOURCE)
+    """Every kernel of both sources (their names do not overlap)."""
+    return {**kernel_parameters(kernels.SOURCE), **kernel_parameters(kernels.APPEND_SOURCE)}
 
 
 def test_every_kernel_compiles_for_sm90(signatures):
-    cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, use_cache=False).cubin
-    assert cubin[:4] == b"\x7fELF"
+    for source in (kernels.SOURCE, kernels.APPEND_SOURCE):
+        cubin = compiler.compile_cubin(source, ArchSku.sm90, use_cache=False).cubin
+        assert cubin[:4] == b"\x7fELF"
     partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
                 for r in kernels.TILES}
-    others = {f"kv_append_{e}" for e in ELEMENTS} | {
-        f"decode_merge_{e}_{threads}" for e in ELEMENTS for threads in (128, 256)}
-    assert set(signatures) == partials | others | {"decode_check"}
+    merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS for threads in (128, 256)}
+    appends = {f"kv_append_{e}" for e in ELEMENTS}
+    assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
         for dim in kernels.DIMS:
             for tile in kernels.TILES:
@@ -99,7 +101,7 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
     monkeypatch.setattr("cupy.cuda.runtime.streamSynchronize", lambda *a: None)
     call()
     name, grid, block, args, _ = launched[0]
-    assert (name, grid, block) == ("decode_check", (1,), (kernels.CHECK_THREADS,))
+    assert (name, grid, block) == ("kv_cache_check", (1,), (kernels.CHECK_THREADS,))
     assert_packed_like_declared(name, args, signatures)
 
 

@@ -24,7 +24,7 @@ the built graph without another build, so it is a ShapeMismatch naming q (pad th
 sequences of length 0). A pool of another page count than the one selection built for (the
 signature's, ``verification_pages``) gets its own graph on first use.
 
-One prepared call, in stream order: checked mode's ``decode_check`` (the NVRTC family's, with a
+One prepared call, in stream order: checked mode's ``kv_cache_check`` (the NVRTC family's, with a
 host sync); ``cuMemsetD32Async`` of the ones; the graph; ``sdpa_padding_rows``
 (native/sdpa_edges.cu), which gives sequences of length 0 out 0 and lse -inf, rows cuDNN's
 padded SDPA leaves unwritten (sdpa.py; nothing in the frontend's documentation promises

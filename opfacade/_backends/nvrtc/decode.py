@@ -1,5 +1,5 @@
-"""Launching native/decode_attention.cu: split-KV decode attention, kv_append and their checked
-mode (issue 13).
+"""Launching native/decode_attention.cu (split-KV decode attention) and native/kv_append.cu
+(kv_append and the caches' checked mode), issue 13.
 
 A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
 sequence), then ``decode_merge`` over (sequence, query head, new token). The partials live in
@@ -21,10 +21,11 @@ from ...errors import InvalidArgument
 from ...types import ElementKind
 from .launch import GraphedLaunches, PackedLaunch, get_kernel, launch
 
-__all__ = ["CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call", "check_call",
-           "decode_call", "row_tile", "shared_bytes", "workspace_bytes"]
+__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
+           "check_call", "decode_call", "row_tile", "shared_bytes", "workspace_bytes"]
 
-SOURCE = "decode_attention.cu"
+SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
+APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 CHUNK = 256  # keys per chunk: kChunk, a constant (batch invariance rests on it)
 THREADS = 128  # kThreads
 # The merge kernel's threads (it is built with each): more slices of chunks in flight pay for
@@ -156,7 +157,7 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                 stream: int) -> Callable[[], None]:
     """One launch writing every sequence's new tokens (strides in elements: batch, token,
     head)."""
-    kernel = get_kernel(SOURCE, f"kv_append_{element.value}", device)
+    kernel = get_kernel(APPEND_SOURCE, f"kv_append_{element.value}", device)
     args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
             *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
             np.int32(sequences), np.int32(q_len))
@@ -167,7 +168,7 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
 
 
 def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> InvalidArgument:
-    """The typed error for decode_check's verdict (sequence, rule, detail, value)."""
+    """The typed error for kv_cache_check's verdict (sequence, rule, detail, value)."""
     s, rule, detail, value = (int(x) for x in verdict)
     return violation(rule, s, detail, value, cache.capacity, q_len, cache.pages)
 
@@ -175,14 +176,14 @@ def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> Invali
 def check_call(device: int, cache: DecodeCache, sequences: int, q_len: int, k: int, v: int,
                table: int, seq_lens: int, stream: int, run: Callable[[], None]
                ) -> Callable[[], None]:
-    """``run`` preceded by decode_check: a call that synchronises the stream, reads the verdict
+    """``run`` preceded by kv_cache_check: a call that synchronises the stream, reads the verdict
     and raises InvalidArgument naming the argument and its first bad index instead of
     running. Checked mode's price: a host sync per call, so it cannot be captured."""
     import cupy
 
     with cupy.cuda.Device(device):
         verdict = cupy.zeros(4, dtype=cupy.int32)
-    kernel = get_kernel(SOURCE, "decode_check", device)
+    kernel = get_kernel(APPEND_SOURCE, "kv_cache_check", device)
     args = (*cache.args(k, v, table), np.uint64(seq_lens), np.int32(sequences), np.int32(q_len),
             np.uint64(verdict.data.ptr))
     host = np.empty(4, dtype=np.int32)

@@ -1,0 +1,114 @@
+// Writing a decode step's new keys and values into the KV caches (issue 13), and the cache
+// check of checked mode, which decode_attention and kv_append share.
+//
+//   kv_append_<T>    one thread per 16 bytes of the step's new keys and values, written at each
+//                    token's position (seq_lens[s] - q_len + t); positions outside the capacity
+//                    and pages outside the pool are skipped.
+//   kv_cache_check   checked mode: the first sequence whose length, pages or cache addresses
+//                    break the contract's rules (contracts/kv_cache.py).
+// The caches' forms and addressing are kv_cache.cuh's.
+#define OPFACADE_STREAMING 1  // the new tokens are written once per step (common.cuh)
+#include "kv_cache.cuh"
+
+namespace {
+
+using namespace kv_cache;
+
+constexpr int kThreads = 128;
+
+template <typename T>
+__device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
+                       const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh, const Cache& c,
+                       const int* __restrict__ seq_lens, int sequences, int q_len) {
+    constexpr int kVec = 16 / sizeof(T);
+    const int key_vecs = c.dim / kVec, per_head = key_vecs + c.dim_v / kVec;
+    // 32-bit index arithmetic (the SKU's limit keeps the vectors under 2^31): a 64-bit
+    // division costs a long instruction sequence per thread on this latency-bound path.
+    const int total = sequences * q_len * c.heads_kv * per_head;
+    for (int i = blockIdx.x * kThreads + threadIdx.x; i < total; i += gridDim.x * kThreads) {
+        const int e = i % per_head;
+        int rest = i / per_head;
+        const int g = rest % c.heads_kv;
+        rest /= c.heads_kv;
+        const int t = rest % q_len, s = rest / q_len;
+        const bool is_key = e < key_vecs;
+        const int col = (is_key ? e : e - key_vecs) * kVec;
+        // The token's bytes are loaded before its position is known, so the two loads overlap.
+        const uint4 bytes = load16(is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
+                                          : v_new + s * v_sb + t * v_st + g * v_sh + col);
+        const int pos = seq_lens[s] - q_len + t;
+        // Checked mode names these; unchecked runs skip them rather than write elsewhere.
+        if (pos < 0 || pos >= c.capacity || sequence_length(c, seq_lens, s) == 0) continue;
+        if (c.kind == 1 && page_of(c, s, pos) < 0) continue;
+        T* dst = const_cast<T*>(is_key ? row_at<T>(c, c.k, s, pos, g, c.dim)
+                                       : row_at<T>(c, c.v, s, pos, g, c.dim_v)) + col;
+        store16(dst, bytes);
+    }
+}
+
+}  // namespace
+
+#define OPFACADE_APPEND(SUFFIX, T)                                                               \
+    extern "C" __global__ void __launch_bounds__(kThreads) kv_append_##SUFFIX(                   \
+        const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
+        i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len) {        \
+        append<T>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, OPFACADE_CACHE_ARGS,         \
+                  seq_lens, sequences, q_len);                                                   \
+    }
+
+OPFACADE_APPEND(f32, float)
+OPFACADE_APPEND(f16, f16_t)
+OPFACADE_APPEND(bf16, bf16_t)
+
+// Checked mode: verdict int32 [4] = (sequence, rule, detail, value) of the first sequence s that
+// breaks a rule, or sequence -1. Rules: 1 seq_lens[s] = value is neither 0 nor within
+// [q_len, capacity]; 2 page_table[s, detail] = value is outside [0, pages); 3 k_cache's address
+// of s is null or not 16-byte aligned; 4 v_cache's likewise. One CTA: each thread tests its
+// sequences, the smallest failing index wins (atomicMin), then thread 0 describes it.
+__device__ __forceinline__ int check_sequence(const Cache& c, const int* seq_lens, int s,
+                                             int q_len, int* detail, int* value) {
+    const int len = seq_lens[s];
+    *detail = 0;
+    *value = len;
+    if (len != 0 && (len < q_len || len > c.capacity)) return 1;
+    if (c.kind == 1) {
+        const int used = (len + c.page_size - 1) / c.page_size;
+        for (int k = 0; k < used; ++k) {
+            const int page = c.table[(i64)s * c.max_pages + k];
+            if (page < 0 || page >= c.pages) {
+                *detail = k;
+                *value = page;
+                return 2;
+            }
+        }
+    }
+    if (c.kind == 2) {
+        if (!usable_address(static_cast<const i64*>(c.k)[s])) return 3;
+        if (!usable_address(static_cast<const i64*>(c.v)[s])) return 4;
+    }
+    return 0;
+}
+
+extern "C" __global__ void __launch_bounds__(256) kv_cache_check(
+    OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len, int* verdict) {
+    __shared__ int first;
+    const Cache c = OPFACADE_CACHE_ARGS;
+    if (threadIdx.x == 0) first = 0x7fffffff;
+    __syncthreads();
+    int detail, value;
+    for (int s = threadIdx.x; s < sequences; s += blockDim.x) {
+        if (check_sequence(c, seq_lens, s, q_len, &detail, &value) != 0) {
+            atomicMin(&first, s);
+            break;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int s = first == 0x7fffffff ? -1 : first;
+        const int rule = s < 0 ? 0 : check_sequence(c, seq_lens, s, q_len, &detail, &value);
+        verdict[0] = s;
+        verdict[1] = rule;
+        verdict[2] = s < 0 ? 0 : detail;
+        verdict[3] = s < 0 ? 0 : value;
+    }
+}

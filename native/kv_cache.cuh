@@ -1,0 +1,89 @@
+// The KV caches the decode_attention and kv_append kernels address (issue 13): their forms,
+// where a position's row starts, and which lengths and pages count (decode_attention.cu,
+// kv_append.cu). The kernels' cache parameters are OPFACADE_CACHE_PARAMS, passed on as a Cache
+// by OPFACADE_CACHE_ARGS.
+//
+// Caches (element (row, token, kv head, d); `row` the sequence or the page):
+//   kind 0 contiguous   nhd [B, cap, Hkv, D]          hnd [B, Hkv, cap, D]
+//   kind 1 paged        nhd [pages, psize, Hkv, D]    hnd [pages, Hkv, psize, D]
+//                       page of position p = table[s * max_pages + p / psize]
+//   kind 2 pointers     per-sequence base addresses (int64 [b]), each [cap, Hkv, D] (hnd:
+//                       [Hkv, cap, D])
+// Every cache is dense in its own layout, 16-byte aligned (checked on the host; a per-sequence
+// address is checked here: a null or unaligned one makes its sequence empty). Reads clamp
+// garbage lengths and page indices into the caches; writes skip them. Unchecked runs therefore
+// never touch memory outside the caches (pointers excepted: an address is the caller's word).
+#pragma once
+
+#include "common.cuh"
+
+namespace kv_cache {
+
+struct Cache {
+    const void* k;  // kind 0/1: the tensor; kind 2: const i64* of per-sequence addresses
+    const void* v;
+    const int* table;  // kind 1
+    int kind, hnd;
+    int capacity;  // tokens a sequence may hold
+    int page_size, max_pages, pages;  // kind 1
+    int heads_kv, dim, dim_v;
+};
+
+// Element offset of (row, token, kv head) in a dense cache block of `tokens` tokens.
+__device__ __forceinline__ i64 offset(const Cache& c, i64 row, int token, int g, int tokens,
+                                      int dim) {
+    return c.hnd ? ((row * c.heads_kv + g) * (i64)tokens + token) * dim
+                 : ((row * tokens + token) * (i64)c.heads_kv + g) * dim;
+}
+
+__device__ __forceinline__ bool usable_address(i64 address) {
+    return address != 0 && (address & 15) == 0;
+}
+
+// Tokens sequence s holds, clamped to [0, capacity]; 0 where its cache address is unusable.
+__device__ __forceinline__ int sequence_length(const Cache& c, const int* seq_lens, int s) {
+    if (c.kind == 2 && !(usable_address(static_cast<const i64*>(c.k)[s]) &&
+                         usable_address(static_cast<const i64*>(c.v)[s]))) {
+        return 0;
+    }
+    return min(max(seq_lens[s], 0), c.capacity);
+}
+
+// The page of position p of sequence s, or -1 where the table's entry is outside the pool.
+__device__ __forceinline__ int page_of(const Cache& c, int s, int p) {
+    const int page = c.table[(i64)s * c.max_pages + p / c.page_size];
+    return page >= 0 && page < c.pages ? page : -1;
+}
+
+// Where position p of sequence s, kv head g starts; a page outside the pool reads page 0
+// (garbage in, but inside the cache). `page` >= 0: the page, already looked up.
+template <typename T>
+__device__ __forceinline__ const T* row_at(const Cache& c, const void* base, int s, int p, int g,
+                                           int dim, int page = -1) {
+    if (c.kind == 1) {
+        page = page >= 0 ? page : max(page_of(c, s, p), 0);
+        return static_cast<const T*>(base) + offset(c, page, p % c.page_size, g, c.page_size, dim);
+    }
+    if (c.kind == 2) {
+        const T* own = reinterpret_cast<const T*>(static_cast<const i64*>(base)[s]);
+        return own + offset(c, 0, p, g, c.capacity, dim);
+    }
+    return static_cast<const T*>(base) + offset(c, s, p, g, c.capacity, dim);
+}
+
+__device__ __forceinline__ Cache make_cache(const void* k, const void* v, const int* table,
+                                            int kind, int hnd, int capacity, int page_size,
+                                            int max_pages, int pages, int heads_kv, int dim,
+                                            int dim_v) {
+    return {k, v, table, kind, hnd, capacity, page_size, max_pages, pages, heads_kv, dim, dim_v};
+}
+
+}  // namespace kv_cache
+
+#define OPFACADE_CACHE_PARAMS                                                                    \
+    const void *k, const void *v, const int *table, int kind, int hnd, int capacity,            \
+        int page_size, int max_pages, int pages, int heads_kv, int dim, int dim_v
+#define OPFACADE_CACHE_ARGS                                                                      \
+    kv_cache::make_cache(k, v, table, kind, hnd, capacity, page_size, max_pages, pages,          \
+                         heads_kv, dim, dim_v)
+
