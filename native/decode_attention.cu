@@ -169,23 +169,6 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     constexpr int kUnroll = kUnrollOf<R, L::kPerLane>;
     constexpr int kBatch = 2 * kUnroll;           // passes per loop turn: two load batches
 
-    // Each key's row, as an element offset from this sequence's K (and V) base, resolved once
-    // per chunk: a paged cache's table lookup and page arithmetic leave the load loops, whose
-    // addresses then need no dependent load.
-    i64* row_off = reinterpret_cast<i64*>(shared + kChunk * R);
-    const T* k_base = static_cast<const T*>(c.k);
-    const T* v_base = static_cast<const T*>(c.v);
-    if (c.kind == 2) {
-        k_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.k)[s]);
-        v_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.v)[s]);
-    }
-    for (int j = tid; j < keys; j += kThreads) {
-        const int key = k0 + j;
-        row_off[j] = c.kind == 1 ? offset(c, max(page_of(c, s, key), 0), key % c.page_size, g,
-                                          c.page_size, D)
-                                 : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
-    }
-
     // The tile's queries, scaled, in registers: this lane's columns of each row.
     float qr[R][kCols];
 #pragma unroll
@@ -200,6 +183,27 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                     r < nr ? Math<T>::up(q_row[(lane + i * L::kLanes) * L::kVec + e]) * scale
                            : 0.0f;
             }
+        }
+    }
+
+    // Each key's row, as an element offset from this sequence's K (and V) base, resolved once
+    // per chunk: a paged cache's table lookup and page arithmetic leave the load loops, whose
+    // addresses then need no dependent load. The queries' loads above are in flight meanwhile.
+    i64* row_off = reinterpret_cast<i64*>(shared + kChunk * R);
+    const T* k_base = static_cast<const T*>(c.k);
+    const T* v_base = static_cast<const T*>(c.v);
+    if (c.kind == 2) {
+        k_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.k)[s]);
+        v_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.v)[s]);
+    }
+#pragma unroll
+    for (int u = 0; u < kChunk / kThreads; ++u) {  // unrolled: the table loads fly together
+        const int j = tid + u * kThreads, key = k0 + j;
+        if (j < keys) {
+            row_off[j] = c.kind == 1
+                             ? offset(c, max(page_of(c, s, key), 0), key % c.page_size, g,
+                                      c.page_size, D)
+                             : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
         }
     }
     __syncthreads();  // row_off
