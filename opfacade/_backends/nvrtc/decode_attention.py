@@ -110,7 +110,24 @@ DECODE_LIMITS: tuple[Limit[DecodeAttentionDescriptor], ...] = (
 )
 
 
-class DecodeAttentionNvrtc(SkuImpl[DecodeAttentionDescriptor]):
+class _KvCacheSku(SkuImpl):
+    """What both families' SKUs share: one element each, NVRTC's availability, and the head
+    dims and limits the kernels are built for."""
+
+    element: ElementKind
+    limits: tuple[Limit, ...]
+
+    def unavailable(self) -> str | None:
+        return available()
+
+    def unfit(self, desc) -> Unfit | None:
+        if desc.element is not self.element:
+            return Unfit(ReasonCode.element_unsupported,
+                         f"serves {self.element.value}, problem is {desc.element.value}")
+        return _unfit_common(desc) or check(self.limits, desc)
+
+
+class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
     limits = DECODE_LIMITS
 
     def __init__(self, element: ElementKind):
@@ -121,15 +138,6 @@ class DecodeAttentionNvrtc(SkuImpl[DecodeAttentionDescriptor]):
             description="Split-KV decode: fixed 256-key chunks merged in order (deterministic, "
                         "batch-invariant), a kv head's query rows together; contiguous, paged "
                         "or per-sequence caches; GQA, q_len 1-8, window; f32 math.")
-
-    def unavailable(self) -> str | None:
-        return available()
-
-    def unfit(self, desc: DecodeAttentionDescriptor) -> Unfit | None:
-        if desc.element is not self.element:
-            return Unfit(ReasonCode.element_unsupported,
-                         f"serves {self.element.value}, problem is {desc.element.value}")
-        return _unfit_common(desc) or check(self.limits, desc)
 
     def workspace_size(self, desc: DecodeAttentionDescriptor) -> int:
         return _decode_workspace(desc)
@@ -169,7 +177,7 @@ APPEND_LIMITS: tuple[Limit[KvAppendDescriptor], ...] = (
 )
 
 
-class KvAppendNvrtc(SkuImpl[KvAppendDescriptor]):
+class KvAppendNvrtc(_KvCacheSku, SkuImpl[KvAppendDescriptor]):
     limits = APPEND_LIMITS
 
     def __init__(self, element: ElementKind):
@@ -181,15 +189,6 @@ class KvAppendNvrtc(SkuImpl[KvAppendDescriptor]):
             description="One launch writes every sequence's new keys and values at their "
                         "positions, 16 bytes a thread; positions outside a sequence's capacity "
                         "or pages outside the pool are skipped.")
-
-    def unavailable(self) -> str | None:
-        return available()
-
-    def unfit(self, desc: KvAppendDescriptor) -> Unfit | None:
-        if desc.element is not self.element:
-            return Unfit(ReasonCode.element_unsupported,
-                         f"serves {self.element.value}, problem is {desc.element.value}")
-        return _unfit_common(desc) or check(self.limits, desc)
 
     def check_args(self, desc: KvAppendDescriptor, args: BoundArgs) -> None:
         _expect_dense_cache(desc, args)
