@@ -227,23 +227,29 @@ def _peers(torch, raw: RawCudnn, p: DecodeProblem, notes: list[str]) -> dict[str
     return build_peers({name: builders[name] for name in p.case.peers}, notes)
 
 
-def _ours(torch, p: DecodeProblem, notes: list[str]):
-    """(run(), prepared step()) of our plan on ``p``, run once (NaN in out is noted); None with
-    the reason in ``notes`` where no SKU serves. Any other error is ours to fix."""
+def our_calls(torch, plan_class, desc, args, notes: list[str]):
+    """(run(), prepared step()) of our plan for ``desc`` on ``args``, run once, both launching on
+    torch's current stream (so a host-bound row can be captured); None with the reason in
+    ``notes`` where no SKU serves. Any other error is ours to fix. The decode and kv_append
+    rows share it."""
     try:
-        plan = DecodeAttentionPlan.select(p.case.descriptor(), device=0)
+        plan = plan_class.select(desc, device=0)
     except Unsupported as error:
         notes.append(f"ours: no SKU: {first_line(error)}")
         return None
     ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
-    args = DecodeAttentionArgs(p.q, p.k, p.v, p.seq_lens, p.out, p.table)
     plan.run(args, workspace=ws)
-    step = plan.prepare(args, workspace=ws)
     notes.append(f"ours {plan.sku.id}, workspace {plan.workspace_size} B")
-    if not bool(torch.isfinite(p.out).all()):
+    return (lambda: plan.run(args, workspace=ws)), plan.prepare(args, workspace=ws)
+
+
+def _ours(torch, p: DecodeProblem, notes: list[str]):
+    """our_calls on ``p``; NaN or inf in out is noted."""
+    args = DecodeAttentionArgs(p.q, p.k, p.v, p.seq_lens, p.out, p.table)
+    calls = our_calls(torch, DecodeAttentionPlan, p.case.descriptor(), args, notes)
+    if calls is not None and not bool(torch.isfinite(p.out).all()):
         notes.append("ours: out holds NaN or inf (the padding reached it)")
-    # Launches on torch's current stream, so a host-bound row can be captured.
-    return (lambda: plan.run(args, workspace=ws)), step
+    return calls
 
 
 def _differences(p: DecodeProblem, peers: dict[str, Peer]) -> list[str]:

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import Unsupported
 from ..ops.kv_append import KvAppendArgs, KvAppendDescriptor, KvAppendPlan
 from .common import HOST_CALLS, BenchRow, Timings, host_us_interleaved, time_contestants
 from .cudnn_peers import first_line
-from .decode_attention import CacheShape, page_order, peers_only_row
+from .decode_attention import CacheShape, our_calls, page_order, peers_only_row
 
 OP = "kv_append"
 HEADS_KV, HEAD_DIM, ITEMSIZE = 8, 128, 2  # bf16
@@ -164,22 +163,12 @@ def _copy_ms(torch, nbytes: int, reps: int) -> tuple[float, str]:
 
 
 def _ours(torch, p: AppendProblem, notes: list[str]):
-    """(run(), prepared step()) of our plan on ``p``, run once and checked; None with the reason
-    in ``notes`` where no SKU serves."""
-    try:
-        plan = KvAppendPlan.select(p.case.descriptor(), device=0)
-    except Unsupported as error:
-        notes.append(f"ours: no SKU: {first_line(error)}")
-        return None
-    ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+    """our_calls on ``p``, its first run checked against the tokens it should have written."""
     args = KvAppendArgs(p.k_new, p.v_new, p.k_cache, p.v_cache, p.seq_lens, p.table)
-    plan.run(args, workspace=ws)
-    notes.append(f"ours {plan.sku.id}, workspace {plan.workspace_size} B")
-    if not wrote_every_token(torch, p):
+    calls = our_calls(torch, KvAppendPlan, p.case.descriptor(), args, notes)
+    if calls is not None and not wrote_every_token(torch, p):
         notes.append("ours: the caches do not hold k_new and v_new at the new positions")
-    step = plan.prepare(args, workspace=ws)
-    # Launches on torch's current stream, so a host-bound row can be captured.
-    return (lambda: plan.run(args, workspace=ws)), step
+    return calls
 
 
 def _row(torch, case: AppendCase, reps: int) -> BenchRow:

@@ -24,12 +24,19 @@ from .._internal.validation import CheckedModel, one_of
 from ..types import ElementKind
 
 __all__ = ["ELEMENTS", "MAX_EXTENT", "Alignment", "AttentionMask", "SlidingWindow",
-           "large_backward_scales", "large_forward_scales"]
+           "floating_element", "large_backward_scales", "large_forward_scales"]
 
 Alignment = Literal["top_left", "bottom_right"]
 MAX_EXTENT = 1 << 31
 # The element types an attention problem may be stated in (the float64 reference serves each).
 ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16)
+
+
+def floating_element(element: ElementKind) -> ElementKind:
+    """The element rule of every attention and KV-cache descriptor: one of ELEMENTS."""
+    if element not in ELEMENTS:
+        raise ValueError(f"element must be {one_of(ELEMENTS)}")
+    return element
 
 
 class SlidingWindow(CheckedModel):
@@ -75,9 +82,7 @@ class AttentionMask(Descriptor):
     @field_validator("element", check_fields=False)
     @classmethod
     def _floating(cls, element: ElementKind) -> ElementKind:
-        if element not in ELEMENTS:
-            raise ValueError(f"element must be {one_of(ELEMENTS)}")
-        return element
+        return floating_element(element)
 
     @field_validator("scale", check_fields=False)
     @classmethod

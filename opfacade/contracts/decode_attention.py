@@ -39,7 +39,6 @@ from .kv_cache import (
     KvCacheEnvelope,
     cache_specs,
     cache_views,
-    seq_lens_view,
     token_view,
     verification_inputs,
 )
@@ -88,14 +87,11 @@ class DecodeAttentionArgs:
     lse: Any = None
 
 
-
 def _bind_decode(desc: DecodeAttentionDescriptor, args: DecodeAttentionArgs) -> BoundArgs:
     expect_args_type(args, DecodeAttentionArgs)
     q = token_view(args.q, "q", desc, desc.heads_q, desc.head_dim)
     sequences = q.shape[0]
-    views: dict[str, TensorView | None] = {
-        "q": q, "seq_lens": seq_lens_view(args.seq_lens, desc.batch, sequences, "q")}
-    views.update(cache_views(desc, args, sequences))
+    views: dict[str, TensorView | None] = {"q": q, **cache_views(desc, args, sequences, "q")}
     views["out"] = token_view(args.out, "out", desc, desc.heads_q, desc.dim_v, sequences, "q")
     lse = argument_when(args.lse, "lse", desc.save_lse, "save_lse is True")
     views["lse"] = None

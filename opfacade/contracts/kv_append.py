@@ -26,7 +26,6 @@ from .kv_cache import (
     cache_specs,
     cache_views,
     large_copy_scales,
-    seq_lens_view,
     token_view,
     verification_inputs,
 )
@@ -52,7 +51,6 @@ class KvAppendArgs:
     page_table: Any = None
 
 
-
 def _bind_append(desc: KvAppendDescriptor, args: KvAppendArgs) -> BoundArgs:
     expect_args_type(args, KvAppendArgs)
     k_new = token_view(args.k_new, "k_new", desc, desc.heads_kv, desc.head_dim)
@@ -61,8 +59,7 @@ def _bind_append(desc: KvAppendDescriptor, args: KvAppendArgs) -> BoundArgs:
         "k_new": k_new,
         "v_new": token_view(args.v_new, "v_new", desc, desc.heads_kv, desc.dim_v, sequences,
                          "k_new"),
-        "seq_lens": seq_lens_view(args.seq_lens, desc.batch, sequences, "k_new")}
-    views.update(cache_views(desc, args, sequences))
+        **cache_views(desc, args, sequences, "k_new")}
     outputs = ("k_cache", "v_cache")
     expect_no_overlaps(views, outputs)
     return BoundArgs(views, outputs=outputs)

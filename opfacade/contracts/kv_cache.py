@@ -33,10 +33,9 @@ from pydantic import Field, field_validator, model_validator
 
 from .._internal.contract import Descriptor, TensorSpec
 from .._internal.tensors import TensorView, argument_when, expect, wrap
-from .._internal.validation import one_of
 from ..errors import InvalidArgument, ShapeMismatch
 from ..types import ElementKind
-from .attention_masks import ELEMENTS, MAX_EXTENT
+from .attention_masks import ELEMENTS, MAX_EXTENT, floating_element
 
 __all__ = [
     "CACHES",
@@ -103,9 +102,7 @@ class KvCacheEnvelope(Descriptor):
     @field_validator("element")
     @classmethod
     def _floating(cls, element: ElementKind) -> ElementKind:
-        if element not in ELEMENTS:
-            raise ValueError(f"element must be {one_of(ELEMENTS)}")
-        return element
+        return floating_element(element)
 
     @property
     def dim_v(self) -> int:
@@ -168,8 +165,11 @@ def seq_lens_view(obj: Any, batch: int, sequences: int, of: str) -> TensorView:
     return view
 
 
-def cache_views(desc: KvCacheEnvelope, args, sequences: int) -> dict[str, TensorView | None]:
-    """k_cache and v_cache as the descriptor's form says, and the page table."""
+def cache_views(desc: KvCacheEnvelope, args, sequences: int, of: str
+                ) -> dict[str, TensorView | None]:
+    """The step's cache arguments: seq_lens (one per sequence of ``of``), k_cache and v_cache
+    as the descriptor's form says, and the page table."""
+    lengths = seq_lens_view(args.seq_lens, desc.batch, sequences, of)
     k_view, v_view = required_view(args.k_cache, "k_cache"), required_view(args.v_cache, "v_cache")
     if desc.cache == "pointers":
         for view, name in ((k_view, "k_cache"), (v_view, "v_cache")):
@@ -194,7 +194,7 @@ def cache_views(desc: KvCacheEnvelope, args, sequences: int) -> dict[str, Tensor
         table_view = wrap(table, "page_table")
         expect(table_view, "page_table", shape=(sequences, desc.max_pages),
                element=ElementKind.i32)
-    return {"k_cache": k_view, "v_cache": v_view, "page_table": table_view}
+    return {"seq_lens": lengths, "k_cache": k_view, "v_cache": v_view, "page_table": table_view}
 
 
 # ----------------------------------------------------------------------------- verification

@@ -194,7 +194,7 @@ class GraphedLaunches:
     """
 
     __slots__ = ("_calls", "_capturing", "_device", "_direct", "_exec", "_graph", "_keep",
-                 "_make", "_stream", "_unavailable")
+                 "_library", "_make", "_stream", "_unavailable")
 
     def __init__(self, make: Callable[[int], list[Callable[[], None]]], stream: int,
                  device: int):
@@ -202,7 +202,8 @@ class GraphedLaunches:
         self._direct = make(self._stream)
         self._calls, self._exec, self._graph, self._keep = 0, None, None, None
         self._capturing = ctypes.c_int(0)
-        self._unavailable = _libcuda() is None
+        self._library = _libcuda()
+        self._unavailable = self._library is None
 
     def _launch_direct(self) -> None:
         for launch in self._direct:
@@ -239,7 +240,7 @@ class GraphedLaunches:
         if self._unavailable or self._calls == 1:
             self._launch_direct()
             return
-        library = _libcuda()
+        library = self._library
         library.cuStreamIsCapturing(ctypes.c_void_p(self._stream), ctypes.byref(self._capturing))
         if self._capturing.value or (self._exec is None and not self._build()):
             self._launch_direct()
