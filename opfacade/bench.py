@@ -16,14 +16,19 @@ from ._bench.common import BenchRow, format_rows
 __all__ = ["run_bench"]
 
 
+# Benches that time no one family: the host cost of the framework paths (``_bench/host.py``).
+EXTRA_BENCHES = ("host",)
+
+
 def _families():
-    """Each family's bench (``_bench/<family>.py``), in the registry table's order."""
+    """Each family's bench (``_bench/<family>.py``), in the registry table's order, then the
+    extra benches."""
     import importlib
 
     from ._registry import FAMILIES
 
-    return {family.name: importlib.import_module(f"._bench.{family.name}", __package__).run
-            for family in FAMILIES}
+    names = [family.name for family in FAMILIES] + list(EXTRA_BENCHES)
+    return {name: importlib.import_module(f"._bench.{name}", __package__).run for name in names}
 
 
 def _warm_up(seconds: float = 2.0) -> None:

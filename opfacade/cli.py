@@ -234,9 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                        help="time rows with a possibly host-bound contestant again from CUDA "
                             "graphs (--no-graphs: only mark them)")
-    bench.add_argument("--op", action="append", choices=[family.name for family in FAMILIES],
-                       metavar="FAMILY", help="only this family (repeatable): "
-                       + ", ".join(family.name for family in FAMILIES))
+    from .bench import EXTRA_BENCHES
+
+    benches = [family.name for family in FAMILIES] + list(EXTRA_BENCHES)
+    bench.add_argument("--op", action="append", choices=benches, metavar="FAMILY",
+                       help="only this family (repeatable): " + ", ".join(benches))
     bench.set_defaults(run=_bench)
     return parser
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .._internal.memory import OutputAllocator
@@ -19,10 +20,11 @@ from ..contracts.linear import (
     LinearBackwardArgs,
     LinearBackwardDescriptor,
     LinearDescriptor,
-    _LinearShape,
 )
+from ..contracts.linear_activations import AuxLayout
 from ..errors import InvalidArgument, ShapeMismatch
 from ..plan import Plan, plan_class
+from ..types import ElementKind, PlanPreference
 
 __all__ = [
     "LinearDescriptor",
@@ -78,30 +80,36 @@ def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
                 element=x.element)
 
 
-def _aux_buffer(desc: _LinearShape, allocate):
-    """An aux whose rows cuBLASLt accepts: allocated with padded rows, returned as a view."""
-    columns, stride = desc.aux_layout.columns(desc.n), desc.aux_layout.row_stride(desc.n)
+def aux_buffer(layout: AuxLayout, element: ElementKind, lead: tuple, m: int, n: int,
+               allocate: Callable[[tuple, ElementKind], Any]) -> Any:
+    """An aux whose rows cuBLASLt accepts: allocated with padded rows, returned as a view. Takes
+    extents rather than a descriptor so that torch's fake kernels (symbolic sizes) share it."""
+    columns, stride = layout.columns(n), layout.row_stride(n)
     if stride == columns:
-        return allocate(desc.aux_shape, desc.aux_element)
-    return allocate((*desc.lead, desc.m, stride), desc.aux_element)[..., :columns]
+        return allocate((*lead, m, columns), layout.element(element))
+    return allocate((*lead, m, stride), layout.element(element))[..., :columns]
 
 
 def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
            residual: Any = None, weight_layout: str = "nk", tf32: bool = False,
-           save_aux: bool = False, out: Any = None, stream: Any = None) -> Any:
+           save_aux: bool = False, out: Any = None, stream: Any = None,
+           deterministic: bool = False) -> Any:
     """Functional LinearForwardPlan: ``out``, or ``(out, aux)`` when ``save_aux``.
 
     Same semantics as torch's ``F.linear`` with the default "nk" weight; uses the process-wide
-    plan cache and allocates what is not given. Arguments are LinearDescriptor's and LinearArgs'.
+    plan cache and allocates what is not given. Arguments are LinearDescriptor's and LinearArgs';
+    ``deterministic`` selects under PlanPreference(deterministic=True).
     """
     xv, wv = wrap(x, "x"), wrap(weight, "weight")
     desc = LinearDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32, activation=activation,
                             bias=bias is not None, residual=residual is not None,
                             save_aux=save_aux)
-    plan = LinearForwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
+    plan = LinearForwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
+                                    device="cpu" if xv.device is None else xv.device)
     allocate = OutputAllocator(xv, stream)
     out = allocate(desc.out_shape, desc.element) if out is None else out
-    aux = _aux_buffer(desc, allocate) if save_aux else None
+    aux = (aux_buffer(desc.aux_layout, desc.element, desc.lead, desc.m, desc.n, allocate)
+           if save_aux else None)
     plan.run(LinearArgs(x, weight, bias, residual, out, aux), stream=stream)
     return (out, aux) if save_aux else out
 
@@ -109,17 +117,20 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
 def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
                     activation: str = "none", weight_layout: str = "nk", tf32: bool = False,
                     need_input_grad: bool = True, need_weight_grad: bool = True,
-                    need_bias_grad: bool = True, stream: Any = None) -> tuple[Any, Any, Any]:
+                    need_bias_grad: bool = True, stream: Any = None,
+                    deterministic: bool = False) -> tuple[Any, Any, Any]:
     """Functional LinearBackwardPlan: ``(grad_x, grad_weight, grad_bias)``, None where not asked.
 
     ``aux`` is what ``linear(..., save_aux=True)`` returned; needed unless activation is "none".
+    ``deterministic`` selects under PlanPreference(deterministic=True).
     """
     xv, wv = wrap(x, "x"), wrap(weight, "weight")
     desc = LinearBackwardDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32,
                                     activation=activation, need_input_grad=need_input_grad,
                                     need_weight_grad=need_weight_grad,
                                     need_bias_grad=need_bias_grad)
-    plan = LinearBackwardPlan.cached(desc, device="cpu" if xv.device is None else xv.device)
+    plan = LinearBackwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
+                                     device="cpu" if xv.device is None else xv.device)
     allocate = OutputAllocator(xv, stream)
     grads = (allocate(desc.x_shape, desc.element) if need_input_grad else None,
              allocate(desc.weight_shape, desc.element) if need_weight_grad else None,

@@ -27,6 +27,7 @@ from ..contracts.varlen_attention import (
 )
 from ..errors import InvalidArgument
 from ..plan import plan_class
+from ..types import PlanPreference
 
 __all__ = [
     "VarlenAttentionDescriptor",
@@ -86,15 +87,18 @@ def varlen_attention_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, l
                               cu_seqlens_q: Any, cu_seqlens_kv: Any, *, max_seqlen_q: int,
                               max_seqlen_kv: int, scale: float | None = None,
                               causal: str | bool | None = None, window: Any = None,
-                              stream: Any = None) -> tuple[Any, Any, Any]:
-    """Functional form of VarlenAttentionBackwardPlan: returns (grad_q, grad_k, grad_v)."""
+                              stream: Any = None, deterministic: bool = False
+                              ) -> tuple[Any, Any, Any]:
+    """Functional form of VarlenAttentionBackwardPlan: returns (grad_q, grad_k, grad_v).
+    ``deterministic`` selects under PlanPreference(deterministic=True)."""
     views = [wrap(t, name) for t, name in ((q, "q"), (k, "k"), (v, "v"))]
     fields = _problem(*views, cu_seqlens_q, max_seqlen_q, max_seqlen_kv,
                       dict(scale=scale, causal=causal, window=window))
     desc = VarlenAttentionBackwardDescriptor(**fields).bucketed()
     q_view = views[0]
     plan = VarlenAttentionBackwardPlan.cached(
-        desc, device="cpu" if q_view.device is None else q_view.device)
+        desc, PlanPreference(deterministic=deterministic),
+        device="cpu" if q_view.device is None else q_view.device)
     allocate = OutputAllocator(q_view, stream)
     grads = tuple(allocate(view.shape, view.element) for view in views)
     plan.run(VarlenAttentionBackwardArgs(q, k, v, out, grad_out, lse, cu_seqlens_q,

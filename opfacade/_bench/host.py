@@ -1,0 +1,69 @@
+"""Host time per call on tiny problems (issue 14 §3), rows with op ``host``: what a framework
+pays in Python and dispatch around the GPU work, opfacade's functional forms, plan.run and the
+torch ops against torch's equivalent call in the same process ("torch"). Each figure is the
+median of interleaved batches (common.host_us_interleaved); ``ours_ms`` and ``peers_ms`` hold
+host milliseconds per call, so the ratio peer / ours above 1 means opfacade costs less."""
+
+from __future__ import annotations
+
+from .common import BenchRow, host_us_interleaved
+
+CALLS, ROUNDS = 200, 9
+
+
+def _row(case: str, us: dict[str, float], ours: str, peers: dict[str, str], notes: str
+         ) -> BenchRow:
+    return BenchRow(op="host", case=case, ours_ms=us[ours] / 1e3,
+                    figure=f"{us[ours]:.1f} us host per call",
+                    peers_ms={peer: us[name] / 1e3 for peer, name in peers.items()}, notes=notes)
+
+
+def run(quick: bool = False) -> list[BenchRow]:
+    import torch
+    import torch.nn.functional as F
+
+    import opfacade
+    import opfacade.torch as oft
+
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    x, w, b = torch.randn(64, 64, **bf16), torch.randn(64, 64, **bf16), torch.randn(64, **bf16)
+    q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
+    lin_plan = opfacade.LinearForwardPlan.cached(opfacade.LinearDescriptor(
+        m=64, n=64, k=64, element="bf16", activation="gelu_tanh"))
+    lin_args = opfacade.LinearArgs(x, w, b, out=torch.empty(64, 64, **bf16))
+    lin_ws = torch.empty(max(lin_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
+    att_plan = opfacade.SdpaForwardPlan.cached(opfacade.SdpaDescriptor(
+        batch=1, heads_q=1, heads_kv=1, seq_q=64, seq_kv=64, head_dim=64, element="bf16"))
+    att_args = opfacade.SdpaArgs(q, k, v, torch.empty(1, 1, 64, 64, **bf16))
+    att_ws = torch.empty(max(att_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
+    us = host_us_interleaved({
+        "torch linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
+        "linear functional": lambda: opfacade.linear(x, w, b, activation="gelu_tanh"),
+        "linear torch op": lambda: oft.linear(x, w, b, activation="gelu_tanh"),
+        "linear run": lambda: lin_plan.run(lin_args),
+        "linear run ws": lambda: lin_plan.run(lin_args, workspace=lin_ws),
+        "torch sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+        "sdpa functional": lambda: opfacade.sdpa(q, k, v),
+        "sdpa torch op": lambda: oft.sdpa(q, k, v),
+        "sdpa run": lambda: att_plan.run(att_args),
+        "sdpa run ws": lambda: att_plan.run(att_args, workspace=att_ws),
+    }, calls=CALLS // 4 if quick else CALLS, rounds=3 if quick else ROUNDS)
+    linear = "linear 64x64x64 bf16 gelu_tanh"
+    attention = "sdpa B1 H1 S64 d64 bf16"
+    peer = "torch F.gelu(F.linear(...), approximate='tanh')"
+    return [
+        _row(f"{linear}, functional", us, "linear functional", {"torch": "torch linear"}, peer),
+        _row(f"{linear}, torch op", us, "linear torch op", {"torch": "torch linear"}, peer),
+        _row(f"{attention}, functional", us, "sdpa functional", {"torch": "torch sdpa"},
+             "torch F.scaled_dot_product_attention"),
+        _row(f"{attention}, torch op", us, "sdpa torch op", {"torch": "torch sdpa"},
+             "torch F.scaled_dot_product_attention"),
+        _row(f"{linear}, run() without a workspace", us, "linear run",
+             {"run() with one": "linear run ws"},
+             f"+{us['linear run'] - us['linear run ws']:.1f} us over run() with a workspace "
+             f"({lin_plan.workspace_size} bytes); target <= 3 us"),
+        _row(f"{attention}, run() without a workspace", us, "sdpa run",
+             {"run() with one": "sdpa run ws"},
+             f"+{us['sdpa run'] - us['sdpa run ws']:.1f} us over run() with a workspace "
+             f"({att_plan.workspace_size} bytes); target <= 3 us"),
+    ]

@@ -1,0 +1,97 @@
+"""What every torch op of opfacade shares: the op namespace, the device and grad checks that give
+typed errors where torch would crash or silently fall back, and tensors allocated the way the
+real kernels and torch.compile's fake kernels must agree on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._internal.view import ELEMENT_BY_NAME, dtype_name
+from ..contracts.sdpa_layouts import MEMORY_ORDER
+from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
+from ..types import ElementKind, PlanPreference
+
+__all__ = ["NAMESPACE", "cuda_device", "element_of", "empty", "empty_in_layout", "no_grad_wanted",
+           "preference", "torch_dtype", "wants_grad"]
+
+# torch.ops.opfacade.<op>: one namespace for every family's ops.
+NAMESPACE = "opfacade"
+
+
+def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
+    """The one CUDA device every given tensor (None skipped) lives on.
+
+    Raises:
+        DeviceMismatch: a tensor on the host or another device, naming it and the first one.
+        InvalidArgument: an argument that is not a tensor.
+    """
+    device = first = None
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, got "
+                                  f"{type(tensor).__name__}", argument=name)
+        if tensor.device.type != "cuda":
+            raise DeviceMismatch(f"{op}: {name} must be a CUDA tensor, got one on "
+                                 f"{tensor.device} (opfacade's torch ops run on the GPU only)",
+                                 argument=name)
+        if device is None:
+            device, first = tensor.device, name
+        elif tensor.device != device:
+            raise DeviceMismatch(f"{op}: {name} is on {tensor.device} but {first} is on {device}",
+                                 argument=name)
+    if device is None:
+        raise InvalidArgument(f"{op}: no tensor given", argument="inputs")
+    return device
+
+
+def element_of(tensor: torch.Tensor, name: str) -> ElementKind:
+    """The ElementKind of a tensor's dtype, or DTypeMismatch naming it."""
+    element = ELEMENT_BY_NAME.get(str(tensor.dtype).removeprefix("torch."))
+    if element is None:
+        raise DTypeMismatch(f"{name} has dtype {tensor.dtype}, which opfacade has no element for",
+                            argument=name)
+    return element
+
+
+def torch_dtype(element: ElementKind) -> torch.dtype:
+    return getattr(torch, dtype_name(element))
+
+
+def empty(shape: Sequence[int], element: ElementKind, device: torch.device) -> torch.Tensor:
+    return torch.empty(tuple(shape), dtype=torch_dtype(element), device=device)
+
+
+def empty_in_layout(shape: Sequence[int], layout: str, element: ElementKind,
+                    device: torch.device) -> torch.Tensor:
+    """A tensor of logical [batch, heads, seq, dim] ``shape`` stored in the dense ``layout``
+    order (the sdpa contract's MEMORY_ORDER), so real and fake outputs have the same strides."""
+    order = MEMORY_ORDER[layout]
+    memory = empty([shape[i] for i in order], element, device)
+    return memory.permute(*(order.index(i) for i in range(4)))
+
+
+def wants_grad(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will ask for a gradient of any of these tensors."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def no_grad_wanted(op: str, **tensors: torch.Tensor | None) -> None:
+    """Raises Unsupported when autograd would ask an op without a backward for a gradient."""
+    if not torch.is_grad_enabled():
+        return
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.requires_grad:
+            raise Unsupported(f"{op} has no backward, but {name} requires grad; call it under "
+                              f"torch.no_grad() or pass {name}.detach()")
+
+
+def preference(deterministic: bool | None) -> PlanPreference:
+    """The plan preference of a torch op: deterministic SKUs when asked, or when torch's own
+    torch.use_deterministic_algorithms(True) is on and the caller did not say."""
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    return PlanPreference(deterministic=bool(deterministic))

@@ -1,0 +1,65 @@
+"""The alibi family as torch ops: ``opfacade::alibi`` adds ``slope[h] * (j - i)`` to [B, H, Q, K]
+scores, ``opfacade::alibi_backward`` gives the scores' and the slopes' gradients, and ``alibi``
+is differentiable in both."""
+
+from __future__ import annotations
+
+import torch
+
+from ..contracts.alibi import accumulator
+from ..ops import alibi as functional
+from ._common import cuda_device, element_of, empty
+
+__all__ = ["alibi"]
+
+
+@torch.library.custom_op("opfacade::alibi", mutates_args=())
+def _alibi_op(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    cuda_device("alibi", scores=scores, slopes=slopes)
+    return functional.alibi_forward(scores, slopes)
+
+
+@_alibi_op.register_fake
+def _(scores, slopes):
+    device = cuda_device("alibi", scores=scores, slopes=slopes)
+    return empty(scores.shape, element_of(scores, "scores"), device)
+
+
+@torch.library.custom_op("opfacade::alibi_backward", mutates_args=())
+def _alibi_backward_op(grad_output: torch.Tensor, need_input_grad: bool,
+                       need_slope_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    cuda_device("alibi_backward", grad_output=grad_output)
+    grad_scores, grad_slopes = functional.alibi_backward(
+        grad_output, need_input_grad=need_input_grad, need_slope_grad=need_slope_grad)
+    nothing = grad_output.new_empty(0)
+    return (nothing if grad_scores is None else grad_scores,
+            nothing.clone() if grad_slopes is None else grad_slopes)
+
+
+@_alibi_backward_op.register_fake
+def _(grad_output, need_input_grad, need_slope_grad):
+    device = cuda_device("alibi_backward", grad_output=grad_output)
+    element = element_of(grad_output, "grad_output")
+    return (empty(grad_output.shape, element, device) if need_input_grad
+            else grad_output.new_empty(0),
+            empty((grad_output.shape[1],), accumulator(element), device) if need_slope_grad
+            else grad_output.new_empty(0))
+
+
+def _backward(ctx, grad_output):
+    need_scores, need_slopes = ctx.needs_input_grad[:2]
+    if not (need_scores or need_slopes):
+        return None, None
+    grad_scores, grad_slopes = torch.ops.opfacade.alibi_backward(
+        grad_output.contiguous(), need_scores, need_slopes)
+    return grad_scores if need_scores else None, grad_slopes if need_slopes else None
+
+
+_alibi_op.register_autograd(_backward)
+
+
+def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    """``scores[b, h, i, j] + slopes[h] * (j - i)`` for contiguous [B, H, Q, K] scores; slopes
+    [H] in f32 (f64 for f64 scores). Differentiable in both."""
+    cuda_device("alibi", scores=scores, slopes=slopes)
+    return torch.ops.opfacade.alibi(scores, slopes)

@@ -1,0 +1,154 @@
+"""The linear family as torch ops: ``opfacade::linear`` and ``opfacade::linear_backward``, the
+autograd between them, the ``linear`` function and the ``Linear`` module (nn.Linear's state_dict
+with a fused activation).
+
+    layer = Linear(1024, 4096, activation="gelu_tanh", device="cuda", dtype=torch.bfloat16)
+    layer.load_state_dict(torch_linear.state_dict())
+    y = layer(x)                      # x [..., 1024]; autograd through cuBLASLt's epilogues
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..contracts.linear_activations import ACTIVATIONS
+from ..errors import InvalidProblem
+from ..ops import linear as functional
+from ._common import cuda_device, element_of, empty, preference, wants_grad
+
+__all__ = ["Linear", "linear"]
+
+
+def _no_aux(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0, dtype=torch.uint8)
+
+
+@torch.library.custom_op("opfacade::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               activation: str, save_aux: bool, deterministic: bool
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    cuda_device("linear", x=x, weight=weight, bias=bias)
+    result = functional.linear(x, weight, bias, activation=activation, save_aux=save_aux,
+                               deterministic=deterministic)
+    return result if save_aux else (result, _no_aux(x))
+
+
+@_linear_op.register_fake
+def _(x, weight, bias, activation, save_aux, deterministic):
+    device = cuda_device("linear", x=x, weight=weight, bias=bias)
+    if activation not in ACTIVATIONS:
+        raise InvalidProblem(f"activation must be one of {sorted(ACTIVATIONS)}, got "
+                             f"{activation!r}", field="activation")
+    element, m, n = element_of(x, "x"), x.shape[0], weight.shape[0]
+    out = empty((m, n), element, device)
+    layout = ACTIVATIONS[activation].aux
+    if not save_aux or layout is None:
+        return out, _no_aux(x)
+    return out, functional.aux_buffer(layout, element, (), m, n,
+                                      lambda shape, kind: empty(shape, kind, device))
+
+
+@torch.library.custom_op("opfacade::linear_backward", mutates_args=())
+def _linear_backward_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                        aux: torch.Tensor | None, activation: str, need_input_grad: bool,
+                        need_weight_grad: bool, need_bias_grad: bool, deterministic: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    cuda_device("linear_backward", grad_out=grad_out, x=x, weight=weight, aux=aux)
+    grads = functional.linear_backward(grad_out, x, weight, aux, activation=activation,
+                                       need_input_grad=need_input_grad,
+                                       need_weight_grad=need_weight_grad,
+                                       need_bias_grad=need_bias_grad, deterministic=deterministic)
+    return tuple(_no_aux(x) if grad is None else grad for grad in grads)
+
+
+@_linear_backward_op.register_fake
+def _(grad_out, x, weight, aux, activation, need_input_grad, need_weight_grad, need_bias_grad,
+      deterministic):
+    device = cuda_device("linear_backward", grad_out=grad_out, x=x, weight=weight, aux=aux)
+    element = element_of(x, "x")
+    wanted = ((need_input_grad, x.shape), (need_weight_grad, weight.shape),
+              (need_bias_grad, (weight.shape[0],)))
+    return tuple(empty(shape, element, device) if need else _no_aux(x) for need, shape in wanted)
+
+
+def _save_for_backward(ctx, inputs, output) -> None:
+    x, weight, bias, activation, _save_aux, deterministic = inputs
+    ctx.activation, ctx.deterministic, ctx.has_bias = activation, deterministic, bias is not None
+    aux = output[1] if activation != "none" else None
+    ctx.save_for_backward(x, weight, aux)
+
+
+def _backward(ctx, grad_out, _grad_aux):
+    x, weight, aux = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    if not (need_x or need_w or (need_b and ctx.has_bias)):
+        return None, None, None, None, None, None
+    grad_x, grad_w, grad_b = torch.ops.opfacade.linear_backward(
+        grad_out.contiguous(), x, weight, aux, ctx.activation, need_x, need_w,
+        need_b and ctx.has_bias, ctx.deterministic)
+    return (grad_x if need_x else None, grad_w if need_w else None,
+            grad_b if need_b and ctx.has_bias else None, None, None, None)
+
+
+_linear_op.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           activation: str = "none", deterministic: bool | None = None) -> torch.Tensor:
+    """``act(F.linear(x, weight, bias))`` through cuBLASLt: x [..., K], weight [N, K] (nn.Linear's
+    layout), bias [N]; the activation is fused into the GEMM's epilogue where cuBLASLt has one
+    (see contracts/linear.py). ``deterministic`` None follows
+    torch.are_deterministic_algorithms_enabled(). Differentiable in x, weight and bias."""
+    cuda_device("linear", x=x, weight=weight, bias=bias)
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
+    save_aux = activation != "none" and wants_grad(x, weight, bias)
+    pref = preference(deterministic)
+    out, _aux = torch.ops.opfacade.linear(rows, weight, bias, activation, save_aux,
+                                          pref.deterministic)
+    return out.reshape(*lead, weight.shape[0])
+
+
+class Linear(torch.nn.Module):
+    """nn.Linear through opfacade, with an optional fused activation. Its parameters are named
+    and shaped as nn.Linear's (weight [out, in], bias [out]), so either loads the other's
+    state_dict; initialised as nn.Linear initialises."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 activation: str = "none", deterministic: bool | None = None,
+                 device=None, dtype=None):
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features = in_features, out_features
+        self.activation, self.deterministic = activation, deterministic
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.register_parameter(
+            "bias", torch.nn.Parameter(torch.empty(out_features, **factory)) if bias else None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.Linear's own initialisation, so a drop-in starts from the same distribution.
+        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    @classmethod
+    def from_torch(cls, module: torch.nn.Linear, *, activation: str = "none",
+                   deterministic: bool | None = None) -> Linear:
+        """A Linear holding a copy of ``module``'s parameters, on its device and dtype."""
+        layer = cls(module.in_features, module.out_features, module.bias is not None,
+                    activation=activation, deterministic=deterministic,
+                    device=module.weight.device, dtype=module.weight.dtype)
+        layer.load_state_dict(module.state_dict())
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, activation=self.activation,
+                      deterministic=self.deterministic)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, activation={self.activation!r}")

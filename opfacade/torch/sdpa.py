@@ -1,0 +1,191 @@
+"""The sdpa family as torch ops: ``opfacade::sdpa`` and ``opfacade::sdpa_backward``, the autograd
+between them, and ``sdpa``, a drop-in for F.scaled_dot_product_attention.
+
+    out = sdpa(q, k, v, is_causal=True, enable_gqa=True)   # q [B, Hq, S, D], k/v [B, Hkv, S, D]
+
+Every case F.scaled_dot_product_attention accepts is either served with its semantics or refused
+with a typed error saying why; nothing falls back to another implementation. The cuDNN SKUs'
+guarantee does not claim capture safety because of ALiBi, whose slopes the frontend copies from
+the host on every execute; these ops never pass ALiBi, and tests/test_torch_gpu.py replays them
+from CUDA graphs, so they carry no cudagraph_unsafe tag.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..contracts.sdpa_layouts import LAYOUTS, layout_of
+from ..errors import DTypeMismatch, InvalidArgument, LayoutMismatch, ShapeMismatch
+from ..ops import sdpa as functional
+from ..types import ElementKind
+from ._common import cuda_device, element_of, empty, empty_in_layout, preference, wants_grad
+
+__all__ = ["sdpa"]
+
+# The Philox seeds a dropout forward draws from torch's generator: below 2**62, as torch's own.
+_SEED_BOUND = 1 << 62
+
+
+def _layout(tensor: torch.Tensor, name: str) -> str:
+    layout = layout_of(tuple(tensor.shape), tuple(tensor.stride()))
+    if layout is None:
+        raise LayoutMismatch(f"sdpa: {name} must be dense in one of the layouts "
+                             f"{'/'.join(LAYOUTS)} ([B, H, S, D] indexed), got strides "
+                             f"{tuple(tensor.stride())} for shape {tuple(tensor.shape)}",
+                             argument=name)
+    return layout
+
+
+def _causal(causal: bool) -> str | None:
+    return "top_left" if causal else None  # torch's is_causal is top-left aligned
+
+
+def _no_stats(q: torch.Tensor) -> torch.Tensor:
+    return q.new_empty(0, dtype=torch.float32)
+
+
+@torch.library.custom_op("opfacade::sdpa", mutates_args=())
+def _sdpa_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+             causal: bool, scale: float | None, dropout_p: float,
+             dropout_seed: torch.Tensor | None, dropout_offset: torch.Tensor | None,
+             save_stats: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # deterministic is the backward's choice (cuDNN's forward is deterministic either way);
+    # it is in the forward's schema so that autograd hands it to the backward.
+    device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
+    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q, "q"), element_of(q, "q"),
+                          device)
+    result = functional.sdpa(q, k, v, causal=_causal(causal), scale=scale, bias=bias,
+                             dropout_p=dropout_p, dropout_seed=dropout_seed,
+                             dropout_offset=dropout_offset, return_stats=save_stats, out=out)
+    return result if save_stats else (result, _no_stats(q))
+
+
+@_sdpa_op.register_fake
+def _(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset, save_stats,
+      deterministic):
+    device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
+    element = element_of(q, "q")
+    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q, "q"), element, device)
+    stats_element = ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
+    stats = empty((*q.shape[:3], 1), stats_element, device) if save_stats else _no_stats(q)
+    return out, stats
+
+
+@torch.library.custom_op("opfacade::sdpa_backward", mutates_args=())
+def _sdpa_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                      grad_out: torch.Tensor, stats: torch.Tensor, bias: torch.Tensor | None,
+                      need_bias_grad: bool, causal: bool, scale: float | None,
+                      dropout_p: float, dropout_seed: torch.Tensor | None,
+                      dropout_offset: torch.Tensor | None, deterministic: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    cuda_device("sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
+    grads = functional.sdpa_backward(q, k, v, out, grad_out, stats, causal=_causal(causal),
+                                     scale=scale, bias=bias, need_bias_grad=need_bias_grad,
+                                     dropout_p=dropout_p, dropout_seed=dropout_seed,
+                                     dropout_offset=dropout_offset, deterministic=deterministic)
+    return grads if need_bias_grad else (*grads, q.new_empty(0))
+
+
+@_sdpa_backward_op.register_fake
+def _(q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropout_p,
+      dropout_seed, dropout_offset, deterministic):
+    device = cuda_device("sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
+    element, layout = element_of(q, "q"), _layout(q, "q")
+    grads = [empty_in_layout(t.shape, layout, element, device) for t in (q, k, v)]
+    grad_bias = (empty(bias.shape, element, device) if need_bias_grad
+                 else q.new_empty(0))
+    return (*grads, grad_bias)
+
+
+def _save_for_backward(ctx, inputs, output) -> None:
+    q, k, v, bias, causal, scale, dropout_p, seed, offset, _save_stats, deterministic = inputs
+    ctx.options = (causal, scale, dropout_p, deterministic)
+    ctx.save_for_backward(q, k, v, bias, seed, offset, *output)
+
+
+def _backward(ctx, grad_out, _grad_stats):
+    q, k, v, bias, seed, offset, out, stats = ctx.saved_tensors
+    causal, scale, dropout_p, deterministic = ctx.options
+    need_bias_grad = bias is not None and ctx.needs_input_grad[3]
+    if grad_out.stride() != out.stride():
+        # cuDNN reads dO in O's layout; torch's own SDPA backwards make the same copy.
+        grad_out = torch.empty_like(out).copy_(grad_out)
+    grad_q, grad_k, grad_v, grad_bias = torch.ops.opfacade.sdpa_backward(
+        q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropout_p, seed,
+        offset, deterministic)
+    return (grad_q, grad_k, grad_v, grad_bias if need_bias_grad else None,
+            None, None, None, None, None, None, None)
+
+
+_sdpa_op.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+def _bias_from_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor
+                    ) -> torch.Tensor | None:
+    """torch's attn_mask as the additive [B|1, H|1, Sq, Skv] bias the contract takes: a boolean
+    mask (True attends) becomes 0/-inf in q's dtype; a float mask must be in q's dtype, as torch
+    requires; broadcast extents are materialised only over the two sequence axes."""
+    if mask is None:
+        return None
+    batch, heads, seq_q = q.shape[:3]
+    seq_kv = k.shape[2]
+    if mask.ndim > 4:
+        raise ShapeMismatch(f"sdpa: attn_mask must have at most 4 dims, got shape "
+                            f"{tuple(mask.shape)}", argument="attn_mask")
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device).masked_fill(
+            mask.logical_not(), -math.inf)
+    elif mask.dtype != q.dtype:
+        raise DTypeMismatch(f"sdpa: attn_mask must be bool or of q's dtype {q.dtype}, got "
+                            f"{mask.dtype}", argument="attn_mask")
+    mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    lead = tuple(mask.shape[:2])
+    if (lead[0] not in (1, batch) or lead[1] not in (1, heads)
+            or mask.shape[2] not in (1, seq_q) or mask.shape[3] not in (1, seq_kv)):
+        raise ShapeMismatch(f"sdpa: attn_mask of shape {tuple(mask.shape)} does not broadcast to "
+                            f"({batch}, {heads}, {seq_q}, {seq_kv})", argument="attn_mask")
+    return mask.expand(*lead, seq_q, seq_kv).contiguous()
+
+
+def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+         attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+         scale: float | None = None, enable_gqa: bool = False, *,
+         deterministic: bool | None = None) -> torch.Tensor:
+    """F.scaled_dot_product_attention's signature and semantics, through opfacade's SDPA SKUs.
+
+    query [B, Hq, L, E] (or [Hq, L, E]), key/value [B, Hkv, S, E/Ev], stored densely in the
+    bhsd, bshd or sbhd order; attn_mask bool (True attends) or additive in query's dtype,
+    broadcastable to [B, Hq, L, S]; is_causal is top-left aligned, as torch's. Dropout draws its
+    Philox seed from torch's generator, so torch.manual_seed reproduces it (the mask itself is
+    cuDNN's, not torch's). ``deterministic`` (keyword-only, None: follow
+    torch.are_deterministic_algorithms_enabled()) picks a deterministic backward.
+    Differentiable in query, key, value and a float attn_mask.
+    """
+    cuda_device("sdpa", query=query, key=key, value=value, attn_mask=attn_mask)
+    unbatched = query.ndim == 3
+    if unbatched:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    for tensor, name in ((query, "query"), (key, "key"), (value, "value")):
+        if tensor.ndim != 4:
+            raise ShapeMismatch(f"sdpa: {name} must be [B, H, S, D] or [H, S, D], got shape "
+                                f"{tuple(tensor.shape)}", argument=name)
+    if is_causal and attn_mask is not None:
+        raise InvalidArgument("sdpa: pass attn_mask or is_causal, not both (as torch requires)",
+                              argument="attn_mask")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ShapeMismatch(f"sdpa: query has {query.shape[1]} heads and key {key.shape[1]}; "
+                            f"pass enable_gqa=True for grouped-query attention", argument="key")
+    if not 0.0 <= dropout_p < 1.0:
+        raise InvalidArgument(f"sdpa: dropout_p must be in [0, 1), got {dropout_p}",
+                              argument="dropout_p")
+    bias = _bias_from_mask(attn_mask, query, key)
+    seed = offset = None
+    if dropout_p > 0.0:
+        seed = torch.randint(_SEED_BOUND, (1,), dtype=torch.int64, device=query.device)
+        offset = torch.zeros(1, dtype=torch.int64, device=query.device)
+    out, _stats = torch.ops.opfacade.sdpa(
+        query, key, value, bias, is_causal, scale, float(dropout_p), seed, offset,
+        wants_grad(query, key, value, bias), preference(deterministic).deterministic)
+    return out.squeeze(0) if unbatched else out

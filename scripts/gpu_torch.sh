@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call for opfacade.torch (issue 14): its GPU tests (opcheck, gradients against
+# float64, torch.compile, CUDA graphs, determinism, bad input) and the bench's host rows.
+#   bash scripts/gpu_torch.sh [stages...]   stages: tests bench verify
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+stages=${*:-tests bench}
+wants() { [[ " $stages " == *" $1 "* ]]; }
+stage() { echo "=== $1 ($(date +%T))"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudnn.backend_version())"
+if wants tests; then
+    stage tests
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-40} \
+        ${TESTS_FILES:-tests/test_torch_gpu.py tests/test_torch.py} -k "${TESTS_K:-not nothing}" \
+        2>&1 | tee "$OUT/pytest_torch.log" | grep -v "^    " | tail -${TESTS_TAIL:-80}
+fi
+if wants bench; then
+    stage bench
+    flags=$(for op in ${BENCH_OPS:-host}; do echo --op $op; done)
+    timeout ${BENCH_TIMEOUT:-200} python3 -m opfacade bench $flags --json "$OUT/bench.json" 2>&1 | tail -40
+fi
+if wants verify; then
+    stage verify
+    timeout 200 python3 -m opfacade verify --out "$OUT/verified" --runs 3 2>&1 | tail -12
+fi
+stage done

@@ -1,0 +1,68 @@
+"""opfacade.torch without a GPU: every family has its ops with the schemas the GPU tests drive,
+the Linear module is nn.Linear's drop-in, and host tensors are a typed error before anything
+runs. Fake kernels, autograd, opcheck and torch.compile need CUDA tensors (a CPU-only torch
+aborts on fake CUDA tensors' device guards), so they run in tests/test_torch_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import opfacade.torch as oft  # noqa: E402
+from opfacade._registry import FAMILIES  # noqa: E402
+from opfacade.errors import DeviceMismatch  # noqa: E402
+
+# Each family's torch ops; a family added to the registry table without torch ops fails here.
+TORCH_OPS = {
+    "alibi": ("alibi", "alibi_backward"),
+    "linear": ("linear", "linear_backward"),
+    "sdpa": ("sdpa", "sdpa_backward"),
+    "varlen_attention": ("varlen_attention", "varlen_attention_backward"),
+    "decode_attention": ("decode_attention",),
+    "kv_append": ("kv_append",),
+}
+
+
+def test_every_family_has_its_torch_ops():
+    assert set(TORCH_OPS) == {family.name for family in FAMILIES}
+    for ops in TORCH_OPS.values():
+        for name in ops:
+            assert hasattr(torch.ops.opfacade, name), name
+
+
+def test_the_forward_ops_carry_the_backward_choice_for_autograd():
+    for name in ("sdpa", "varlen_attention", "linear"):
+        schema = getattr(torch.ops.opfacade, name).default._schema
+        assert "bool deterministic" in str(schema), name
+
+
+HOST = torch.ones(2, 4, 8, 16)
+LENS = torch.ones(2, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda: oft.linear(HOST[0, 0], HOST[0, 0]), "x"),
+    (lambda: oft.sdpa(HOST, HOST, HOST), "query"),
+    (lambda: oft.varlen_attention(HOST[0], HOST[0], HOST[0], LENS, LENS, max_seqlen_q=4,
+                                  max_seqlen_kv=4), "q"),
+    (lambda: oft.alibi(HOST, HOST[0, :, 0, 0]), "scores"),
+    (lambda: oft.decode_attention(HOST, HOST, HOST, LENS), "q"),
+    (lambda: oft.kv_append(HOST, HOST, HOST, HOST, LENS), "k_new"),
+    (lambda: torch.ops.opfacade.linear(HOST[0, 0], HOST[0, 0], None, "none", False, False),
+     "x"),
+])
+def test_host_tensors_are_a_device_mismatch_naming_the_argument(call, argument):
+    with pytest.raises(DeviceMismatch, match="must be a CUDA tensor") as raised:
+        call()
+    assert raised.value.argument == argument
+
+
+def test_linear_loads_an_nn_linear_state_dict():
+    reference = torch.nn.Linear(32, 24)
+    layer = oft.Linear(32, 24, activation="relu")
+    layer.load_state_dict(reference.state_dict())
+    assert torch.equal(layer.weight, reference.weight) and torch.equal(layer.bias, reference.bias)
+    assert reference.load_state_dict(layer.state_dict()) is not None
+    copy = oft.Linear.from_torch(torch.nn.Linear(32, 24, bias=False), activation="silu")
+    assert copy.bias is None and copy.activation == "silu"
+    assert "activation='silu'" in repr(copy)

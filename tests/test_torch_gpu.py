@@ -1,0 +1,397 @@
+"""opfacade.torch on a GPU: every op passes torch.library.opcheck (schema, fake kernels against
+the real ones, autograd registration, AOT dispatch with dynamic shapes); gradients match torch's
+float64 ones as closely as torch's own kernels do in the same dtype; torch.compile(fullgraph)
+compiles a model of these ops without a break, and mode="reduce-overhead" replays it from CUDA
+graphs; deterministic training steps are bitwise repeatable; bad input is a typed error."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import opfacade.torch as oft  # noqa: E402
+from opfacade.errors import (  # noqa: E402
+    DeviceMismatch,
+    DTypeMismatch,
+    InvalidArgument,
+    LayoutMismatch,
+    OpFacadeError,
+    ShapeMismatch,
+    Unsupported,
+)
+
+pytestmark = pytest.mark.gpu
+
+CUDA = "cuda"
+# The floor of the error allowed beside twice torch's, per dtype: one rounding of the output.
+FLOOR = {torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float32: 2e-6}
+
+
+def _randn(*shape, dtype=torch.bfloat16, grad=False, kind="symmetric", seed=0):
+    generator = torch.Generator(device=CUDA).manual_seed(seed)
+    values = torch.randn(*shape, device=CUDA, dtype=torch.float32, generator=generator)
+    if kind == "positive":
+        values = values.abs() + 0.1
+    elif kind == "heavy":
+        values = values * torch.exp(2 * torch.randn(*shape, device=CUDA, generator=generator))
+        values = values.clamp(-1e3, 1e3)
+    return values.to(dtype).requires_grad_(grad)
+
+
+def _error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value.double() - reference).norm() / reference.norm().clamp_min(1e-300))
+
+
+def _assert_as_close_as_torch(ours, torchs, reference, dtype, what):
+    for name, o, t, r in zip(what, ours, torchs, reference, strict=True):
+        ours_error, torch_error = _error(o, r), _error(t, r)
+        allowed = max(2 * torch_error, FLOOR[dtype])
+        assert ours_error <= allowed, (f"{name}: ours {ours_error:.3g} against float64, torch's "
+                                       f"{torch_error:.3g} (allowed {allowed:.3g})")
+
+
+def _grads(fn, inputs, grad_out):
+    out = fn(*inputs)
+    return (out, *torch.autograd.grad(out, [t for t in inputs if t.requires_grad], grad_out))
+
+
+# -- opcheck: schema, fake kernels against the real ones, autograd, AOT dispatch ----------------
+
+def _opcheck_case(name):
+    """The op and its arguments, made when the test runs (collection needs no GPU)."""
+    bf16 = dict(dtype=torch.bfloat16, grad=True)
+    if name.startswith("linear-"):
+        activation = name.removeprefix("linear-")
+        x, w, b = _randn(64, 96, **bf16), _randn(80, 96, **bf16), _randn(80, **bf16)
+        return torch.ops.opfacade.linear, (x, w, b, activation, activation != "none", True)
+    if name == "sdpa-gqa-causal":
+        q, k, v = _randn(2, 8, 64, 64, **bf16), _randn(2, 2, 64, 64, **bf16), _randn(2, 2, 64, 64,
+                                                                                      **bf16)
+        return torch.ops.opfacade.sdpa, (q, k, v, None, True, None, 0.0, None, None, True, True)
+    if name == "sdpa-f32-bias":
+        q = _randn(2, 4, 48, 64, dtype=torch.float32, grad=True)
+        bias = _randn(1, 4, 48, 48, dtype=torch.float32, grad=True)
+        return torch.ops.opfacade.sdpa, (q, q, q, bias, False, 0.125, 0.0, None, None, True,
+                                         True)
+    if name == "varlen":
+        cu = torch.tensor([0, 17, 17, 80, 128], dtype=torch.int32, device=CUDA)
+        q, k, v = _randn(128, 8, 64, **bf16), _randn(128, 2, 64, **bf16), _randn(128, 2, 64,
+                                                                                  **bf16)
+        return torch.ops.opfacade.varlen_attention, (q, k, v, cu, cu, 63, 63, None,
+                                                     "bottom_right", None, None, True, True)
+    if name == "alibi":
+        scores = _randn(2, 4, 16, 24, dtype=torch.float32, grad=True)
+        return torch.ops.opfacade.alibi, (scores, torch.rand(4, device=CUDA, requires_grad=True))
+    cache = _randn(4, 256, 2, 64)
+    lens = torch.tensor([1, 2, 100, 256], dtype=torch.int32, device=CUDA)
+    if name == "decode":
+        return torch.ops.opfacade.decode_attention, (_randn(4, 1, 8, 64), cache, cache.clone(),
+                                                     lens, None, "nhd", None, None, True)
+    assert name == "kv_append"
+    return torch.ops.opfacade.kv_append, (_randn(4, 1, 2, 64), _randn(4, 1, 2, 64),
+                                          cache.clone(), cache.clone(), lens, None, "nhd")
+
+
+OPCHECK = [*(f"linear-{a}" for a in ("none", "relu", "gelu_tanh", "gelu_erf", "silu")),
+           "sdpa-gqa-causal", "sdpa-f32-bias", "varlen", "alibi", "decode", "kv_append"]
+
+
+@pytest.mark.parametrize("name", OPCHECK)
+def test_opcheck(name):
+    op, args = _opcheck_case(name)
+    torch.library.opcheck(op, args)
+
+
+# -- gradients against torch's float64 ----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu_tanh", "gelu_erf", "silu"])
+@pytest.mark.parametrize("kind", ["symmetric", "positive", "heavy"])
+def test_linear_gradients_match_torch(dtype, activation, kind):
+    act = {"none": lambda t: t, "relu": F.relu, "gelu_erf": F.gelu, "silu": F.silu,
+           "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation]
+    x = _randn(3, 40, 96, dtype=dtype, grad=True, kind=kind, seed=1)
+    w = _randn(72, 96, dtype=dtype, grad=True, kind=kind, seed=2) / 8
+    b = _randn(72, dtype=dtype, grad=True, kind=kind, seed=3)
+    grad_out = _randn(3, 40, 72, dtype=dtype, seed=4)
+    inputs = (x, w.detach().requires_grad_(), b)
+    ours = _grads(lambda *t: oft.linear(*t, activation=activation), inputs, grad_out)
+    torchs = _grads(lambda *t: act(F.linear(*t)), inputs, grad_out)
+    ref = _grads(lambda *t: act(F.linear(*t)),
+                 [t.detach().double().requires_grad_() for t in inputs], grad_out.double())
+    _assert_as_close_as_torch(ours, torchs, ref, dtype, ("out", "grad_x", "grad_w", "grad_b"))
+
+
+SDPA_CASES = {
+    "causal-gqa": dict(is_causal=True, enable_gqa=True, heads_kv=2),
+    "bool-mask": dict(mask="bool"),
+    "float-mask-grad": dict(mask="float"),
+    "key-padding": dict(mask="padding"),
+    "scale-unbatched": dict(scale=0.3, unbatched=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", list(SDPA_CASES))
+@pytest.mark.parametrize("kind", ["symmetric", "positive", "heavy"])
+def test_sdpa_gradients_match_torch(dtype, case, kind):
+    spec = dict(SDPA_CASES[case])
+    batch, heads, seq, dim = 2, 4, 80, 64
+    heads_kv = spec.pop("heads_kv", heads)
+    q = _randn(batch, heads, seq, dim, dtype=dtype, grad=True, kind=kind, seed=1)
+    k = _randn(batch, heads_kv, seq, dim, dtype=dtype, grad=True, kind=kind, seed=2)
+    v = _randn(batch, heads_kv, seq, dim, dtype=dtype, grad=True, kind=kind, seed=3)
+    if kind == "heavy":  # keep the softmax's logits finite in bf16
+        q, k = (t.detach().clamp(-8, 8).requires_grad_() for t in (q, k))
+    inputs = [q, k, v]
+    mask = spec.pop("mask", None)
+    if mask == "bool":
+        spec["attn_mask"] = torch.rand(seq, seq, device=CUDA) > 0.3
+        spec["attn_mask"].fill_diagonal_(True)
+    elif mask == "float":
+        inputs.append(_randn(1, heads, seq, seq, dtype=dtype, grad=True, seed=5))
+    elif mask == "padding":
+        keep = torch.arange(seq, device=CUDA) < torch.tensor([[50], [80]], device=CUDA)
+        spec["attn_mask"] = keep[:, None, None, :]
+    if spec.pop("unbatched", False):
+        inputs = [t.detach()[0].requires_grad_() for t in inputs]
+
+    def run(fn, *tensors):
+        if mask == "float":
+            *qkv, bias = tensors
+            return fn(*qkv, attn_mask=bias, **spec)
+        return fn(*tensors, **spec)
+
+    grad_out = _randn(*inputs[0].shape[:-1], dim, dtype=dtype, seed=6)
+    ours = _grads(lambda *t: run(oft.sdpa, *t), inputs, grad_out)
+    torchs = _grads(lambda *t: run(F.scaled_dot_product_attention, *t), inputs, grad_out)
+    ref = _grads(lambda *t: run(F.scaled_dot_product_attention, *t),
+                 [t.detach().double().requires_grad_() for t in inputs], grad_out.double())
+    names = ("out", "grad_q", "grad_k", "grad_v", "grad_mask")[:len(ours)]
+    _assert_as_close_as_torch(ours, torchs, ref, dtype, names)
+
+
+def _varlen_reference(q, k, v, cu_q, cu_kv, causal):
+    outs = []
+    bounds = list(zip(cu_q.tolist(), cu_q.tolist()[1:], cu_kv.tolist(), cu_kv.tolist()[1:],
+                      strict=True))
+    for q0, q1, k0, k1 in bounds:
+        sq, skv = q1 - q0, k1 - k0
+        if sq == 0:
+            continue
+        qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
+        mask = (torch.ones(sq, skv, dtype=torch.bool, device=CUDA).tril(skv - sq)
+                if causal else None)
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=True)
+        outs.append(out[0].transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_varlen_gradients_match_torch(dtype):
+    lengths_q, lengths_kv = [1, 37, 0, 130, 64], [5, 37, 3, 200, 64]
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32,
+                        device=CUDA)
+    cu_kv = torch.tensor([0, *torch.tensor(lengths_kv).cumsum(0).tolist()], dtype=torch.int32,
+                         device=CUDA)
+    q = _randn(sum(lengths_q), 8, 64, dtype=dtype, grad=True, seed=1)
+    k = _randn(sum(lengths_kv), 2, 64, dtype=dtype, grad=True, seed=2)
+    v = _randn(sum(lengths_kv), 2, 64, dtype=dtype, grad=True, seed=3)
+    grad_out = _randn(*q.shape, dtype=dtype, seed=4)
+    ours = _grads(lambda *t: oft.varlen_attention(*t, cu_q, cu_kv, max_seqlen_q=130,
+                                                  max_seqlen_kv=200, causal="bottom_right"),
+                  (q, k, v), grad_out)
+    torchs = _grads(lambda *t: _varlen_reference(*t, cu_q, cu_kv, True), (q, k, v), grad_out)
+    ref = _grads(lambda *t: _varlen_reference(*t, cu_q, cu_kv, True),
+                 [t.detach().double().requires_grad_() for t in (q, k, v)], grad_out.double())
+    _assert_as_close_as_torch(ours, torchs, ref, dtype, ("out", "grad_q", "grad_k", "grad_v"))
+
+
+def test_alibi_gradients_match_float64():
+    scores = _randn(2, 4, 16, 24, dtype=torch.float32, grad=True)
+    slopes = torch.rand(4, device=CUDA, requires_grad=True)
+    grad_out = _randn(2, 4, 16, 24, dtype=torch.float32, seed=4)
+    distance = (torch.arange(24, device=CUDA)[None, :] - torch.arange(16, device=CUDA)[:, None])
+
+    def reference(s, m):
+        return s + m[None, :, None, None] * distance
+
+    ours = _grads(oft.alibi, (scores, slopes), grad_out)
+    ref = _grads(reference, [t.detach().double().requires_grad_() for t in (scores, slopes)],
+                 grad_out.double())
+    for name, o, r in zip(("out", "grad_scores", "grad_slopes"), ours, ref, strict=True):
+        assert _error(o, r) <= 1e-6, name
+
+
+def test_decode_and_kv_append_match_float64():
+    batch, heads_q, heads_kv, dim, capacity = 4, 8, 2, 64, 256
+    k_cache, v_cache = _randn(batch, capacity, heads_kv, dim), _randn(batch, capacity, heads_kv,
+                                                                      dim, seed=1)
+    lens = torch.tensor([1, 2, 100, 256], dtype=torch.int32, device=CUDA)
+    k_new, v_new = _randn(batch, 1, heads_kv, dim, seed=2), _randn(batch, 1, heads_kv, dim, seed=3)
+    before = k_cache.clone()
+    oft.kv_append(k_new, v_new, k_cache, v_cache, lens)
+    for b, n in enumerate(lens.tolist()):
+        assert torch.equal(k_cache[b, n - 1], k_new[b, 0]) and torch.equal(v_cache[b, n - 1],
+                                                                          v_new[b, 0])
+        assert torch.equal(k_cache[b, :n - 1], before[b, :n - 1])
+    q = _randn(batch, 1, heads_q, dim, seed=4)
+    out, lse = oft.decode_attention(q, k_cache, v_cache, lens, return_lse=True)
+    for b, n in enumerate(lens.tolist()):
+        qs = q[b].transpose(0, 1).double()[None]
+        ks, vs = (c[b, :n].transpose(0, 1).double()[None] for c in (k_cache, v_cache))
+        ref = F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)[0].transpose(0, 1)
+        assert _error(out[b], ref) <= 5e-3
+    assert lse.shape == (batch, 1, heads_q) and torch.isfinite(lse).all()
+
+
+# -- torch.compile and CUDA graphs ----------------------------------------------------------------
+
+class Block(torch.nn.Module):
+    """Attention with GQA and an MLP, every GEMM and the attention through opfacade."""
+
+    def __init__(self, width=256, heads=8, heads_kv=2, dtype=torch.bfloat16, deterministic=None):
+        super().__init__()
+        self.heads, self.heads_kv, self.dim = heads, heads_kv, width // heads
+        options = dict(device=CUDA, dtype=dtype, deterministic=deterministic)
+        self.qkv = oft.Linear(width, (heads + 2 * heads_kv) * self.dim, **options)
+        self.proj = oft.Linear(width, width, **options)
+        self.up = oft.Linear(width, 4 * width, activation="gelu_tanh", **options)
+        self.down = oft.Linear(4 * width, width, **options)
+        self.deterministic = deterministic
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(x).split([self.heads * self.dim, self.heads_kv * self.dim,
+                                     self.heads_kv * self.dim], dim=-1)
+        q, k, v = (t.reshape(batch, seq, -1, self.dim).transpose(1, 2).contiguous()
+                   for t in (q, k, v))
+        attention = oft.sdpa(q, k, v, is_causal=True, enable_gqa=True,
+                             deterministic=self.deterministic)
+        x = x + self.proj(attention.transpose(1, 2).reshape(batch, seq, width))
+        return x + self.down(self.up(x))
+
+
+def _step(model, x):
+    model.zero_grad(set_to_none=True)
+    out = model(x)
+    out.float().square().mean().backward()
+    return out.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    torch.manual_seed(0)
+    model = Block()
+    x = _randn(2, 128, 256, grad=True)
+    eager_out, eager_grads = _step(model, x)
+    compiled = torch.compile(model, fullgraph=True)
+    out, grads = _step(compiled, x)
+    assert torch.allclose(out.float(), eager_out.float(), rtol=2e-2, atol=2e-2)
+    for g, e in zip(grads, eager_grads, strict=True):
+        assert _error(g, e.double()) < 2e-2
+
+
+def test_reduce_overhead_replays_cuda_graphs():
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = Block()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    counters.clear()
+    for seed in range(4):  # warm-up, record, then replays, each with new data
+        x = _randn(2, 128, 256, seed=seed)
+        with torch.no_grad():
+            got = compiled(x).clone()
+            expected = model(x)
+        assert torch.allclose(got.float(), expected.float(), rtol=2e-2, atol=2e-2), seed
+    assert not counters["inductor"].get("cudagraph_skips"), dict(counters["inductor"])
+
+
+def test_the_ops_replay_from_a_captured_cuda_graph():
+    q, k, v = (_randn(2, 4, 64, 64, seed=s) for s in range(3))
+    x, w = _randn(64, 96, seed=3), _randn(80, 96, seed=4)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # selects and builds before capture
+            oft.sdpa(q, k, v, is_causal=True)
+            oft.linear(x, w, activation="gelu_tanh")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention = oft.sdpa(q, k, v, is_causal=True)
+        projected = oft.linear(x, w, activation="gelu_tanh")
+    for seed in range(3):
+        for t, s in ((q, 10), (k, 11), (v, 12), (x, 13), (w, 14)):
+            t.copy_(_randn(*t.shape, seed=s + 7 * seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(attention, oft.sdpa(q, k, v, is_causal=True))
+        assert torch.equal(projected, oft.linear(x, w, activation="gelu_tanh"))
+
+
+def test_deterministic_training_steps_are_bitwise_repeatable_across_streams():
+    torch.manual_seed(0)
+    model = Block(deterministic=True)
+    x = _randn(2, 128, 256, grad=True)
+    first = _step(model, x)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.empty(1 << 20, device=CUDA)  # moves the caching allocator's next blocks
+        second = _step(model, x)
+    torch.cuda.synchronize()
+    for a, b in zip([first[0], *first[1]], [second[0], *second[1]], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_dropout_follows_torch_manual_seed():
+    q = _randn(2, 4, 64, 64, grad=True)
+    torch.manual_seed(7)
+    a = oft.sdpa(q, q, q, dropout_p=0.25)
+    torch.manual_seed(7)
+    b = oft.sdpa(q, q, q, dropout_p=0.25)
+    c = oft.sdpa(q, q, q, dropout_p=0.25)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    (grad,) = torch.autograd.grad(a.float().sum(), q)
+    assert torch.isfinite(grad).all()
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+def test_bad_input_is_typed():
+    q = _randn(2, 4, 16, 32)
+    with pytest.raises(ShapeMismatch, match="enable_gqa"):
+        oft.sdpa(q, q[:, :2], q[:, :2])
+    with pytest.raises(InvalidArgument):
+        oft.sdpa(q, q, q, attn_mask=torch.ones(16, 16, dtype=torch.bool, device=CUDA),
+                 is_causal=True)
+    with pytest.raises(DTypeMismatch):
+        oft.sdpa(q, q, q, attn_mask=torch.zeros(16, 16, device=CUDA))
+    with pytest.raises(LayoutMismatch):
+        packed = _randn(2, 16, 3, 4, 32)
+        oft.sdpa(*(packed[:, :, i].transpose(1, 2) for i in range(3)))
+    with pytest.raises(DeviceMismatch, match="key"):
+        oft.sdpa(q, q.cpu(), q)
+    with pytest.raises(OpFacadeError):  # no GPU SKU serves f64 attention
+        oft.sdpa(q.double(), q.double(), q.double())
+    with pytest.raises(OpFacadeError):
+        oft.linear(torch.ones(4, 8, dtype=torch.int32, device=CUDA),
+                   torch.ones(4, 8, dtype=torch.int32, device=CUDA))
+    with pytest.raises(OpFacadeError):
+        oft.linear(_randn(4, 8), _randn(4, 9))
+    cache = _randn(2, 64, 2, 32)
+    lens = torch.ones(2, dtype=torch.int32, device=CUDA)
+    with pytest.raises(Unsupported, match="no backward"):
+        oft.decode_attention(_randn(2, 1, 4, 32, grad=True), cache, cache, lens)
+
+
+def test_linear_module_matches_nn_linear():
+    reference = torch.nn.Linear(96, 72, device=CUDA, dtype=torch.bfloat16)
+    layer = oft.Linear.from_torch(reference, activation="relu")
+    x = _randn(5, 7, 96)
+    expected = F.relu(reference(x))
+    assert _error(layer(x), expected.double()) < FLOOR[torch.bfloat16]
+    assert math.isclose(float(layer(x).float().sum()), float(layer(x).float().sum()))
