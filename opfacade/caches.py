@@ -2,7 +2,8 @@
 
 Each cache is an object owned by the module that fills it:
 
-- plans: ``plan.PLAN_CACHE`` (the functional forms' and ``Plan.cached``'s plans);
+- plans: ``plan.PLAN_CACHE`` (the functional forms' and ``Plan.cached``'s plans), and
+  ``plan.FACTS_CACHE``, the functional forms' shortcut to them;
 - cuDNN graphs (and cuDNN's genuine "not supported" verdicts): ``_backends/cudnn``;
 - cuBLASLt recipes (matmul descriptors, layouts, the heuristic's algorithm):
   ``_backends/cublaslt``;
@@ -26,9 +27,10 @@ def clear_caches() -> None:
     """Drops every in-process cache: plans, cuDNN graphs, cuBLASLt recipes, loaded kernels,
     stream objects."""
     from ._internal import streams
-    from .plan import PLAN_CACHE
+    from .plan import FACTS_CACHE, PLAN_CACHE
 
     PLAN_CACHE.clear()
+    FACTS_CACHE.clear()
     streams.cupy_stream.clear()
     streams.torch_stream.clear()
     for backend in (cudnn, cublaslt, nvrtc):

@@ -46,6 +46,11 @@ __all__ = ["ExplainReport", "Plan", "PreparedRun", "Target", "TrainingPair", "Ve
 
 # Process-wide plans keyed by (op, descriptor, preference, target); a freed plan is a miss.
 PLAN_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU("plan", 512, usable=lambda plan: not plan.freed)
+# The functional forms' plans keyed by the facts they build a descriptor from (shapes, element,
+# device, options): a repeat call skips building and validating the descriptor, which costs a
+# functional call several times what run() does.
+FACTS_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU("functional plan", 1024,
+                                               usable=lambda plan: not plan.freed)
 
 
 class _Live(NamedTuple):
@@ -164,6 +169,24 @@ class Plan:
         target = Target.resolve(device, None)
         key = (cls._op_for(desc).name, desc, pref, target)
         return PLAN_CACHE.get(key, lambda: cls.select(desc, pref, device=device))
+
+    @classmethod
+    def cached_for(cls, facts: tuple, describe: Callable[[], Descriptor],
+                   pref: PlanPreference | dict | None = None, *,
+                   device: int | str | None = None) -> Plan:
+        """Plan.cached for the descriptor ``describe()`` makes and ``pref``, remembered under
+        ``facts``: everything the descriptor and the preference are built from, hashable. A
+        functional form's repeat call then costs a tuple's hash instead of the descriptor's
+        validation. Unhashable facts (a list among the options) build the descriptor."""
+        def build() -> Plan:
+            return cls.cached(describe(), pref, device=device)
+
+        key = (cls.__name__, facts, device)
+        try:
+            hash(key)
+        except TypeError:
+            return build()
+        return FACTS_CACHE.get(key, build)
 
     @classmethod
     def select_for_training(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,

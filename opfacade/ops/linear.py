@@ -92,24 +92,28 @@ def aux_buffer(layout: AuxLayout, element: ElementKind, lead: tuple, m: int, n: 
 
 def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
            residual: Any = None, weight_layout: str = "nk", tf32: bool = False,
-           save_aux: bool = False, out: Any = None, stream: Any = None,
+           save_aux: bool = False, out: Any = None, aux: Any = None, stream: Any = None,
            deterministic: bool = False) -> Any:
     """Functional LinearForwardPlan: ``out``, or ``(out, aux)`` when ``save_aux``.
 
     Same semantics as torch's ``F.linear`` with the default "nk" weight; uses the process-wide
-    plan cache and allocates what is not given. Arguments are LinearDescriptor's and LinearArgs';
+    plan cache and allocates what is not given (``out``, and with ``save_aux`` the ``aux`` to save
+    into). Arguments are LinearDescriptor's and LinearArgs';
     ``deterministic`` selects under PlanPreference(deterministic=True).
     """
     xv, wv = wrap(x, "x"), wrap(weight, "weight")
-    desc = LinearDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32, activation=activation,
-                            bias=bias is not None, residual=residual is not None,
-                            save_aux=save_aux)
-    plan = LinearForwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
-                                    device="cpu" if xv.device is None else xv.device)
+    facts = (xv.shape, wv.shape, xv.element, weight_layout, tf32, activation, bias is None,
+             residual is None, save_aux, deterministic)
+    plan = LinearForwardPlan.cached_for(
+        facts, lambda: LinearDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32,
+                                        activation=activation, bias=bias is not None,
+                                        residual=residual is not None, save_aux=save_aux),
+        {"deterministic": deterministic}, device="cpu" if xv.device is None else xv.device)
+    desc = plan.descriptor
     allocate = OutputAllocator(xv, stream)
     out = allocate(desc.out_shape, desc.element) if out is None else out
-    aux = (aux_buffer(desc.aux_layout, desc.element, desc.lead, desc.m, desc.n, allocate)
-           if save_aux else None)
+    if save_aux and aux is None:
+        aux = aux_buffer(desc.aux_layout, desc.element, desc.lead, desc.m, desc.n, allocate)
     plan.run(LinearArgs(x, weight, bias, residual, out, aux), stream=stream)
     return (out, aux) if save_aux else out
 

@@ -124,9 +124,8 @@ def _bias_spec(bias: Any, q: TensorView, k: TensorView) -> str | None:
         "h" if shape[1] == heads and heads > 1 else "1") + "qk"
 
 
-def _problem(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, dropout_p,
-             seq_len_q) -> tuple[dict, TensorView]:
-    qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
+def _problem(qv: TensorView, kv: TensorView, vv: TensorView, *, causal, window, scale, bias,
+             alibi, dropout_p, seq_len_q) -> dict:
     layout = _infer_layout(qv, "q")
     _infer_layout(kv, "k")
     _infer_layout(vv, "v")
@@ -136,7 +135,7 @@ def _problem(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, drop
                   element=qv.element, layout=layout, scale=scale, causal=causal, window=window,
                   bias=_bias_spec(bias, qv, kv), alibi=alibi, dropout_p=dropout_p,
                   padding=seq_len_q is not None)
-    return fields, qv
+    return fields
 
 
 def _allocate(shape: tuple[int, ...], layout: str, like: TensorView, stream: Any,
@@ -192,10 +191,19 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
     if dropout is not None:
         dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                  dropout_offset, forward=True)
-    fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
+    qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
+    bias_shape = None if bias is None else wrap(bias, "bias").shape
+    facts = (qv.shape, qv.strides, qv.element, kv.shape, kv.strides, vv.shape, vv.strides,
+             bias_shape, causal, window, scale, alibi, dropout_p, seq_len_q is None,
+             return_stats)
+
+    def describe() -> SdpaDescriptor:
+        fields = _problem(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
                           alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
-    desc = SdpaDescriptor(**fields, save_stats=return_stats)
-    plan = SdpaForwardPlan.cached(desc, device=_device_of(qv))
+        return SdpaDescriptor(**fields, save_stats=return_stats)
+
+    plan = SdpaForwardPlan.cached_for(facts, describe, device=_device_of(qv))
+    desc = plan.descriptor
     if out is None:
         out = _allocate(desc.o_shape, desc.layout, qv, stream)
     stats = (_allocate(desc.stats_shape, "bhsd", qv, stream, desc.stats_element)
@@ -227,8 +235,9 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
     if dropout is not None:
         dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                         dropout_offset, forward=False)
-    fields, qv = _problem(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
-                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+    qv = wrap(q, "q")
+    fields = _problem(qv, wrap(k, "k"), wrap(v, "v"), causal=causal, window=window, scale=scale,
+                      bias=bias, alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
     desc = SdpaBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)
     plan = SdpaBackwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
                                         device=_device_of(qv))

@@ -11,10 +11,10 @@ import torch
 from .._internal.view import ELEMENT_BY_NAME, dtype_name
 from ..contracts.sdpa_layouts import MEMORY_ORDER
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
-from ..types import ElementKind, PlanPreference
+from ..types import ElementKind
 
-__all__ = ["NAMESPACE", "cuda_device", "element_of", "empty", "empty_in_layout", "no_grad_wanted",
-           "preference", "torch_dtype", "wants_grad"]
+__all__ = ["NAMESPACE", "cuda_device", "deterministic_choice", "element_of", "empty",
+           "empty_in_layout", "no_grad_wanted", "torch_dtype", "wants_grad"]
 
 # torch.ops.opfacade.<op>: one namespace for every family's ops.
 NAMESPACE = "opfacade"
@@ -89,9 +89,10 @@ def no_grad_wanted(op: str, **tensors: torch.Tensor | None) -> None:
                               f"torch.no_grad() or pass {name}.detach()")
 
 
-def preference(deterministic: bool | None) -> PlanPreference:
-    """The plan preference of a torch op: deterministic SKUs when asked, or when torch's own
-    torch.use_deterministic_algorithms(True) is on and the caller did not say."""
+def deterministic_choice(deterministic: bool | None) -> bool:
+    """Whether a torch op selects deterministic SKUs: as asked, else as torch's own
+    torch.use_deterministic_algorithms(True) says. A plain bool, so that torch.compile traces
+    the call (a PlanPreference, a pydantic model, would break its graph)."""
     if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    return PlanPreference(deterministic=bool(deterministic))
+        return torch.are_deterministic_algorithms_enabled()
+    return bool(deterministic)

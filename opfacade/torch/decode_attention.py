@@ -17,8 +17,7 @@ from ._common import cuda_device, element_of, empty, no_grad_wanted
 __all__ = ["decode_attention"]
 
 
-@torch.library.custom_op("opfacade::decode_attention", mutates_args=())
-def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                seq_lens: torch.Tensor, page_table: torch.Tensor | None, kv_layout: str,
                scale: float | None, window_left: int | None, save_lse: bool
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,6 +27,9 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                            kv_layout=kv_layout, scale=scale,
                                            window_left=window_left, return_lse=save_lse)
     return out, lse if save_lse else q.new_empty(0, dtype=torch.float32)
+
+
+_decode_op = torch.library.custom_op("opfacade::decode_attention", _decode_impl, mutates_args=())
 
 
 @_decode_op.register_fake
@@ -52,6 +54,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cuda_device("decode_attention", q=q, k_cache=k_cache, v_cache=v_cache, seq_lens=seq_lens,
                 page_table=page_table)
     no_grad_wanted("decode_attention", q=q, k_cache=k_cache, v_cache=v_cache)
-    out, lse = torch.ops.opfacade.decode_attention(q, k_cache, v_cache, seq_lens, page_table,
-                                                   kv_layout, scale, window_left, return_lse)
+    arguments = (q, k_cache, v_cache, seq_lens, page_table, kv_layout, scale, window_left,
+                 return_lse)
+    # Eager calls skip the dispatcher's Python round trip; compiled ones must see the op.
+    run = torch.ops.opfacade.decode_attention if torch.compiler.is_compiling() else _decode_impl
+    out, lse = run(*arguments)
     return (out, lse) if return_lse else out

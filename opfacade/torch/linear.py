@@ -16,7 +16,14 @@ import torch
 from ..contracts.linear_activations import ACTIVATIONS
 from ..errors import InvalidProblem
 from ..ops import linear as functional
-from ._common import cuda_device, element_of, empty, preference, wants_grad
+from ._common import (
+    cuda_device,
+    deterministic_choice,
+    element_of,
+    empty,
+    torch_dtype,
+    wants_grad,
+)
 
 __all__ = ["Linear", "linear"]
 
@@ -25,29 +32,41 @@ def _no_aux(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty(0, dtype=torch.uint8)
 
 
-@torch.library.custom_op("opfacade::linear", mutates_args=())
-def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               activation: str, save_aux: bool, deterministic: bool
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) -> torch.Tensor:
+    """The buffer a training forward saves into. A ReLU bit-mask's row is padded past N, and
+    cuBLASLt leaves those bits as it found them: the real kernel zeroes them (``zeros``), so
+    that the op's outputs are the same bits on every run."""
+    if activation not in ACTIVATIONS:
+        raise InvalidProblem(f"activation must be one of {sorted(ACTIVATIONS)}, got "
+                             f"{activation!r}", field="activation")
+    layout = ACTIVATIONS[activation].aux
+    if layout is None:
+        return _no_aux(x)
+    allocate = torch.zeros if zeros and layout.mask else torch.empty
+    return functional.aux_buffer(
+        layout, element_of(x, "x"), (), x.shape[0], weight.shape[0],
+        lambda shape, kind: allocate(shape, dtype=torch_dtype(kind), device=x.device))
+
+
+def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 activation: str, save_aux: bool, deterministic: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     cuda_device("linear", x=x, weight=weight, bias=bias)
-    result = functional.linear(x, weight, bias, activation=activation, save_aux=save_aux,
-                               deterministic=deterministic)
-    return result if save_aux else (result, _no_aux(x))
+    aux = _aux(x, weight, activation, zeros=True) if save_aux else _no_aux(x)
+    keep = aux.numel() > 0  # nothing to save without an activation
+    out = functional.linear(x, weight, bias, activation=activation, save_aux=keep,
+                            aux=aux if keep else None, deterministic=deterministic)
+    return (out[0], aux) if keep else (out, aux)
+
+
+_linear_op = torch.library.custom_op("opfacade::linear", _linear_impl, mutates_args=())
 
 
 @_linear_op.register_fake
 def _(x, weight, bias, activation, save_aux, deterministic):
     device = cuda_device("linear", x=x, weight=weight, bias=bias)
-    if activation not in ACTIVATIONS:
-        raise InvalidProblem(f"activation must be one of {sorted(ACTIVATIONS)}, got "
-                             f"{activation!r}", field="activation")
-    element, m, n = element_of(x, "x"), x.shape[0], weight.shape[0]
-    out = empty((m, n), element, device)
-    layout = ACTIVATIONS[activation].aux
-    if not save_aux or layout is None:
-        return out, _no_aux(x)
-    return out, functional.aux_buffer(layout, element, (), m, n,
-                                      lambda shape, kind: empty(shape, kind, device))
+    out = empty((x.shape[0], weight.shape[0]), element_of(x, "x"), device)
+    return out, _aux(x, weight, activation, zeros=False) if save_aux else _no_aux(x)
 
 
 @torch.library.custom_op("opfacade::linear_backward", mutates_args=())
@@ -104,10 +123,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     cuda_device("linear", x=x, weight=weight, bias=bias)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
-    save_aux = activation != "none" and wants_grad(x, weight, bias)
-    pref = preference(deterministic)
-    out, _aux = torch.ops.opfacade.linear(rows, weight, bias, activation, save_aux,
-                                          pref.deterministic)
+    deterministic = deterministic_choice(deterministic)
+    if wants_grad(x, weight, bias) or torch.compiler.is_compiling():
+        out, _ = torch.ops.opfacade.linear(rows, weight, bias, activation, activation != "none",
+                                           deterministic)
+    else:  # eager inference: the op's own kernel, without the dispatcher's Python round trip
+        out, _ = _linear_impl(rows, weight, bias, activation, False, deterministic)
     return out.reshape(*lead, weight.shape[0])
 
 

@@ -20,7 +20,14 @@ from ..contracts.sdpa_layouts import LAYOUTS, layout_of
 from ..errors import DTypeMismatch, InvalidArgument, LayoutMismatch, ShapeMismatch
 from ..ops import sdpa as functional
 from ..types import ElementKind
-from ._common import cuda_device, element_of, empty, empty_in_layout, preference, wants_grad
+from ._common import (
+    cuda_device,
+    deterministic_choice,
+    element_of,
+    empty,
+    empty_in_layout,
+    wants_grad,
+)
 
 __all__ = ["sdpa"]
 
@@ -46,8 +53,7 @@ def _no_stats(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty(0, dtype=torch.float32)
 
 
-@torch.library.custom_op("opfacade::sdpa", mutates_args=())
-def _sdpa_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
              causal: bool, scale: float | None, dropout_p: float,
              dropout_seed: torch.Tensor | None, dropout_offset: torch.Tensor | None,
              save_stats: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +66,9 @@ def _sdpa_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tens
                              dropout_p=dropout_p, dropout_seed=dropout_seed,
                              dropout_offset=dropout_offset, return_stats=save_stats, out=out)
     return result if save_stats else (result, _no_stats(q))
+
+
+_sdpa_op = torch.library.custom_op("opfacade::sdpa", _sdpa_impl, mutates_args=())
 
 
 @_sdpa_op.register_fake
@@ -185,7 +194,9 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if dropout_p > 0.0:
         seed = torch.randint(_SEED_BOUND, (1,), dtype=torch.int64, device=query.device)
         offset = torch.zeros(1, dtype=torch.int64, device=query.device)
-    out, _stats = torch.ops.opfacade.sdpa(
-        query, key, value, bias, is_causal, scale, float(dropout_p), seed, offset,
-        wants_grad(query, key, value, bias), preference(deterministic).deterministic)
+    arguments = (query, key, value, bias, is_causal, scale, float(dropout_p), seed, offset)
+    if wants_grad(query, key, value, bias) or torch.compiler.is_compiling():
+        out, _ = torch.ops.opfacade.sdpa(*arguments, True, deterministic_choice(deterministic))
+    else:  # eager inference: the op's own kernel, without the dispatcher's Python round trip
+        out, _ = _sdpa_impl(*arguments, False, False)
     return out.squeeze(0) if unbatched else out

@@ -12,7 +12,7 @@ import torch
 
 from ..ops import varlen_attention as functional
 from ..types import ElementKind
-from ._common import cuda_device, element_of, empty, preference, wants_grad
+from ._common import cuda_device, deterministic_choice, element_of, empty, wants_grad
 
 __all__ = ["varlen_attention"]
 
@@ -111,5 +111,5 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out, lse = torch.ops.opfacade.varlen_attention(
         q, k, v, cu_seqlens_q, cu_seqlens_kv, int(max_seqlen_q), int(max_seqlen_kv), scale,
         causal, left, right, return_lse or wants_grad(q, k, v),
-        preference(deterministic).deterministic)
+        deterministic_choice(deterministic))
     return (out, lse) if return_lse else out
