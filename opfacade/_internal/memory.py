@@ -96,16 +96,27 @@ def allocate_like(
 
 
 class OutputAllocator:
-    """Outputs for a functional call: the framework and stream of ``like``, resolved once."""
+    """Outputs for a functional call: the framework and stream of ``like``, resolved once.
 
-    __slots__ = ("device", "owner", "stream")
+    torch tensors with no stream named take the short way: torch's caching allocator already
+    serves the current stream of the tensor's device, so nothing is resolved or switched (the
+    stream lookups and context managers cost more host time than the allocation)."""
+
+    __slots__ = ("device", "owner", "stream", "_torch_device")
 
     def __init__(self, like, stream: object):
         from .streams import owning_package, resolve_stream
 
         self.device = like.device
         self.owner = owning_package([like], stream)
-        self.stream = resolve_stream(stream, self.owner, self.device)
+        direct = stream is None and self.owner == "torch" and like.package == "torch"
+        self._torch_device = like.obj.device if direct else None
+        self.stream = None if direct else resolve_stream(stream, self.owner, self.device)
 
     def __call__(self, shape: tuple[int, ...], element: ElementKind) -> object:
+        if self._torch_device is not None:
+            import torch
+
+            return torch.empty(tuple(shape), dtype=getattr(torch, dtype_name(element)),
+                               device=self._torch_device)
         return allocate_like(shape, element, self.device, self.owner, self.stream)

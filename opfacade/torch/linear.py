@@ -127,8 +127,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if wants_grad(x, weight, bias) or torch.compiler.is_compiling():
         out, _ = torch.ops.opfacade.linear(rows, weight, bias, activation, activation != "none",
                                            deterministic)
-    else:  # eager inference: the op's own kernel, without the dispatcher's Python round trip
-        out, _ = _linear_impl(rows, weight, bias, activation, False, deterministic)
+    else:  # eager inference: the op's kernel without the dispatcher's Python round trip
+        out = functional.linear(rows, weight, bias, activation=activation,
+                                deterministic=deterministic)
     return out.reshape(*lead, weight.shape[0])
 
 

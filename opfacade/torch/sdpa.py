@@ -197,6 +197,8 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     arguments = (query, key, value, bias, is_causal, scale, float(dropout_p), seed, offset)
     if wants_grad(query, key, value, bias) or torch.compiler.is_compiling():
         out, _ = torch.ops.opfacade.sdpa(*arguments, True, deterministic_choice(deterministic))
-    else:  # eager inference: the op's own kernel, without the dispatcher's Python round trip
-        out, _ = _sdpa_impl(*arguments, False, False)
+    else:  # eager inference: the op's kernel without the dispatcher's Python round trip
+        out = functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale,
+                              bias=bias, dropout_p=float(dropout_p), dropout_seed=seed,
+                              dropout_offset=offset)
     return out.squeeze(0) if unbatched else out
