@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for opfacade.torch (issue 14): its GPU tests (opcheck, gradients against
 # float64, torch.compile, CUDA graphs, determinism, bad input) and the bench's host rows.
-#   bash scripts/gpu_torch.sh [stages...]   stages: tests bench verify
+#   bash scripts/gpu_torch.sh [stages...]   stages: tests bench example verify
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -15,13 +15,18 @@ python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudn
 if wants tests; then
     stage tests
     timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-40} \
-        ${TESTS_FILES:-tests/test_torch_gpu.py tests/test_torch.py} -k "${TESTS_K:-not nothing}" \
+        ${TESTS_FILES:-tests/test_torch_gpu.py tests/test_torch.py tests/test_example_gpt_gpu.py} -k "${TESTS_K:-not nothing}" \
         2>&1 | tee "$OUT/pytest_torch.log" | grep -v "^    " | tail -${TESTS_TAIL:-80}
 fi
 if wants bench; then
     stage bench
     flags=$(for op in ${BENCH_OPS:-host}; do echo --op $op; done)
     timeout ${BENCH_TIMEOUT:-200} python3 -m opfacade bench $flags --json "$OUT/bench.json" 2>&1 | tail -40
+fi
+if wants example; then
+    stage example
+    timeout ${EXAMPLE_TIMEOUT:-400} python3 examples/gpt.py --steps ${EXAMPLE_STEPS:-50} \
+        --json "$OUT/gpt_example.json" 2>&1 | grep -v Warning | tail -40
 fi
 if wants verify; then
     stage verify
