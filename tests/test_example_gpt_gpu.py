@@ -5,6 +5,7 @@ torch float64."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ def gpt():
     path = Path(__file__).parent.parent / "examples" / "gpt.py"
     spec = importlib.util.spec_from_file_location("example_gpt", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
     spec.loader.exec_module(module)
     return module
 

@@ -1,0 +1,58 @@
+"""Where a training step of examples/gpt.py spends its time, opfacade against torch eager: the
+host time per step and the GPU kernels by total time (torch.profiler), at the example's size.
+
+    python3 scripts/gpt_profile.py [steps]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def _example():
+    path = Path(__file__).parent.parent / "examples" / "gpt.py"
+    spec = importlib.util.spec_from_file_location("example_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(steps: int) -> int:
+    gpt = _example()
+    config = gpt.Config()
+    for backend in ("opfacade", "torch"):
+        model = gpt.make_model(config, backend, False)
+        data = list(gpt.batches(config, steps + 3, 1))
+
+        def step(tokens, targets, model=model):
+            model.zero_grad(set_to_none=True)
+            gpt.loss_of(model, tokens, targets).backward()
+
+        for tokens, targets in data[:3]:
+            step(tokens, targets)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for tokens, targets in data[3:]:
+            step(tokens, targets)
+        host = (time.perf_counter() - start) / steps
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / steps
+        print(f"===== {backend}: {wall * 1e3:.2f} ms per step, host {host * 1e3:.2f} ms")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for tokens, targets in data[3:]:
+                step(tokens, targets)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
+                                        max_name_column_width=70))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 5))
