@@ -422,3 +422,26 @@ def test_a_batch_invariance_preference_rejects_every_sku_that_does_not_claim_it(
            if v.sku.backend.value != "reference" and v.sku.element.value == "bf16"]
     assert gpu and {v.code for v in gpu} == {ReasonCode.not_batch_invariant}
     assert "depend on the rest of the batch" in str(report)
+
+
+def test_cached_for_remembers_the_plan_by_the_facts_a_descriptor_is_built_from():
+    from opfacade import LinearDescriptor, LinearForwardPlan, clear_caches
+    from opfacade.plan import FACTS_CACHE
+
+    clear_caches()
+    built = []
+
+    def describe(n):
+        built.append(n)
+        return LinearDescriptor(m=4, n=n, k=8, element="f32")
+
+    first = LinearForwardPlan.cached_for(("facts", 16), lambda: describe(16), device="cpu")
+    again = LinearForwardPlan.cached_for(("facts", 16), lambda: describe(16), device="cpu")
+    other = LinearForwardPlan.cached_for(("facts", 24), lambda: describe(24), device="cpu")
+    assert first is again and other is not first and built == [16, 24]
+    assert other.descriptor.n == 24
+    unhashable = LinearForwardPlan.cached_for(("facts", [16]), lambda: describe(16),
+                                              device="cpu")
+    assert unhashable is first and built == [16, 24, 16]  # built, then found in PLAN_CACHE
+    clear_caches()
+    assert len(FACTS_CACHE) == 0

@@ -12,10 +12,22 @@ import contextlib
 
 from ..errors import InvalidArgument, Unsupported
 from ..types import ElementKind
-from .streams import cupy_stream, torch_stream
+from .streams import cupy_stream, current_torch_stream, torch_stream
 from .tensors import dtype_name, numpy_dtype
 
 __all__ = ["OutputAllocator", "allocate_bytes", "allocate_like"]
+
+
+class _DeviceNames(dict):
+    """The torch device strings ("cuda:0", ...), each made once: formatting one per call
+    costs more than looking it up."""
+
+    def __missing__(self, device: int) -> str:
+        self[device] = name = f"cuda:{device}"
+        return name
+
+
+_TORCH_DEVICES = _DeviceNames()
 
 # CuPy (numpy's dtypes) cannot hold bfloat16 or fp8.
 _CUPY_ELEMENTS = frozenset({ElementKind.f64, ElementKind.f32, ElementKind.tf32, ElementKind.f16,
@@ -23,8 +35,9 @@ _CUPY_ELEMENTS = frozenset({ElementKind.f64, ElementKind.f32, ElementKind.tf32, 
 
 
 def _on_torch_stream(torch, stream: int, device: int) -> contextlib.AbstractContextManager:
-    """Makes ``stream`` torch's current stream on ``device`` unless it already is."""
-    if torch.cuda.current_stream(device).cuda_stream == stream:
+    """Makes ``stream`` torch's current stream on ``device`` unless it already is (read the
+    cheap way: this runs on every call that lets opfacade allocate)."""
+    if current_torch_stream(device) == stream:
         return contextlib.nullcontext()
     return torch.cuda.stream(torch_stream(stream, device))
 
@@ -45,8 +58,10 @@ def allocate_bytes(nbytes: int, device: int, package: str, stream: int) -> tuple
     if package == "torch":
         import torch
 
-        with torch.cuda.device(device), _on_torch_stream(torch, stream, device):
-            buffer = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        # torch's allocator serves the current stream of the device named, whichever device is
+        # current: only the stream may need switching.
+        with _on_torch_stream(torch, stream, device):
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=_TORCH_DEVICES[device])
         return int(buffer.data_ptr()), buffer
     import cupy
 
@@ -78,8 +93,8 @@ def allocate_like(
         dtype = getattr(torch, dtype_name(element))
         if device is None:
             return torch.empty(shape, dtype=dtype)
-        with torch.cuda.device(device), _on_torch_stream(torch, stream, device):
-            return torch.empty(shape, dtype=dtype, device=f"cuda:{device}")
+        with _on_torch_stream(torch, stream, device):
+            return torch.empty(shape, dtype=dtype, device=_TORCH_DEVICES[device])
     if device is None:
         import numpy as np
 

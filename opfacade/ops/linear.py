@@ -24,7 +24,7 @@ from ..contracts.linear import (
 from ..contracts.linear_activations import AuxLayout
 from ..errors import InvalidArgument, ShapeMismatch
 from ..plan import Plan, plan_class
-from ..types import ElementKind, PlanPreference
+from ..types import ElementKind
 
 __all__ = [
     "LinearDescriptor",
@@ -129,12 +129,15 @@ def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
     ``deterministic`` selects under PlanPreference(deterministic=True).
     """
     xv, wv = wrap(x, "x"), wrap(weight, "weight")
-    desc = LinearBackwardDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32,
-                                    activation=activation, need_input_grad=need_input_grad,
-                                    need_weight_grad=need_weight_grad,
-                                    need_bias_grad=need_bias_grad)
-    plan = LinearBackwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
-                                     device="cpu" if xv.device is None else xv.device)
+    facts = (xv.shape, wv.shape, xv.element, weight_layout, tf32, activation, need_input_grad,
+             need_weight_grad, need_bias_grad, deterministic)
+    plan = LinearBackwardPlan.cached_for(
+        facts, lambda: LinearBackwardDescriptor(
+            **_problem(xv, wv, weight_layout), tf32=tf32, activation=activation,
+            need_input_grad=need_input_grad, need_weight_grad=need_weight_grad,
+            need_bias_grad=need_bias_grad),
+        {"deterministic": deterministic}, device="cpu" if xv.device is None else xv.device)
+    desc = plan.descriptor
     allocate = OutputAllocator(xv, stream)
     grads = (allocate(desc.x_shape, desc.element) if need_input_grad else None,
              allocate(desc.weight_shape, desc.element) if need_weight_grad else None,

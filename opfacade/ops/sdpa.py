@@ -29,7 +29,7 @@ from ..contracts.sdpa import (
 )
 from ..errors import InvalidArgument, LayoutMismatch, ShapeMismatch
 from ..plan import plan_class
-from ..types import ElementKind, PlanPreference
+from ..types import ElementKind
 
 __all__ = [
     "DropoutDraw",
@@ -235,12 +235,20 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
     if dropout is not None:
         dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                         dropout_offset, forward=False)
-    qv = wrap(q, "q")
-    fields = _problem(qv, wrap(k, "k"), wrap(v, "v"), causal=causal, window=window, scale=scale,
-                      bias=bias, alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
-    desc = SdpaBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)
-    plan = SdpaBackwardPlan.cached(desc, PlanPreference(deterministic=deterministic),
-                                        device=_device_of(qv))
+    qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
+    bias_shape = None if bias is None else wrap(bias, "bias").shape
+    facts = (qv.shape, qv.strides, qv.element, kv.shape, kv.strides, vv.shape, vv.strides,
+             bias_shape, causal, window, scale, alibi, dropout_p, seq_len_q is None,
+             need_bias_grad, deterministic)
+
+    def describe() -> SdpaBackwardDescriptor:
+        fields = _problem(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
+                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+        return SdpaBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)
+
+    plan = SdpaBackwardPlan.cached_for(facts, describe, {"deterministic": deterministic},
+                                       device=_device_of(qv))
+    desc = plan.descriptor
     grads = [_allocate(shape, desc.layout, qv, stream)
              for shape in (desc.q_shape, desc.k_shape, desc.v_shape)]
     grad_bias = _allocate(desc.bias_shape, "bhsd", qv, stream) if need_bias_grad else None
