@@ -46,6 +46,9 @@ __all__ = ["ExplainReport", "Plan", "PreparedRun", "Target", "TrainingPair", "Ve
 
 # Process-wide plans keyed by (op, descriptor, preference, target); a freed plan is a miss.
 PLAN_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU("plan", 512, usable=lambda plan: not plan.freed)
+# run() without a workspace keeps scratch up to this size with each checked call (see
+# _checked_launch); larger scratch is allocated, stream-ordered, on every call.
+KEPT_WORKSPACE_BYTES = 8 << 20
 # The functional forms' plans keyed by the facts they build a descriptor from (shapes, element,
 # device, options): a repeat call skips building and validating the descriptor, which costs a
 # functional call several times what run() does.
@@ -419,13 +422,23 @@ class Plan:
                  for name, view in bound.views.items()}
         detached = BoundArgs(views, bound.outputs)
         if workspace is None and self._workspace_size:
-            # Scratch from the framework on every call, stream-ordered, as the full path does.
             from ._internal.memory import allocate_bytes
 
             size, device = self._workspace_size, detached.device
             owner = owning_package(detached.present().values(), stream)
+            if size <= KEPT_WORKSPACE_BYTES:
+                # A small scratch stays with this checked call: the call's key holds its stream,
+                # and calls on one stream run in order, so reusing it is safe, and the call
+                # launches prepared, as with a workspace given.
+                ptr, keep = allocate_bytes(size, device, owner, handle)
+                call = impl.prepared(desc, detached, Workspace(ptr, size, device, keep), handle)
 
-            def allocate_and_launch() -> None:
+                def launch_with_kept_scratch(keep=keep) -> None:  # holds the scratch
+                    call()
+
+                return launch_with_kept_scratch
+
+            def allocate_and_launch() -> None:  # stream-ordered scratch on every call
                 ptr, keep = allocate_bytes(size, device, owner, handle)
                 impl.launch(desc, detached, Workspace(ptr, size, device, keep), handle)
 
