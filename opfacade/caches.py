@@ -14,13 +14,21 @@ Each cache is an object owned by the module that fills it:
 ``plan.free()`` releases what one plan holds; ``clear_caches()`` drops everything (tests call it
 between cases that must not share state). Plans already handed out keep working: what they need
 is built again on their next run.
+
+On disk, under ``$OPFACADE_CACHE_DIR`` (``_internal/config.py``), two caches outlive the process:
+NVRTC's cubins and cuDNN's serialized plans. ``disk_caches()`` describes them and
+``clear_disk_caches()`` empties them (``opfacade cache [--clear]``); either kind of entry is
+checked on load, so clearing is never needed for correctness.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from ._backends import cublaslt, cudnn, nvrtc
 
-__all__ = ["clear_caches"]
+__all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches"]
 
 
 def clear_caches() -> None:
@@ -35,3 +43,39 @@ def clear_caches() -> None:
     streams.torch_stream.clear()
     for backend in (cudnn, cublaslt, nvrtc):
         backend.clear_caches()
+
+
+@dataclass(frozen=True)
+class DiskCache:
+    """One on-disk cache: what it holds, where, and its entries' count and bytes now."""
+
+    name: str
+    path: Path
+    suffix: str
+
+    def entries(self) -> list[Path]:
+        return sorted(self.path.glob(f"*{self.suffix}")) if self.path.is_dir() else []
+
+    def size(self) -> tuple[int, int]:
+        entries = self.entries()
+        return len(entries), sum(entry.stat().st_size for entry in entries)
+
+
+def disk_caches() -> list[DiskCache]:
+    """The caches that persist across processes."""
+    from ._backends.cudnn import plan_store
+    from ._internal.config import cache_dir
+
+    return [DiskCache("NVRTC cubins", cache_dir() / "nvrtc", ".cubin"),
+            DiskCache("cuDNN plans", plan_store.directory(), ".plan")]
+
+
+def clear_disk_caches() -> int:
+    """Deletes every entry (and torn temp file) of the on-disk caches; returns how many."""
+    removed = 0
+    for cache in disk_caches():
+        leftovers = sorted(cache.path.glob(".tmp-*")) if cache.path.is_dir() else []
+        for entry in cache.entries() + leftovers:
+            entry.unlink(missing_ok=True)
+            removed += 1
+    return removed

@@ -1,9 +1,10 @@
-"""`opfacade catalog | explain | verify | bench`.
+"""`opfacade catalog | explain | verify | bench | cache`.
 
     opfacade catalog [--op OP] [--json]
     opfacade explain alibi_backward batch=2 heads=4 query_len=16 key_len=16 element=f32 --arch sm90
     opfacade verify [--op OP] [--runs N] [--out catalog/verified]      (GPU)
     opfacade bench [--json FILE] [--quick]                               (GPU)
+    opfacade cache [--clear]                   (the on-disk caches: NVRTC cubins, cuDNN plans)
     opfacade explain --help                    (every op and its descriptor fields)
     opfacade --version
 
@@ -101,6 +102,17 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
     run_bench(json_path=args.json, quick=args.quick, ops=args.op, graphs=args.graphs)
+    return EXIT_OK
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from .caches import clear_disk_caches, disk_caches
+
+    if args.clear:
+        print(f"removed {clear_disk_caches()} entries")
+    for cache in disk_caches():
+        count, size = cache.size()
+        print(f"{cache.name:14} {count:6} entries {size / 1e6:10.2f} MB  {cache.path}")
     return EXIT_OK
 
 
@@ -227,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--seed", type=_count(0))
     verify.add_argument("--out", default="catalog/verified", help="where <gpu>.json goes")
     verify.set_defaults(run=_verify)
+
+    cache = sub.add_parser("cache", help="the on-disk caches (cubins, cuDNN plans); --clear")
+    cache.add_argument("--clear", action="store_true", help="delete their entries first")
+    cache.set_defaults(run=_cache)
 
     bench = sub.add_parser("bench", help="GPU: each op against its peers, as ratios")
     bench.add_argument("--json", help="also write the results here")

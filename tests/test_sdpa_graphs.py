@@ -387,3 +387,23 @@ def test_a_run_off_its_device_makes_the_device_current_around_the_launch(monkeyp
     prepared()
     assert calls[0] == 5 and calls[1] == ("enter", 0) and calls[3] == ("exit", 0)
     assert calls[2][2] == "handle0"
+
+
+def test_selection_builds_only_the_backward_it_returns(frontend):
+    """Ranked from data first: the first viable cuDNN SKU is built, those below it are not, and
+    a SKU the preference rules out (the default backward under deterministic=True) is never
+    built."""
+    from opfacade._internal.selection import NOT_BUILT, rank
+    from opfacade._registry import op_named
+    from opfacade.types import PlanPreference
+
+    frontend.outcome = built_graph(("q", "k", "v", "out", "grad_out", "stats", "grad_q",
+                                    "grad_k", "grad_v"))
+    grad, op = backward(), op_named("sdpa_backward")
+    report, winner = rank(op, grad, PlanPreference(), ON_DEVICE)
+    assert winner is sku(BACKWARD_SKUS) and frontend.finished == 1
+    unbuilt = next(v for v in report.verdicts if v.sku.id == sku(BACKWARD_SKUS,
+                                                                 "deterministic").sku.id)
+    assert NOT_BUILT in unbuilt.detail
+    report, winner = rank(op, backward(seq_q=32), PlanPreference(deterministic=True), ON_DEVICE)
+    assert winner is sku(BACKWARD_SKUS, "deterministic") and frontend.finished == 2

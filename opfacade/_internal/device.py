@@ -19,7 +19,7 @@ from .log import LOG
 
 __all__ = [
     "DEVICES", "Devices", "check_ordinal", "current_device", "device_arch", "device_count",
-    "device_name", "on_device",
+    "device_name", "device_sm_count", "on_device",
 ]
 
 
@@ -55,6 +55,7 @@ class Devices:
         self._count: int | None = None
         self._arch: dict[int, ArchSku] = {}
         self._names: dict[int, str] = {}
+        self._sm_counts: dict[int, int] = {}
 
     def runtime(self):
         """The CUDA runtime; BackendUnavailable when CuPy cannot be imported."""
@@ -99,6 +100,14 @@ class Devices:
                     f"cuda:{device} has compute capability {capability}; opfacade needs "
                     f"{ArchSku.sm80.compute_capability} or newer")
             found = self._arch[device] = max(covered, key=lambda arch: arch.compute_capability)
+        return found
+
+    def sm_count(self, device: int) -> int:
+        """The device's multiprocessor count (two parts of one name can differ in it)."""
+        found = self._sm_counts.get(device)
+        if found is None:
+            props = self.runtime().getDeviceProperties(device)
+            found = self._sm_counts[device] = int(props["multiProcessorCount"])
         return found
 
     def name(self, device: int) -> str:
@@ -156,3 +165,7 @@ def device_arch(device: int) -> ArchSku:
 
 def device_name(device: int) -> str:
     return DEVICES.name(device)
+
+
+def device_sm_count(device: int) -> int:
+    return DEVICES.sm_count(device)

@@ -134,8 +134,11 @@ class ExplainReport:
     __str__ = table
 
 
-def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Target) -> Verdict:
-    """The first reason ``impl`` cannot serve (desc, pref) on ``target``, as a verdict."""
+def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Target,
+            build: bool = True) -> Verdict:
+    """The first reason ``impl`` cannot serve (desc, pref) on ``target``, as a verdict.
+    ``build=False`` stops before what a SKU must build to know (its data limits only): a viable
+    verdict then says "not built"."""
     sku = impl.sku
     workspace = None
 
@@ -155,7 +158,9 @@ def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Targe
     if sku.arch is not None and not target.arch.covers(sku.arch):
         return reject(ReasonCode.arch_too_old,
                       f"needs {sku.arch} or newer, target is {target.arch}")
-    unfit: Unfit | None = impl.unfit_on(desc, target)
+    # What needs no build first, the preference's guarantees next: a SKU the preference rules
+    # out is never built.
+    unfit: Unfit | None = impl.data_unfit_on(desc, target)
     if unfit is not None:
         return reject(unfit.code, unfit.detail)
     guarantee = sku.precision_guarantee
@@ -176,6 +181,15 @@ def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Targe
         return reject(ReasonCode.error_bound_too_loose,
                       f"declares max_rel_error {guarantee.max_rel_error:g} > preference "
                       f"{pref.max_rel_error:g}")
+    if build and impl.builds_to_screen(target):
+        unfit = impl.unfit_on(desc, target)
+        if unfit is not None:
+            return reject(unfit.code, unfit.detail)
+    elif not build:
+        missing = impl.unavailable()
+        if missing is not None:
+            return reject(ReasonCode.backend_unavailable, missing)
+        return Verdict(sku, ReasonCode.ranked_lower, NOT_BUILT, None)
     planned = impl.plan_for(desc, pref, target)
     if isinstance(planned, Unfit):
         return reject(planned.code, planned.detail)
@@ -189,9 +203,23 @@ def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Targe
     return Verdict(sku, ReasonCode.ranked_lower, chosen, workspace)
 
 
+# What an unbuilt SKU's verdict says (see rank).
+NOT_BUILT = "passes its data limits; not built, as a SKU ranked above it serves"
+
+
 def rank(op, desc: Descriptor, pref: PlanPreference, target: Target):
-    """Screens every candidate and marks the winner; returns (report, winning impl or None)."""
-    screened = [(impl, _screen(impl, desc, pref, target)) for impl in op.skus]
+    """Screens every candidate and marks the winner; returns (report, winning impl or None).
+
+    A SKU that must build to be screened (a cuDNN graph on a GPU) is built only when every SKU
+    ranked above it has failed, when speed is the objective: a training pair's first selection
+    then builds the one backward graph it returns, not every variant's. Those left unbuilt are
+    reported viable as far as their data limits tell (``NOT_BUILT``)."""
+    screened, found = [], False
+    for impl in op.skus:
+        lazy = found and pref.objective == "speed" and impl.builds_to_screen(target)
+        verdict = _screen(impl, desc, pref, target, build=not lazy)
+        found = found or verdict.viable
+        screened.append((impl, verdict))
     viable = [(impl, v) for impl, v in screened if v.viable]
     if pref.objective == "memory":
         viable.sort(key=lambda pair: pair[1].workspace_size)  # stable: ties keep the op's order

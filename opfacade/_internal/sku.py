@@ -100,6 +100,16 @@ class SkuImpl(abc.ABC, Generic[D]):
     def unfit_on(self, desc: D, target: Any) -> Unfit | None:
         return self.unfit(desc)
 
+    def builds_to_screen(self, target: Any) -> bool:
+        """Whether screening this SKU on ``target`` builds something costly (a cuDNN graph):
+        selection then screens it only if every SKU ranked above it fails. ``data_unfit_on``
+        says what can be known without the build."""
+        return False
+
+    def data_unfit_on(self, desc: D, target: Any) -> Unfit | None:
+        """The verdict of the checks that need no build (for SKUs that build to screen)."""
+        return self.unfit_on(desc, target)
+
     def workspace_size_on(self, desc: D, target: Any) -> int:
         return self.workspace_size(desc)
 

@@ -46,7 +46,7 @@ from ...contracts.sdpa import (
 )
 from ...errors import BackendUnavailable, LaunchFailed, OpFacadeError
 from ...types import ElementKind
-from . import runtime
+from . import plan_store, runtime
 from .limits import format_version
 
 __all__ = ["EXECUTE_PATH", "GRAPHS", "BuiltGraph", "Declined", "GraphCache", "GraphKey", "Uid",
@@ -270,6 +270,14 @@ class _Builder:
         return BuiltGraph(g, tuple(self.names[u] for u in uids), int(g.get_workspace_size()),
                           _served_by(g), _Launcher(g, uids))
 
+    def adopt(self, graph, source: str) -> BuiltGraph:
+        """A graph built elsewhere for this declaration (``source``: where it came from), whose
+        operands are this declaration's."""
+        uids = tuple(sorted(self.names))
+        return BuiltGraph(graph, tuple(self.names[u] for u in uids),
+                          int(graph.get_workspace_size()), f"{_served_by(graph)} ({source})",
+                          _Launcher(graph, uids))
+
 
 def declare_forward(desc: SdpaDescriptor, handle: object, dump_dropout: bool = False
                     ) -> _Builder:
@@ -340,7 +348,13 @@ def _build(key) -> BuiltGraph | Declined:
     try:
         with on_device(key.device), timed("cuDNN %s", key):  # graphs bind the current device
             handle = runtime.handle_for(key.device)
-            return key.declare(handle).finish()
+            declared = key.declare(handle)
+            stored = plan_store.load(key, handle)
+            if stored is not None:
+                return declared.adopt(stored, "deserialized from the plan store")
+            built = declared.finish()
+            plan_store.store(key, built.graph)
+            return built
     except OpFacadeError:
         raise  # ours, typed already (BackendUnavailable is a NotImplementedError: not a decline)
     except declines as error:

@@ -53,12 +53,19 @@ class GraphSelection:
     def unfit(self, desc) -> Unfit | None:
         return self.unfit_on(desc, None)
 
-    def unfit_on(self, desc, target: Target | None) -> Unfit | None:
+    def builds_to_screen(self, target: Target | None) -> bool:
+        return placement(target)[0] is not None
+
+    def data_unfit_on(self, desc, target: Target | None) -> Unfit | None:
         if desc.element is not self.sku.element:
             return Unfit(ReasonCode.element_unsupported,
                          f"serves {self.sku.element.value}, problem is {desc.element.value}")
-        device, arch = placement(target)
-        unfit = self._data_unfit(desc, limits.Context(arch, runtime.backend_version()))
+        _, arch = placement(target)
+        return self._data_unfit(desc, limits.Context(arch, runtime.backend_version()))
+
+    def unfit_on(self, desc, target: Target | None) -> Unfit | None:
+        unfit = self.data_unfit_on(desc, target)
+        device, _ = placement(target)
         if unfit is not None or device is None:
             return unfit  # without a device: viable pending graph support
         built = graphs.built_or_unfit(self._selection_key(desc, device))

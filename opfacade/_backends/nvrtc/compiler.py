@@ -9,14 +9,13 @@ and carry a digest of their payload, so a torn or corrupted file is a miss, neve
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
 from ..._internal.config import cache_dir
+from ..._internal.disk_cache import read_checked, write_atomically
 from ..._internal.log import LOG, timed
 from ...errors import BackendUnavailable, CompileError
 from ...types import ArchSku
@@ -26,7 +25,6 @@ __all__ = ["CompiledKernel", "compile_cubin", "native_sources", "nvrtc_version",
 # Every kernel is built with these; -lineinfo costs nothing at run time and lets
 # compute-sanitizer and Nsight point at source lines.
 BASE_OPTIONS = ("-std=c++17", "-lineinfo", "-default-device")
-_DIGEST_BYTES = 32
 
 
 def _native_root() -> Path:
@@ -117,36 +115,6 @@ def _cache_path(name: str, arch: ArchSku, key: str) -> Path:
     return cache_dir() / "nvrtc" / f"{stem}-{arch.value}-{key[:40]}.cubin"
 
 
-def _load_cached(path: Path) -> bytes | None:
-    try:
-        blob = path.read_bytes()
-    except OSError:
-        return None
-    digest, payload = blob[:_DIGEST_BYTES], blob[_DIGEST_BYTES:]
-    if len(digest) != _DIGEST_BYTES or hashlib.sha256(payload).digest() != digest:
-        LOG.debug("cubin cache: %s is torn or corrupted; compiling again", path)
-        return None  # recompile and overwrite
-    return payload
-
-
-def _store_cached(path: Path, cubin: bytes) -> None:
-    """Temp file in the same directory, then os.replace: readers see all of it or none."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(hashlib.sha256(cubin).digest())
-                out.write(cubin)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as error:  # a read-only or full cache directory costs a recompile, no failure
-        LOG.debug("cubin cache: cannot store %s (%s); the next process compiles again", path,
-                  error)
-
-
 def _nvrtc_compile(name: str, source: str, headers: dict[str, str], options: tuple[str, ...]):
     nvrtc = _nvrtc()
     header_names = list(headers)
@@ -192,12 +160,12 @@ def compile_cubin(
     options = (*BASE_OPTIONS, f"-arch={arch.nvrtc_arch}", *extra_options)
     key = cache_key(text, headers, options, arch)
     path = _cache_path(name, arch, key)
-    if use_cache and (cubin := _load_cached(path)) is not None:
+    if use_cache and (cubin := read_checked(path)) is not None:
         LOG.debug("cubin cache hit: %s for %s", name, arch)
         return CompiledKernel(name, arch, cubin, key, from_cache=True)
     LOG.debug("cubin cache miss: %s for %s", name, arch)
     with timed("NVRTC compile of %s for %s", name, arch):
         cubin = _nvrtc_compile(name, text, headers, options)
     if use_cache:
-        _store_cached(path, cubin)
+        write_atomically(path, cubin)
     return CompiledKernel(name, arch, cubin, key, from_cache=False)

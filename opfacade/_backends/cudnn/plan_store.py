@@ -1,0 +1,118 @@
+"""cuDNN's built plans on disk, so that a new process deserializes in milliseconds what took the
+first one a build of hundreds (the frontend's ``serialize``/``deserialize``).
+
+An entry is the serialized graph behind its key's JSON: the cuDNN and frontend versions,
+opfacade's version, the device's name and multiprocessor count, and every field of the graph's
+key (direction, variant (the deterministic backward), the descriptor, whose bucket fields are
+part of it, and a paged or ragged graph's layout). The file is named by the key's
+hash and written atomically with a checksum (``_internal/disk_cache.py``); a torn entry, one
+whose key differs (a foreign or stale file), or one the frontend refuses to deserialize is a
+miss, and the graph is built and stored again. ``OPFACADE_CUDNN_PLAN_CACHE=0`` turns it off.
+
+Entries live in ``$OPFACADE_CACHE_DIR/cudnn-plans``; ``opfacade cache`` lists and clears them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+
+from ..._internal.config import cache_dir
+from ..._internal.device import device_name, device_sm_count
+from ..._internal.disk_cache import read_checked, write_atomically
+from ..._internal.log import LOG
+from . import runtime
+
+__all__ = ["SWITCH_VARIABLE", "directory", "load", "store"]
+
+SWITCH_VARIABLE = "OPFACADE_CUDNN_PLAN_CACHE"
+_LENGTH = struct.Struct("<I")
+_COMMON_FIELDS = ("direction", "desc", "device", "variant")
+
+
+def directory() -> Path:
+    return cache_dir() / "cudnn-plans"
+
+
+def _enabled() -> bool:
+    return os.environ.get(SWITCH_VARIABLE, "1") != "0"
+
+
+def _identity(key) -> bytes | None:
+    """Everything a plan depends on, as canonical JSON; None when it cannot be read (the device
+    cannot be asked): the store then stays out of the way."""
+    try:
+        return _read_identity(key)
+    except Exception as error:
+        LOG.debug("cuDNN plan store: no key for %s: %s: %s", key, type(error).__name__, error)
+        return None
+
+
+def _read_identity(key) -> bytes:
+    from ... import __version__
+
+    cudnn = runtime.cudnn_module()
+    return json.dumps({
+        "cudnn": runtime.backend_version(),
+        "frontend": getattr(cudnn, "__version__", "?"),
+        "opfacade": __version__,
+        "device": device_name(key.device),
+        "sm_count": device_sm_count(key.device),
+        "key": type(key).__name__,
+        "direction": key.direction,
+        "variant": bool(key.variant),
+        "descriptor": type(key.desc).__name__,
+        "fields": json.loads(key.desc.model_dump_json()),
+        # What some keys add (a paged or ragged graph's layout): frozen dataclasses, whose
+        # repr names every field.
+        "extra": {name: repr(getattr(key, name)) for name in key._fields
+                  if name not in _COMMON_FIELDS},
+    }, sort_keys=True).encode()
+
+
+def _path(identity: bytes) -> Path:
+    return directory() / f"{hashlib.sha256(identity).hexdigest()[:40]}.plan"
+
+
+def load(key, handle):
+    """The graph for ``key`` deserialized from disk, or None (a miss, logged at DEBUG)."""
+    if not _enabled():
+        return None
+    identity = _identity(key)
+    payload = None if identity is None else read_checked(_path(identity))
+    if payload is None:
+        return None
+    (length,) = _LENGTH.unpack_from(payload) if len(payload) >= _LENGTH.size else (-1,)
+    stored, plan = payload[_LENGTH.size:_LENGTH.size + length], payload[_LENGTH.size + length:]
+    if length < 0 or stored != identity:
+        LOG.debug("cuDNN plan store: the entry for %s was written for another setup", key)
+        return None
+    cudnn = runtime.cudnn_module()
+    try:
+        graph = cudnn.pygraph(handle=handle)
+        graph.deserialize(handle, list(plan))
+        graph.get_workspace_size()  # a graph that cannot answer this cannot run
+    except Exception as error:  # the frontend refused it: build again
+        LOG.debug("cuDNN plan store: cannot deserialize %s: %s: %s", key, type(error).__name__,
+                  error)
+        return None
+    return graph
+
+
+def store(key, graph) -> None:
+    """Serializes a built graph for ``key``; a graph the frontend cannot serialize is skipped."""
+    if not _enabled():
+        return
+    try:
+        plan = bytes(graph.serialize())
+    except Exception as error:
+        LOG.debug("cuDNN plan store: cannot serialize %s: %s: %s", key, type(error).__name__,
+                  error)
+        return
+    identity = _identity(key)
+    if identity is None:
+        return
+    write_atomically(_path(identity), _LENGTH.pack(len(identity)) + identity + plan)

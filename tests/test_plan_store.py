@@ -1,0 +1,87 @@
+"""cuDNN's plan store without a GPU (a stand-in frontend graph): an entry written for one setup
+comes back only for that setup; torn, foreign or refused entries are misses; the cache CLI lists
+and clears it. The real serialize/deserialize round trip and the warm start's speed are
+test_torch_gpu.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from opfacade._backends.cudnn import graphs, plan_store
+from opfacade.caches import clear_disk_caches, disk_caches
+from opfacade.cli import main
+from opfacade.ops.sdpa import SdpaDescriptor
+
+
+class Graph:
+    """What the store uses of a frontend graph."""
+
+    refuse = False
+
+    def __init__(self, handle=None, plan=b""):
+        self.plan = plan
+
+    def serialize(self):
+        return list(b"plan:" + self.plan)
+
+    def deserialize(self, handle, data):
+        if Graph.refuse:
+            raise RuntimeError("not a plan for this cuDNN")
+        self.plan = bytes(data)
+
+    def get_workspace_size(self):
+        return 0
+
+
+@pytest.fixture
+def store(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPFACADE_CACHE_DIR", str(tmp_path))  # this test's own, empty
+    class Cudnn:
+        __version__ = "1.32.0"
+        pygraph = Graph
+
+    monkeypatch.setattr(plan_store.runtime, "cudnn_module", lambda: Cudnn)
+    monkeypatch.setattr(plan_store.runtime, "backend_version", lambda: 91900)
+    monkeypatch.setattr(plan_store, "device_name", lambda device: "H100")
+    monkeypatch.setattr(plan_store, "device_sm_count", lambda device: 132)
+    Graph.refuse = False
+    return plan_store
+
+
+def key(seq=64, device=0):
+    desc = SdpaDescriptor(batch=1, heads_q=2, heads_kv=2, seq_q=seq, seq_kv=seq, head_dim=64,
+                          element="bf16")
+    return graphs.GraphKey("forward", desc, device, False)
+
+
+def test_a_stored_plan_comes_back_for_its_key_only(store):
+    store.store(key(), Graph(plan=b"one"))
+    assert store.load(key(), None).plan == b"plan:one"
+    assert store.load(key(seq=128), None) is None
+    entry = next(store.directory().glob("*.plan"))
+    other = key(seq=128)
+    entry.rename(store._path(store._identity(other)))  # a file under another key's name
+    assert store.load(other, None) is None
+
+
+def test_torn_refused_and_disabled_entries_are_misses(store, monkeypatch):
+    store.store(key(), Graph(plan=b"one"))
+    entry = next(store.directory().glob("*.plan"))
+    Graph.refuse = True
+    assert store.load(key(), None) is None
+    Graph.refuse = False
+    entry.write_bytes(entry.read_bytes()[:-2])
+    assert store.load(key(), None) is None
+    store.store(key(), Graph(plan=b"two"))
+    monkeypatch.setenv(store.SWITCH_VARIABLE, "0")
+    assert store.load(key(), None) is None
+
+
+def test_the_cache_command_lists_and_clears(store, capsys):
+    store.store(key(), Graph(plan=b"one"))
+    assert main(["cache"]) == 0
+    assert "cuDNN plans         1 entries" in capsys.readouterr().out
+    assert main(["cache", "--clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert [cache.size() for cache in disk_caches()][1] == (0, 0)
+    assert clear_disk_caches() == 0
