@@ -16,8 +16,9 @@ from ._bench.common import BenchRow, format_rows
 __all__ = ["run_bench"]
 
 
-# Benches that time no one family: the host cost of the framework paths (``_bench/host.py``).
-EXTRA_BENCHES = ("host",)
+# Benches that time no one family: the host cost of the framework paths (``_bench/host.py``) and
+# the first result in a new process, cold and warm (``_bench/warm_start.py``).
+EXTRA_BENCHES = ("host", "warm_start")
 
 
 def _families():

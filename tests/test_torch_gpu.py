@@ -404,3 +404,11 @@ def test_linear_module_matches_nn_linear():
     expected = F.relu(reference(x))
     assert _error(layer(x), expected.double()) < FLOOR[torch.bfloat16]
     assert math.isclose(float(layer(x).float().sum()), float(layer(x).float().sum()))
+
+
+def test_a_new_process_with_a_warm_cache_deserializes_the_same_plans():
+    from opfacade._bench.warm_start import cold_and_warm
+
+    cold, warm = cold_and_warm((1, 4, 512, 64))
+    assert cold["loaded"] == 0 and warm["loaded"] >= 2  # the forward and the backward
+    assert warm["bits"] == cold["bits"]

@@ -99,6 +99,7 @@ def load(key, handle):
         LOG.debug("cuDNN plan store: cannot deserialize %s: %s: %s", key, type(error).__name__,
                   error)
         return None
+    LOG.debug("cuDNN plan store: loaded %s", key)
     return graph
 
 
