@@ -93,7 +93,10 @@ def load(key, handle):
     cudnn = runtime.cudnn_module()
     try:
         graph = cudnn.pygraph(handle=handle)
-        graph.deserialize(handle, list(plan))
+        try:
+            graph.deserialize(handle, list(plan))
+        except TypeError:  # frontends whose deserialize takes the data alone
+            graph.deserialize(list(plan))
         graph.get_workspace_size()  # a graph that cannot answer this cannot run
     except Exception as error:  # the frontend refused it: build again
         LOG.debug("cuDNN plan store: cannot deserialize %s: %s: %s", key, type(error).__name__,
