@@ -26,7 +26,7 @@ from ._internal.log import LOG
 from ._internal.lru import BuildOnceLRU
 from ._internal.selection import ExplainReport, Target, Verdict, rank
 from ._internal.sku import SkuImpl, Workspace
-from ._internal.streams import owning_package, resolve_stream
+from ._internal.streams import owning_package, resolve_stream, stream_is_capturing
 from ._internal.tensors import TensorView, wrap
 from ._registry import OpSpec
 from .errors import (
@@ -426,10 +426,12 @@ class Plan:
 
             size, device = self._workspace_size, detached.device
             owner = owning_package(detached.present().values(), stream)
-            if size <= KEPT_WORKSPACE_BYTES:
+            if size <= KEPT_WORKSPACE_BYTES and not stream_is_capturing(handle):
                 # A small scratch stays with this checked call: the call's key holds its stream,
                 # and calls on one stream run in order, so reusing it is safe, and the call
-                # launches prepared, as with a workspace given.
+                # launches prepared, as with a workspace given. Not while the stream is being
+                # captured: the scratch would come from the graph's private pool, which torch's
+                # CUDA graph trees require to hold only the graph's outputs.
                 ptr, keep = allocate_bytes(size, device, owner, handle)
                 call = impl.prepared(desc, detached, Workspace(ptr, size, device, keep), handle)
 

@@ -45,7 +45,13 @@ def store(monkeypatch, tmp_path):
     monkeypatch.setattr(plan_store, "device_name", lambda device: "H100")
     monkeypatch.setattr(plan_store, "device_sm_count", lambda device: 132)
     Graph.refuse = False
+    monkeypatch.setattr(plan_store, "_TOUCHED", set())
     return plan_store
+
+
+def forget(store):
+    """What a new process knows: nothing it stored or loaded."""
+    store._TOUCHED.clear()
 
 
 def key(seq=64, device=0):
@@ -56,11 +62,15 @@ def key(seq=64, device=0):
 
 def test_a_stored_plan_comes_back_for_its_key_only(store):
     store.store(key(), Graph(plan=b"one"))
+    assert store.load(key(), None) is None  # not in the process that stored it
+    forget(store)
     assert store.load(key(), None).plan == b"plan:one"
+    assert store.load(key(), None) is None  # once per process
     assert store.load(key(seq=128), None) is None
     entry = next(store.directory().glob("*.plan"))
     other = key(seq=128)
     entry.rename(store._path(store._identity(other)))  # a file under another key's name
+    forget(store)
     assert store.load(other, None) is None
 
 
@@ -68,11 +78,14 @@ def test_torn_refused_and_disabled_entries_are_misses(store, monkeypatch):
     store.store(key(), Graph(plan=b"one"))
     entry = next(store.directory().glob("*.plan"))
     Graph.refuse = True
+    forget(store)
     assert store.load(key(), None) is None
     Graph.refuse = False
     entry.write_bytes(entry.read_bytes()[:-2])
+    forget(store)
     assert store.load(key(), None) is None
     store.store(key(), Graph(plan=b"two"))
+    forget(store)
     monkeypatch.setenv(store.SWITCH_VARIABLE, "0")
     assert store.load(key(), None) is None
 

@@ -31,6 +31,8 @@ __all__ = ["SWITCH_VARIABLE", "directory", "load", "store"]
 SWITCH_VARIABLE = "OPFACADE_CUDNN_PLAN_CACHE"
 _LENGTH = struct.Struct("<I")
 _COMMON_FIELDS = ("direction", "desc", "device", "variant")
+# The identities this process has stored or loaded (see load).
+_TOUCHED: set[bytes] = set()
 
 
 def directory() -> Path:
@@ -78,11 +80,20 @@ def _path(identity: bytes) -> Path:
 
 
 def load(key, handle):
-    """The graph for ``key`` deserialized from disk, or None (a miss, logged at DEBUG)."""
+    """The graph for ``key`` deserialized from disk, or None (a miss, logged at DEBUG).
+
+    Each entry is deserialized at most once per process, and never one this process stored: on
+    an H100 with frontend 1.32 and cuDNN 9.19, deserializing in the process that built the plan,
+    after freeing it, crashed (a segfault inside the frontend's deserialize), while fresh
+    processes deserialized the same blobs correctly (scripts/plan_store_probe.py). A rebuild in
+    the same process builds as before."""
     if not _enabled():
         return None
     identity = _identity(key)
-    payload = None if identity is None else read_checked(_path(identity))
+    if identity is None or identity in _TOUCHED:
+        return None
+    _TOUCHED.add(identity)
+    payload = read_checked(_path(identity))
     if payload is None:
         return None
     (length,) = _LENGTH.unpack_from(payload) if len(payload) >= _LENGTH.size else (-1,)
@@ -119,4 +130,5 @@ def store(key, graph) -> None:
     identity = _identity(key)
     if identity is None:
         return
+    _TOUCHED.add(identity)
     write_atomically(_path(identity), _LENGTH.pack(len(identity)) + identity + plan)
