@@ -26,7 +26,7 @@ from ._internal.log import LOG
 from ._internal.lru import BuildOnceLRU
 from ._internal.selection import ExplainReport, Target, Verdict, rank
 from ._internal.sku import SkuImpl, Workspace
-from ._internal.streams import owning_package, resolve_stream, stream_is_capturing
+from ._internal.streams import owning_package, resolve_stream
 from ._internal.tensors import TensorView, wrap
 from ._registry import OpSpec
 from .errors import (
@@ -46,9 +46,6 @@ __all__ = ["ExplainReport", "Plan", "PreparedRun", "Target", "TrainingPair", "Ve
 
 # Process-wide plans keyed by (op, descriptor, preference, target); a freed plan is a miss.
 PLAN_CACHE: BuildOnceLRU[Plan] = BuildOnceLRU("plan", 512, usable=lambda plan: not plan.freed)
-# run() without a workspace keeps scratch up to this size with each checked call (see
-# _checked_launch); larger scratch is allocated, stream-ordered, on every call.
-KEPT_WORKSPACE_BYTES = 8 << 20
 # The functional forms' plans keyed by the facts they build a descriptor from (shapes, element,
 # device, options): a repeat call skips building and validating the descriptor, which costs a
 # functional call several times what run() does.
@@ -426,23 +423,18 @@ class Plan:
 
             size, device = self._workspace_size, detached.device
             owner = owning_package(detached.present().values(), stream)
-            if size <= KEPT_WORKSPACE_BYTES and not stream_is_capturing(handle):
-                # A small scratch stays with this checked call: the call's key holds its stream,
-                # and calls on one stream run in order, so reusing it is safe, and the call
-                # launches prepared, as with a workspace given. Not while the stream is being
-                # captured: the scratch would come from the graph's private pool, which torch's
-                # CUDA graph trees require to hold only the graph's outputs.
+            # Scratch from the framework on every call, stream-ordered, as the full path does.
+            # The caching allocators hand the same block back call after call, so the launch
+            # prepared for the last pointer is reused while the pointer repeats.
+            last: list = [None, None]  # [pointer, the launch prepared for it]
+
+            def allocate_and_launch() -> None:
                 ptr, keep = allocate_bytes(size, device, owner, handle)
-                call = impl.prepared(desc, detached, Workspace(ptr, size, device, keep), handle)
-
-                def launch_with_kept_scratch(keep=keep) -> None:  # holds the scratch
-                    call()
-
-                return launch_with_kept_scratch
-
-            def allocate_and_launch() -> None:  # stream-ordered scratch on every call
-                ptr, keep = allocate_bytes(size, device, owner, handle)
-                impl.launch(desc, detached, Workspace(ptr, size, device, keep), handle)
+                if last[0] != ptr:
+                    last[1] = impl.prepared(desc, detached, Workspace(ptr, size, device), handle)
+                    last[0] = ptr
+                last[1]()
+                del keep  # back to the stream's pool, ordered after the launch just enqueued
 
             return allocate_and_launch
         return impl.prepared(desc, detached, Workspace(ws.ptr, ws.size, ws.device), handle)

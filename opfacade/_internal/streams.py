@@ -212,9 +212,3 @@ def _torch_stream_object(handle: int, device: int):
 cupy_stream = StreamObjects(_cupy_stream_object)
 torch_stream = StreamObjects(_torch_stream_object)
 
-
-def stream_is_capturing(stream: int) -> bool:
-    """Whether work enqueued on ``stream`` is being captured into a CUDA graph now."""
-    import cupy
-
-    return cupy.cuda.runtime.streamIsCapturing(stream) != 0

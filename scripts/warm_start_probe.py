@@ -1,0 +1,55 @@
+"""Where the first SDPA forward+backward of a new process spends its time, cold and warm: the
+warm-start bench's child with opfacade's DEBUG log (builds and loads with their milliseconds)
+and the phases timed apart.
+
+    python3 scripts/warm_start_probe.py [B H S D]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, logging, sys, time
+t0 = time.perf_counter()
+import torch
+torch.cuda.init(); torch.empty(1, device="cuda")
+t1 = time.perf_counter()
+import opfacade.torch as oft
+t2 = time.perf_counter()
+class Stamp(logging.Handler):
+    def emit(self, record):
+        text = record.getMessage()
+        if " ms" in text or "plan store" in text or "compil" in text:
+            print(f"  {(time.perf_counter() - t2) * 1e3:8.1f} ms  {text[:150]}", flush=True)
+log = logging.getLogger("opfacade"); log.setLevel(logging.DEBUG); log.addHandler(Stamp())
+shape = tuple(json.loads(sys.argv[1]))
+q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
+           for _ in range(3))
+torch.cuda.synchronize(); t3 = time.perf_counter()
+out = oft.sdpa(q, k, v, is_causal=True, deterministic=True); torch.cuda.synchronize()
+t4 = time.perf_counter()
+out.backward(torch.ones_like(out)); torch.cuda.synchronize()
+t5 = time.perf_counter()
+print(json.dumps({"torch init": t1 - t0, "import opfacade.torch": t2 - t1,
+                  "forward": t4 - t3, "backward": t5 - t4}))
+"""
+
+
+def main(shape: list[int]) -> int:
+    with tempfile.TemporaryDirectory() as cache:
+        for label in ("cold", "warm"):
+            print(f"===== {label}", flush=True)
+            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shape)],
+                                  env={**os.environ, "OPFACADE_CACHE_DIR": cache},
+                                  capture_output=True, text=True, timeout=600)
+            print(done.stdout[-4000:], done.stderr[-1500:] if done.returncode else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main([int(a) for a in sys.argv[1:]] or [2, 16, 4096, 128]))
