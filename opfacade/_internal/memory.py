@@ -120,13 +120,15 @@ class OutputAllocator:
     __slots__ = ("device", "owner", "stream", "_torch_device")
 
     def __init__(self, like, stream: object):
+        self.device = like.device
+        if stream is None and like.package == "torch":  # the short way: nothing to resolve
+            self.owner, self.stream, self._torch_device = "torch", None, like.obj.device
+            return
         from .streams import owning_package, resolve_stream
 
-        self.device = like.device
         self.owner = owning_package([like], stream)
-        direct = stream is None and self.owner == "torch" and like.package == "torch"
-        self._torch_device = like.obj.device if direct else None
-        self.stream = None if direct else resolve_stream(stream, self.owner, self.device)
+        self._torch_device = None
+        self.stream = resolve_stream(stream, self.owner, self.device)
 
     def __call__(self, shape: tuple[int, ...], element: ElementKind) -> object:
         if self._torch_device is not None:
