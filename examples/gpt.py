@@ -132,9 +132,9 @@ def deterministic_torch(on: bool):
 
 
 def make_model(config: Config, backend: str, deterministic: bool | None, seed: int = 0,
-               dtype=torch.bfloat16) -> GPT:
+               dtype=torch.bfloat16, device="cuda") -> GPT:
     torch.manual_seed(seed)
-    return GPT(config, backend, deterministic, dtype=dtype)
+    return GPT(config, backend, deterministic, device=device, dtype=dtype)
 
 
 def train(config: Config, backend: str = "opfacade", steps: int = 50, seed: int = 0,
