@@ -18,9 +18,9 @@ __all__ = ["decode_attention"]
 
 
 def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               seq_lens: torch.Tensor, page_table: torch.Tensor | None, kv_layout: str,
-               scale: float | None, window_left: int | None, save_lse: bool
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+                 seq_lens: torch.Tensor, page_table: torch.Tensor | None, kv_layout: str,
+                 scale: float | None, window_left: int | None, save_lse: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     cuda_device("decode_attention", q=q, k_cache=k_cache, v_cache=v_cache, seq_lens=seq_lens,
                 page_table=page_table)
     out, lse = functional.decode_attention(q, k_cache, v_cache, seq_lens, page_table=page_table,

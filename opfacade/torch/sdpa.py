@@ -54,9 +54,9 @@ def _no_stats(q: torch.Tensor) -> torch.Tensor:
 
 
 def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
-             causal: bool, scale: float | None, dropout_p: float,
-             dropout_seed: torch.Tensor | None, dropout_offset: torch.Tensor | None,
-             save_stats: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               causal: bool, scale: float | None, dropout_p: float,
+               dropout_seed: torch.Tensor | None, dropout_offset: torch.Tensor | None,
+               save_stats: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's choice (cuDNN's forward is deterministic either way);
     # it is in the forward's schema so that autograd hands it to the backward.
     device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
