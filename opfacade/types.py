@@ -46,6 +46,12 @@ class ElementKind(enum.StrEnum):
         return self not in (ElementKind.i32, ElementKind.i64, ElementKind.u8)
 
     @property
+    def accumulator(self) -> ElementKind:
+        """What a floating element's sums and statistics (softmax stats, LSE, ALiBi's slopes)
+        are kept in: f64 for f64, f32 for every narrower type."""
+        return ElementKind.f64 if self is ElementKind.f64 else ElementKind.f32
+
+    @property
     def unit_roundoff(self) -> float:
         """Half the spacing of the format at 1.0: the relative error of one rounding."""
         return 2.0 ** -_SIGNIFICAND_BITS[self]

@@ -182,7 +182,7 @@ def _screen(impl: SkuImpl, desc: Descriptor, pref: PlanPreference, target: Targe
                       f"declares max_rel_error {guarantee.max_rel_error:g} > preference "
                       f"{pref.max_rel_error:g}")
     if build and impl.builds_to_screen(target):
-        unfit = impl.unfit_on(desc, target)
+        unfit = impl.built_unfit_on(desc, target)
         if unfit is not None:
             return reject(unfit.code, unfit.detail)
     elif not build:

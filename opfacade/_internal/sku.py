@@ -102,13 +102,17 @@ class SkuImpl(abc.ABC, Generic[D]):
 
     def builds_to_screen(self, target: Any) -> bool:
         """Whether screening this SKU on ``target`` builds something costly (a cuDNN graph):
-        selection then screens it only if every SKU ranked above it fails. ``data_unfit_on``
-        says what can be known without the build."""
+        selection then screens it only if every SKU ranked above it fails. ``unfit_on`` is then
+        ``data_unfit_on`` (what needs no build) followed by ``built_unfit_on`` (the build)."""
         return False
 
     def data_unfit_on(self, desc: D, target: Any) -> Unfit | None:
         """The verdict of the checks that need no build (for SKUs that build to screen)."""
         return self.unfit_on(desc, target)
+
+    def built_unfit_on(self, desc: D, target: Any) -> Unfit | None:
+        """The verdict only the build gives, once ``data_unfit_on`` has passed."""
+        return None
 
     def workspace_size_on(self, desc: D, target: Any) -> int:
         return self.workspace_size(desc)

@@ -211,4 +211,3 @@ def _torch_stream_object(handle: int, device: int):
 # for a raw handle on a device, to launch that package's work (or allocate its memory) on it.
 cupy_stream = StreamObjects(_cupy_stream_object)
 torch_stream = StreamObjects(_torch_stream_object)
-

@@ -54,7 +54,7 @@ ELEMENTS = (ElementKind.f64, ElementKind.f32, ElementKind.f16, ElementKind.bf16,
 
 def accumulator(element: ElementKind) -> ElementKind:
     """What ALiBi computes and accumulates in, and the slopes' (and dslope's) element type."""
-    return ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
+    return element.accumulator
 
 
 class _AlibiShape(Descriptor):

@@ -69,7 +69,7 @@ class DecodeAttentionDescriptor(KvCacheEnvelope, AttentionMask):
 
     @property
     def lse_element(self) -> ElementKind:
-        return ElementKind.f64 if self.element is ElementKind.f64 else ElementKind.f32
+        return self.element.accumulator
 
 
 @dataclass

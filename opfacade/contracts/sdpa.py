@@ -147,7 +147,7 @@ class _SdpaProblem(AttentionMask):
 
     @property
     def stats_element(self) -> ElementKind:
-        return ElementKind.f64 if self.element is ElementKind.f64 else ElementKind.f32
+        return self.element.accumulator
 
     @property
     def bias_shape(self) -> tuple[int, int, int, int] | None:

@@ -108,7 +108,7 @@ class _VarlenProblem(AttentionMask):
 
     @property
     def lse_element(self) -> ElementKind:
-        return ElementKind.f64 if self.element is ElementKind.f64 else ElementKind.f32
+        return self.element.accumulator
 
     @property
     def max_tokens_q(self) -> int:

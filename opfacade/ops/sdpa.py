@@ -138,6 +138,15 @@ def _problem(qv: TensorView, kv: TensorView, vv: TensorView, *, causal, window, 
     return fields
 
 
+def _facts(qv: TensorView, kv: TensorView, vv: TensorView, *, causal, window, scale, bias,
+           alibi, dropout_p, seq_len_q) -> tuple:
+    """Everything ``_problem`` builds a descriptor from, for Plan.cached_for: the tensors'
+    shapes, strides and element, the bias's shape, and the options as given."""
+    bias_shape = None if bias is None else wrap(bias, "bias").shape
+    return (qv.shape, qv.strides, qv.element, kv.shape, kv.strides, vv.shape, vv.strides,
+            bias_shape, causal, window, scale, alibi, dropout_p, seq_len_q is None)
+
+
 def _allocate(shape: tuple[int, ...], layout: str, like: TensorView, stream: Any,
               element: ElementKind | None = None) -> Any:
     """A new array of logical ``shape`` stored in ``layout`` order, from like's framework."""
@@ -192,9 +201,8 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
         dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                  dropout_offset, forward=True)
     qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
-    bias_shape = None if bias is None else wrap(bias, "bias").shape
-    facts = (qv.shape, qv.strides, qv.element, kv.shape, kv.strides, vv.shape, vv.strides,
-             bias_shape, causal, window, scale, alibi, dropout_p, seq_len_q is None,
+    facts = (_facts(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
+                    alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q),
              return_stats)
 
     def describe() -> SdpaDescriptor:
@@ -236,9 +244,8 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
         dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                         dropout_offset, forward=False)
     qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
-    bias_shape = None if bias is None else wrap(bias, "bias").shape
-    facts = (qv.shape, qv.strides, qv.element, kv.shape, kv.strides, vv.shape, vv.strides,
-             bias_shape, causal, window, scale, alibi, dropout_p, seq_len_q is None,
+    facts = (_facts(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
+                    alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q),
              need_bias_grad, deterministic)
 
     def describe() -> SdpaBackwardDescriptor:

@@ -13,7 +13,7 @@ from ..contracts.sdpa_layouts import MEMORY_ORDER
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
 from ..types import ElementKind
 
-__all__ = ["NAMESPACE", "cuda_device", "deterministic_choice", "element_of", "empty",
+__all__ = ["NAMESPACE", "absent", "cuda_device", "deterministic_choice", "element_of", "empty",
            "empty_in_layout", "no_grad_wanted", "torch_dtype", "wants_grad"]
 
 # torch.ops.opfacade.<op>: one namespace for every family's ops.
@@ -72,6 +72,13 @@ def empty_in_layout(shape: Sequence[int], layout: str, element: ElementKind,
     order = MEMORY_ORDER[layout]
     memory = empty([shape[i] for i in order], element, device)
     return memory.permute(*(order.index(i) for i in range(4)))
+
+
+def absent(like: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """What an op returns for an output it was not asked for: a custom op's schema has no
+    optional outputs, so an empty tensor stands in, of the same dtype in the real and the fake
+    kernel."""
+    return like.new_empty(0, dtype=dtype)
 
 
 def wants_grad(*tensors: torch.Tensor | None) -> bool:

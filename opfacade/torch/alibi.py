@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..contracts.alibi import accumulator
 from ..ops import alibi as functional
-from ._common import cuda_device, element_of, empty
+from ._common import absent, cuda_device, element_of, empty
 
 __all__ = ["alibi"]
 
@@ -31,9 +30,8 @@ def _alibi_backward_op(grad_output: torch.Tensor, need_input_grad: bool,
     cuda_device("alibi_backward", grad_output=grad_output)
     grad_scores, grad_slopes = functional.alibi_backward(
         grad_output, need_input_grad=need_input_grad, need_slope_grad=need_slope_grad)
-    nothing = grad_output.new_empty(0)
-    return (nothing if grad_scores is None else grad_scores,
-            nothing.clone() if grad_slopes is None else grad_slopes)
+    return (absent(grad_output, grad_output.dtype) if grad_scores is None else grad_scores,
+            absent(grad_output, grad_output.dtype) if grad_slopes is None else grad_slopes)
 
 
 @_alibi_backward_op.register_fake
@@ -41,9 +39,9 @@ def _(grad_output, need_input_grad, need_slope_grad):
     device = cuda_device("alibi_backward", grad_output=grad_output)
     element = element_of(grad_output, "grad_output")
     return (empty(grad_output.shape, element, device) if need_input_grad
-            else grad_output.new_empty(0),
-            empty((grad_output.shape[1],), accumulator(element), device) if need_slope_grad
-            else grad_output.new_empty(0))
+            else absent(grad_output, grad_output.dtype),
+            empty((grad_output.shape[1],), element.accumulator, device) if need_slope_grad
+            else absent(grad_output, grad_output.dtype))
 
 
 def _backward(ctx, grad_output):

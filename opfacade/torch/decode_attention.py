@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import decode_attention as functional
-from ..types import ElementKind
-from ._common import cuda_device, element_of, empty, no_grad_wanted
+from ._common import absent, cuda_device, element_of, empty, no_grad_wanted
 
 __all__ = ["decode_attention"]
 
@@ -26,7 +25,7 @@ def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out, lse = functional.decode_attention(q, k_cache, v_cache, seq_lens, page_table=page_table,
                                            kv_layout=kv_layout, scale=scale,
                                            window_left=window_left, return_lse=save_lse)
-    return out, lse if save_lse else q.new_empty(0, dtype=torch.float32)
+    return out, lse if save_lse else absent(q)
 
 
 _decode_op = torch.library.custom_op("opfacade::decode_attention", _decode_impl, mutates_args=())
@@ -38,9 +37,7 @@ def _(q, k_cache, v_cache, seq_lens, page_table, kv_layout, scale, window_left, 
                          seq_lens=seq_lens, page_table=page_table)
     element = element_of(q, "q")
     out = empty((*q.shape[:3], v_cache.shape[3]), element, device)
-    lse_element = ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
-    lse = empty(q.shape[:3], lse_element, device) if save_lse else q.new_empty(
-        0, dtype=torch.float32)
+    lse = empty(q.shape[:3], element.accumulator, device) if save_lse else absent(q)
     return out, lse
 
 

@@ -17,6 +17,7 @@ from ..contracts.linear_activations import ACTIVATIONS
 from ..errors import InvalidProblem
 from ..ops import linear as functional
 from ._common import (
+    absent,
     cuda_device,
     deterministic_choice,
     element_of,
@@ -28,10 +29,6 @@ from ._common import (
 __all__ = ["Linear", "linear"]
 
 
-def _no_aux(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(0, dtype=torch.uint8)
-
-
 def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) -> torch.Tensor:
     """The buffer a training forward saves into. A ReLU bit-mask's row is padded past N, and
     cuBLASLt leaves those bits as it found them: the real kernel zeroes them (``zeros``), so
@@ -41,7 +38,7 @@ def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) ->
                              f"{activation!r}", field="activation")
     layout = ACTIVATIONS[activation].aux
     if layout is None:
-        return _no_aux(x)
+        return absent(x, torch.uint8)
     allocate = torch.zeros if zeros and layout.mask else torch.empty
     return functional.aux_buffer(
         layout, element_of(x, "x"), (), x.shape[0], weight.shape[0],
@@ -52,7 +49,7 @@ def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                  activation: str, save_aux: bool, deterministic: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     cuda_device("linear", x=x, weight=weight, bias=bias)
-    aux = _aux(x, weight, activation, zeros=True) if save_aux else _no_aux(x)
+    aux = _aux(x, weight, activation, zeros=True) if save_aux else absent(x, torch.uint8)
     keep = aux.numel() > 0  # nothing to save without an activation
     out = functional.linear(x, weight, bias, activation=activation, save_aux=keep,
                             aux=aux if keep else None, deterministic=deterministic)
@@ -66,7 +63,7 @@ _linear_op = torch.library.custom_op("opfacade::linear", _linear_impl, mutates_a
 def _(x, weight, bias, activation, save_aux, deterministic):
     device = cuda_device("linear", x=x, weight=weight, bias=bias)
     out = empty((x.shape[0], weight.shape[0]), element_of(x, "x"), device)
-    return out, _aux(x, weight, activation, zeros=False) if save_aux else _no_aux(x)
+    return out, _aux(x, weight, activation, zeros=False) if save_aux else absent(x, torch.uint8)
 
 
 @torch.library.custom_op("opfacade::linear_backward", mutates_args=())
@@ -79,7 +76,7 @@ def _linear_backward_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.T
                                        need_input_grad=need_input_grad,
                                        need_weight_grad=need_weight_grad,
                                        need_bias_grad=need_bias_grad, deterministic=deterministic)
-    return tuple(_no_aux(x) if grad is None else grad for grad in grads)
+    return tuple(absent(x, torch.uint8) if grad is None else grad for grad in grads)
 
 
 @_linear_backward_op.register_fake
@@ -89,7 +86,8 @@ def _(grad_out, x, weight, aux, activation, need_input_grad, need_weight_grad, n
     element = element_of(x, "x")
     wanted = ((need_input_grad, x.shape), (need_weight_grad, weight.shape),
               (need_bias_grad, (weight.shape[0],)))
-    return tuple(empty(shape, element, device) if need else _no_aux(x) for need, shape in wanted)
+    return tuple(empty(shape, element, device) if need else absent(x, torch.uint8)
+                 for need, shape in wanted)
 
 
 def _save_for_backward(ctx, inputs, output) -> None:

@@ -19,8 +19,8 @@ import torch
 from ..contracts.sdpa_layouts import LAYOUTS, layout_of
 from ..errors import DTypeMismatch, InvalidArgument, LayoutMismatch, ShapeMismatch
 from ..ops import sdpa as functional
-from ..types import ElementKind
 from ._common import (
+    absent,
     cuda_device,
     deterministic_choice,
     element_of,
@@ -49,10 +49,6 @@ def _causal(causal: bool) -> str | None:
     return "top_left" if causal else None  # torch's is_causal is top-left aligned
 
 
-def _no_stats(q: torch.Tensor) -> torch.Tensor:
-    return q.new_empty(0, dtype=torch.float32)
-
-
 def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
                causal: bool, scale: float | None, dropout_p: float,
                dropout_seed: torch.Tensor | None, dropout_offset: torch.Tensor | None,
@@ -65,7 +61,7 @@ def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     result = functional.sdpa(q, k, v, causal=_causal(causal), scale=scale, bias=bias,
                              dropout_p=dropout_p, dropout_seed=dropout_seed,
                              dropout_offset=dropout_offset, return_stats=save_stats, out=out)
-    return result if save_stats else (result, _no_stats(q))
+    return result if save_stats else (result, absent(q))
 
 
 _sdpa_op = torch.library.custom_op("opfacade::sdpa", _sdpa_impl, mutates_args=())
@@ -77,8 +73,7 @@ def _(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset, sav
     device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
     element = element_of(q, "q")
     out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q, "q"), element, device)
-    stats_element = ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
-    stats = empty((*q.shape[:3], 1), stats_element, device) if save_stats else _no_stats(q)
+    stats = empty((*q.shape[:3], 1), element.accumulator, device) if save_stats else absent(q)
     return out, stats
 
 
@@ -94,7 +89,7 @@ def _sdpa_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
                                      scale=scale, bias=bias, need_bias_grad=need_bias_grad,
                                      dropout_p=dropout_p, dropout_seed=dropout_seed,
                                      dropout_offset=dropout_offset, deterministic=deterministic)
-    return grads if need_bias_grad else (*grads, q.new_empty(0))
+    return grads if need_bias_grad else (*grads, absent(q, q.dtype))
 
 
 @_sdpa_backward_op.register_fake
@@ -104,7 +99,7 @@ def _(q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropou
     element, layout = element_of(q, "q"), _layout(q, "q")
     grads = [empty_in_layout(t.shape, layout, element, device) for t in (q, k, v)]
     grad_bias = (empty(bias.shape, element, device) if need_bias_grad
-                 else q.new_empty(0))
+                 else absent(q, q.dtype))
     return (*grads, grad_bias)
 
 

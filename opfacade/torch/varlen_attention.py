@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import varlen_attention as functional
-from ..types import ElementKind
-from ._common import cuda_device, deterministic_choice, element_of, empty, wants_grad
+from ._common import absent, cuda_device, deterministic_choice, element_of, empty, wants_grad
 
 __all__ = ["varlen_attention"]
 
@@ -38,7 +37,7 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
         q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, scale=scale, causal=_causal(causal),
         window=_window(window_left, window_right), return_lse=save_lse)
-    return out, lse if save_lse else q.new_empty(0, dtype=torch.float32)
+    return out, lse if save_lse else absent(q)
 
 
 @_varlen_op.register_fake
@@ -48,9 +47,8 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, 
                          cu_seqlens_kv=cu_seqlens_kv)
     element = element_of(q, "q")
     out = empty((q.shape[0], q.shape[1], v.shape[2]), element, device)
-    lse_element = ElementKind.f64 if element is ElementKind.f64 else ElementKind.f32
-    lse = (empty((q.shape[1], q.shape[0]), lse_element, device) if save_lse
-           else q.new_empty(0, dtype=torch.float32))
+    lse = (empty((q.shape[1], q.shape[0]), element.accumulator, device) if save_lse
+           else absent(q))
     return out, lse
 
 

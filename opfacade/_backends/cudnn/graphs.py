@@ -266,17 +266,15 @@ class _Builder:
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         g.check_support()
         g.build_plans()
-        uids = tuple(sorted(self.names))
-        return BuiltGraph(g, tuple(self.names[u] for u in uids), int(g.get_workspace_size()),
-                          _served_by(g), _Launcher(g, uids))
+        return self.adopt(g)
 
-    def adopt(self, graph, source: str) -> BuiltGraph:
-        """A graph built elsewhere for this declaration (``source``: where it came from), whose
-        operands are this declaration's."""
+    def adopt(self, graph, source: str | None = None) -> BuiltGraph:
+        """A built graph whose operands are this declaration's: the one ``finish`` built, or one
+        built elsewhere (``source``: where it came from)."""
         uids = tuple(sorted(self.names))
+        served_by = _served_by(graph) if source is None else f"{_served_by(graph)} ({source})"
         return BuiltGraph(graph, tuple(self.names[u] for u in uids),
-                          int(graph.get_workspace_size()), f"{_served_by(graph)} ({source})",
-                          _Launcher(graph, uids))
+                          int(graph.get_workspace_size()), served_by, _Launcher(graph, uids))
 
 
 def declare_forward(desc: SdpaDescriptor, handle: object, dump_dropout: bool = False

@@ -64,10 +64,12 @@ class GraphSelection:
         return self._data_unfit(desc, limits.Context(arch, runtime.backend_version()))
 
     def unfit_on(self, desc, target: Target | None) -> Unfit | None:
-        unfit = self.data_unfit_on(desc, target)
+        return self.data_unfit_on(desc, target) or self.built_unfit_on(desc, target)
+
+    def built_unfit_on(self, desc, target: Target | None) -> Unfit | None:
         device, _ = placement(target)
-        if unfit is not None or device is None:
-            return unfit  # without a device: viable pending graph support
+        if device is None:
+            return None  # without a device: viable pending graph support
         built = graphs.built_or_unfit(self._selection_key(desc, device))
         if isinstance(built, Unfit):
             return built
