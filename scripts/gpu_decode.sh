@@ -4,13 +4,8 @@
 # kernels, the bench rows, and the f32 units probe (which units torch's f32 SDPA runs on).
 #   bash scripts/gpu_decode.sh [stages...]   stages: tests verify sanitize bench units variants
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
 stages=${*:-tests verify sanitize bench}
-wants() { [[ " $stages " == *" $1 "* ]]; }
-stage() { echo "=== $1 ($(date +%T))"; }
+source "$(dirname "$0")/device_prelude.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if wants tests; then
     stage tests

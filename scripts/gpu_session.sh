@@ -5,15 +5,10 @@
 #   bash scripts/gpu_session.sh [full|quick] [stages...]     stages: tests verify sanitize bench
 # Needs the wheels of ../shared/tools/device-wheels.sh in .whl/ (carried with the call).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-export OPFACADE_CACHE_DIR=/tmp/opfacade-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
 mode=${1:-full}; shift || true
 stages=${*:-tests verify sanitize bench}
-stage() { echo "=== $1 ($(date +%T))"; }
-wants() { [[ " $stages " == *" $1 "* ]]; }
+source "$(dirname "$0")/device_prelude.sh"
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
 stage versions
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -3,13 +3,8 @@
 # float64, torch.compile, CUDA graphs, determinism, bad input) and the bench's host rows.
 #   bash scripts/gpu_torch.sh [stages...]   stages: tests bench example verify
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 stages=${*:-tests bench}
-wants() { [[ " $stages " == *" $1 "* ]]; }
-stage() { echo "=== $1 ($(date +%T))"; }
+source "$(dirname "$0")/device_prelude.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudnn.backend_version())"
 if wants tests; then

@@ -5,13 +5,8 @@
 #   bash scripts/gpu_varlen.sh [stages...]   stages: check tests verify sanitize bench
 #   VERIFY_OPS="varlen_attention_forward ..." narrows verify.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
 stages=${*:-check tests verify bench}
-wants() { [[ " $stages " == *" $1 "* ]]; }
-stage() { echo "=== $1 ($(date +%T))"; }
+source "$(dirname "$0")/device_prelude.sh"
 if wants check; then
     stage check
     timeout 200 python3 scripts/flash_f32_check.py "$OUT/flash_check.json" > "$OUT/flash_check.log" 2>&1

@@ -1,0 +1,9 @@
+# Sourced by the scripts/gpu_*.sh device calls after they set $stages: installs the wheels carried
+# in .whl/ (../shared/tools/device-wheels.sh) beside the image's packages, sets the environment
+# every call runs in, makes $OUT, and defines wants (is a stage asked for) and stage (its banner).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
+wants() { [[ " $stages " == *" $1 "* ]]; }
+stage() { echo "=== $1 ($(date +%T))"; }
