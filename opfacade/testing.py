@@ -145,13 +145,23 @@ def verification_problem(op, desc: Descriptor, rng: np.random.Generator,
 
 def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> TensorView:
     """A CuPy buffer holding ``values`` (or poison) described by a TensorView of spec.element,
-    laid out with ``spec.strides`` when given (a permuted dense layout), else in C order."""
+    laid out with ``spec.strides`` when given, else in C order. Strides that are no permuted
+    dense layout (q sliced from a packed QKV, say) get a buffer spanning them whose gaps hold
+    poison (NaN for floats), which must never reach an output."""
     import cupy
 
     shape = tuple(spec.shape)
     # Storage order: dimensions from the largest stride to the smallest.
     order = (sorted(range(len(shape)), key=lambda d: -spec.strides[d]) if spec.strides
              else list(range(len(shape))))
+    dense = [0] * len(shape)
+    running = 1
+    for d in reversed(order):
+        dense[d] = running
+        running *= shape[d]
+    if spec.strides and any(n > 1 and s != w for n, s, w in zip(shape, dense, spec.strides,
+                                                                   strict=True)):
+        return _spanning_tensor(spec, device, values)
     with cupy.cuda.Device(device):
         if values is None:
             array = cupy.empty([shape[d] for d in order], dtype=_STORAGE[spec.element])
@@ -159,13 +169,23 @@ def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> 
         else:
             bits = _to_bits(np.asarray(values).reshape(shape), spec.element)
             array = cupy.asarray(np.ascontiguousarray(bits.transpose(order)))
-    strides = [0] * len(shape)
-    for axis, d in enumerate(order):
-        strides[d] = array.strides[axis] // array.itemsize
-    if spec.strides and any(n > 1 and s != w for n, s, w in zip(shape, strides, spec.strides,
-                                                                   strict=True)):
-        raise ValueError(f"strides {spec.strides} are not a permuted dense layout of {shape}")
-    return TensorView(array.data.ptr, shape, tuple(strides), spec.element, device, "cupy", array)
+    return TensorView(array.data.ptr, shape, tuple(dense), spec.element, device, "cupy", array)
+
+
+def _spanning_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> TensorView:
+    import cupy
+
+    shape, strides = tuple(spec.shape), tuple(spec.strides)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+    with cupy.cuda.Device(device):
+        flat = cupy.empty(span, dtype=_STORAGE[spec.element])
+        flat.view(cupy.uint8).fill(0xFF)
+        if values is not None:
+            bits = _to_bits(np.asarray(values).reshape(shape), spec.element)
+            view = cupy.lib.stride_tricks.as_strided(
+                flat, shape, tuple(s * flat.itemsize for s in strides))
+            view[...] = cupy.asarray(bits)
+    return TensorView(flat.data.ptr, shape, strides, spec.element, device, "cupy", flat)
 
 
 def download_bits(view: TensorView) -> np.ndarray:

@@ -31,12 +31,16 @@ from opfacade.contracts.sdpa import (
     MEMORY_ORDER,
     SDPA_BACKWARD,
     SDPA_FORWARD,
+    QkvStrides,
     dense_strides,
+    layout_by_order,
     layout_of,
+    output_layout,
     reference_options,
     stats_strides,
 )
 from opfacade.contracts.sdpa_samples import verification_inputs
+from opfacade._internal.tensors import TensorView
 from opfacade.ops.sdpa import (
     SdpaArgs,
     SdpaBackwardArgs,
@@ -158,6 +162,70 @@ def test_layouts_are_the_memory_orders_the_signature_and_layout_of_agree_on():
     signature = SDPA_FORWARD.signature(desc)
     assert signature["q"].strides == dense_strides("sbhd", *desc.q_shape)
     assert signature["stats"].strides == stats_strides(desc) == (64, 16, 1, 1)
+
+
+def _packed_views(batch=2, seq=16, heads_q=4, heads_kv=2, dim=64, pad=0, device=0):
+    """q, k, v as views into one packed [B, S, Hq + 2 Hkv, D] bf16 projection whose rows are
+    ``pad`` elements longer, [B, H, S, D] indexed (only their strides matter: nothing is
+    read)."""
+    width = (heads_q + 2 * heads_kv) * dim + pad
+    strides = (seq * width, dim, width, 1)
+    return tuple(TensorView(4096 + 2 * offset * dim, (batch, heads, seq, dim), strides,
+                            ElementKind.bf16, device, "cupy", None)
+                 for heads, offset in ((heads_q, 0), (heads_kv, heads_q),
+                                       (heads_kv, heads_q + heads_kv)))
+
+
+def test_packed_qkv_views_are_described_by_their_own_strides():
+    """Views into one packed QKV projection follow bshd without being dense in it: the
+    functional form describes them by their strides (out stays dense bshd), the signature
+    carries them, and a non-unit dim stride is refused by the descriptor."""
+    from opfacade.ops.sdpa import _layouts
+
+    q, k, v = _packed_views()
+    assert layout_of(q.shape, q.strides) is None
+    assert layout_by_order(q.shape, q.strides) == output_layout(q.shape, q.strides) == "bshd"
+    layout, strides = _layouts(q, k, v)
+    assert layout == "bshd" and strides == QkvStrides(q=q.strides, k=k.strides, v=v.strides)
+    desc = forward(seq_q=16, seq_kv=16, layout=layout, qkv_strides=strides, save_stats=True)
+    signature = SDPA_FORWARD.signature(desc)
+    assert signature["q"].strides == q.strides and signature["v"].strides == v.strides
+    assert signature["out"].strides == dense_strides("bshd", *desc.o_shape)
+    assert SDPA_BACKWARD.signature(backward(seq_q=16, seq_kv=16, layout=layout,
+                                            qkv_strides=strides))["grad_q"].strides == \
+        dense_strides("bshd", *desc.q_shape)
+    # Dense inputs keep the plain descriptor (one cache entry, one stored graph).
+    dense = TensorView(4096, (2, 4, 16, 64), dense_strides("sbhd", 2, 4, 16, 64), "bf16", 0,
+                       "cupy", None)
+    kv = TensorView(4096, (2, 2, 16, 64), dense_strides("sbhd", 2, 2, 16, 64), "bf16", 0,
+                    "cupy", None)
+    assert _layouts(dense, kv, kv) == ("sbhd", None)
+    with pytest.raises(InvalidProblem, match="dim stride must be 1"):
+        forward(qkv_strides={"q": (1, 2, 3, 4), "k": (1, 2, 3, 1), "v": (1, 2, 3, 1)})
+    transposed = TensorView(4096, (2, 4, 16, 64), (4096, 1024, 1, 16), "bf16", 0, "cupy", None)
+    with pytest.raises(LayoutMismatch, match="q must have non-negative strides and a unit dim"):
+        _layouts(transposed, k, v)
+
+
+def test_cudnn_refuses_packed_strides_it_cannot_load_and_says_why():
+    """cuDNN loads 16 bytes at a time: packed rows 8 elements longer than the heads still
+    load, rows 4 longer (196 bf16 elements) do not, so explain names the stride there; the f32
+    kernel, which reads any strides, serves the same problem in f32."""
+    def described(pad):
+        q, k, v = _packed_views(heads_q=1, heads_kv=1, pad=pad)
+        return SdpaDescriptor(batch=2, heads_q=1, heads_kv=1, seq_q=16, seq_kv=16,
+                              head_dim=64, element="bf16", layout="bshd",
+                              qkv_strides=QkvStrides(q=q.strides, k=k.strides, v=v.strides))
+
+    assert codes(Plan.explain(described(8), arch="sm90"))["sdpa_forward.cudnn.bf16"] is \
+        ReasonCode.chosen
+    verdict = next(v for v in Plan.explain(described(4), arch="sm90").verdicts
+                   if v.sku.id == "sdpa_forward.cudnn.bf16")
+    assert verdict.code is ReasonCode.shape_unsupported
+    assert "qkv_strides.q (3136, 64, 196, 1)" in verdict.detail
+    assert "multiples of 8 elements" in verdict.detail
+    f32 = described(4).model_copy(update={"element": ElementKind.f32})
+    assert Plan.select(f32, arch="sm90").sku.id == "sdpa_forward.nvrtc.f32"
 
 
 # ----------------------------------------------------------------------------- explain

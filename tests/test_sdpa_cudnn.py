@@ -198,6 +198,21 @@ def test_frontend_graphs_declare_the_uids_and_layouts_we_bind():
     assert sorted(fwd.names) == [1, 2, 3, 4, 5]
 
 
+def test_packed_qkv_graphs_declare_the_views_strides_and_dense_outputs():
+    pytest.importorskip("cudnn")
+    if runtime.available() is not None:
+        pytest.skip(runtime.available())
+    width = (4 + 2 + 2) * 64
+    packed = {name: (COMMON["seq_q"] * width, 64, width, 1) for name in "qkv"}
+    desc = backward(layout="bshd", qkv_strides=packed, seq_kv=COMMON["seq_q"])
+    b = graphs.declare_backward(desc, None)
+    declared = {t.name: t for t in b.graph.tensors.values() if not t.is_virtual}
+    for name in "qkv":
+        assert tuple(declared[name].stride) == packed[name]
+    assert tuple(declared["sdpa_backward::dQ"].stride) == dense_strides("bshd", *desc.q_shape)
+    assert tuple(declared["out"].stride) == dense_strides("bshd", *desc.o_shape)
+
+
 @pytest.mark.parametrize("kw", [
     dict(alibi=True), dict(causal="bottom_right", bias="1hqk"),
     dict(causal="bottom_right", seq_q=32), dict(window=(4, None), seq_q=32),

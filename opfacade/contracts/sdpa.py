@@ -7,7 +7,9 @@ q is [B, Hq, Sq, D]; k and v are [B, Hkv, Skv, D] and [B, Hkv, Skv, Dv] with Hq 
 Hkv (GQA/MQA); out is [B, Hq, Sq, Dv]; stats is [B, Hq, Sq, 1] float32 (float64 for an f64
 problem), contiguous. Tensors are indexed [batch, heads, seq, dim] whatever their memory order;
 the descriptor's ``layout`` names the dense order they are stored in ("bhsd", "bshd" or
-"sbhd"), and the GPU plans check that the strides are exactly those.
+"sbhd"), and the GPU plans check that the strides are exactly those. q, k and v may instead
+have strides of their own (``qkv_strides``: views into one packed QKV projection, read in place);
+out and the gradients stay dense in ``layout``.
 
 Masks follow the float64 reference (``_backends/reference/sdpa.py``): with ``d`` the
 diagonal offset (0 top-left, ``seq_len_kv - seq_len_q`` bottom-right), ``causal`` keeps keys
@@ -57,7 +59,16 @@ from .._internal.tensors import (
 from ..errors import InvalidArgument, InvalidProblem
 from ..types import ElementKind, OpCategory
 from .attention_masks import ELEMENTS, MAX_EXTENT, Alignment, AttentionMask, SlidingWindow
-from .sdpa_layouts import LAYOUTS, MEMORY_ORDER, Layout, dense_strides, layout_of
+from .sdpa_layouts import (
+    LAYOUTS,
+    MEMORY_ORDER,
+    Layout,
+    QkvStrides,
+    dense_strides,
+    layout_by_order,
+    layout_of,
+    output_layout,
+)
 from .sdpa_samples import (
     backward_large,
     backward_samples,
@@ -73,6 +84,7 @@ __all__ = [
     "OPS",
     "LAYOUTS",
     "MEMORY_ORDER",
+    "QkvStrides",
     "SDPA_BACKWARD",
     "SDPA_FORWARD",
     "SdpaArgs",
@@ -82,7 +94,9 @@ __all__ = [
     "SlidingWindow",
     "alibi_slopes",
     "dense_strides",
+    "layout_by_order",
     "layout_of",
+    "output_layout",
     "reference_options",
     "stats_strides",
 ]
@@ -100,7 +114,8 @@ class _SdpaProblem(AttentionMask):
     """The fields forward and backward share.
 
     heads_q must be a multiple of heads_kv; head_dim_v (Dv) defaults to head_dim. ``layout``:
-    the dense memory order of q, k, v, out (and their gradients). ``scale``: None for
+    the dense memory order of q, k, v, out (and their gradients). ``qkv_strides``: q, k and v's
+    own element strides when they are not dense in ``layout`` (QkvStrides). ``scale``: None for
     1/sqrt(head_dim). ``causal``: None, "top_left" (or True) or "bottom_right". ``window``:
     SlidingWindow, a (left, right) pair or "left,right". ``bias``: the bias tensor's shape,
     "bhqk" for [B, Hq, Sq, Skv], a "1" for a broadcast extent ("1hqk", "b1qk", "11qk").
@@ -117,6 +132,7 @@ class _SdpaProblem(AttentionMask):
     head_dim_v: int | None = Field(default=None, ge=1, lt=MAX_EXTENT)
     element: ElementKind
     layout: Layout = "bhsd"
+    qkv_strides: QkvStrides | None = None
     scale: float | None = None
     causal: Alignment | None = None
     window: SlidingWindow | None = None
@@ -140,6 +156,13 @@ class _SdpaProblem(AttentionMask):
     @property
     def o_shape(self) -> tuple[int, int, int, int]:
         return (self.batch, self.heads_q, self.seq_q, self.dim_v)
+
+    def input_strides(self, name: str) -> tuple[int, int, int, int]:
+        """The element strides of input ``name`` ("q", "k" or "v"): its own from
+        ``qkv_strides``, else dense in ``layout``."""
+        if self.qkv_strides is not None:
+            return getattr(self.qkv_strides, name)
+        return dense_strides(self.layout, *getattr(self, f"{name}_shape"))
 
     @property
     def stats_shape(self) -> tuple[int, int, int, int]:

@@ -35,6 +35,12 @@ def _layout_spec(desc: SdpaDescriptor | SdpaBackwardDescriptor, shape: tuple[int
     return TensorSpec(shape, desc.element, role, dense_strides(desc.layout, *shape))
 
 
+def _input_spec(desc: SdpaDescriptor | SdpaBackwardDescriptor, name: str) -> TensorSpec:
+    """q, k or v: dense in the layout, or with the descriptor's ``qkv_strides``."""
+    return TensorSpec(getattr(desc, f"{name}_shape"), desc.element, "in",
+                      desc.input_strides(name))
+
+
 def _stats_spec(desc: SdpaDescriptor | SdpaBackwardDescriptor, role: str) -> TensorSpec:
     from .sdpa import stats_strides
 
@@ -43,9 +49,9 @@ def _stats_spec(desc: SdpaDescriptor | SdpaBackwardDescriptor, role: str) -> Ten
 
 def forward_signature(desc: SdpaDescriptor) -> dict[str, TensorSpec]:
     signature = {
-        "q": _layout_spec(desc, desc.q_shape),
-        "k": _layout_spec(desc, desc.k_shape),
-        "v": _layout_spec(desc, desc.v_shape),
+        "q": _input_spec(desc, "q"),
+        "k": _input_spec(desc, "k"),
+        "v": _input_spec(desc, "v"),
         "out": _layout_spec(desc, desc.o_shape, "out"),
     }
     if desc.save_stats:
@@ -68,9 +74,9 @@ def _extra_signature(desc: SdpaDescriptor | SdpaBackwardDescriptor) -> dict[str,
 
 def backward_signature(desc: SdpaBackwardDescriptor) -> dict[str, TensorSpec]:
     signature = {
-        "q": _layout_spec(desc, desc.q_shape),
-        "k": _layout_spec(desc, desc.k_shape),
-        "v": _layout_spec(desc, desc.v_shape),
+        "q": _input_spec(desc, "q"),
+        "k": _input_spec(desc, "k"),
+        "v": _input_spec(desc, "v"),
         "out": _layout_spec(desc, desc.o_shape),
         "grad_out": _layout_spec(desc, desc.o_shape),
         "stats": _stats_spec(desc, "in"),
@@ -103,6 +109,10 @@ SAMPLES = (
          bias="1hqk"),
     dict(batch=2, heads_q=6, heads_kv=3, seq_q=128, seq_kv=128, head_dim=64, alibi=True,
          causal="top_left", scale=0.1),
+    # q, k, v sliced from one packed [B, S, Hq + 2 Hkv, D] projection: each read in place,
+    # with the other two's columns between its rows.
+    dict(batch=2, heads_q=4, heads_kv=2, seq_q=160, seq_kv=160, head_dim=64, causal="top_left",
+         layout="bshd", qkv_strides={name: (160 * 512, 64, 512, 1) for name in "qkv"}),
 )
 
 

@@ -16,16 +16,17 @@ import numpy as np
 from .._internal.memory import OutputAllocator
 from .._internal.tensors import TensorView, wrap
 from ..contracts.sdpa import (
-    LAYOUTS,
     MEMORY_ORDER,
     SDPA_BACKWARD,
     SDPA_FORWARD,
+    QkvStrides,
     SdpaArgs,
     SdpaBackwardArgs,
     SdpaBackwardDescriptor,
     SdpaDescriptor,
     SlidingWindow,
-    layout_of,
+    dense_strides,
+    output_layout,
 )
 from ..errors import InvalidArgument, LayoutMismatch, ShapeMismatch
 from ..plan import plan_class
@@ -95,18 +96,35 @@ class DropoutDraw:
     offset: Any
 
 
-def _infer_layout(view: TensorView, name: str) -> str:
-    """The dense layout ``view`` is stored in (the contract's ``layout_of``)."""
-    if view.ndim != 4:
-        raise ShapeMismatch(f"{name} must be 4-D [batch, heads, seq, dim], got shape "
-                            f"{view.shape}", argument=name)
-    layout = layout_of(view.shape, view.strides)
-    if layout is not None:
-        return layout
-    if view.device is None:
-        return "bhsd"  # the host reference reads any strides
-    raise LayoutMismatch(f"{name} must be a dense {'/'.join(LAYOUTS)} tensor, got strides "
-                         f"{view.strides} for shape {view.shape}", argument=name)
+def _dense_in(view: TensorView, layout: str) -> bool:
+    """Whether ``view`` is dense in ``layout`` (strides of size-1 extents aside)."""
+    expected = dense_strides(layout, *view.shape)
+    return all(n == 1 or s == e for n, s, e in zip(view.shape, view.strides, expected,
+                                                   strict=True))
+
+
+def _layouts(qv: TensorView, kv: TensorView, vv: TensorView) -> tuple[str, QkvStrides | None]:
+    """The descriptor's layout and qkv_strides for these inputs: their common dense layout
+    (qkv_strides None), else the layout q's strides follow (out is allocated in it) with the
+    three views' own strides: q, k, v sliced from one packed QKV projection are read in
+    place, never copied."""
+    views = {"q": qv, "k": kv, "v": vv}
+    for name, view in views.items():
+        if view.ndim != 4:
+            raise ShapeMismatch(f"{name} must be 4-D [batch, heads, seq, dim], got shape "
+                                f"{view.shape}", argument=name)
+    layout = output_layout(qv.shape, qv.strides)
+    if _dense_in(qv, layout) and _dense_in(kv, layout) and _dense_in(vv, layout):
+        return layout, None
+    if qv.device is None:
+        return layout, None  # the host reference reads any strides
+    for name, view in views.items():
+        if view.shape[3] > 1 and view.strides[3] != 1 or min(view.strides) < 0:
+            raise LayoutMismatch(f"{name} must have non-negative strides and a unit dim stride "
+                                 f"to be read in place, got strides {view.strides}",
+                                 argument=name)
+    strides = QkvStrides(**{name: (*view.strides[:3], 1) for name, view in views.items()})
+    return layout, strides
 
 
 def _bias_spec(bias: Any, q: TensorView, k: TensorView) -> str | None:
@@ -126,13 +144,12 @@ def _bias_spec(bias: Any, q: TensorView, k: TensorView) -> str | None:
 
 def _problem(qv: TensorView, kv: TensorView, vv: TensorView, *, causal, window, scale, bias,
              alibi, dropout_p, seq_len_q) -> dict:
-    layout = _infer_layout(qv, "q")
-    _infer_layout(kv, "k")
-    _infer_layout(vv, "v")
+    layout, qkv_strides = _layouts(qv, kv, vv)
     batch, heads_q, seq_q, head_dim = qv.shape
     fields = dict(batch=batch, heads_q=heads_q, heads_kv=kv.shape[1], seq_q=seq_q,
                   seq_kv=kv.shape[2], head_dim=head_dim, head_dim_v=vv.shape[3],
-                  element=qv.element, layout=layout, scale=scale, causal=causal, window=window,
+                  element=qv.element, layout=layout, qkv_strides=qkv_strides, scale=scale,
+                  causal=causal, window=window,
                   bias=_bias_spec(bias, qv, kv), alibi=alibi, dropout_p=dropout_p,
                   padding=seq_len_q is not None)
     return fields

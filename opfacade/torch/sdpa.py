@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from ..contracts.sdpa_layouts import LAYOUTS, layout_of
-from ..errors import DTypeMismatch, InvalidArgument, LayoutMismatch, ShapeMismatch
+from ..contracts.sdpa_layouts import output_layout
+from ..errors import DTypeMismatch, InvalidArgument, ShapeMismatch
 from ..ops import sdpa as functional
 from ._common import (
     absent,
@@ -35,14 +35,9 @@ __all__ = ["sdpa"]
 _SEED_BOUND = 1 << 62
 
 
-def _layout(tensor: torch.Tensor, name: str) -> str:
-    layout = layout_of(tuple(tensor.shape), tuple(tensor.stride()))
-    if layout is None:
-        raise LayoutMismatch(f"sdpa: {name} must be dense in one of the layouts "
-                             f"{'/'.join(LAYOUTS)} ([B, H, S, D] indexed), got strides "
-                             f"{tuple(tensor.stride())} for shape {tuple(tensor.shape)}",
-                             argument=name)
-    return layout
+def _layout(tensor: torch.Tensor) -> str:
+    """The layout out (or the gradients) are allocated in for this q: the functional form's."""
+    return output_layout(tuple(tensor.shape), tuple(tensor.stride()))
 
 
 def _causal(causal: bool) -> str | None:
@@ -56,7 +51,7 @@ def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     # deterministic is the backward's choice (cuDNN's forward is deterministic either way);
     # it is in the forward's schema so that autograd hands it to the backward.
     device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
-    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q, "q"), element_of(q, "q"),
+    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q), element_of(q, "q"),
                           device)
     result = functional.sdpa(q, k, v, causal=_causal(causal), scale=scale, bias=bias,
                              dropout_p=dropout_p, dropout_seed=dropout_seed,
@@ -72,7 +67,7 @@ def _(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset, sav
       deterministic):
     device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
     element = element_of(q, "q")
-    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q, "q"), element, device)
+    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q), element, device)
     stats = empty((*q.shape[:3], 1), element.accumulator, device) if save_stats else absent(q)
     return out, stats
 
@@ -96,7 +91,7 @@ def _sdpa_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: to
 def _(q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropout_p,
       dropout_seed, dropout_offset, deterministic):
     device = cuda_device("sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
-    element, layout = element_of(q, "q"), _layout(q, "q")
+    element, layout = element_of(q, "q"), _layout(q)
     grads = [empty_in_layout(t.shape, layout, element, device) for t in (q, k, v)]
     grad_bias = (empty(bias.shape, element, device) if need_bias_grad
                  else absent(q, q.dtype))
@@ -160,7 +155,8 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """F.scaled_dot_product_attention's signature and semantics, through opfacade's SDPA SKUs.
 
     query [B, Hq, L, E] (or [Hq, L, E]), key/value [B, Hkv, S, E/Ev], stored densely in the
-    bhsd, bshd or sbhd order; attn_mask bool (True attends) or additive in query's dtype,
+    bhsd, bshd or sbhd order or as views into one packed QKV projection (read in place, no
+    copy; cuDNN needs 16-byte strides); attn_mask bool (True attends) or additive in query's dtype,
     broadcastable to [B, Hq, L, S]; is_causal is top-left aligned, as torch's. Dropout draws its
     Philox seed from torch's generator, so torch.manual_seed reproduces it (the mask itself is
     cuDNN's, not torch's). ``deterministic`` (keyword-only, None: follow

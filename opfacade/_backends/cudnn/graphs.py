@@ -233,9 +233,9 @@ class _Builder:
 
     def qkv(self):
         d = self.desc
-        return (self.tensor(Uid.Q, d.q_shape, dense_strides(d.layout, *d.q_shape)),
-                self.tensor(Uid.K, d.k_shape, dense_strides(d.layout, *d.k_shape)),
-                self.tensor(Uid.V, d.v_shape, dense_strides(d.layout, *d.v_shape)))
+        return (self.tensor(Uid.Q, d.q_shape, d.input_strides("q")),
+                self.tensor(Uid.K, d.k_shape, d.input_strides("k")),
+                self.tensor(Uid.V, d.v_shape, d.input_strides("v")))
 
     def options(self) -> dict:
         """The sdpa/sdpa_backward keywords shared by both directions."""

@@ -31,7 +31,7 @@ from ..._internal.device import current_device, on_device
 from ..._internal.limits import workspace_limit
 from ..._internal.log import LOG
 from ..._internal.selection import Target
-from ..._internal.sku import SkuImpl, Unfit, Workspace
+from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, c_strides, expect_aligned
 from ...contracts.sdpa import (
     SDPA_BACKWARD,
@@ -67,7 +67,8 @@ FORWARD_BOUND = {ElementKind.bf16: 1e-2, ElementKind.f16: 5e-3}
 BACKWARD_BOUND = {ElementKind.bf16: 2e-2, ElementKind.f16: 1e-2}
 # Device pointers cuDNN's SDPA kernels load with 16-byte vectors.
 TENSOR_ALIGNMENT = 16
-LAYOUT = "bhsd|bshd|sbhd dense, d-contiguous; stats [B,Hq,Sq,1] f32"
+LAYOUT = ("bhsd|bshd|sbhd dense, d-contiguous (q, k, v: any 16-byte strides); stats "
+          "[B,Hq,Sq,1] f32")
 # What explain says beside a padded problem's verdict: the precondition nothing checks.
 PADDING_NOTE = ("padding: content past the lengths must be finite (a NaN in q, k, v, bias or "
                 "grad_out there can reach valid outputs); rows without keys get out 0, stats -inf")
@@ -149,6 +150,23 @@ def _expect_strides(view: TensorView, name: str, expected: tuple[int, ...], what
                 f"for, got {view.strides}", argument=name)
 
 
+def _strides_unfit(desc: P) -> Unfit | None:
+    """q, k, v with their own strides (views into a packed QKV) need every stride of an extent
+    above 1 to be a multiple of 16 bytes: the kernels load rows 16 bytes at a time."""
+    if desc.qkv_strides is None:
+        return None
+    itemsize = desc.element.itemsize
+    for name in ("q", "k", "v"):
+        shape, strides = getattr(desc, f"{name}_shape"), desc.input_strides(name)
+        if any(n > 1 and s * itemsize % TENSOR_ALIGNMENT
+               for n, s in zip(shape[:3], strides[:3], strict=True)):
+            return Unfit(ReasonCode.shape_unsupported,
+                         f"qkv_strides.{name} {strides}: cuDNN needs the batch, head and seq "
+                         f"strides to be multiples of {TENSOR_ALIGNMENT // itemsize} elements "
+                         f"({TENSOR_ALIGNMENT} bytes)")
+    return None
+
+
 class _SdpaCudnn(GraphSelection, SkuImpl[P]):
     direction: str
     contract: OpContract[P]
@@ -174,7 +192,7 @@ class _SdpaCudnn(GraphSelection, SkuImpl[P]):
                                          self.sku.precision_guarantee.deterministic))
 
     def _data_unfit(self, desc: P, ctx: limits.Context) -> Unfit | None:
-        return limits.check(self._facts(desc), ctx)
+        return _strides_unfit(desc) or limits.check(self._facts(desc), ctx)
 
     def _selection_key(self, desc: P, device: int) -> graphs.GraphKey:
         return self._key(desc, device)
@@ -226,14 +244,19 @@ class _SdpaCudnn(GraphSelection, SkuImpl[P]):
         table = self._strides.get(desc)
         if table is not None:
             return table
-        # The signature's strides: the layout's for the [B, H, S, D] tensors, the contract's
-        # stats_strides for the stats, C order (None) for the bias and its gradient.
+        # The signature's strides: the layout's (or qkv_strides') for the [B, H, S, D] tensors,
+        # the contract's stats_strides for the stats, C order (None) for the bias and its
+        # gradient.
         table = {}
         for name, spec in self.contract.signature(desc).items():
             if spec.element.is_float:
-                dense = spec.strides is not None and name != "stats"
-                table[name] = (spec.strides or c_strides(spec.shape),
-                               f"dense {desc.layout}" if dense else "row-major")
+                if name in ("q", "k", "v") and desc.qkv_strides is not None:
+                    what = "qkv_strides"
+                elif spec.strides is not None and name != "stats":
+                    what = f"dense {desc.layout}"
+                else:
+                    what = "row-major"
+                table[name] = (spec.strides or c_strides(spec.shape), what)
         return self._strides.put(desc, table)
 
     def check_args(self, desc: P, args: BoundArgs) -> None:

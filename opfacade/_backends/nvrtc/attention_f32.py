@@ -53,6 +53,11 @@ DenseDesc = SdpaDescriptor | SdpaBackwardDescriptor
 VarlenDesc = VarlenAttentionDescriptor | VarlenAttentionBackwardDescriptor
 
 
+# The kernels take each tensor's batch, token and head strides: dense layouts and views into a
+# packed QKV alike.
+_ANY_STRIDES = "[B,H,S,D] any element strides, d-contiguous; stats [B,Hq,Sq,1] f32"
+
+
 def _sku(op: OpContract, layout: str, description: str, bound: float) -> KernelSku:
     return op.sku(
         BackendKind.nvrtc, ElementKind.f32, layout=layout, arch=ARCH, description=description,
@@ -183,7 +188,7 @@ def _dense_strides(args: BoundArgs, names: dict[str, str]) -> flash.FlashStrides
 
 class SdpaForwardF32(_FlashSku, SkuImpl[SdpaDescriptor]):
     def __init__(self):
-        self.sku = _sku(SDPA_FORWARD, "bhsd|bshd|sbhd dense, d-contiguous; stats [B,Hq,Sq,1] f32",
+        self.sku = _sku(SDPA_FORWARD, _ANY_STRIDES,
                         "Flash-style forward in true f32 (CUDA-core FMA, no TF32): online "
                         "softmax over 64-key blocks; causal and windows; GQA.", FORWARD_BOUND)
 
@@ -215,7 +220,7 @@ class SdpaForwardF32(_FlashSku, SkuImpl[SdpaDescriptor]):
 
 class SdpaBackwardF32(_FlashSku, SkuImpl[SdpaBackwardDescriptor]):
     def __init__(self):
-        self.sku = _sku(SDPA_BACKWARD, "bhsd|bshd|sbhd dense, d-contiguous; stats [B,Hq,Sq,1] f32",
+        self.sku = _sku(SDPA_BACKWARD, _ANY_STRIDES,
                         "Deterministic flash-style backward in true f32: Delta, then dK/dV per "
                         "key block (the GQA group's heads in order), then dQ per query block; "
                         "no atomics.", BACKWARD_BOUND)
