@@ -183,10 +183,10 @@ class Plan:
 
         key = (cls.__name__, facts, device)
         try:
-            hash(key)
+            plan = FACTS_CACHE.peek(key)  # hashes the key once
         except TypeError:
             return build()
-        return FACTS_CACHE.get(key, build)
+        return plan if plan is not None else FACTS_CACHE.get(key, build)
 
     @classmethod
     def select_for_training(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,
@@ -423,13 +423,16 @@ class Plan:
 
             size, device = self._workspace_size, detached.device
             owner = owning_package(detached.present().values(), stream)
+            # With no stream named, torch tensors run on torch's current stream, which the memo's
+            # key holds: on every call this launch serves, it is current.
+            current = stream is None and owner == "torch"
             # Scratch from the framework on every call, stream-ordered, as the full path does.
             # The caching allocators hand the same block back call after call, so the launch
             # prepared for the last pointer is reused while the pointer repeats.
             last: list = [None, None]  # [pointer, the launch prepared for it]
 
             def allocate_and_launch() -> None:
-                ptr, keep = allocate_bytes(size, device, owner, handle)
+                ptr, keep = allocate_bytes(size, device, owner, handle, current)
                 if last[0] != ptr:
                     last[1] = impl.prepared(desc, detached, Workspace(ptr, size, device), handle)
                     last[0] = ptr

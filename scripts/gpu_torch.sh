@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudnn.backend_version())"
 if wants tests; then
     stage tests
-    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-40} \
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-40} ${PYTEST_EXTRA:-} \
         ${TESTS_FILES:-tests/test_torch_gpu.py tests/test_torch.py tests/test_example_gpt_gpu.py} -k "${TESTS_K:-not nothing}" \
         2>&1 | tee "$OUT/pytest_torch.log" | grep -v "^    " | tail -${TESTS_TAIL:-80}
 fi

@@ -1,6 +1,7 @@
 """Where the first SDPA forward+backward of a new process spends its time, cold and warm: the
 warm-start bench's child with opfacade's DEBUG log (builds and loads with their milliseconds)
-and the phases timed apart.
+and the phases timed apart; the warm process also runs its first forward+backward under
+cProfile (cumulative and own time), to name what the first call spends outside cuDNN's build.
 
     python3 scripts/warm_start_probe.py [B H S D]
 """
@@ -30,13 +31,27 @@ log = logging.getLogger("opfacade"); log.setLevel(logging.DEBUG); log.addHandler
 shape = tuple(json.loads(sys.argv[1]))
 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16).requires_grad_()
            for _ in range(3))
+profile = None
+if sys.argv[2] == "warm":
+    import cProfile
+    profile = cProfile.Profile()
 torch.cuda.synchronize(); t3 = time.perf_counter()
+if profile: profile.enable()
 out = oft.sdpa(q, k, v, is_causal=True, deterministic=True); torch.cuda.synchronize()
 t4 = time.perf_counter()
 out.backward(torch.ones_like(out)); torch.cuda.synchronize()
 t5 = time.perf_counter()
+if profile:
+    profile.disable()
 print(json.dumps({"torch init": t1 - t0, "import opfacade.torch": t2 - t1,
                   "forward": t4 - t3, "backward": t5 - t4}))
+if profile:
+    import pstats
+    stats = pstats.Stats(profile)
+    stats.sort_stats("cumulative").print_stats(45)
+    stats.sort_stats("tottime").print_stats(25)
+    # Which modules the first call imported, slowest first (import time is inside the call).
+    print("modules loaded:", len(sys.modules))
 """
 
 
@@ -44,10 +59,10 @@ def main(shape: list[int]) -> int:
     with tempfile.TemporaryDirectory() as cache:
         for label in ("cold", "warm"):
             print(f"===== {label}", flush=True)
-            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shape)],
+            done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shape), label],
                                   env={**os.environ, "OPFACADE_CACHE_DIR": cache},
                                   capture_output=True, text=True, timeout=600)
-            print(done.stdout[-4000:], done.stderr[-1500:] if done.returncode else "")
+            print(done.stdout[-20000:], done.stderr[-1500:] if done.returncode else "")
     return 0
 
 

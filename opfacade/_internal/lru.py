@@ -49,6 +49,13 @@ class BuildOnceLRU(Generic[V]):
                     self._items.popitem(last=False)
             return value
 
+    def peek(self, key: Hashable) -> V | None:
+        """The value under ``key`` when it is there and usable, read without the lock, the log
+        or a reordering: a hot path's hit (a miss goes through ``get``). Raises TypeError for
+        an unhashable key."""
+        value = self._items.get(key)
+        return value if value is not None and self._usable(value) else None
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()

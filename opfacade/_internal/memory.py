@@ -42,8 +42,10 @@ def _on_torch_stream(torch, stream: int, device: int) -> contextlib.AbstractCont
     return torch.cuda.stream(torch_stream(stream, device))
 
 
-def allocate_bytes(nbytes: int, device: int, package: str, stream: int) -> tuple[int, object]:
-    """``nbytes`` of device memory usable on ``stream``.
+def allocate_bytes(nbytes: int, device: int, package: str, stream: int,
+                   stream_is_current: bool = False) -> tuple[int, object]:
+    """``nbytes`` of device memory usable on ``stream``; ``stream_is_current``: the caller knows
+    ``stream`` is torch's current stream on ``device`` (nothing to read or switch).
 
     Returns:
         ``(pointer, owner)``; the memory lives as long as ``owner`` does. ``(0, None)`` for 0 bytes.
@@ -60,6 +62,9 @@ def allocate_bytes(nbytes: int, device: int, package: str, stream: int) -> tuple
 
         # torch's allocator serves the current stream of the device named, whichever device is
         # current: only the stream may need switching.
+        if stream_is_current:
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=_TORCH_DEVICES[device])
+            return int(buffer.data_ptr()), buffer
         with _on_torch_stream(torch, stream, device):
             buffer = torch.empty(nbytes, dtype=torch.uint8, device=_TORCH_DEVICES[device])
         return int(buffer.data_ptr()), buffer

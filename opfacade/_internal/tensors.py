@@ -40,6 +40,7 @@ from .view import (
 )
 
 __all__ = [
+    "PLAIN_TORCH_TYPES",
     "argument_when",
     "TensorView",
     "as_numpy",
@@ -115,6 +116,10 @@ def _element_from_numpy(dtype: np.dtype, name: str) -> ElementKind:
 
 _torch_elements: dict = {}
 
+# torch.Tensor and nn.Parameter once wrap has met them (operands.facts reads these the cheap way;
+# subclasses answer attribute reads differently and are not enrolled).
+PLAIN_TORCH_TYPES: set[type] = set()
+
 
 def _torch_element(dtype) -> ElementKind | None:
     """ElementKind of a torch dtype, memoised: str(dtype) costs a microsecond per call."""
@@ -142,6 +147,9 @@ def _wrap_torch(tensor, name: str) -> TensorView | None:
             raise InvalidArgument(f"{name} has no data pointer: {error}",
                                   argument=name) from None
         device = tensor.get_device() if tensor.is_cuda else None
+        if type(tensor) not in PLAIN_TORCH_TYPES and (type(tensor) is torch.Tensor
+                                                     or type(tensor) is torch.nn.Parameter):
+            PLAIN_TORCH_TYPES.add(type(tensor))
         return TensorView(ptr, tuple(tensor.shape), tensor.stride(), element, device, "torch",
                           tensor)
     if tensor.layout != torch.strided:

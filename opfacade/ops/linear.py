@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._internal.memory import OutputAllocator
+from .._internal import operands
 from .._internal.tensors import TensorView, wrap
 from ..contracts.linear import (
     LINEAR_BACKWARD,
@@ -101,16 +101,22 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
     into). Arguments are LinearDescriptor's and LinearArgs';
     ``deterministic`` selects under PlanPreference(deterministic=True).
     """
-    xv, wv = wrap(x, "x"), wrap(weight, "weight")
-    facts = (xv.shape, wv.shape, xv.element, weight_layout, tf32, activation, bias is None,
-             residual is None, save_aux, deterministic)
+    x_facts = operands.facts(x, "x")
+    # The descriptor reads the shapes and the element (strides are run()'s to check).
+    facts = (x_facts[0], x_facts[2], operands.facts(weight, "weight")[0], weight_layout, tf32,
+             activation, bias is None, residual is None, save_aux, deterministic)
     plan = LinearForwardPlan.cached_for(
-        facts, lambda: LinearDescriptor(**_problem(xv, wv, weight_layout), tf32=tf32,
-                                        activation=activation, bias=bias is not None,
-                                        residual=residual is not None, save_aux=save_aux),
-        {"deterministic": deterministic}, device="cpu" if xv.device is None else xv.device)
+        facts, lambda: LinearDescriptor(**_problem(wrap(x, "x"), wrap(weight, "weight"),
+                                                   weight_layout),
+                                        tf32=tf32, activation=activation,
+                                        bias=bias is not None, residual=residual is not None,
+                                        save_aux=save_aux),
+        {"deterministic": deterministic}, device=operands.device_of(x_facts))
     desc = plan.descriptor
-    allocate = OutputAllocator(xv, stream)
+
+    def allocate(shape: tuple[int, ...], element: ElementKind) -> Any:
+        return operands.allocate(x, x_facts, shape, element, stream)
+
     out = allocate(desc.out_shape, desc.element) if out is None else out
     if save_aux and aux is None:
         aux = aux_buffer(desc.aux_layout, desc.element, desc.lead, desc.m, desc.n, allocate)
@@ -128,19 +134,22 @@ def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
     ``aux`` is what ``linear(..., save_aux=True)`` returned; needed unless activation is "none".
     ``deterministic`` selects under PlanPreference(deterministic=True).
     """
-    xv, wv = wrap(x, "x"), wrap(weight, "weight")
-    facts = (xv.shape, wv.shape, xv.element, weight_layout, tf32, activation, need_input_grad,
-             need_weight_grad, need_bias_grad, deterministic)
+    x_facts = operands.facts(x, "x")
+    facts = (x_facts[0], x_facts[2], operands.facts(weight, "weight")[0], weight_layout, tf32,
+             activation, need_input_grad, need_weight_grad, need_bias_grad, deterministic)
     plan = LinearBackwardPlan.cached_for(
         facts, lambda: LinearBackwardDescriptor(
-            **_problem(xv, wv, weight_layout), tf32=tf32, activation=activation,
-            need_input_grad=need_input_grad, need_weight_grad=need_weight_grad,
-            need_bias_grad=need_bias_grad),
-        {"deterministic": deterministic}, device="cpu" if xv.device is None else xv.device)
+            **_problem(wrap(x, "x"), wrap(weight, "weight"), weight_layout), tf32=tf32,
+            activation=activation, need_input_grad=need_input_grad,
+            need_weight_grad=need_weight_grad, need_bias_grad=need_bias_grad),
+        {"deterministic": deterministic}, device=operands.device_of(x_facts))
     desc = plan.descriptor
-    allocate = OutputAllocator(xv, stream)
-    grads = (allocate(desc.x_shape, desc.element) if need_input_grad else None,
-             allocate(desc.weight_shape, desc.element) if need_weight_grad else None,
-             allocate((desc.n,), desc.element) if need_bias_grad else None)
+
+    def allocate(shape: tuple[int, ...], wanted: bool) -> Any:
+        return operands.allocate(x, x_facts, shape, desc.element, stream) if wanted else None
+
+    grads = (allocate(desc.x_shape, need_input_grad),
+             allocate(desc.weight_shape, need_weight_grad),
+             allocate((desc.n,), need_bias_grad))
     plan.run(LinearBackwardArgs(grad_out, x, weight, aux, *grads), stream=stream)
     return grads

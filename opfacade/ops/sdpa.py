@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .._internal.memory import OutputAllocator
+from .._internal import operands
 from .._internal.tensors import TensorView, wrap
 from ..contracts.sdpa import (
-    MEMORY_ORDER,
     SDPA_BACKWARD,
     SDPA_FORWARD,
     QkvStrides,
@@ -155,29 +154,21 @@ def _problem(qv: TensorView, kv: TensorView, vv: TensorView, *, causal, window, 
     return fields
 
 
-def _facts(qv: TensorView, kv: TensorView, vv: TensorView, *, causal, window, scale, bias,
-           alibi, dropout_p, seq_len_q) -> tuple:
-    """Everything ``_problem`` builds a descriptor from, for Plan.cached_for: the tensors'
-    shapes, strides and element, the bias's shape, and the options as given."""
-    bias_shape = None if bias is None else wrap(bias, "bias").shape
-    return (qv.shape, qv.strides, qv.element, kv.shape, kv.strides, vv.shape, vv.strides,
-            bias_shape, causal, window, scale, alibi, dropout_p, seq_len_q is None)
+def _facts(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, dropout_p,
+           seq_len_q) -> tuple:
+    """Everything ``_problem`` builds a descriptor from, for Plan.cached_for: the arrays' facts
+    (operands.facts: read without wrapping a plain torch tensor), the bias's shape, and the
+    options as given."""
+    bias_shape = None if bias is None else operands.facts(bias, "bias")[0]
+    return (operands.facts(q, "q"), operands.facts(k, "k"), operands.facts(v, "v"), bias_shape,
+            causal, window, scale, alibi, dropout_p, seq_len_q is None)
 
 
-def _allocate(shape: tuple[int, ...], layout: str, like: TensorView, stream: Any,
-              element: ElementKind | None = None) -> Any:
-    """A new array of logical ``shape`` stored in ``layout`` order, from like's framework."""
-    allocate = OutputAllocator(like, stream)
-    order = MEMORY_ORDER[layout]
-    memory = allocate(tuple(shape[i] for i in order), element or like.element)
-    inverse = tuple(order.index(i) for i in range(4))
-    if inverse == (0, 1, 2, 3):
-        return memory
-    return memory.permute(*inverse) if allocate.owner == "torch" else memory.transpose(inverse)
-
-
-def _device_of(view: TensorView) -> int | str:
-    return "cpu" if view.device is None else view.device
+def _allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], layout: str, stream: Any,
+              element: ElementKind) -> Any:
+    """A new array of logical ``shape`` stored dense in ``layout`` order, beside ``like``."""
+    return operands.allocate(like, like_facts, shape, element, stream,
+                             dense_strides(layout, *shape))
 
 
 def _dropout_tensors(dropout: Any, dropout_p: float, dropout_seed: Any, dropout_offset: Any,
@@ -217,24 +208,25 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
     if dropout is not None:
         dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                  dropout_offset, forward=True)
-    qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
-    facts = (_facts(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
-                    alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q),
-             return_stats)
+    facts = _facts(q, k, v, causal=causal, window=window, scale=scale, bias=bias, alibi=alibi,
+                   dropout_p=dropout_p, seq_len_q=seq_len_q)
 
     def describe() -> SdpaDescriptor:
-        fields = _problem(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
-                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+        fields = _problem(wrap(q, "q"), wrap(k, "k"), wrap(v, "v"), causal=causal,
+                          window=window, scale=scale, bias=bias, alibi=alibi,
+                          dropout_p=dropout_p, seq_len_q=seq_len_q)
         return SdpaDescriptor(**fields, save_stats=return_stats)
 
-    plan = SdpaForwardPlan.cached_for(facts, describe, device=_device_of(qv))
+    q_facts = facts[0]
+    plan = SdpaForwardPlan.cached_for((facts, return_stats), describe,
+                                      device=operands.device_of(q_facts))
     desc = plan.descriptor
     if out is None:
-        out = _allocate(desc.o_shape, desc.layout, qv, stream)
-    stats = (_allocate(desc.stats_shape, "bhsd", qv, stream, desc.stats_element)
+        out = _allocate(q, q_facts, desc.o_shape, desc.layout, stream, desc.element)
+    stats = (_allocate(q, q_facts, desc.stats_shape, "bhsd", stream, desc.stats_element)
              if return_stats else None)
     if counter is not None:
-        dropout_offset = OutputAllocator(qv, stream)((1,), ElementKind.i64)
+        dropout_offset = operands.allocate(q, q_facts, (1,), ElementKind.i64, stream)
         draw = DropoutDraw(dropout_seed, dropout_offset)
     plan.run(SdpaArgs(q, k, v, out, stats, bias, seq_len_q, seq_len_kv, dropout_seed,
                            dropout_offset, counter), stream=stream)
@@ -260,22 +252,24 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
     if dropout is not None:
         dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                         dropout_offset, forward=False)
-    qv, kv, vv = wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
-    facts = (_facts(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
-                    alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q),
-             need_bias_grad, deterministic)
+    facts = _facts(q, k, v, causal=causal, window=window, scale=scale, bias=bias, alibi=alibi,
+                   dropout_p=dropout_p, seq_len_q=seq_len_q)
 
     def describe() -> SdpaBackwardDescriptor:
-        fields = _problem(qv, kv, vv, causal=causal, window=window, scale=scale, bias=bias,
-                          alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+        fields = _problem(wrap(q, "q"), wrap(k, "k"), wrap(v, "v"), causal=causal,
+                          window=window, scale=scale, bias=bias, alibi=alibi,
+                          dropout_p=dropout_p, seq_len_q=seq_len_q)
         return SdpaBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)
 
-    plan = SdpaBackwardPlan.cached_for(facts, describe, {"deterministic": deterministic},
-                                       device=_device_of(qv))
+    q_facts = facts[0]
+    plan = SdpaBackwardPlan.cached_for((facts, need_bias_grad, deterministic), describe,
+                                       {"deterministic": deterministic},
+                                       device=operands.device_of(q_facts))
     desc = plan.descriptor
-    grads = [_allocate(shape, desc.layout, qv, stream)
+    grads = [_allocate(q, q_facts, shape, desc.layout, stream, desc.element)
              for shape in (desc.q_shape, desc.k_shape, desc.v_shape)]
-    grad_bias = _allocate(desc.bias_shape, "bhsd", qv, stream) if need_bias_grad else None
+    grad_bias = (_allocate(q, q_facts, desc.bias_shape, "bhsd", stream, desc.element)
+                 if need_bias_grad else None)
     plan.run(SdpaBackwardArgs(q, k, v, out, grad_out, stats, *grads, bias, grad_bias,
                                    seq_len_q, seq_len_kv, dropout_seed, dropout_offset),
              stream=stream)

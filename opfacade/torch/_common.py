@@ -20,6 +20,17 @@ __all__ = ["NAMESPACE", "absent", "cuda_device", "deterministic_choice", "elemen
 NAMESPACE = "opfacade"
 
 
+class _CudaDevices(dict):
+    """torch.device("cuda:i") by ordinal, each made once."""
+
+    def __missing__(self, index: int) -> torch.device:
+        self[index] = device = torch.device("cuda", index)
+        return device
+
+
+_CUDA_DEVICES = _CudaDevices()
+
+
 def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     """The one CUDA device every given tensor (None skipped) lives on.
 
@@ -27,7 +38,22 @@ def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
         DeviceMismatch: a tensor on the host or another device, naming it and the first one.
         InvalidArgument: an argument that is not a tensor.
     """
-    device = first = None
+    # The common case, read the cheap way: plain tensors on one CUDA device.
+    index = -1
+    for tensor in tensors.values():
+        if tensor is None:
+            continue
+        if type(tensor) is not torch.Tensor or not tensor.is_cuda:
+            break
+        found = tensor.get_device()
+        if index < 0:
+            index = found
+        elif found != index:
+            break
+    else:
+        if index >= 0:
+            return _CUDA_DEVICES[index]
+    device = first = None  # something is off: find it and say what
     for name, tensor in tensors.items():
         if tensor is None:
             continue
