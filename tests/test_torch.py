@@ -66,3 +66,42 @@ def test_linear_loads_an_nn_linear_state_dict():
     copy = oft.Linear.from_torch(torch.nn.Linear(32, 24, bias=False), activation="silu")
     assert copy.bias is None and copy.activation == "silu"
     assert "activation='silu'" in repr(copy)
+
+
+def test_eager_calls_take_the_ops_own_pieces_without_the_dispatcher():
+    """eager_autograd runs an op's kernel, setup_context and backward as an autograd.Function in
+    eager mode (the dispatcher is never entered) and the op itself for tensors torch traces
+    with (subclasses); kernel_or_op likewise. A toy op on the host stands in for the GPU ones."""
+    from opfacade.torch._common import eager_autograd, kernel_or_op
+
+    entered = []
+
+    def kernel(x: torch.Tensor, factor: float) -> torch.Tensor:
+        return x * factor
+
+    op = torch.library.custom_op("opfacade_test::scale", kernel, mutates_args=())
+
+    def setup(ctx, inputs, output):
+        ctx.factor = inputs[1]
+
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+    op.register_autograd(backward, setup_context=setup)
+
+    def counting_op(*args):
+        entered.append("op")
+        return torch.ops.opfacade_test.scale(*args)
+
+    call = eager_autograd(counting_op, kernel, setup, backward)
+    x = torch.ones(3, requires_grad=True)
+    call(x, 2.5).sum().backward()
+    assert entered == [] and torch.equal(x.grad, torch.full((3,), 2.5))
+
+    class Traced(torch.Tensor):
+        pass
+
+    call(torch.ones(3).as_subclass(Traced), 2.0)
+    assert entered == ["op"]
+    direct = kernel_or_op(counting_op, kernel)
+    assert torch.equal(direct(torch.ones(2), 3.0), torch.full((2,), 3.0)) and entered == ["op"]

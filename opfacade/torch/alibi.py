@@ -7,15 +7,17 @@ from __future__ import annotations
 import torch
 
 from ..ops import alibi as functional
-from ._common import absent, cuda_device, element_of, empty
+from ._common import absent, cuda_device, eager_autograd, element_of, empty, kernel_or_op
 
 __all__ = ["alibi"]
 
 
-@torch.library.custom_op("opfacade::alibi", mutates_args=())
-def _alibi_op(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+def _alibi_impl(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     cuda_device("alibi", scores=scores, slopes=slopes)
     return functional.alibi_forward(scores, slopes)
+
+
+_alibi_op = torch.library.custom_op("opfacade::alibi", _alibi_impl, mutates_args=())
 
 
 @_alibi_op.register_fake
@@ -24,14 +26,18 @@ def _(scores, slopes):
     return empty(scores.shape, element_of(scores, "scores"), device)
 
 
-@torch.library.custom_op("opfacade::alibi_backward", mutates_args=())
-def _alibi_backward_op(grad_output: torch.Tensor, need_input_grad: bool,
-                       need_slope_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _alibi_backward_impl(grad_output: torch.Tensor, need_input_grad: bool,
+                         need_slope_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     cuda_device("alibi_backward", grad_output=grad_output)
     grad_scores, grad_slopes = functional.alibi_backward(
         grad_output, need_input_grad=need_input_grad, need_slope_grad=need_slope_grad)
     return (absent(grad_output, grad_output.dtype) if grad_scores is None else grad_scores,
             absent(grad_output, grad_output.dtype) if grad_slopes is None else grad_slopes)
+
+
+_alibi_backward_op = torch.library.custom_op("opfacade::alibi_backward", _alibi_backward_impl,
+                                             mutates_args=())
+_alibi_backward = kernel_or_op(torch.ops.opfacade.alibi_backward, _alibi_backward_impl)
 
 
 @_alibi_backward_op.register_fake
@@ -46,18 +52,20 @@ def _(grad_output, need_input_grad, need_slope_grad):
 
 def _backward(ctx, grad_output):
     need_scores, need_slopes = ctx.needs_input_grad[:2]
-    if not (need_scores or need_slopes):
+    if grad_output is None or not (need_scores or need_slopes):
         return None, None
-    grad_scores, grad_slopes = torch.ops.opfacade.alibi_backward(
+    grad_scores, grad_slopes = _alibi_backward(
         grad_output.contiguous(), need_scores, need_slopes)
     return grad_scores if need_scores else None, grad_slopes if need_slopes else None
 
 
 _alibi_op.register_autograd(_backward)
+_alibi = eager_autograd(torch.ops.opfacade.alibi, _alibi_impl, lambda ctx, inputs, output: None,
+                        _backward)
 
 
 def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     """``scores[b, h, i, j] + slopes[h] * (j - i)`` for contiguous [B, H, Q, K] scores; slopes
     [H] in f32 (f64 for f64 scores). Differentiable in both."""
     cuda_device("alibi", scores=scores, slopes=slopes)
-    return torch.ops.opfacade.alibi(scores, slopes)
+    return _alibi(scores, slopes)

@@ -20,8 +20,10 @@ from ._common import (
     absent,
     cuda_device,
     deterministic_choice,
+    eager_autograd,
     element_of,
     empty,
+    kernel_or_op,
     torch_dtype,
     wants_grad,
 )
@@ -66,17 +68,21 @@ def _(x, weight, bias, activation, save_aux, deterministic):
     return out, _aux(x, weight, activation, zeros=False) if save_aux else absent(x, torch.uint8)
 
 
-@torch.library.custom_op("opfacade::linear_backward", mutates_args=())
-def _linear_backward_op(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                        aux: torch.Tensor | None, activation: str, need_input_grad: bool,
-                        need_weight_grad: bool, need_bias_grad: bool, deterministic: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _linear_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                          aux: torch.Tensor | None, activation: str, need_input_grad: bool,
+                          need_weight_grad: bool, need_bias_grad: bool, deterministic: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     cuda_device("linear_backward", grad_out=grad_out, x=x, weight=weight, aux=aux)
     grads = functional.linear_backward(grad_out, x, weight, aux, activation=activation,
                                        need_input_grad=need_input_grad,
                                        need_weight_grad=need_weight_grad,
                                        need_bias_grad=need_bias_grad, deterministic=deterministic)
     return tuple(absent(x, torch.uint8) if grad is None else grad for grad in grads)
+
+
+_linear_backward_op = torch.library.custom_op("opfacade::linear_backward", _linear_backward_impl,
+                                              mutates_args=())
+_linear_backward = kernel_or_op(torch.ops.opfacade.linear_backward, _linear_backward_impl)
 
 
 @_linear_backward_op.register_fake
@@ -100,9 +106,9 @@ def _save_for_backward(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, _grad_aux):
     x, weight, aux = ctx.saved_tensors
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    if not (need_x or need_w or (need_b and ctx.has_bias)):
+    if grad_out is None or not (need_x or need_w or (need_b and ctx.has_bias)):
         return None, None, None, None, None, None
-    grad_x, grad_w, grad_b = torch.ops.opfacade.linear_backward(
+    grad_x, grad_w, grad_b = _linear_backward(
         grad_out.contiguous(), x, weight, aux, ctx.activation, need_x, need_w,
         need_b and ctx.has_bias, ctx.deterministic)
     return (grad_x if need_x else None, grad_w if need_w else None,
@@ -110,6 +116,7 @@ def _backward(ctx, grad_out, _grad_aux):
 
 
 _linear_op.register_autograd(_backward, setup_context=_save_for_backward)
+_linear = eager_autograd(torch.ops.opfacade.linear, _linear_impl, _save_for_backward, _backward)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -123,8 +130,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
     deterministic = deterministic_choice(deterministic)
     if wants_grad(x, weight, bias) or torch.compiler.is_compiling():
-        out, _ = torch.ops.opfacade.linear(rows, weight, bias, activation, activation != "none",
-                                           deterministic)
+        out, _ = _linear(rows, weight, bias, activation, activation != "none", deterministic)
     else:  # eager inference: the op's kernel without the dispatcher's Python round trip
         out = functional.linear(rows, weight, bias, activation=activation,
                                 deterministic=deterministic)

@@ -23,9 +23,11 @@ from ._common import (
     absent,
     cuda_device,
     deterministic_choice,
+    eager_autograd,
     element_of,
     empty,
     empty_in_layout,
+    kernel_or_op,
     wants_grad,
 )
 
@@ -72,19 +74,23 @@ def _(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset, sav
     return out, stats
 
 
-@torch.library.custom_op("opfacade::sdpa_backward", mutates_args=())
-def _sdpa_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                      grad_out: torch.Tensor, stats: torch.Tensor, bias: torch.Tensor | None,
-                      need_bias_grad: bool, causal: bool, scale: float | None,
-                      dropout_p: float, dropout_seed: torch.Tensor | None,
-                      dropout_offset: torch.Tensor | None, deterministic: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        grad_out: torch.Tensor, stats: torch.Tensor, bias: torch.Tensor | None,
+                        need_bias_grad: bool, causal: bool, scale: float | None,
+                        dropout_p: float, dropout_seed: torch.Tensor | None,
+                        dropout_offset: torch.Tensor | None, deterministic: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     cuda_device("sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
     grads = functional.sdpa_backward(q, k, v, out, grad_out, stats, causal=_causal(causal),
                                      scale=scale, bias=bias, need_bias_grad=need_bias_grad,
                                      dropout_p=dropout_p, dropout_seed=dropout_seed,
                                      dropout_offset=dropout_offset, deterministic=deterministic)
     return grads if need_bias_grad else (*grads, absent(q, q.dtype))
+
+
+_sdpa_backward_op = torch.library.custom_op("opfacade::sdpa_backward", _sdpa_backward_impl,
+                                            mutates_args=())
+_sdpa_backward = kernel_or_op(torch.ops.opfacade.sdpa_backward, _sdpa_backward_impl)
 
 
 @_sdpa_backward_op.register_fake
@@ -107,11 +113,13 @@ def _save_for_backward(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, _grad_stats):
     q, k, v, bias, seed, offset, out, stats = ctx.saved_tensors
     causal, scale, dropout_p, deterministic = ctx.options
+    if grad_out is None:  # out was not used
+        return (None,) * 11
     need_bias_grad = bias is not None and ctx.needs_input_grad[3]
     if grad_out.stride() != out.stride():
         # cuDNN reads dO in O's layout; torch's own SDPA backwards make the same copy.
         grad_out = torch.empty_like(out).copy_(grad_out)
-    grad_q, grad_k, grad_v, grad_bias = torch.ops.opfacade.sdpa_backward(
+    grad_q, grad_k, grad_v, grad_bias = _sdpa_backward(
         q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropout_p, seed,
         offset, deterministic)
     return (grad_q, grad_k, grad_v, grad_bias if need_bias_grad else None,
@@ -119,6 +127,7 @@ def _backward(ctx, grad_out, _grad_stats):
 
 
 _sdpa_op.register_autograd(_backward, setup_context=_save_for_backward)
+_sdpa = eager_autograd(torch.ops.opfacade.sdpa, _sdpa_impl, _save_for_backward, _backward)
 
 
 def _bias_from_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor
@@ -187,7 +196,7 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         offset = torch.zeros(1, dtype=torch.int64, device=query.device)
     arguments = (query, key, value, bias, is_causal, scale, float(dropout_p), seed, offset)
     if wants_grad(query, key, value, bias) or torch.compiler.is_compiling():
-        out, _ = torch.ops.opfacade.sdpa(*arguments, True, deterministic_choice(deterministic))
+        out, _ = _sdpa(*arguments, True, deterministic_choice(deterministic))
     else:  # eager inference: the op's kernel without the dispatcher's Python round trip
         out = functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale,
                               bias=bias, dropout_p=float(dropout_p), dropout_seed=seed,

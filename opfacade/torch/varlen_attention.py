@@ -11,7 +11,16 @@ from __future__ import annotations
 import torch
 
 from ..ops import varlen_attention as functional
-from ._common import absent, cuda_device, deterministic_choice, element_of, empty, wants_grad
+from ._common import (
+    absent,
+    cuda_device,
+    deterministic_choice,
+    eager_autograd,
+    element_of,
+    empty,
+    kernel_or_op,
+    wants_grad,
+)
 
 __all__ = ["varlen_attention"]
 
@@ -24,12 +33,11 @@ def _causal(causal: str) -> str | None:
     return None if causal == "none" else causal
 
 
-@torch.library.custom_op("opfacade::varlen_attention", mutates_args=())
-def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-               cu_seqlens_kv: torch.Tensor, max_seqlen_q: int, max_seqlen_kv: int,
-               scale: float | None, causal: str, window_left: int | None,
-               window_right: int | None, save_lse: bool, deterministic: bool
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor, max_seqlen_q: int,
+                 max_seqlen_kv: int, scale: float | None, causal: str, window_left: int | None,
+                 window_right: int | None, save_lse: bool, deterministic: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's choice, carried in the forward's schema for autograd.
     cuda_device("varlen_attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                 cu_seqlens_kv=cu_seqlens_kv)
@@ -38,6 +46,9 @@ def _varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
         max_seqlen_kv=max_seqlen_kv, scale=scale, causal=_causal(causal),
         window=_window(window_left, window_right), return_lse=save_lse)
     return out, lse if save_lse else absent(q)
+
+
+_varlen_op = torch.library.custom_op("opfacade::varlen_attention", _varlen_impl, mutates_args=())
 
 
 @_varlen_op.register_fake
@@ -52,19 +63,24 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, 
     return out, lse
 
 
-@torch.library.custom_op("opfacade::varlen_attention_backward", mutates_args=())
-def _varlen_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                        cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor,
-                        max_seqlen_q: int, max_seqlen_kv: int, scale: float | None,
-                        causal: str, window_left: int | None, window_right: int | None,
-                        deterministic: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _varlen_backward_impl(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                          cu_seqlens_q: torch.Tensor, cu_seqlens_kv: torch.Tensor,
+                          max_seqlen_q: int, max_seqlen_kv: int, scale: float | None,
+                          causal: str, window_left: int | None, window_right: int | None,
+                          deterministic: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     cuda_device("varlen_attention_backward", grad_out=grad_out, q=q, k=k, v=v, out=out, lse=lse)
     return functional.varlen_attention_backward(
         grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
         max_seqlen_kv=max_seqlen_kv, scale=scale, causal=_causal(causal),
         window=_window(window_left, window_right), deterministic=deterministic)
+
+
+_varlen_backward_op = torch.library.custom_op("opfacade::varlen_attention_backward",
+                                              _varlen_backward_impl, mutates_args=())
+_varlen_backward = kernel_or_op(torch.ops.opfacade.varlen_attention_backward,
+                                _varlen_backward_impl)
 
 
 @_varlen_backward_op.register_fake
@@ -83,12 +99,16 @@ def _save_for_backward(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, cu_q, cu_kv, out, lse = ctx.saved_tensors
-    grads = torch.ops.opfacade.varlen_attention_backward(
+    if grad_out is None:  # out was not used
+        return (None,) * 13
+    grads = _varlen_backward(
         grad_out.contiguous(), q, k, v, out, lse, cu_q, cu_kv, *ctx.options)
     return (*grads, *(None,) * 10)
 
 
 _varlen_op.register_autograd(_backward, setup_context=_save_for_backward)
+_varlen = eager_autograd(torch.ops.opfacade.varlen_attention, _varlen_impl, _save_for_backward,
+                         _backward)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -106,7 +126,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 cu_seqlens_kv=cu_seqlens_kv)
     causal = "top_left" if causal is True else (causal or "none")
     left, right = (None, None) if window is None else window
-    out, lse = torch.ops.opfacade.varlen_attention(
+    out, lse = _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_kv, int(max_seqlen_q), int(max_seqlen_kv), scale,
         causal, left, right, return_lse or wants_grad(q, k, v),
         deterministic_choice(deterministic))
