@@ -356,9 +356,10 @@ class Plan:
                 argument="workspace")
         return ws
 
-    def _resolve(self, impl: SkuImpl, args: Any, workspace: Any, stream: Any
-                 ) -> tuple[BoundArgs, Workspace, int | None]:
-        """Everything run() checks and decides before the launch."""
+    def _resolve(self, impl: SkuImpl, args: Any, workspace: Any, stream: Any,
+                 scratch: bool = True) -> tuple[BoundArgs, Workspace, int | None]:
+        """Everything run() checks and decides before the launch; ``scratch`` False: a missing
+        workspace is left to the caller (an empty one comes back)."""
         bound = self._bind(impl, args)
         if self._target.is_host:
             return bound, Workspace.empty(), None
@@ -367,7 +368,7 @@ class Plan:
         handle = resolve_stream(stream, owner, device)
         if workspace is not None:
             ws = self._user_workspace(workspace, bound)
-        elif self._workspace_size:
+        elif self._workspace_size and scratch:
             from ._internal.memory import allocate_bytes
 
             ptr, keep = allocate_bytes(self._workspace_size, device, owner, handle)
@@ -414,7 +415,8 @@ class Plan:
     def _checked_launch(self, args: Any, workspace: Any, stream: Any) -> Callable[[], None]:
         """Checks a call in full and returns its launch, holding addresses but no user object."""
         impl, desc = self._live_impl(), self._descriptor
-        bound, ws, handle = self._resolve(impl, args, workspace, stream)
+        # Scratch for a call without a workspace is allocated per launch, below.
+        bound, ws, handle = self._resolve(impl, args, workspace, stream, scratch=False)
         views = {name: None if view is None else replace(view, obj=None)
                  for name, view in bound.views.items()}
         detached = BoundArgs(views, bound.outputs)

@@ -26,6 +26,7 @@ from opfacade import (
 )
 from opfacade._backends.cudnn.sdpa import SKUS as SDPA_SKUS
 from opfacade._backends.reference import sdpa as reference
+from opfacade._internal.tensors import TensorView
 from opfacade.contracts.sdpa import (
     LAYOUTS,
     MEMORY_ORDER,
@@ -40,7 +41,6 @@ from opfacade.contracts.sdpa import (
     stats_strides,
 )
 from opfacade.contracts.sdpa_samples import verification_inputs
-from opfacade._internal.tensors import TensorView
 from opfacade.ops.sdpa import (
     SdpaArgs,
     SdpaBackwardArgs,

@@ -371,14 +371,17 @@ def test_dropout_follows_torch_manual_seed():
 # -- strided inputs: packed QKV and sliced linear operands, read in place -----------------------
 
 def _allocations(fn) -> int:
-    """Blocks torch's caching allocator hands out during one call of ``fn`` (after a warm-up
-    call, so that plan selection and graph builds are not counted)."""
+    """Blocks torch's caching allocator hands out during one call of ``fn``, the fewest of three
+    calls after a warm-up (plan selection and graph builds are not counted)."""
     fn()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    counts = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        fn()
+        torch.cuda.synchronize()
+        counts.append(torch.cuda.memory_stats()["allocation.all.allocated"] - before)
+    return min(counts)
 
 
 # Each packing's tensor shape, q/k/v (i = 0, 1, 2) as [B, H, S, D] views of it, and the

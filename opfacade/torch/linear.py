@@ -126,15 +126,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (see contracts/linear.py). ``deterministic`` None follows
     torch.are_deterministic_algorithms_enabled(). Differentiable in x, weight and bias."""
     cuda_device("linear", x=x, weight=weight, bias=bias)
-    lead = x.shape[:-1]
-    rows = x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
+    flat = x.ndim == 2
+    rows = x if flat else x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
     deterministic = deterministic_choice(deterministic)
     if wants_grad(x, weight, bias) or torch.compiler.is_compiling():
         out, _ = _linear(rows, weight, bias, activation, activation != "none", deterministic)
     else:  # eager inference: the op's kernel without the dispatcher's Python round trip
         out = functional.linear(rows, weight, bias, activation=activation,
                                 deterministic=deterministic)
-    return out.reshape(*lead, weight.shape[0])
+    return out if flat else out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 class Linear(torch.nn.Module):
