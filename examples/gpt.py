@@ -74,10 +74,9 @@ class Block(torch.nn.Module):
         dim = width // config.heads
         q, k, v = self.qkv(self.norm1(x)).split(
             [config.heads * dim, config.heads_kv * dim, config.heads_kv * dim], dim=-1)
-        # Dense bshd copies of the packed projection's slices (opfacade's attention takes dense
-        # layouts only, for now); the output comes back in bshd, so merging heads is a view.
-        q, k, v = (t.reshape(batch, seq, -1, dim).contiguous().transpose(1, 2)
-                   for t in (q, k, v))
+        # Views into the packed projection, read in place (no copies); the output comes back
+        # in bshd, so merging heads is a view.
+        q, k, v = (t.reshape(batch, seq, -1, dim).transpose(1, 2) for t in (q, k, v))
         attention = self.attention(q, k, v).transpose(1, 2).reshape(batch, seq, width)
         x = x + self.proj(attention)
         return x + self.down(self.mlp_up(self.norm2(x)))

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from . import _registry as registry
-from ._internal.call_memo import CallMemo
+from ._internal.call_memo import CallMemo, Checked, Retarget
 from ._internal.contract import BoundArgs, Descriptor
 from ._internal.device import device_arch
 from ._internal.log import LOG
@@ -412,37 +412,51 @@ class Plan:
         bound, ws, handle = self._resolve(impl, args, workspace, stream)
         impl.launch(self._descriptor, bound, ws, handle)
 
-    def _checked_launch(self, args: Any, workspace: Any, stream: Any) -> Callable[[], None]:
-        """Checks a call in full and returns its launch, holding addresses but no user object."""
+    def _checked_launch(self, args: Any, workspace: Any, stream: Any) -> Checked:
+        """Checks a call in full and returns its launch, holding addresses but no user object,
+        and without a workspace its Retarget (the same facts at other addresses)."""
         impl, desc = self._live_impl(), self._descriptor
-        # Scratch for a call without a workspace is allocated per launch, below.
+        # Scratch for a call without a workspace is allocated per launch (_launch_on).
         bound, ws, handle = self._resolve(impl, args, workspace, stream, scratch=False)
         views = {name: None if view is None else replace(view, obj=None)
                  for name, view in bound.views.items()}
         detached = BoundArgs(views, bound.outputs)
-        if workspace is None and self._workspace_size:
-            from ._internal.memory import allocate_bytes
+        scratch = workspace is None and self._workspace_size > 0
+        owner = owning_package(detached.present().values(), stream) if scratch else None
 
-            size, device = self._workspace_size, detached.device
-            owner = owning_package(detached.present().values(), stream)
-            # With no stream named, torch tensors run on torch's current stream, which the memo's
-            # key holds: on every call this launch serves, it is current.
-            current = stream is None and owner == "torch"
-            # Scratch from the framework on every call, stream-ordered, as the full path does.
-            # The caching allocators hand the same block back call after call, so the launch
-            # prepared for the last pointer is reused while the pointer repeats.
-            last: list = [None, None]  # [pointer, the launch prepared for it]
+        def launch_on(checked: BoundArgs) -> Callable[[], None]:
+            return self._launch_on(impl, desc, checked, ws, handle, owner, stream)
 
-            def allocate_and_launch() -> None:
-                ptr, keep = allocate_bytes(size, device, owner, handle, current)
-                if last[0] != ptr:
-                    last[1] = impl.prepared(desc, detached, Workspace(ptr, size, device), handle)
-                    last[0] = ptr
-                last[1]()
-                del keep  # back to the stream's pool, ordered after the launch just enqueued
+        return Checked(launch_on(detached),
+                       Retarget(detached, launch_on) if workspace is None else None)
 
-            return allocate_and_launch
-        return impl.prepared(desc, detached, Workspace(ws.ptr, ws.size, ws.device), handle)
+    def _launch_on(self, impl: SkuImpl, desc: Descriptor, bound: BoundArgs, ws: Workspace,
+                   handle: int | None, scratch_owner: str | None, stream: Any
+                   ) -> Callable[[], None]:
+        """The launch of checked arguments; with a ``scratch_owner``, scratch from that package
+        on every call."""
+        if scratch_owner is None:
+            return impl.prepared(desc, bound, Workspace(ws.ptr, ws.size, ws.device), handle)
+        from ._internal.memory import allocate_bytes
+
+        size, device = self._workspace_size, bound.device
+        # With no stream named, torch tensors run on torch's current stream, which the memo's
+        # key holds: on every call this launch serves, it is current.
+        current = stream is None and scratch_owner == "torch"
+        # Scratch from the framework on every call, stream-ordered, as the full path does.
+        # The caching allocators hand the same block back call after call, so the launch
+        # prepared for the last pointer is reused while the pointer repeats.
+        last: list = [None, None]  # [pointer, the launch prepared for it]
+
+        def allocate_and_launch() -> None:
+            ptr, keep = allocate_bytes(size, device, scratch_owner, handle, current)
+            if last[0] != ptr:
+                last[1] = impl.prepared(desc, bound, Workspace(ptr, size, device), handle)
+                last[0] = ptr
+            last[1]()
+            del keep  # back to the stream's pool, ordered after the launch just enqueued
+
+        return allocate_and_launch
 
     # -- lifetime ----------------------------------------------------------------------------
     def free(self) -> None:

@@ -1,5 +1,6 @@
 """Where a training step of examples/gpt.py spends its time, opfacade against torch eager: the
-host time per step and the GPU kernels by total time (torch.profiler), at the example's size.
+host time per step, the GPU kernels by total time (torch.profiler), at the example's size, and
+opfacade's host time by Python function (cProfile, own time and cumulative).
 
     python3 scripts/gpt_profile.py [steps]
 """
@@ -29,28 +30,44 @@ def main(steps: int) -> int:
     config = gpt.Config()
     for backend in ("opfacade", "torch"):
         model = gpt.make_model(config, backend, False)
-        data = list(gpt.batches(config, steps + 3, 1))
+        # Batches made step by step, as the example's loop makes them: each step's tensors
+        # (and so its activations) land at new addresses.
+        def data_steps(count):
+            return gpt.batches(config, count, 1)
 
         def step(tokens, targets, model=model):
             model.zero_grad(set_to_none=True)
             gpt.loss_of(model, tokens, targets).backward()
 
-        for tokens, targets in data[:3]:
+        for tokens, targets in data_steps(3):
             step(tokens, targets)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for tokens, targets in data[3:]:
+        for tokens, targets in data_steps(steps):
             step(tokens, targets)
         host = (time.perf_counter() - start) / steps
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / steps
         print(f"===== {backend}: {wall * 1e3:.2f} ms per step, host {host * 1e3:.2f} ms")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for tokens, targets in data[3:]:
+            for tokens, targets in data_steps(steps):
                 step(tokens, targets)
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
                                         max_name_column_width=70))
+        if backend == "opfacade":
+            import cProfile
+            import pstats
+
+            python = cProfile.Profile()
+            python.enable()
+            for tokens, targets in data_steps(steps):
+                step(tokens, targets)
+            torch.cuda.synchronize()
+            python.disable()
+            stats = pstats.Stats(python)
+            stats.sort_stats("tottime").print_stats(30)
+            stats.sort_stats("cumulative").print_stats(40)
     return 0
 
 

@@ -14,8 +14,10 @@ import pytest
 
 from opfacade import Unsupported, Workspace
 from opfacade._internal import call_memo
-from opfacade._internal.call_memo import ArgumentReader, CallMemo, torch_guards
+from opfacade._internal.call_memo import ArgumentReader, CallMemo, Checked, Retarget, torch_guards
+from opfacade._internal.contract import BoundArgs
 from opfacade._internal.device import Devices
+from opfacade._internal.tensors import wrap
 from opfacade.ops.linear import LinearArgs
 
 torch = pytest.importorskip("torch")
@@ -66,7 +68,7 @@ class Counting:
 
     def __call__(self, args, workspace, stream):
         self.calls.append(args)
-        return lambda: None
+        return Checked(lambda: None)
 
 
 def _memo(path: str) -> tuple[CallMemo, Counting]:
@@ -290,3 +292,78 @@ def test_two_memos_share_nothing(path):
     state = [name for name, value in vars(call_memo).items()
              if isinstance(value, dict | set | list) and not name.startswith("__")]
     assert state == []
+
+
+# -- a checked call at other addresses -------------------------------------------------------------
+
+def _bound(args: LinearArgs) -> BoundArgs:
+    views = {name: None if getattr(args, name) is None else wrap(getattr(args, name), name)
+             for name in ("x", "weight", "bias", "out")}
+    return BoundArgs(views, ("out",))
+
+
+class Retargeting(Counting):
+    """A full check that also offers its Retarget; records the arguments each launch got."""
+
+    def __init__(self):
+        super().__init__()
+        self.launched = []
+
+    def __call__(self, args, workspace, stream):
+        self.calls.append(args)
+
+        def launch_on(bound):
+            return lambda: self.launched.append({n: v.ptr for n, v in bound.present().items()})
+
+        bound = _bound(args)
+        return Checked(launch_on(bound), Retarget(bound, launch_on))
+
+
+def _linear_at(storage, offsets):
+    """x [6, 4], weight [5, 4], bias [5], out [6, 5] f32 views of ``storage`` at these element
+    offsets (64 f32 = 256 bytes apart keeps each address's residue)."""
+    x, w, b, out = offsets
+    return LinearArgs(storage[x:x + 24].view(6, 4), storage[w:w + 20].view(5, 4),
+                      storage[b:b + 5], out=storage[out:out + 30].view(6, 5))
+
+
+def test_a_guarded_call_at_new_addresses_is_retargeted_not_checked_again(guarded):
+    checked = Retargeting()
+    memo = CallMemo(checked, guarded)
+    storage = torch.zeros(64 * 40)
+    memo.launch_for(_linear_at(storage, (0, 64, 128, 192)), None, STREAM)()
+    moved = _linear_at(storage, (640, 704, 768, 1280))
+    memo.launch_for(moved, None, STREAM)()
+    assert len(checked.calls) == 1  # re-pointed, not checked again
+    assert checked.launched[-1] == {"x": moved.x.data_ptr(), "weight": moved.weight.data_ptr(),
+                                    "bias": moved.bias.data_ptr(), "out": moved.out.data_ptr()}
+    # Another residue modulo 256 bytes, an output meeting an input, other strides: checked.
+    for other in (_linear_at(storage, (641, 704, 768, 1280)),
+                  _linear_at(storage, (640, 704, 768, 640))):
+        memo.launch_for(other, None, STREAM)
+    assert len(checked.calls) == 3
+    strided = LinearArgs(storage[:48].view(6, 8)[:, :4], moved.weight, moved.bias, out=moved.out)
+    memo.launch_for(strided, None, STREAM)
+    assert len(checked.calls) == 4
+    # With a workspace the call is checked in full (retargets serve calls without one).
+    memo.launch_for(_linear_at(storage, (1920, 704, 768, 1280)), Workspace.empty(), STREAM)
+    assert len(checked.calls) == 5
+
+
+def test_retarget_keeps_which_arguments_an_output_meets():
+    """An in-place call (out is x) re-points only to another in-place call; a call whose output
+    met nothing re-points only to calls whose output meets nothing."""
+    storage = torch.zeros(64 * 40)
+    x = storage[:30].view(6, 5)
+    in_place = BoundArgs({"x": wrap(x, "x"), "out": wrap(x, "out")}, ("out",))
+    retarget = Retarget(in_place, lambda bound: bound)
+    base = storage.data_ptr()
+    assert retarget({"x": base + 1024, "out": base + 1024}) is not None
+    assert retarget({"x": base + 1024, "out": base + 2048}) is None
+    separate = BoundArgs({"x": wrap(x, "x"), "out": wrap(storage[256:286].view(6, 5), "out")},
+                         ("out",))
+    retarget = Retarget(separate, lambda bound: bound)
+    assert retarget({"x": base, "out": base + 4096}).views["out"].ptr == base + 4096
+    assert retarget({"x": base, "out": base}) is None  # out would meet x
+    assert retarget({"x": base + 16, "out": base + 4096}) is None  # another alignment residue
+    assert retarget({"x": base}) is None  # not the checked call's arguments

@@ -24,6 +24,14 @@ subclasses: fake, functional and distributed tensors answer differently), cupy.n
 and Workspace. Anything else (NumPy, JAX, DLPack producers, stream objects) gives no key, and
 run() checks in full every time.
 
+A call of an all-torch pattern whose addresses are new (a training step's fresh activations)
+but whose tensors pass the guard of a call checked before is not checked again in full: the
+checks that read addresses are the argument alignments and which arguments share memory with an
+output, and ``Retarget`` compares exactly those with the checked call's (each address the same
+modulo 256 bytes; every output's span meeting the same arguments, at the same relative offsets)
+before re-pointing that call's views and preparing the launch. Anything else differing, it says
+no, and run() checks the call in full.
+
 What the reading learns (each argument type's kind, whether the guard serves, the all-torch
 patterns, the current-device and current-stream readers) is held by an ``ArgumentReader``; each
 ``CallMemo`` owns one, so that two memos share nothing and a test can build a fresh one.
@@ -35,15 +43,17 @@ import operator
 import sys
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..errors import Unsupported
+from .contract import BoundArgs
 from .device import DEVICES, Devices
 from .log import LOG
 from .sku import Workspace
 from .streams import current_cupy_stream, torch_stream_reader
 from .tensors import TensorView
 
-__all__ = ["ArgumentReader", "CallMemo", "torch_guards"]
+__all__ = ["ArgumentReader", "CallMemo", "Checked", "Retarget", "torch_guards"]
 
 _TORCH, _CUPY, _VIEW, _OTHER = 1, 2, 3, 4  # none is 0: `kinds.get(t) or ...` must work
 _UNTESTED = object()  # the guard's verdict before the reader has seen torch
@@ -317,11 +327,12 @@ class _TorchCall:
     addresses out of one map, both in C, and torch's guard checks the rest. What the reading
     calls is bound here once, from its reader."""
 
-    __slots__ = ("tensors", "absent", "nones", "data_ptr", "torch_types", "one_gpu",
+    __slots__ = ("names", "tensors", "absent", "nones", "data_ptr", "torch_types", "one_gpu",
                  "current_device", "torch_stream")
 
     def __init__(self, reader: ArgumentReader, present: tuple[str, ...],
                  absent: tuple[str, ...]):
+        self.names = present
         self.tensors = _getter(present)
         self.absent = _getter(absent) if absent else None
         self.nones = (None,) * len(absent)
@@ -373,6 +384,64 @@ def _getter(names: tuple[str, ...]) -> Callable[[object], tuple]:
     return get if len(names) > 1 else (lambda obj: (get(obj),))
 
 
+# -- a checked call at other addresses ------------------------------------------------------------
+
+class Checked(NamedTuple):
+    """What checking a call in full gives the memo: its launch, and (for a call without a
+    workspace) how to launch the same facts at other addresses."""
+
+    launch: Callable[[], None]
+    retarget: Retarget | None = None
+
+
+class Retarget:
+    """A checked call, re-pointed: ``retarget({name: address})`` gives the launch of a call whose
+    arguments have the checked call's facts (the memo's guard has compared them) at these
+    addresses, or None when an address-dependent check could decide differently.
+
+    Those checks are the alignments (each SKU's, all powers of two up to 256 bytes) and the
+    contract's rules on which arguments share memory with an output (none, or exactly, for an
+    in-place op). So each new address must equal the checked one modulo ``ALIGNMENT``, and
+    every pair of an output and another argument must meet or miss as in the checked call,
+    meeting at the same relative offset.
+    """
+
+    ALIGNMENT = 256
+    __slots__ = ("_views", "_outputs", "_pairs", "_launch_on")
+
+    def __init__(self, bound: BoundArgs, launch_on: Callable[[BoundArgs], Callable[[], None]]):
+        present = bound.present()
+        self._views, self._outputs, self._launch_on = present, bound.outputs, launch_on
+        spans = {name: tuple(edge - view.ptr for edge in view.byte_span())
+                 for name, view in present.items()}
+        pairs, seen = [], set()
+        for out in bound.outputs:
+            for other in present:
+                if out not in present or other == out or frozenset((out, other)) in seen:
+                    continue
+                seen.add(frozenset((out, other)))
+                a, b = present[out], present[other]
+                delta = a.ptr - b.ptr if a.overlaps(b) else None
+                pairs.append((out, other, spans[out], spans[other], delta))
+        self._pairs = tuple(pairs)
+
+    def __call__(self, addresses: dict[str, int]) -> Callable[[], None] | None:
+        views = self._views
+        if len(addresses) != len(views):
+            return None
+        for name, ptr in addresses.items():
+            view = views.get(name)
+            if view is None or (ptr - view.ptr) % self.ALIGNMENT:
+                return None
+        for out, other, (a_lo, a_hi), (b_lo, b_hi), delta in self._pairs:
+            a, b = addresses[out], addresses[other]
+            meet = a_lo < a_hi and b_lo < b_hi and a + a_lo < b + b_hi and b + b_lo < a + a_hi
+            if meet != (delta is not None) or (meet and a - b != delta):
+                return None
+        moved = {name: view.at(addresses[name]) for name, view in views.items()}
+        return self._launch_on(BoundArgs(moved, self._outputs))
+
+
 # -- the memo -------------------------------------------------------------------------------------
 
 class CallMemo:
@@ -381,25 +450,28 @@ class CallMemo:
     remembers the all-torch pattern of the last call per args type, so a repeated call reads its
     key without looking at each field's type.
 
-    ``checked(args, workspace, stream)`` checks a call in full and returns its launch, holding no
-    user object; it raises the typed error for a bad call. ``reader`` reads the keys (a fresh
-    ``ArgumentReader`` by default: two memos share nothing).
+    ``checked(args, workspace, stream)`` checks a call in full and returns its ``Checked``
+    (launch, retarget), holding no user object; it raises the typed error for a bad call.
+    ``reader`` reads the keys (a fresh ``ArgumentReader`` by default: two memos share nothing).
+    Each thread also keeps, per all-torch pattern, device and stream, the last few checked
+    calls' guards and retargets (``RETARGETS`` of them), for calls at new addresses.
     """
 
     CAPACITY = 256
+    RETARGETS = 4
 
-    def __init__(self, checked: Callable[[object, object, object], Callable[[], None]],
+    def __init__(self, checked: Callable[[object, object, object], Checked],
                  reader: ArgumentReader | None = None) -> None:
         self._checked = checked
         self.reader = ArgumentReader() if reader is None else reader
         self._local = threading.local()
 
-    def _state(self) -> tuple[dict, dict]:
-        """This thread's (table, patterns)."""
+    def _state(self) -> tuple[dict, dict, dict]:
+        """This thread's (table, patterns, retargets)."""
         try:
             return self._local.state
         except AttributeError:
-            self._local.state = ({}, {})
+            self._local.state = ({}, {}, {})
             return self._local.state
 
     def table(self) -> dict[tuple, tuple]:
@@ -407,13 +479,14 @@ class CallMemo:
 
     def launch_for(self, args: object, workspace: object, stream: object
                    ) -> Callable[[], None] | None:
-        """The launch stored for this call's key whose guard passes its tensors, else the
-        checked call's, stored with a guard built from them; None when the call has no key
-        (run() then checks in full)."""
+        """The launch stored for this call's key whose guard passes its tensors; else, for an
+        all-torch call without a workspace, a checked call's with the same guard re-pointed
+        (Retarget); else the call checked in full, stored with a guard built from its tensors.
+        None when the call has no key (run() then checks in full)."""
         try:
-            table, patterns = self._local.state
+            table, patterns, retargets = self._local.state
         except AttributeError:
-            table, patterns = self._state()
+            table, patterns, retargets = self._state()
         pattern = patterns.get(type(args))
         key = None
         if pattern is not None:
@@ -427,11 +500,28 @@ class CallMemo:
         entry = table.get(key)
         if entry is not None and (entry[1] is None or entry[1].check(*tensors)):
             return entry[0]
-        launch = self._checked(args, workspace, stream)  # a bad call raises: nothing is stored
+        # The key of an all-torch call without its addresses: (pattern, device, stream).
+        family = ((key[0], key[1], key[4]) if type(key[0]) is _TorchCall and workspace is None
+                  else None)
+        if family is not None:
+            for guard, retarget in retargets.get(family, ()):
+                if guard.check(*tensors):
+                    launch = retarget(dict(zip(key[0].names, key[2], strict=True)))
+                    if launch is not None:
+                        self._store(table, key, launch, guard)
+                        return launch
+        checked = self._checked(args, workspace, stream)  # a bad call raises: nothing is stored
         guard = self.reader.guard(tensors)
         if guard is False:
-            return launch
+            return checked.launch
+        self._store(table, key, checked.launch, guard)
+        if family is not None and guard is not None and checked.retarget is not None:
+            known = retargets.setdefault(family, [])
+            known.insert(0, (guard, checked.retarget))
+            del known[self.RETARGETS:]
+        return checked.launch
+
+    def _store(self, table: dict, key: tuple, launch: Callable[[], None], guard) -> None:
         if len(table) >= self.CAPACITY:
             table.clear()
         table[key] = (launch, guard)
-        return launch

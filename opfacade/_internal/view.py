@@ -140,6 +140,15 @@ class TensorView:
         other_lo, other_hi = other.byte_span()
         return lo < hi and other_lo < other_hi and lo < other_hi and other_lo < hi
 
+    def at(self, ptr: int) -> TensorView:
+        """The same view at another address, every other fact unchanged (a checked call's view
+        re-pointed by run()'s memo, which has verified the rest)."""
+        moved = object.__new__(TensorView)
+        for name in TensorView.__slots__:
+            object.__setattr__(moved, name, getattr(self, name))
+        object.__setattr__(moved, "ptr", ptr)
+        return moved
+
     def same_layout(self, other: TensorView) -> bool:
         """Same pointer, shape and strides: the two views address exactly the same elements."""
         return (self.ptr, self.shape, self.strides) == (other.ptr, other.shape, other.strides)
