@@ -298,7 +298,7 @@ def test_two_memos_share_nothing(path):
 
 def _bound(args: LinearArgs) -> BoundArgs:
     views = {name: None if getattr(args, name) is None else wrap(getattr(args, name), name)
-             for name in ("x", "weight", "bias", "out")}
+             for name in ("x", "weight", "bias", "residual", "out")}
     return BoundArgs(views, ("out",))
 
 
@@ -313,7 +313,8 @@ class Retargeting(Counting):
         self.calls.append(args)
 
         def launch_on(bound):
-            return lambda: self.launched.append({n: v.ptr for n, v in bound.present().items()})
+            return lambda: self.launched.append({n: None if v is None else v.ptr
+                                                 for n, v in bound.views.items()})
 
         bound = _bound(args)
         return Checked(launch_on(bound), Retarget(bound, launch_on))
@@ -336,7 +337,8 @@ def test_a_guarded_call_at_new_addresses_is_retargeted_not_checked_again(guarded
     memo.launch_for(moved, None, STREAM)()
     assert len(checked.calls) == 1  # re-pointed, not checked again
     assert checked.launched[-1] == {"x": moved.x.data_ptr(), "weight": moved.weight.data_ptr(),
-                                    "bias": moved.bias.data_ptr(), "out": moved.out.data_ptr()}
+                                    "bias": moved.bias.data_ptr(), "out": moved.out.data_ptr(),
+                                    "residual": None}  # absent arguments stay named, as None
     # Another residue modulo 256 bytes, an output meeting an input, other strides: checked.
     for other in (_linear_at(storage, (641, 704, 768, 1280)),
                   _linear_at(storage, (640, 704, 768, 640))):

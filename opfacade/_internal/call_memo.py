@@ -407,11 +407,12 @@ class Retarget:
     """
 
     ALIGNMENT = 256
-    __slots__ = ("_views", "_outputs", "_pairs", "_launch_on")
+    __slots__ = ("_all", "_views", "_outputs", "_pairs", "_launch_on")
 
     def __init__(self, bound: BoundArgs, launch_on: Callable[[BoundArgs], Callable[[], None]]):
         present = bound.present()
-        self._views, self._outputs, self._launch_on = present, bound.outputs, launch_on
+        self._all, self._views = bound.views, present  # absent arguments stay None
+        self._outputs, self._launch_on = bound.outputs, launch_on
         spans = {name: tuple(edge - view.ptr for edge in view.byte_span())
                  for name, view in present.items()}
         pairs, seen = [], set()
@@ -438,7 +439,8 @@ class Retarget:
             meet = a_lo < a_hi and b_lo < b_hi and a + a_lo < b + b_hi and b + b_lo < a + a_hi
             if meet != (delta is not None) or (meet and a - b != delta):
                 return None
-        moved = {name: view.at(addresses[name]) for name, view in views.items()}
+        moved = {name: None if view is None else view.at(addresses[name])
+                 for name, view in self._all.items()}
         return self._launch_on(BoundArgs(moved, self._outputs))
 
 
