@@ -30,18 +30,27 @@ def main(steps: int) -> int:
     config = gpt.Config()
     for backend in ("opfacade", "torch"):
         model = gpt.make_model(config, backend, False)
+        print(f"{backend} parameters:", [(n, tuple(p.shape), p.stride(), p.dtype)
+                                        for n, p in model.named_parameters()][:6])
         # Batches made step by step, as the example's loop makes them: each step's tensors
         # (and so its activations) land at new addresses.
         def data_steps(count):
             return gpt.batches(config, count, 1)
 
-        def step(tokens, targets, model=model):
-            model.zero_grad(set_to_none=True)
+        # The example's optimizer, so a step is the example's step.
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
+
+        def step(tokens, targets, model=model, optimizer=optimizer):
+            optimizer.zero_grad(set_to_none=True)
             gpt.loss_of(model, tokens, targets).backward()
+            optimizer.step()
 
         for tokens, targets in data_steps(3):
             step(tokens, targets)
         torch.cuda.synchronize()
+        print(f"{backend} gradients not contiguous:",
+              [(n, tuple(p.grad.shape), p.grad.stride()) for n, p in model.named_parameters()
+               if p.grad is not None and not p.grad.is_contiguous()])
         start = time.perf_counter()
         for tokens, targets in data_steps(steps):
             step(tokens, targets)

@@ -134,8 +134,11 @@ def _raw_entry(graph, uids: tuple[int, ...]) -> tuple[tuple[object, int] | None,
             return None, f"the plan's operand UIDs {order} are not the graph's {uids}"
         if not hasattr(lowered, "_execute_with_raw_ptrs"):
             return None, "this frontend has no raw-pointer entry point"
-        config = graph._materialize_backend_plan(graph._plan_index)
-        return (lowered, -1 if config.cpp_index is None else int(config.cpp_index)), ""
+        # A deserialized graph has no plan list: the backend runs the plan it loaded (index -1),
+        # as the public execute then does.
+        config = graph._materialize_backend_plan(graph._plan_index) if graph._plans else None
+        index = -1 if config is None or config.cpp_index is None else int(config.cpp_index)
+        return (lowered, index), ""
     except Exception as error:  # the frontend's private surface moved: the public path works
         why = f"the raw-pointer entry point is unreachable: {type(error).__name__}: {error}"
         LOG.debug("cuDNN graph: %s", why)
