@@ -59,7 +59,7 @@ def main(shape: list[int]) -> int:
     with (tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as bytecode,
           tempfile.TemporaryDirectory() as throwaway):
         # As the warm-start bench: Python's bytecode cache warmed first (_bench/warm_start.py).
-        env = {**os.environ, "PYTHONPYCACHEPREFIX": bytecode}
+        env = {**os.environ, "PYTHONPYCACHEPREFIX": bytecode, "PYTHONDONTWRITEBYTECODE": ""}
         for label, plans in (("bytecode warm-up", throwaway), ("cold", cache), ("warm", cache)):
             print(f"===== {label}", flush=True)
             done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shape), label],

@@ -4,11 +4,15 @@ plans deserialized, cubins loaded). Each process is a fresh interpreter; the tim
 first call to the synchronized gradients, after imports and inputs (and, reported beside it,
 from before ``import torch``).
 
-Python's bytecode cache is warmed first, in a process of its own: the first custom-op call with
-autograd imports a large part of torch lazily (torch._dynamo, sympy, FSDP), and where torch's
-install has no writable ``__pycache__`` (the lent GPU machines' image) every process compiled
-those modules from source, 4.6 s of the first call in an H100 probe. A pip install writes the
-bytecode once; the warm-up gives both measured processes the same footing."""
+Python's bytecode cache is warmed first, in a process of its own: a first call imports a large
+part of torch lazily (torch's first backward imports sympy through torch.fx's symbolic shapes;
+a custom op's first dispatch, torch._dynamo and FSDP), and where no bytecode is written (the
+lent GPU machines' image: a read-only torch install, or PYTHONDONTWRITEBYTECODE) every process
+compiled those modules from source, 2.8-4.6 s of the first call in H100 probes. A pip install
+writes the bytecode once; the warm-up gives every measured process the same footing.
+
+Beside the row, "torch first call": the same first forward+backward through torch's own
+F.scaled_dot_product_attention in a fresh process: what any torch user's first step pays."""
 
 from __future__ import annotations
 
@@ -27,7 +31,9 @@ import time
 begun = time.perf_counter()
 import hashlib, json, logging, sys
 import torch
-import opfacade.torch as oft
+peer = sys.argv[2] == "torch"
+if not peer:
+    import opfacade.torch as oft
 
 loaded = []
 class Count(logging.Handler):
@@ -43,7 +49,10 @@ q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen
            .requires_grad_() for _ in range(3))
 torch.cuda.synchronize()
 start = time.perf_counter()
-out = oft.sdpa(q, k, v, is_causal=True, deterministic=True)
+if peer:
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+else:
+    out = oft.sdpa(q, k, v, is_causal=True, deterministic=True)
 out.backward(torch.ones_like(out))
 torch.cuda.synchronize()
 elapsed = (time.perf_counter() - start) * 1e3
@@ -55,28 +64,38 @@ print(json.dumps({"first_ms": elapsed, "loaded": len(loaded), "bits": digest.hex
 """
 
 
-def first_result(cache: str, shape: tuple[int, ...] = SHAPE, env: dict | None = None) -> dict:
-    """One fresh process's first SDPA forward+backward with ``cache`` as OPFACADE_CACHE_DIR."""
+def first_result(cache: str, shape: tuple[int, ...] = SHAPE, env: dict | None = None,
+                 through: str = "opfacade") -> dict:
+    """One fresh process's first SDPA forward+backward with ``cache`` as OPFACADE_CACHE_DIR,
+    through opfacade's torch op or (``through="torch"``) torch's own SDPA."""
     env = {**os.environ, **(env or {}), "OPFACADE_CACHE_DIR": cache}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(list(shape))], env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(list(shape)), through],
+                          env=env,
                           capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the warm-start child failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def cold_and_warm(shape: tuple[int, ...] = SHAPE) -> tuple[dict, dict]:
+def cold_and_warm(shape: tuple[int, ...] = SHAPE, peer: bool = False) -> tuple[dict, ...]:
+    """(cold, warm) first results, and with ``peer`` torch's own first result too."""
     with (tempfile.TemporaryDirectory(prefix="opfacade-warm-") as cache,
           tempfile.TemporaryDirectory(prefix="opfacade-bytecode-") as bytecode,
           tempfile.TemporaryDirectory(prefix="opfacade-warm-up-") as throwaway):
-        env = {} if os.environ.get("PYTHONPYCACHEPREFIX") else {"PYTHONPYCACHEPREFIX": bytecode}
+        env = {"PYTHONDONTWRITEBYTECODE": ""}  # empty: bytecode is written
+        if not os.environ.get("PYTHONPYCACHEPREFIX"):
+            env["PYTHONPYCACHEPREFIX"] = bytecode
         first_result(throwaway, (1, 1, 64, 64), env)  # bytecode only: its plans are dropped
-        return first_result(cache, shape, env), first_result(cache, shape, env)
+        first_result(throwaway, (1, 1, 64, 64), env, through="torch")
+        found = first_result(cache, shape, env), first_result(cache, shape, env)
+        if peer:
+            found = (*found, first_result(throwaway, shape, env, through="torch"))
+        return found
 
 
 def run(quick: bool = False) -> list[BenchRow]:
     shape = (1, 4, 1024, 64) if quick else SHAPE
-    cold, warm = cold_and_warm(shape)
+    cold, warm, torch_first = cold_and_warm(shape, peer=True)
     case = (f"first SDPA fwd+bwd in a new process, B{shape[0]} H{shape[1]} S{shape[2]} "
             f"d{shape[3]} bf16 causal, deterministic")
     notes = (f"warm: {warm['loaded']} cuDNN plans deserialized; same bits as the cold run: "
@@ -85,4 +104,5 @@ def run(quick: bool = False) -> list[BenchRow]:
              f"warm <= 10% of cold (ratio >= 10)")
     return [BenchRow(op="host", case=case, ours_ms=warm["first_ms"],
                      figure=f"warm {warm['first_ms']:.0f} ms", notes=notes,
-                     peers_ms={"cold build": cold["first_ms"]})]
+                     peers_ms={"cold build": cold["first_ms"],
+                               "torch first call": torch_first["first_ms"]})]
