@@ -1,0 +1,44 @@
+"""Where examples/gpt.py's own training loop (train(): optimizer, batches made per step) spends
+host time with opfacade, after a deterministic run in the same process as the example does:
+cProfile of the timed run, own time and cumulative, beside the loop's tokens/s for both
+backends.
+
+    python3 scripts/gpt_train_profile.py [steps]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import importlib.util
+import pstats
+import sys
+from pathlib import Path
+
+
+def _example():
+    path = Path(__file__).parent.parent / "examples" / "gpt.py"
+    spec = importlib.util.spec_from_file_location("example_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(steps: int) -> int:
+    gpt = _example()
+    config = gpt.Config()
+    gpt.train(config, steps=10)  # deterministic first, as the example's report does
+    profile = cProfile.Profile()
+    profile.enable()
+    rate = gpt.train(config, steps=steps, deterministic=False)[2]
+    profile.disable()
+    print(f"===== opfacade {rate:.0f} tokens/s; torch eager "
+          f"{gpt.train(config, 'torch', steps=steps, deterministic=False)[2]:.0f} tokens/s")
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(45)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 30))
