@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 
-def _example():
+def example_module():
     path = Path(__file__).parent.parent / "examples" / "gpt.py"
     spec = importlib.util.spec_from_file_location("example_gpt", path)
     module = importlib.util.module_from_spec(spec)
@@ -26,7 +26,7 @@ def _example():
 
 
 def main(steps: int) -> int:
-    gpt = _example()
+    gpt = example_module()
     config = gpt.Config()
     for backend in ("opfacade", "torch"):
         model = gpt.make_model(config, backend, False)

@@ -9,23 +9,14 @@ backends.
 from __future__ import annotations
 
 import cProfile
-import importlib.util
 import pstats
 import sys
-from pathlib import Path
 
-
-def _example():
-    path = Path(__file__).parent.parent / "examples" / "gpt.py"
-    spec = importlib.util.spec_from_file_location("example_gpt", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from gpt_profile import example_module  # this directory is on sys.path when run as a script
 
 
 def main(steps: int) -> int:
-    gpt = _example()
+    gpt = example_module()
     config = gpt.Config()
     gpt.train(config, steps=10)  # deterministic first, as the example's report does
     profile = cProfile.Profile()
