@@ -275,9 +275,10 @@ class _FakeLowered:
 
 
 class _FakeGraph:
-    def __init__(self, order, raw=True):
+    def __init__(self, order, raw=True, deserialized=False):
         self.selected_engine = None
-        self._plan_index = 0
+        self._plan_index = None if deserialized else 0
+        self._plans = [] if deserialized else ["the built plan"]
         self._lowered_graph = _FakeLowered() if raw else object()
         self._order = order
         self.executed = []
@@ -318,6 +319,10 @@ def test_launcher_uses_the_raw_pointer_call_and_logs_each_fall_back(monkeypatch,
         broken = _FakeGraph((1, 2, 4))
         del broken._plan_index  # the frontend's private surface moved
         assert not graphs._Launcher(broken, (1, 2, 4)).raw
+    # A graph the plan store deserialized has no plan list: the loaded plan runs (index -1).
+    loaded = _FakeGraph((1, 2, 4), deserialized=True)
+    graphs._Launcher(loaded, (1, 2, 4)).bind(pointers, 0, handle)()
+    assert loaded._lowered_graph.calls == [(pointers, 0, 77, -1)] and not loaded.executed
     assert "operand UIDs (1, 2, 4, 9) are not the graph's (1, 2, 4)" in caplog.text
     assert "no raw-pointer entry point" in caplog.text
     assert "raw-pointer entry point is unreachable: AttributeError" in caplog.text
