@@ -403,7 +403,10 @@ class Retarget:
     contract's rules on which arguments share memory with an output (none, or exactly, for an
     in-place op). So each new address must equal the checked one modulo ``ALIGNMENT``, and
     every pair of an output and another argument must meet or miss as in the checked call,
-    meeting at the same relative offset.
+    meeting at the same relative offset. What a SKU decides from its inputs' addresses (one
+    cu_seqlens buffer for both sides, exact aliasing, a vectorised path for 16-byte pointers)
+    it decides in ``prepared``, which runs again on the moved views; a check of that kind
+    added to a contract's bind would have to be added here too.
     """
 
     ALIGNMENT = 256
