@@ -8,8 +8,8 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["LAYOUTS", "MEMORY_ORDER", "Layout", "QkvStrides", "dense_strides", "layout_of",
-           "layout_by_order", "output_layout"]
+__all__ = ["LAYOUTS", "MEMORY_ORDER", "Layout", "QkvStrides", "dense_in", "dense_strides",
+           "layout_by_order", "layout_of", "output_layout"]
 
 # The dense memory orders q, k, v, out (and their gradients) may be stored in; indexing is
 # [batch, heads, seq, dim] whatever the order. MEMORY_ORDER lists each one's axes from the
@@ -37,14 +37,17 @@ def dense_strides(layout: str, batch: int, heads: int, seq: int, dim: int
     return tuple(strides)
 
 
+def dense_in(layout: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a 4-D tensor with these element strides is dense in ``layout``, the strides of
+    size-1 extents aside."""
+    expected = dense_strides(layout, *shape)
+    return all(n == 1 or s == e for n, s, e in zip(shape, strides, expected, strict=True))
+
+
 def layout_of(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:
     """The dense layout (of ``LAYOUTS``) a 4-D tensor with these element strides is stored in,
     the strides of size-1 extents aside; None when it is none of them."""
-    for layout in LAYOUTS:
-        expected = dense_strides(layout, *shape)
-        if all(n == 1 or s == e for n, s, e in zip(shape, strides, expected, strict=True)):
-            return layout
-    return None
+    return next((layout for layout in LAYOUTS if dense_in(layout, shape, strides)), None)
 
 
 def layout_by_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> str | None:

@@ -24,6 +24,7 @@ from ..contracts.sdpa import (
     SdpaBackwardDescriptor,
     SdpaDescriptor,
     SlidingWindow,
+    dense_in,
     dense_strides,
     output_layout,
 )
@@ -95,13 +96,6 @@ class DropoutDraw:
     offset: Any
 
 
-def _dense_in(view: TensorView, layout: str) -> bool:
-    """Whether ``view`` is dense in ``layout`` (strides of size-1 extents aside)."""
-    expected = dense_strides(layout, *view.shape)
-    return all(n == 1 or s == e for n, s, e in zip(view.shape, view.strides, expected,
-                                                   strict=True))
-
-
 def _layouts(qv: TensorView, kv: TensorView, vv: TensorView) -> tuple[str, QkvStrides | None]:
     """The descriptor's layout and qkv_strides for these inputs: their common dense layout
     (qkv_strides None), else the layout q's strides follow (out is allocated in it) with the
@@ -113,7 +107,7 @@ def _layouts(qv: TensorView, kv: TensorView, vv: TensorView) -> tuple[str, QkvSt
             raise ShapeMismatch(f"{name} must be 4-D [batch, heads, seq, dim], got shape "
                                 f"{view.shape}", argument=name)
     layout = output_layout(qv.shape, qv.strides)
-    if _dense_in(qv, layout) and _dense_in(kv, layout) and _dense_in(vv, layout):
+    if all(dense_in(layout, view.shape, view.strides) for view in views.values()):
         return layout, None
     if qv.device is None:
         return layout, None  # the host reference reads any strides
