@@ -1,7 +1,8 @@
-"""Per-step host time of examples/gpt.py's training loop over a long run, opfacade and torch
-eager in one process (after a deterministic opfacade run, as the example's report does): does
-a step's cost drift with the step count, and where the example's tokens/s and a short profile
-disagree.
+"""The host side of examples/gpt.py's training loop, opfacade and torch eager in one process
+(after a deterministic opfacade run, as the example's report does): per-step times with a
+synchronize after every step (does a step's cost drift?), then the loop free-running (the host
+ahead of the GPU) under torch.profiler, its CUDA runtime and driver calls by total host time (a
+cudaStreamSynchronize, cudaFree or blocking copy would show up there).
 
     python3 scripts/gpt_step_times.py [steps]
 """
@@ -14,6 +15,27 @@ import time
 
 import torch
 from gpt_profile import example_module  # this directory is on sys.path when run as a script
+from torch.profiler import ProfilerActivity, profile
+
+
+def _synchronized_steps(gpt, config, model, optimizer, steps: int) -> list[float]:
+    times = []
+    for tokens, targets in gpt.batches(config, steps, 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        gpt.loss_of(model, tokens, targets).backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _free_running(gpt, config, model, optimizer, steps: int) -> None:
+    for tokens, targets in gpt.batches(config, steps, 1):
+        optimizer.zero_grad(set_to_none=True)
+        gpt.loss_of(model, tokens, targets).backward()
+        optimizer.step()
 
 
 def main(steps: int) -> int:
@@ -24,20 +46,24 @@ def main(steps: int) -> int:
         with gpt.deterministic_torch(False):
             model = gpt.make_model(config, backend, False)
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
-            times = []
-            for tokens, targets in gpt.batches(config, steps, 1):
+            loop = (gpt, config, model, optimizer)
+            times = _synchronized_steps(*loop, steps)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            _free_running(*loop, steps)
+            torch.cuda.synchronize()
+            free = (time.perf_counter() - start) / steps * 1e3
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                _free_running(*loop, steps)
                 torch.cuda.synchronize()
-                start = time.perf_counter()
-                optimizer.zero_grad(set_to_none=True)
-                loss = gpt.loss_of(model, tokens, targets)
-                loss.backward()
-                optimizer.step()
-                torch.cuda.synchronize()
-                times.append((time.perf_counter() - start) * 1e3)
         tail = times[3:]
-        print(f"===== {backend}: ms per step (synchronized) first {times[:3]}, median "
+        print(f"===== {backend}: ms per step synchronized: first {times[:3]}, median "
               f"{statistics.median(tail):.2f}, steps 3-12 {statistics.median(tail[:10]):.2f}, "
-              f"last 10 {statistics.median(tail[-10:]):.2f}")
+              f"last 10 {statistics.median(tail[-10:]):.2f}; free-running {free:.2f}")
+        rows = [e for e in prof.key_averages() if e.key.startswith(("cuda", "cu"))]
+        for e in sorted(rows, key=lambda e: -e.cpu_time_total)[:14]:
+            print(f"  {e.key[:60]:60s} calls {e.count:6d}  "
+                  f"host total {e.cpu_time_total / 1e3:9.2f} ms")
     return 0
 
 
