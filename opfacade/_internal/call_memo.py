@@ -51,7 +51,7 @@ from .device import DEVICES, Devices
 from .log import LOG
 from .sku import Workspace
 from .streams import current_cupy_stream, torch_stream_reader
-from .tensors import TensorView
+from .tensors import TensorView, plain_torch_types
 
 __all__ = ["ArgumentReader", "CallMemo", "Checked", "Retarget", "torch_guards"]
 
@@ -162,7 +162,7 @@ class ArgumentReader:
             root = (kind.__module__ or "").split(".", 1)[0]
             if root == "torch":
                 torch = sys.modules["torch"]  # the caller's tensor proves torch is imported
-                if kind is torch.Tensor or kind is torch.nn.Parameter:
+                if kind in plain_torch_types(torch):
                     self._see_torch(torch)
                     found = _TORCH
                     self.torch_types.add(kind)

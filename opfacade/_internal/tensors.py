@@ -15,6 +15,8 @@ imports the edge from one place.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, LayoutMismatch
@@ -42,6 +44,7 @@ from .view import (
 __all__ = [
     "PLAIN_TORCH_TYPES",
     "argument_when",
+    "plain_torch_types",
     "TensorView",
     "as_numpy",
     "c_strides",
@@ -116,8 +119,16 @@ def _element_from_numpy(dtype: np.dtype, name: str) -> ElementKind:
 
 _torch_elements: dict = {}
 
-# torch.Tensor and nn.Parameter once wrap has met them (operands.facts reads these the cheap way;
-# subclasses answer attribute reads differently and are not enrolled).
+@functools.cache
+def plain_torch_types(torch) -> tuple[type, type]:
+    """torch.Tensor and nn.Parameter: the tensor types whose attribute reads are exact. Their
+    subclasses (fake, functional, distributed tensors) answer differently, so run()'s memo,
+    the functional forms' cheap reading and the torch ops' eager paths all treat only these
+    as plain tensors. Takes the torch module: opfacade imports torch only when handed it."""
+    return (torch.Tensor, torch.nn.Parameter)
+
+
+# plain_torch_types once wrap has met torch (operands.facts reads these the cheap way).
 PLAIN_TORCH_TYPES: set[type] = set()
 
 
@@ -147,8 +158,7 @@ def _wrap_torch(tensor, name: str) -> TensorView | None:
             raise InvalidArgument(f"{name} has no data pointer: {error}",
                                   argument=name) from None
         device = tensor.get_device() if tensor.is_cuda else None
-        if type(tensor) not in PLAIN_TORCH_TYPES and (type(tensor) is torch.Tensor
-                                                     or type(tensor) is torch.nn.Parameter):
+        if type(tensor) not in PLAIN_TORCH_TYPES and type(tensor) in plain_torch_types(torch):
             PLAIN_TORCH_TYPES.add(type(tensor))
         return TensorView(ptr, tuple(tensor.shape), tensor.stride(), element, device, "torch",
                           tensor)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .._internal.tensors import plain_torch_types
 from .._internal.view import ELEMENT_BY_NAME, dtype_name
 from ..contracts.sdpa_layouts import MEMORY_ORDER
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
@@ -134,7 +135,7 @@ def deterministic_choice(deterministic: bool | None) -> bool:
 
 # -- eager calls without the dispatcher ----------------------------------------------------------
 
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_TYPES = plain_torch_types(torch)
 
 
 def _traced(args: tuple) -> bool:
