@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +159,13 @@ def _facts(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, dropou
             causal, window, scale, alibi, dropout_p, seq_len_q is None)
 
 
+def _described(q: Any, k: Any, v: Any, **options) -> tuple[tuple, Callable[[], dict]]:
+    """A call's plan-cache facts (``_facts``) and the descriptor fields they stand for, made
+    only on a miss (``_problem``, which wraps the arrays). ``options``: ``_problem``'s."""
+    return _facts(q, k, v, **options), lambda: _problem(wrap(q, "q"), wrap(k, "k"),
+                                                        wrap(v, "v"), **options)
+
+
 def _allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], layout: str, stream: Any,
               element: ElementKind) -> Any:
     """A new array of logical ``shape`` stored dense in ``layout`` order, beside ``like``."""
@@ -202,18 +210,12 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
     if dropout is not None:
         dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                  dropout_offset, forward=True)
-    facts = _facts(q, k, v, causal=causal, window=window, scale=scale, bias=bias, alibi=alibi,
-                   dropout_p=dropout_p, seq_len_q=seq_len_q)
-
-    def describe() -> SdpaDescriptor:
-        fields = _problem(wrap(q, "q"), wrap(k, "k"), wrap(v, "v"), causal=causal,
-                          window=window, scale=scale, bias=bias, alibi=alibi,
-                          dropout_p=dropout_p, seq_len_q=seq_len_q)
-        return SdpaDescriptor(**fields, save_stats=return_stats)
-
+    facts, fields = _described(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
+                               alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
     q_facts = facts[0]
-    plan = SdpaForwardPlan.cached_for((facts, return_stats), describe,
-                                      device=operands.device_of(q_facts))
+    plan = SdpaForwardPlan.cached_for(
+        (facts, return_stats), lambda: SdpaDescriptor(**fields(), save_stats=return_stats),
+        device=operands.device_of(q_facts))
     desc = plan.descriptor
     if out is None:
         out = _allocate(q, q_facts, desc.o_shape, desc.layout, stream, desc.element)
@@ -246,19 +248,13 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
     if dropout is not None:
         dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                         dropout_offset, forward=False)
-    facts = _facts(q, k, v, causal=causal, window=window, scale=scale, bias=bias, alibi=alibi,
-                   dropout_p=dropout_p, seq_len_q=seq_len_q)
-
-    def describe() -> SdpaBackwardDescriptor:
-        fields = _problem(wrap(q, "q"), wrap(k, "k"), wrap(v, "v"), causal=causal,
-                          window=window, scale=scale, bias=bias, alibi=alibi,
-                          dropout_p=dropout_p, seq_len_q=seq_len_q)
-        return SdpaBackwardDescriptor(**fields, need_bias_grad=need_bias_grad)
-
+    facts, fields = _described(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
+                               alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
     q_facts = facts[0]
-    plan = SdpaBackwardPlan.cached_for((facts, need_bias_grad, deterministic), describe,
-                                       {"deterministic": deterministic},
-                                       device=operands.device_of(q_facts))
+    plan = SdpaBackwardPlan.cached_for(
+        (facts, need_bias_grad, deterministic),
+        lambda: SdpaBackwardDescriptor(**fields(), need_bias_grad=need_bias_grad),
+        {"deterministic": deterministic}, device=operands.device_of(q_facts))
     desc = plan.descriptor
     grads = [_allocate(q, q_facts, shape, desc.layout, stream, desc.element)
              for shape in (desc.q_shape, desc.k_shape, desc.v_shape)]
