@@ -53,11 +53,12 @@ def allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], element: Elem
     ``like``: from torch's caching allocator on the current stream when ``like`` is a plain
     torch tensor and no stream is named (nothing to resolve or switch), else through
     OutputAllocator (the stream's pool of like's framework)."""
-    if stream is None and len(like_facts) == 4:
+    if stream is None and is_plain_torch(like_facts):
         torch = sys.modules["torch"]  # like is a torch tensor: torch is imported
         dtype = getattr(torch, dtype_name(element))
-        return torch.empty_strided(shape, strides or c_strides(shape), dtype=dtype,
-                                   device=like.device)
+        if strides is None:  # C order: no strides to compute on this per-call path
+            return torch.empty(shape, dtype=dtype, device=like.device)
+        return torch.empty_strided(shape, strides, dtype=dtype, device=like.device)
     from .memory import OutputAllocator
 
     view = wrap(like, "like")
