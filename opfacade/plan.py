@@ -19,11 +19,12 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from . import _registry as registry
-from ._internal.call_memo import CallMemo, Checked, Retarget
+from ._internal.call_memo import CallMemo
 from ._internal.contract import BoundArgs, Descriptor
 from ._internal.device import device_arch
 from ._internal.log import LOG
 from ._internal.lru import BuildOnceLRU
+from ._internal.retarget import Checked, Retarget
 from ._internal.selection import ExplainReport, Target, Verdict, rank
 from ._internal.sku import SkuImpl, Workspace
 from ._internal.streams import owning_package, resolve_stream

@@ -14,9 +14,10 @@ import pytest
 
 from opfacade import Unsupported, Workspace
 from opfacade._internal import call_memo
-from opfacade._internal.call_memo import ArgumentReader, CallMemo, Checked, Retarget, torch_guards
+from opfacade._internal.call_memo import ArgumentReader, CallMemo, torch_guards
 from opfacade._internal.contract import BoundArgs
 from opfacade._internal.device import Devices
+from opfacade._internal.retarget import Checked, Retarget
 from opfacade._internal.tensors import wrap
 from opfacade.ops.linear import LinearArgs
 
