@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # One device call for opfacade.torch (issue 14): its GPU tests (opcheck, gradients against
 # float64, torch.compile, CUDA graphs, determinism, bad input) and the bench's host rows.
-#   bash scripts/gpu_torch.sh [stages...]   stages: tests bench example verify
+#   bash scripts/gpu_torch.sh [stages...]   stages: probe tests bench example verify
+# probe: python3 $PROBE (a scripts/*_probe.py), its output in $OUT/probe.log
 set -u
 stages=${*:-tests bench}
 source "$(dirname "$0")/device_prelude.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudnn.backend_version())"
+if wants probe; then
+    stage probe
+    timeout ${PROBE_TIMEOUT:-200} python3 ${PROBE} 2>&1 | tee "$OUT/probe.log" | tail -${PROBE_TAIL:-60}
+fi
 if wants tests; then
     stage tests
     timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-40} ${PYTEST_EXTRA:-} \

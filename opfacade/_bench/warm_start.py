@@ -12,7 +12,12 @@ compiled those modules from source, 2.8-4.6 s of the first call in H100 probes. 
 writes the bytecode once; the warm-up gives every measured process the same footing.
 
 Beside the row, "torch first call": the same first forward+backward through torch's own
-F.scaled_dot_product_attention in a fresh process: what any torch user's first step pays."""
+F.scaled_dot_product_attention in a fresh process: what any torch user's first step pays.
+
+A second row times a new shape in a process that has run one already: the first SDPA forward at
+S 3968 after one at S 4096 (plan store empty). Its forward graph declares dynamic shapes, so the
+kernel cache built at 4096 serves it; the peers are the same process with static graphs
+(``OPFACADE_CUDNN_DYNAMIC_SHAPES=0``: a cold build) and torch's own SDPA (no build at all)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 
+from .._backends.cudnn.runtime import DYNAMIC_SHAPES_VARIABLE
 from .common import BenchRow
 
 SHAPE = (2, 16, 4096, 128)  # B, H, S, D: the size the issue's cold-build figures were taken at
@@ -64,17 +70,56 @@ print(json.dumps({"first_ms": elapsed, "loaded": len(loaded), "bits": digest.hex
 """
 
 
+NEW_SHAPE_CHILD = r"""
+import json, sys, time
+import torch
+peer = sys.argv[2] == "torch"
+if not peer:
+    import opfacade.torch as oft
+times = []
+generator = torch.Generator(device="cuda").manual_seed(0)
+for shape in json.loads(sys.argv[1]):
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+               for _ in range(3))
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    if peer:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        out = oft.sdpa(q, k, v, is_causal=True)
+    torch.cuda.synchronize()
+    times.append((time.perf_counter() - start) * 1e3)
+print(json.dumps({"first_ms": times[0], "new_shape_ms": times[-1]}))
+"""
+
+
+def _child(script: str, argument: object, through: str, env: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(argument), through],
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the warm-start child failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def first_result(cache: str, shape: tuple[int, ...] = SHAPE, env: dict | None = None,
                  through: str = "opfacade") -> dict:
     """One fresh process's first SDPA forward+backward with ``cache`` as OPFACADE_CACHE_DIR,
     through opfacade's torch op or (``through="torch"``) torch's own SDPA."""
-    env = {**os.environ, **(env or {}), "OPFACADE_CACHE_DIR": cache}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(list(shape)), through],
-                          env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the warm-start child failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _child(CHILD, list(shape), through, {**(env or {}), "OPFACADE_CACHE_DIR": cache})
+
+
+def new_shape_results(shapes: list[tuple[int, ...]]) -> dict[str, dict]:
+    """The first forward at ``shapes[-1]`` in a process that ran the others first: dynamic
+    (the default), static graphs, and torch; each with an empty plan store."""
+    found = {}
+    for name, through, env in (("dynamic", "opfacade", {}),
+                               ("static", "opfacade", {DYNAMIC_SHAPES_VARIABLE: "0"}),
+                               ("torch", "torch", {})):
+        with tempfile.TemporaryDirectory(prefix="opfacade-new-shape-") as cache:
+            found[name] = _child(NEW_SHAPE_CHILD, [list(s) for s in shapes], through,
+                                 {**env, "OPFACADE_CACHE_DIR": cache})
+    return found
 
 
 def cold_and_warm(shape: tuple[int, ...] = SHAPE, peer: bool = False) -> tuple[dict, ...]:
@@ -102,7 +147,19 @@ def run(quick: bool = False) -> list[BenchRow]:
              f"{warm['bits'] == cold['bits']}; from before import torch: warm "
              f"{warm['from_import_ms']:.0f} ms, cold {cold['from_import_ms']:.0f} ms; target: "
              f"warm <= 10% of cold (ratio >= 10)")
-    return [BenchRow(op="host", case=case, ours_ms=warm["first_ms"],
-                     figure=f"warm {warm['first_ms']:.0f} ms", notes=notes,
-                     peers_ms={"cold build": cold["first_ms"],
-                               "torch first call": torch_first["first_ms"]})]
+    first = [BenchRow(op="host", case=case, ours_ms=warm["first_ms"],
+                      figure=f"warm {warm['first_ms']:.0f} ms", notes=notes,
+                      peers_ms={"cold build": cold["first_ms"],
+                                "torch first call": torch_first["first_ms"]})]
+    b, h, s, d = shape
+    new = new_shape_results([shape, (b, h, s - 128, d)])
+    dynamic = new["dynamic"]
+    return [*first, BenchRow(
+        op="host", case=(f"first SDPA forward at a new length (S {s - 128} after S {s}), B{b} H{h} "
+                         f"d{d} bf16 causal, plan store empty"),
+        ours_ms=dynamic["new_shape_ms"], figure=f"{dynamic['new_shape_ms']:.1f} ms",
+        peers_ms={"static build": new["static"]["new_shape_ms"],
+                  "torch": new["torch"]["new_shape_ms"]},
+        notes=(f"the process's first forward (S {s}): dynamic {dynamic['first_ms']:.0f} ms, "
+               f"static {new['static']['first_ms']:.0f} ms; ours: the forward graph declares "
+               f"dynamic shapes and the kernel cache serves the new length"))]
