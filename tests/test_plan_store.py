@@ -90,17 +90,6 @@ def test_torn_refused_and_disabled_entries_are_misses(store, monkeypatch):
     assert store.load(key(), None) is None
 
 
-def test_a_static_entry_is_not_loaded_for_a_dynamic_graph(store, monkeypatch):
-    """The two serialize differently: switching dynamic shapes off finds no entry."""
-    store.store(key(), Graph(plan=b"dynamic"))
-    forget(store)
-    monkeypatch.setenv(store.runtime.DYNAMIC_SHAPES_VARIABLE, "0")
-    assert store.load(key(), None) is None
-    monkeypatch.delenv(store.runtime.DYNAMIC_SHAPES_VARIABLE)
-    forget(store)
-    assert store.load(key(), None).plan == b"plan:dynamic"
-
-
 def test_the_cache_command_lists_and_clears(store, capsys):
     store.store(key(), Graph(plan=b"one"))
     assert main(["cache"]) == 0

@@ -251,31 +251,3 @@ def test_a_square_bottom_right_band_is_declared_top_left(kw, declared):
     assert desc.alignment == "bottom_right"
     node = graphs.declare_backward(desc, None).graph.nodes[0]
     assert node.params["diagonal_alignment"] == getattr(cudnn.diagonal_alignment, declared)
-
-
-# ----------------------------------------------------------------------------- dynamic shapes
-def test_forward_graphs_declare_dynamic_shapes_and_backward_graphs_do_not(monkeypatch):
-    from opfacade._backends.cudnn.decode import PagedKey
-    from opfacade._backends.cudnn.ragged import RaggedKey
-
-    monkeypatch.delenv(runtime.DYNAMIC_SHAPES_VARIABLE, raising=False)
-    assert runtime.dynamic_shapes(graphs.GraphKey("forward", None, 0, False)) is True
-    assert runtime.dynamic_shapes(RaggedKey("forward", None, 0, False, None)) is True
-    assert runtime.dynamic_shapes(PagedKey("paged_decode", None, 0, False, None)) is True
-    assert runtime.dynamic_shapes(graphs.GraphKey("backward", None, 0, True)) is False
-    assert runtime.dynamic_shapes(RaggedKey("backward", None, 0, False, None)) is False
-    monkeypatch.setenv(runtime.DYNAMIC_SHAPES_VARIABLE, "0")
-    assert runtime.dynamic_shapes(graphs.GraphKey("forward", None, 0, False)) is False
-
-
-def test_a_kernel_cache_makes_the_declared_graph_dynamic():
-    pytest.importorskip("cudnn")
-    if runtime.available() is not None:
-        pytest.skip(runtime.available())
-    kernels = runtime.cudnn_module().create_kernel_cache()
-    dynamic = graphs.declare_forward(forward(), None, kernel_cache=kernels).graph
-    static = graphs.declare_forward(forward(), None).graph
-    # The frontend forwards these keywords to the graph it lowers (cudnn/_pygraph.py).
-    assert dynamic._cpp_graph_kwargs["is_dynamic_shape_enabled"] is True
-    assert dynamic._cpp_graph_kwargs["kernel_cache"] is kernels
-    assert "is_dynamic_shape_enabled" not in static._cpp_graph_kwargs

@@ -90,9 +90,8 @@ def frontend(monkeypatch, fresh_graphs):
     fake = Frontend()
     monkeypatch.setattr(graphs, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(runtime, "handle_for", lambda device: None)
-    monkeypatch.setattr(runtime, "kernel_cache_for", lambda device: None)
-    monkeypatch.setattr(graphs, "declare_forward", lambda desc, handle, variant, kernels: fake)
-    monkeypatch.setattr(graphs, "declare_backward", lambda desc, handle, variant, kernels: fake)
+    monkeypatch.setattr(graphs, "declare_forward", lambda desc, handle, variant: fake)
+    monkeypatch.setattr(graphs, "declare_backward", lambda desc, handle, variant: fake)
     return fake
 
 

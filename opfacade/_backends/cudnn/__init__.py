@@ -2,8 +2,7 @@
 
     limits.py   what the SDPA graphs serve, as data (head dims, dtypes, arch and version gates,
                 and the sizes they index: int64 tensors, a workspace below 2**48)
-    runtime.py  the library: lazy import, backend version, handles per (thread, device), kernel
-                caches per device (dynamic-shape graphs)
+    runtime.py  the library: lazy import, backend version, handles per (thread, device)
     graphs.py   tensor UIDs, building in the fixed order, the graph cache, executing by UID
     selection.py  how every graph SKU is selected: data limits, then the built graph's verdict
     sdpa.py     the SKUs: forward per element, default and deterministic backward per element
@@ -15,9 +14,8 @@
 def clear_caches() -> None:
     """Drops every built graph, every cached "not supported" verdict and what the SKUs derived
     from them. Handles stay: see ``runtime.py``."""
-    from . import runtime, sdpa
+    from . import sdpa
     from .graphs import GRAPHS
 
     GRAPHS.clear()
-    runtime.clear_kernel_caches()
     sdpa.clear()

@@ -137,8 +137,8 @@ class PagedKey(NamedTuple):
         return (f"paged decode graph on cuda:{self.device} for {self.desc!r} with "
                 f"{self.layout}")
 
-    def declare(self, handle: object, kernel_cache: object | None = None) -> _Builder:
-        return declare_paged(self, handle, kernel_cache)
+    def declare(self, handle: object) -> _Builder:
+        return declare_paged(self, handle)
 
 
 def _pool(desc: DecodeAttentionDescriptor, dim: int, pages: int
@@ -150,11 +150,10 @@ def _pool(desc: DecodeAttentionDescriptor, dim: int, pages: int
     return (pages, h, ps, dim), (h * ps * dim, ps * dim, dim, 1)
 
 
-def declare_paged(key: PagedKey, handle: object,
-                  kernel_cache: object | None = None) -> _Builder:
+def declare_paged(key: PagedKey, handle: object) -> _Builder:
     """The paged decode graph with its tensors and the sdpa node declared, nothing built."""
     desc, layout = key.desc, key.layout
-    b = _Builder(desc, handle, kernel_cache)
+    b = _Builder(desc, handle)
     i32 = b.cudnn.data_type.INT32
     batch, hq, mp = desc.batch, desc.heads_q, desc.max_pages
     (qb, qh), (ob, oh) = layout.q, layout.out

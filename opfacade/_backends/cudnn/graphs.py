@@ -8,10 +8,6 @@ becomes a cached ``Declined`` carrying cuDNN's version and message, which select
 rejection reason. Every other failure (out of memory, a driver error, no CuPy) is raised as a
 typed error and never cached, so the next selection or run tries again.
 
-Forward graphs (dense, ragged, paged decode) declare dynamic shapes and are built with their
-device's kernel cache (``runtime.dynamic_shapes``, ``runtime.kernel_cache_for``): a graph of a
-topology built before then builds at a new shape in milliseconds. Backward graphs are static.
-
 Tensors are bound by UID. Each built graph knows its operands' argument names in ascending UID
 order, so a run only collects pointers. ``BuiltGraph.launch.bind`` makes the one call a run
 makes: through the backend's raw-pointer entry point when the frontend exposes it for the
@@ -215,17 +211,14 @@ def _dtypes(cudnn, element: ElementKind):
 
 
 class _Builder:
-    """Declares one graph's user tensors with fixed UIDs; given a ``kernel_cache``, the graph
-    declares dynamic shapes and builds through it."""
+    """Declares one graph's user tensors with fixed UIDs."""
 
-    def __init__(self, desc: Problem, handle: object, kernel_cache: object | None = None):
+    def __init__(self, desc: Problem, handle: object):
         self.cudnn = runtime.cudnn_module()
         self.desc = desc
         self.io, self.f32 = _dtypes(self.cudnn, desc.element)
-        dynamic = {} if kernel_cache is None else {"kernel_cache": kernel_cache,
-                                                   "is_dynamic_shape_enabled": True}
         self.graph = self.cudnn.pygraph(io_data_type=self.io, intermediate_data_type=self.f32,
-                                        compute_data_type=self.f32, handle=handle, **dynamic)
+                                        compute_data_type=self.f32, handle=handle)
         self.names: dict[int, str] = {}  # UID -> the name a run finds the tensor's pointer by
 
     def tensor(self, uid: int, shape, strides, data_type=None, name: str | None = None):
@@ -287,10 +280,10 @@ class _Builder:
                           int(graph.get_workspace_size()), served_by, _Launcher(graph, uids))
 
 
-def declare_forward(desc: SdpaDescriptor, handle: object, dump_dropout: bool = False,
-                    kernel_cache: object | None = None) -> _Builder:
+def declare_forward(desc: SdpaDescriptor, handle: object, dump_dropout: bool = False
+                    ) -> _Builder:
     """The forward graph with its tensors and the sdpa node declared, nothing built yet."""
-    b = _Builder(desc, handle, kernel_cache)
+    b = _Builder(desc, handle)
     q, k, v = b.qkv()
     options = b.options()
     if dump_dropout:
@@ -304,10 +297,10 @@ def declare_forward(desc: SdpaDescriptor, handle: object, dump_dropout: bool = F
     return b
 
 
-def declare_backward(desc: SdpaBackwardDescriptor, handle: object, deterministic: bool = False,
-                     kernel_cache: object | None = None) -> _Builder:
+def declare_backward(desc: SdpaBackwardDescriptor, handle: object, deterministic: bool = False
+                     ) -> _Builder:
     """The backward graph with its tensors and the sdpa_backward node declared."""
-    b = _Builder(desc, handle, kernel_cache)
+    b = _Builder(desc, handle)
     q, k, v = b.qkv()
     o_strides = dense_strides(desc.layout, *desc.o_shape)
     o = b.tensor(Uid.O, desc.o_shape, o_strides)
@@ -339,10 +332,10 @@ class GraphKey(NamedTuple):
         return (f"{self.direction} graph{f' ({variant})' if self.variant else ''} on "
                 f"cuda:{self.device} for {self.desc!r}")
 
-    def declare(self, handle: object, kernel_cache: object | None = None) -> _Builder:
+    def declare(self, handle: object) -> _Builder:
         if self.direction == "forward":
-            return declare_forward(self.desc, handle, self.variant, kernel_cache)
-        return declare_backward(self.desc, handle, self.variant, kernel_cache)
+            return declare_forward(self.desc, handle, self.variant)
+        return declare_backward(self.desc, handle, self.variant)
 
 
 def _build(key) -> BuiltGraph | Declined:
@@ -356,8 +349,7 @@ def _build(key) -> BuiltGraph | Declined:
     try:
         with on_device(key.device), timed("cuDNN %s", key):  # graphs bind the current device
             handle = runtime.handle_for(key.device)
-            kernels = runtime.kernel_cache_for(key.device) if runtime.dynamic_shapes(key) else None
-            declared = key.declare(handle, kernels)
+            declared = key.declare(handle)
             stored = plan_store.load(key, handle)
             if stored is not None:
                 return declared.adopt(stored, "deserialized from the plan store")

@@ -69,7 +69,6 @@ def _read_identity(key) -> bytes:
         "key": type(key).__name__,
         "direction": key.direction,
         "variant": bool(key.variant),
-        "dynamic_shapes": runtime.dynamic_shapes(key),  # the two serialize differently
         "descriptor": type(key.desc).__name__,
         "fields": json.loads(key.desc.model_dump_json()),
         # What some keys add (a paged or ragged graph's layout): frozen dataclasses, whose

@@ -101,15 +101,14 @@ class RaggedKey(NamedTuple):
         return (f"ragged {self.direction} graph{variant} on cuda:{self.device} for "
                 f"{self.desc!r} with strides {self.layout.strides}{square}")
 
-    def declare(self, handle: object, kernel_cache: object | None = None) -> _Builder:
-        return declare_ragged(self, handle, kernel_cache)
+    def declare(self, handle: object) -> _Builder:
+        return declare_ragged(self, handle)
 
 
-def declare_ragged(key: RaggedKey, handle: object,
-                   kernel_cache: object | None = None) -> _Builder:
+def declare_ragged(key: RaggedKey, handle: object) -> _Builder:
     """The forward or backward ragged graph with its tensors declared, nothing built yet."""
     desc, layout = key.desc, key.layout
-    b = _Builder(desc, handle, kernel_cache)
+    b = _Builder(desc, handle)
     cudnn = b.cudnn
     batch, seq_q, seq_kv = desc.batch, desc.max_seqlen_q, desc.max_seqlen_kv
     offsets = [b.tensor(OFFSETS_UID + g, (batch + 1, 1, 1, 1), (1, 1, 1, 1),

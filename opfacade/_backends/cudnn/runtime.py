@@ -10,30 +10,18 @@ backend call when it is unchanged).
 launches) hold their thread's handle, so destroying it under them would make their next launch
 use a dead handle, and one thread cannot reach another's table anyway. A thread's handles are
 destroyed when the thread ends (never at interpreter exit, when the driver may be gone).
-
-Graphs that declare dynamic shapes are built with ``kernel_cache_for(device)``: one cuDNN kernel
-cache per device, so that a graph of a topology built before, at a new shape, binds the kernel
-compiled then instead of compiling again (milliseconds instead of hundreds); ``dynamic_shapes``
-says which graphs declare them. Builds are serialised by the graph cache's
-lock, so no two builds share a kernel cache at once.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import threading
 
 from ..._internal.config import with_install_hint
 from ..._internal.device import on_device
 from ..._internal.handles import PerThreadHandles
 
-__all__ = ["DYNAMIC_SHAPES_VARIABLE", "HANDLES", "available", "backend_version",
-           "clear_kernel_caches", "cudnn_module", "dynamic_shapes", "handle_for",
-           "kernel_cache_for", "not_supported_types", "set_stream"]
-
-# "0" builds every graph static (no kernel cache); anything else lets dynamic_shapes decide.
-DYNAMIC_SHAPES_VARIABLE = "OPFACADE_CUDNN_DYNAMIC_SHAPES"
+__all__ = ["HANDLES", "available", "backend_version", "cudnn_module", "handle_for",
+           "not_supported_types", "set_stream"]
 
 
 @functools.cache
@@ -99,31 +87,3 @@ def handle_for(device: int):
 def set_stream(handle, stream: int) -> None:
     """Binds ``handle`` to ``stream`` (the frontend skips the backend call when unchanged)."""
     cudnn_module().set_stream(handle, stream)
-
-
-def dynamic_shapes(key) -> bool:
-    """Whether the graph for ``key`` (a dense, ragged or paged graph's key) declares dynamic
-    shapes. With a kernel cache, cuDNN 9.19 built the dense forward, the ragged forward and the
-    paged decode at a new shape in 6-9 ms on an H100 (GPU-FACTS.md), against hundreds for a
-    cold build; it refuses the ragged backward with dynamic shapes, so backward graphs stay
-    static."""
-    return key.direction != "backward" and os.environ.get(DYNAMIC_SHAPES_VARIABLE) != "0"
-
-
-_KERNEL_CACHES: dict[int, object] = {}
-_KERNEL_CACHES_LOCK = threading.Lock()
-
-
-def kernel_cache_for(device: int):
-    """The cuDNN kernel cache of ``device``'s dynamic-shape graphs, created on first use."""
-    with _KERNEL_CACHES_LOCK:
-        cache = _KERNEL_CACHES.get(device)
-        if cache is None:
-            cache = _KERNEL_CACHES[device] = cudnn_module().create_kernel_cache()
-        return cache
-
-
-def clear_kernel_caches() -> None:
-    """Forgets the kernel caches (graphs built with one keep it alive while they live)."""
-    with _KERNEL_CACHES_LOCK:
-        _KERNEL_CACHES.clear()
