@@ -51,7 +51,7 @@ def train(config, steps: int, rank: int, world: int, seed: int = 0):
     with gpt.deterministic_torch(True):
         model = gpt.make_model(config, "opfacade", True, seed, device=device)
         ddp = DistributedDataParallel(model, device_ids=[rank])
-        optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-4, foreach=False)
+        optimizer = gpt.make_optimizer(ddp.parameters())
         losses = []
         for tokens, targets in gpt.batches(config, steps, seed + 1, device=device):
             optimizer.zero_grad(set_to_none=True)

@@ -38,7 +38,7 @@ def main(steps: int) -> int:
             return gpt.batches(config, count, 1)
 
         # The example's optimizer, so a step is the example's step.
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
+        optimizer = gpt.make_optimizer(model.parameters())
 
         def step(tokens, targets, model=model, optimizer=optimizer):
             optimizer.zero_grad(set_to_none=True)

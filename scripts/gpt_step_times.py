@@ -2,7 +2,8 @@
 (after a deterministic opfacade run, as the example's report does): per-step times with a
 synchronize after every step (does a step's cost drift?), then the loop free-running (the host
 ahead of the GPU) under torch.profiler, its CUDA runtime and driver calls by total host time (a
-cudaStreamSynchronize, cudaFree or blocking copy would show up there).
+cudaStreamSynchronize, cudaFree or blocking copy would show up there), and the GPU kernels by
+device time per step (which of ours cost more than torch's counterparts).
 
     python3 scripts/gpt_step_times.py [steps]
 """
@@ -15,6 +16,7 @@ import time
 
 import torch
 from gpt_profile import example_module  # this directory is on sys.path when run as a script
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -45,7 +47,7 @@ def main(steps: int) -> int:
     for backend in ("opfacade", "torch"):
         with gpt.deterministic_torch(False):
             model = gpt.make_model(config, backend, False)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
+            optimizer = gpt.make_optimizer(model.parameters())
             loop = (gpt, config, model, optimizer)
             times = _synchronized_steps(*loop, steps)
             torch.cuda.synchronize()
@@ -60,10 +62,19 @@ def main(steps: int) -> int:
         print(f"===== {backend}: ms per step synchronized: first {times[:3]}, median "
               f"{statistics.median(tail):.2f}, steps 3-12 {statistics.median(tail[:10]):.2f}, "
               f"last 10 {statistics.median(tail[-10:]):.2f}; free-running {free:.2f}")
-        rows = [e for e in prof.key_averages() if e.key.startswith(("cuda", "cu"))]
+        averages = prof.key_averages()
+        rows = [e for e in averages if e.key.startswith(("cuda", "cu"))]
         for e in sorted(rows, key=lambda e: -e.cpu_time_total)[:14]:
             print(f"  {e.key[:60]:60s} calls {e.count:6d}  "
                   f"host total {e.cpu_time_total / 1e3:9.2f} ms")
+        kernels = [e for e in averages if e.device_type == DeviceType.CUDA and e.count
+                   and not e.key.startswith("Optimizer.")]  # a range, not a kernel
+        total = sum(e.device_time_total for e in kernels) / steps / 1e3
+        print(f"  GPU kernels: {total:.2f} ms per step")
+        for e in sorted(kernels, key=lambda e: -e.device_time_total)[:16]:
+            print(f"  {e.key[:90]:90s} per step {e.count / steps:5.1f} x "
+                  f"{e.device_time_total / e.count:8.1f} us = "
+                  f"{e.device_time_total / steps / 1e3:6.3f} ms")
     return 0
 
 

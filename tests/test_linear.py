@@ -881,14 +881,16 @@ def test_launch_checks_name_the_argument(fake_cublaslt):
 
 def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
     """Two bound calls with different biases, and a one-off call between them: each bound call
-    still adds its own bias, its descriptor dies with it, and no call (the one-off included,
-    which takes the same path) touches the recipe's shared descriptor."""
-    desc = LinearDescriptor(m=4, n=8, k=8, element="f32", activation="relu")
+    still adds its own bias, a call at a bias seen before shares that bias's descriptor (the
+    matmul keeps them by pointer pair), and no call (the one-off included, which takes the same
+    path) touches the recipe's shared descriptor."""
+    # A problem no other test selects: its matmul's descriptor table starts empty.
+    desc = LinearDescriptor(m=5, n=24, k=16, element="f32", activation="relu")
     impl = impl_of("linear_forward.cublaslt.f32")
     rng = np.random.default_rng(12)
-    x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((4, 8), (8, 8)))
-    biases = [rng.uniform(-1, 1, 8).astype(np.float32) for _ in range(3)]
-    outs = [np.full((4, 8), np.nan, np.float32) for _ in range(3)]
+    x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((5, 16), (24, 16)))
+    biases = [rng.uniform(-1, 1, 24).astype(np.float32) for _ in range(3)]
+    outs = [np.full((5, 24), np.nan, np.float32) for _ in range(3)]
 
     def bound(i):
         return BoundArgs({"x": view(x), "weight": view(w), "bias": view(biases[i]),
@@ -905,10 +907,18 @@ def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
     for i in range(3):
         want, _ = linear_forward(x, w, weight_layout="nk", bias=biases[i], activation="relu")
         np.testing.assert_allclose(outs[i], want, rtol=1e-5, atol=1e-6)
+    assert live >= 3  # the shared descriptor and one per bias
+    again = impl.prepared(desc, bound(0), workspace, 0)
+    descs = sum(1 for o in fake_cublaslt.objects.values() if o["kind"] == "desc")
+    assert descs == live + 1  # bias 2's (the one-off call's); bias 0's is shared
+    outs[0][:] = np.nan
+    again()
+    want, _ = linear_forward(x, w, weight_layout="nk", bias=biases[0], activation="relu")
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)
     destroyed = []
     fake_cublaslt.matmul_desc_destroy = destroyed.append
-    del first, second
-    assert len(destroyed) == 2 and live >= 3  # the shared descriptor and one per bound call
+    del first, second, again
+    assert destroyed == []  # the matmul's table still holds them
     last = impl._recipes._last
     bias_pointer = int(fake_cublaslt.real.MatmulDescAttribute.BIAS_POINTER)
     stand_in = fake_cublaslt.objects[last.recipe.matmul.desc]["attrs"][bias_pointer]

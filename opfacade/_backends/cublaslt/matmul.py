@@ -42,6 +42,8 @@ DETERMINISTIC_SCHEMES = NONE | COMPUTE_TYPE | OUTPUT_TYPE
 POINTER_ALIGNMENT = 16
 MAX_ALIGNMENT = 256
 _CANDIDATES = 8
+# Epilogue descriptors a matmul keeps by (bias, aux) pointer pair (own_desc).
+OWN_DESCS = 64
 _HEURISTIC_RESULT_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); its algo comes first
 _ALGO_BYTES = 64
 
@@ -109,6 +111,7 @@ class Matmul:
         self._layouts: list[int] = []
         self._types = types
         self._aux = aux
+        self._own_descs: dict[tuple[int, int], OwnedDesc] = {}  # own_desc's, by (bias, aux)
         # The shared descriptor's bias and aux pointers are stand-ins with the run's alignment,
         # which the heuristic reads; runs point descriptors of their own at theirs (bind).
         self.desc = self._new_desc(alignment, alignment)
@@ -272,11 +275,23 @@ class Matmul:
     # -- running -------------------------------------------------------------------------------
     def own_desc(self, bias: int = 0, aux: int = 0) -> OwnedDesc | None:
         """A descriptor of this problem pointing the epilogue at ``bias`` and ``aux``, destroyed
-        with the returned object; None when the epilogue has no pointers (the shared one then
-        serves every call: nothing on it changes)."""
+        when the last call holding it goes; None when the epilogue has no pointers (the shared
+        one then serves every call: nothing on it changes).
+
+        Descriptors are kept by pointer pair (``OWN_DESCS`` of them; then the table starts
+        over): nothing sets an attribute on one after it is made, so calls at the same bias and
+        aux share it. A training loop's activations and gradients recur at a few addresses, and
+        creating a descriptor for each re-pointed call was the largest cuBLASLt host cost in a
+        profile of examples/gpt.py."""
         if not (self.epilogue.bias or self.epilogue.aux):
             return None
-        return OwnedDesc(self._lt, self._new_desc(bias, aux))
+        key = (bias if self.epilogue.bias else 0, aux if self.epilogue.aux else 0)
+        owned = self._own_descs.get(key)
+        if owned is None:
+            if len(self._own_descs) >= OWN_DESCS:
+                self._own_descs.clear()  # calls holding a descriptor keep it alive
+            owned = self._own_descs[key] = OwnedDesc(self._lt, self._new_desc(*key))
+        return owned
 
     def _arguments(self, desc: int, lt_handle: int, a: int, b: int, c: int, d: int,
                    workspace: int, workspace_size: int, stream: int | None) -> tuple:
