@@ -90,6 +90,28 @@ def test_torn_refused_and_disabled_entries_are_misses(store, monkeypatch):
     assert store.load(key(), None) is None
 
 
+def test_ragged_and_paged_graphs_are_stored_under_their_layout(store):
+    from opfacade._backends.cudnn.decode import PagedKey, PagedLayout
+    from opfacade._backends.cudnn.ragged import RaggedKey, RaggedLayout
+    from opfacade.contracts.decode_attention import DecodeAttentionDescriptor
+    from opfacade.contracts.varlen_attention import VarlenAttentionDescriptor
+
+    varlen = VarlenAttentionDescriptor(batch=4, heads_q=4, heads_kv=2, head_dim=64,
+                                       max_seqlen_q=256, max_seqlen_kv=256, element="bf16")
+    ragged = [RaggedKey("forward", varlen, 0, False,
+                        RaggedLayout((("q", stride, 64), ("k", 128, 64)))) for stride in (256, 512)]
+    decode = DecodeAttentionDescriptor(batch=4, element="bf16", cache="paged", page_size=16,
+                                       max_pages=8, heads_q=8, heads_kv=2, head_dim=128)
+    paged = [PagedKey("paged_decode", decode, 0, False, PagedLayout.compact(decode)),
+             PagedKey("paged_decode", decode, 0, False,
+                      PagedLayout((1024, 128), (1024, 128), 64))]
+    for one, other in (ragged, paged):
+        store.store(one, Graph(plan=b"one"))
+        forget(store)
+        assert store.load(other, None) is None  # another layout: another graph
+        assert store.load(one, None).plan == b"plan:one"
+
+
 def test_the_cache_command_lists_and_clears(store, capsys):
     store.store(key(), Graph(plan=b"one"))
     assert main(["cache"]) == 0

@@ -1,0 +1,80 @@
+"""cuDNN's plan store on a GPU for the ragged (varlen) and paged (decode) graphs: a new process
+with the cache an earlier one left deserializes the graphs and gives the same bits. (The dense
+SDPA graphs' round trip is test_torch_gpu.py's warm-start test.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+CHILD = r"""
+import hashlib, json, logging, sys
+import torch
+loaded = []
+
+class Count(logging.Handler):
+    def emit(self, record):
+        if "plan store: loaded" in record.getMessage():
+            loaded.append(record.getMessage())
+
+log = logging.getLogger("opfacade")
+log.setLevel(logging.DEBUG)
+log.addHandler(Count())
+generator = torch.Generator(device="cuda").manual_seed(7)
+
+def randn(*shape):
+    return torch.randn(shape, device="cuda", generator=generator).to(torch.bfloat16)
+
+if sys.argv[1] == "varlen":
+    import opfacade.torch as oft
+    cu = torch.tensor([0, 100, 100, 356, 357], device="cuda", dtype=torch.int32)
+    q, k, v = (randn(357, h, 64).requires_grad_() for h in (4, 2, 2))
+    out = oft.varlen_attention(q, k, v, cu, cu, max_seqlen_q=256, max_seqlen_kv=256,
+                               causal="bottom_right", deterministic=True)
+    out.backward(randn(*out.shape))
+    results = (out, q.grad, k.grad, v.grad)
+else:
+    from opfacade import (DecodeAttentionArgs, DecodeAttentionDescriptor, Plan,
+                          PlanPreference)
+    desc = DecodeAttentionDescriptor(batch=4, element="bf16", cache="paged", kv_layout="nhd",
+                                     page_size=16, max_pages=8, heads_q=8, heads_kv=2,
+                                     head_dim=128)
+    plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=0)
+    assert plan.sku.id == "decode_attention.cudnn.bf16", plan.sku.id
+    pages = torch.randperm(32, device="cuda", generator=generator).int().view(4, 8)
+    lens = torch.tensor([0, 1, 37, 128], device="cuda", dtype=torch.int32)
+    q = randn(4, 1, 8, 128)
+    out = torch.empty_like(q)
+    plan.run(DecodeAttentionArgs(q, randn(32, 16, 2, 128), randn(32, 16, 2, 128), lens, out,
+                                 pages))
+    results = (out,)
+torch.cuda.synchronize()
+digest = hashlib.sha256()
+for t in results:
+    digest.update(t.detach().view(torch.int16).cpu().numpy().tobytes())
+print(json.dumps({"loaded": len(loaded), "bits": digest.hexdigest()}))
+"""
+
+
+def _first_result(kind: str, cache) -> dict:
+    env = {**os.environ, "OPFACADE_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, "-c", CHILD, kind], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("kind", "graphs"), [("varlen", 2), ("decode", 1)])
+def test_a_new_process_deserializes_the_same_ragged_and_paged_plans(kind, graphs, tmp_path):
+    pytest.importorskip("torch")
+    cold = _first_result(kind, tmp_path)
+    warm = _first_result(kind, tmp_path)
+    assert cold["loaded"] == 0
+    assert warm["loaded"] >= graphs  # the forward (and the deterministic backward)
+    assert warm["bits"] == cold["bits"]
