@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple
 
-import numpy as np
-
 from . import _registry as registry
 from ._internal.call_memo import CallMemo
+from ._internal.checks import self_aliasing
 from ._internal.contract import BoundArgs, Descriptor
 from ._internal.device import device_arch
 from ._internal.log import LOG
@@ -64,43 +63,6 @@ class _Live(NamedTuple):
 
     impl: SkuImpl
     calls: CallMemo | None
-
-
-# Outputs with more elements than this whose strides interleave are refused rather than
-# enumerated (a layout no framework makes; torch and NumPy views are never this case).
-_ALIAS_CHECK_LIMIT = 1 << 20
-
-
-def _self_aliasing(view: TensorView) -> str:
-    """Why two elements of ``view`` share memory (a broadcast, zero-stride or self-overlapping
-    output), or "" when each element has its own address.
-
-    Sorted by stride, each dimension must step past everything the smaller ones reach: true of
-    every dense layout, its permutations and slices. Otherwise the offsets are enumerated, up to
-    ``_ALIAS_CHECK_LIMIT`` elements.
-    """
-    if view.size == 0:
-        return ""
-    dims = sorted((abs(stride), extent) for extent, stride in zip(view.shape, view.strides,
-                                                                  strict=True) if extent > 1)
-    reach = 0
-    for stride, extent in dims:
-        if stride <= reach:
-            break
-        reach += stride * (extent - 1)
-    else:
-        return ""
-    if any(stride == 0 for stride, _ in dims):
-        return "it is broadcast (a stride of 0 where the extent is more than 1)"
-    if view.size > _ALIAS_CHECK_LIMIT:
-        return (f"its elements interleave, and with {view.size} of them opfacade does not check "
-                "that they never overlap")
-    offsets = np.zeros((), dtype=np.int64)
-    for stride, extent in dims:
-        offsets = np.add.outer(offsets, np.arange(extent, dtype=np.int64) * stride)
-    if np.unique(offsets).size < offsets.size:
-        return "some of its elements overlap in memory"
-    return ""
 
 
 def _is_int(value: object) -> bool:
@@ -287,7 +249,7 @@ class Plan:
             if view.readonly:
                 raise LayoutMismatch(f"{name} is read-only; outputs must be writable",
                                      argument=name)
-            aliasing = _self_aliasing(view)
+            aliasing = self_aliasing(view)
             if aliasing:
                 raise LayoutMismatch(
                     f"{name} has shape {view.shape} and strides {view.strides}, so {aliasing}; "

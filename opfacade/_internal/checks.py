@@ -1,9 +1,12 @@
 """The checks every op makes on its wrapped arguments: each turns a mismatch into a typed error
-that names the argument, the expected and the actual value (``tensors.py`` re-exports them)."""
+that names the argument, the expected and the actual value (``tensors.py`` re-exports them);
+``self_aliasing`` says why an output's elements would share memory (Plan's placement check)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, LayoutMismatch, ShapeMismatch
 from ..types import ElementKind
@@ -18,6 +21,7 @@ __all__ = [
     "expect_args_type",
     "expect_no_overlap",
     "expect_no_overlaps",
+    "self_aliasing",
 ]
 
 
@@ -143,3 +147,40 @@ def expect_args_type(args: object, expected: type) -> None:
     if not isinstance(args, expected):
         raise InvalidArgument(f"args must be {expected.__name__}, got {type(args).__name__}",
                               argument="args")
+
+
+# Outputs with more elements than this whose strides interleave are refused rather than
+# enumerated (a layout no framework makes; torch and NumPy views are never this case).
+_ALIAS_CHECK_LIMIT = 1 << 20
+
+
+def self_aliasing(view: TensorView) -> str:
+    """Why two elements of ``view`` share memory (a broadcast, zero-stride or self-overlapping
+    output), or "" when each element has its own address.
+
+    Sorted by stride, each dimension must step past everything the smaller ones reach: true of
+    every dense layout, its permutations and slices. Otherwise the offsets are enumerated, up to
+    ``_ALIAS_CHECK_LIMIT`` elements.
+    """
+    if view.size == 0:
+        return ""
+    dims = sorted((abs(stride), extent) for extent, stride in zip(view.shape, view.strides,
+                                                                  strict=True) if extent > 1)
+    reach = 0
+    for stride, extent in dims:
+        if stride <= reach:
+            break
+        reach += stride * (extent - 1)
+    else:
+        return ""
+    if any(stride == 0 for stride, _ in dims):
+        return "it is broadcast (a stride of 0 where the extent is more than 1)"
+    if view.size > _ALIAS_CHECK_LIMIT:
+        return (f"its elements interleave, and with {view.size} of them opfacade does not check "
+                "that they never overlap")
+    offsets = np.zeros((), dtype=np.int64)
+    for stride, extent in dims:
+        offsets = np.add.outer(offsets, np.arange(extent, dtype=np.int64) * stride)
+    if np.unique(offsets).size < offsets.size:
+        return "some of its elements overlap in memory"
+    return ""
