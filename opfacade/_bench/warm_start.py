@@ -16,7 +16,7 @@ F.scaled_dot_product_attention in a fresh process: what any torch user's first s
 
 A second row times a new shape in a process that has run one already: the first SDPA forward at
 S 3968 after one at S 4096, with an empty plan store, so the new length's graph is built; torch's
-own SDPA (which builds nothing) is the peer. cuDNN's kernel cache for dynamic shapes would make
+own SDPA at the same two lengths is the peer. cuDNN's kernel cache for dynamic shapes would make
 that build milliseconds, but on cuDNN 9.19 with frontend 1.32 a forward built through it at a
 second length ran out of bounds or gave wrong results (scripts/kernel_cache_probe.py,
 docs/PERF-NOTES.md), so opfacade's graphs stay static."""

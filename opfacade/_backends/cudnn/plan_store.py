@@ -40,7 +40,7 @@ def directory() -> Path:
     return cache_dir() / "cudnn-plans"
 
 
-def _enabled(key) -> bool:
+def _enabled() -> bool:
     return os.environ.get(SWITCH_VARIABLE, "1") != "0"
 
 
@@ -88,7 +88,7 @@ def load(key, handle):
     after freeing it, crashed (a segfault inside the frontend's deserialize), while fresh
     processes deserialized the same blobs correctly (scripts/plan_store_probe.py). A rebuild in
     the same process builds as before."""
-    if not _enabled(key):
+    if not _enabled():
         return None
     identity = _identity(key)
     if identity is None or identity in _TOUCHED:
@@ -120,7 +120,7 @@ def load(key, handle):
 
 def store(key, graph) -> None:
     """Serializes a built graph for ``key``; a graph the frontend cannot serialize is skipped."""
-    if not _enabled(key):
+    if not _enabled():
         return
     try:
         plan = bytes(graph.serialize())
