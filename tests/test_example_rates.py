@@ -1,0 +1,35 @@
+"""examples/gpt.py's tokens/s report without a GPU: each backend's rate is the median of its
+interleaved runs, torch.compile runs once, and the spread holds every backend's extremes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def test_rates_are_medians_of_interleaved_runs(monkeypatch):
+    pytest.importorskip("torch")
+    path = Path(__file__).parent.parent / "examples" / "gpt.py"
+    spec = importlib.util.spec_from_file_location("example_gpt_rates", path)
+    gpt = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gpt  # its dataclasses look their module up while defined
+    spec.loader.exec_module(gpt)
+    order, rates = [], iter([10.0, 20.0, 30.0, 13.0, 22.0, 31.0, 11.0, 26.0, 35.0, 50.0])
+
+    def train(config, backend="opfacade", steps=50, deterministic=True, compile_mode=None,
+              warmup=3):
+        order.append((backend, deterministic, compile_mode))
+        return [], {}, next(rates)
+
+    monkeypatch.setattr(gpt, "train", train)
+    found = gpt.measured_rates(gpt.Config(), steps=50, rounds=3)
+    assert order[:3] == [("opfacade", True, None), ("opfacade", False, None),
+                         ("torch", False, None)]
+    assert order[3:6] == order[:3] and order[-1] == ("torch", False, "default")
+    assert found["opfacade deterministic"] == 11.0 and found["opfacade"] == 22.0
+    assert found["torch eager"] == 31.0 and found["torch.compile"] == 50.0
+    assert found["spread"]["opfacade"] == [20.0, 26.0]
+    assert found["spread"]["torch.compile"] == [50.0, 50.0]
