@@ -64,10 +64,10 @@ class DiskCache:
 def disk_caches() -> list[DiskCache]:
     """The caches that persist across processes."""
     from ._backends.cudnn import plan_store
-    from ._internal.config import cache_dir
+    from ._backends.nvrtc import compiler
 
-    return [DiskCache("NVRTC cubins", cache_dir() / "nvrtc", ".cubin"),
-            DiskCache("cuDNN plans", plan_store.directory(), ".plan")]
+    return [DiskCache("NVRTC cubins", compiler.directory(), compiler.CUBIN_SUFFIX),
+            DiskCache("cuDNN plans", plan_store.directory(), plan_store.ENTRY_SUFFIX)]
 
 
 def clear_disk_caches() -> int:

@@ -27,9 +27,10 @@ from ..._internal.disk_cache import read_checked, write_atomically
 from ..._internal.log import LOG
 from . import runtime
 
-__all__ = ["SWITCH_VARIABLE", "directory", "load", "store"]
+__all__ = ["ENTRY_SUFFIX", "SWITCH_VARIABLE", "directory", "load", "store"]
 
 SWITCH_VARIABLE = "OPFACADE_CUDNN_PLAN_CACHE"
+ENTRY_SUFFIX = ".plan"
 _LENGTH = struct.Struct("<I")
 _COMMON_FIELDS = ("direction", "desc", "device", "variant")
 # The identities this process has stored or loaded (see load).
@@ -77,7 +78,7 @@ def _read_identity(key) -> bytes:
 
 
 def _path(identity: bytes) -> Path:
-    return directory() / f"{hashlib.sha256(identity).hexdigest()[:40]}.plan"
+    return directory() / f"{hashlib.sha256(identity).hexdigest()[:40]}{ENTRY_SUFFIX}"
 
 
 def load(key, handle):

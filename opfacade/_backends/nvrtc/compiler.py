@@ -20,11 +20,13 @@ from ..._internal.log import LOG, timed
 from ...errors import BackendUnavailable, CompileError
 from ...types import ArchSku
 
-__all__ = ["CompiledKernel", "compile_cubin", "native_sources", "nvrtc_version", "read_native"]
+__all__ = ["CUBIN_SUFFIX", "CompiledKernel", "compile_cubin", "directory", "native_sources",
+           "nvrtc_version", "read_native"]
 
 # Every kernel is built with these; -lineinfo costs nothing at run time and lets
 # compute-sanitizer and Nsight point at source lines.
 BASE_OPTIONS = ("-std=c++17", "-lineinfo", "-default-device")
+CUBIN_SUFFIX = ".cubin"
 
 
 def _native_root() -> Path:
@@ -110,9 +112,14 @@ def cache_key(source: str, headers: dict[str, str], options: tuple[str, ...], ar
     return digest.hexdigest()
 
 
+def directory() -> Path:
+    """Where compiled cubins are cached (``opfacade cache`` lists and clears it)."""
+    return cache_dir() / "nvrtc"
+
+
 def _cache_path(name: str, arch: ArchSku, key: str) -> Path:
     stem = Path(name).stem
-    return cache_dir() / "nvrtc" / f"{stem}-{arch.value}-{key[:40]}.cubin"
+    return directory() / f"{stem}-{arch.value}-{key[:40]}{CUBIN_SUFFIX}"
 
 
 def _nvrtc_compile(name: str, source: str, headers: dict[str, str], options: tuple[str, ...]):
