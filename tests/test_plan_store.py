@@ -46,6 +46,7 @@ def store(monkeypatch, tmp_path):
     monkeypatch.setattr(plan_store, "device_sm_count", lambda device: 132)
     Graph.refuse = False
     monkeypatch.setattr(plan_store, "_TOUCHED", set())
+    monkeypatch.setattr(plan_store, "_LOADED", set())
     return plan_store
 
 
@@ -64,8 +65,10 @@ def test_a_stored_plan_comes_back_for_its_key_only(store):
     store.store(key(), Graph(plan=b"one"))
     assert store.load(key(), None) is None  # not in the process that stored it
     forget(store)
+    assert store.loaded_count() == 0
     assert store.load(key(), None).plan == b"plan:one"
     assert store.load(key(), None) is None  # once per process
+    assert store.loaded_count() == 1
     assert store.load(key(seq=128), None) is None
     entry = next(store.directory().glob("*.plan"))
     other = key(seq=128)

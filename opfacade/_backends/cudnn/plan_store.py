@@ -27,7 +27,7 @@ from ..._internal.disk_cache import read_checked, write_atomically
 from ..._internal.log import LOG
 from . import runtime
 
-__all__ = ["ENTRY_SUFFIX", "SWITCH_VARIABLE", "directory", "load", "store"]
+__all__ = ["ENTRY_SUFFIX", "SWITCH_VARIABLE", "directory", "load", "loaded_count", "store"]
 
 SWITCH_VARIABLE = "OPFACADE_CUDNN_PLAN_CACHE"
 ENTRY_SUFFIX = ".plan"
@@ -35,6 +35,8 @@ _LENGTH = struct.Struct("<I")
 _COMMON_FIELDS = ("direction", "desc", "device", "variant")
 # The identities this process has stored or loaded (see load).
 _TOUCHED: set[bytes] = set()
+# The identities this process has loaded (loaded_count).
+_LOADED: set[bytes] = set()
 
 
 def directory() -> Path:
@@ -115,8 +117,15 @@ def load(key, handle):
         LOG.debug("cuDNN plan store: cannot deserialize %s: %s: %s", key, type(error).__name__,
                   error)
         return None
+    _LOADED.add(identity)
     LOG.debug("cuDNN plan store: loaded %s", key)
     return graph
+
+
+def loaded_count() -> int:
+    """How many graphs this process has deserialized from the store (the warm-start bench and
+    the GPU tests ask a fresh process)."""
+    return len(_LOADED)
 
 
 def store(key, graph) -> None:
