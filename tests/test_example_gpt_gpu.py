@@ -4,10 +4,6 @@ torch float64."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -15,15 +11,9 @@ pytestmark = pytest.mark.gpu
 SMALL = dict(layers=2, width=128, heads=4, heads_kv=2, seq=128, vocab=512, batch=2)
 
 
-@pytest.fixture(scope="module")
-def gpt():
-    pytest.importorskip("torch")
-    path = Path(__file__).parent.parent / "examples" / "gpt.py"
-    spec = importlib.util.spec_from_file_location("example_gpt", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def gpt(gpt_example):
+    return gpt_example
 
 
 def test_two_deterministic_runs_are_bitwise_equal(gpt):

@@ -3,20 +3,9 @@ interleaved runs, torch.compile runs once, and the spread holds every backend's 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
-import pytest
-
-
-def test_rates_are_medians_of_interleaved_runs(monkeypatch):
-    pytest.importorskip("torch")
-    path = Path(__file__).parent.parent / "examples" / "gpt.py"
-    spec = importlib.util.spec_from_file_location("example_gpt_rates", path)
-    gpt = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gpt  # its dataclasses look their module up while defined
-    spec.loader.exec_module(gpt)
+def test_rates_are_medians_of_interleaved_runs(gpt_example, monkeypatch):
+    gpt = gpt_example
     order, rates = [], iter([10.0, 20.0, 30.0, 13.0, 22.0, 31.0, 11.0, 26.0, 35.0, 50.0])
 
     def train(config, backend="opfacade", steps=50, deterministic=True, compile_mode=None,
