@@ -33,14 +33,16 @@ __all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches"]
 
 def clear_caches() -> None:
     """Drops every in-process cache: plans, cuDNN graphs, cuBLASLt recipes, loaded kernels,
-    stream objects."""
+    stream objects, the streams' scratch blocks (after the devices finish their work)."""
     from ._internal import streams
+    from ._internal.memory import STREAM_SCRATCH
     from .plan import FACTS_CACHE, PLAN_CACHE
 
     PLAN_CACHE.clear()
     FACTS_CACHE.clear()
     streams.cupy_stream.clear()
     streams.torch_stream.clear()
+    STREAM_SCRATCH.clear()
     for backend in (cudnn, cublaslt, nvrtc):
         backend.clear_caches()
 

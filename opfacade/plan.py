@@ -332,9 +332,9 @@ class Plan:
         if workspace is not None:
             ws = self._user_workspace(workspace, bound)
         elif self._workspace_size and scratch:
-            from ._internal.memory import allocate_bytes
+            from ._internal.memory import scratch_bytes
 
-            ptr, keep = allocate_bytes(self._workspace_size, device, owner, handle)
+            ptr, keep = scratch_bytes(self._workspace_size, device, owner, handle)
             ws = Workspace(ptr, self._workspace_size, device, keep)
         else:
             ws = Workspace.empty()
@@ -400,19 +400,19 @@ class Plan:
         on every call."""
         if scratch_owner is None:
             return impl.prepared(desc, bound, Workspace(ws.ptr, ws.size, ws.device), handle)
-        from ._internal.memory import allocate_bytes
+        from ._internal.memory import scratch_bytes
 
         size, device = self._workspace_size, bound.device
         # With no stream named, torch tensors run on torch's current stream, which the memo's
         # key holds: on every call this launch serves, it is current.
         current = stream is None and scratch_owner == "torch"
-        # Scratch from the framework on every call, stream-ordered, as the full path does.
-        # The caching allocators hand the same block back call after call, so the launch
-        # prepared for the last pointer is reused while the pointer repeats.
+        # Scratch on every call, stream-ordered, as the full path does: the stream's own block,
+        # or the framework's caching allocator, which hands the same block back call after
+        # call. Either way the launch prepared for the last pointer is reused while it repeats.
         last: list = [None, None]  # [pointer, the launch prepared for it]
 
         def allocate_and_launch() -> None:
-            ptr, keep = allocate_bytes(size, device, scratch_owner, handle, current)
+            ptr, keep = scratch_bytes(size, device, scratch_owner, handle, current)
             if last[0] != ptr:
                 last[1] = impl.prepared(desc, bound, Workspace(ptr, size, device), handle)
                 last[0] = ptr

@@ -1,17 +1,21 @@
-"""Times variants of native/kv_append.cu against a device copy of the same bytes, each replayed
-from a CUDA graph (the bench's way: both are a few microseconds of latency), on the bench's
-kv_append cases. Every variant's caches are compared bitwise with the shipped kernel's.
+"""Times native/kv_append.cu against a device copy of the same bytes, each replayed from a CUDA
+graph (the bench's way: both are a few microseconds of latency), on the bench's kv_append cases,
+beside floor kernels that show what the dependent loads cost. Every variant's caches are
+compared bitwise with the shipped kernel's, and the shipped kernel's with torch's index_put.
 
     python3 scripts/kv_append_variants.py [out.json]
 
 Variants:
-  shipped        native/kv_append.cu: a grid-stride loop, one thread per 16 bytes, indices by
-                 32-bit division.
+  shipped        native/kv_append.cu: a CTA per (sequence, token, head group), threads (16-byte
+                 vector, kv head). (Before 2026-11-25: a grid-stride loop, one thread per 16
+                 bytes, placed by 32-bit division; catalog/probes/kv_append_variants_H100.json
+                 has both.)
   shipped plain  the same with plain (not evict-first) loads and stores.
-  tile           one CTA per (head group, new token, sequence): threads (16-byte vector, kv head),
-                 so no division finds a thread's place, and the token's length and page are one
-                 broadcast load per CTA.
-  tile plain     the tile with plain loads and stores.
+Floors (one thread per 16 bytes, a CTA per 4 KB, the same bytes; no cache addressing):
+  floor copy     load, store: a copy kernel of our own.
+  floor 1 dep    load the data and seq_lens[s], store only if the length is non-negative: the
+                 store waits for one dependent load, as a contiguous cache's does.
+  floor 2 deps   also a page-table entry indexed by that length: two, as a paged cache's.
 """
 
 from __future__ import annotations
@@ -25,43 +29,23 @@ import numpy as np
 import torch
 
 from opfacade._backends.nvrtc import compiler
-from opfacade._backends.nvrtc.decode import DecodeCache
+from opfacade._backends.nvrtc.decode import DecodeCache, append_shape
 from opfacade._bench.kv_append import AppendCase, append_problem, cases
-from opfacade.types import ArchSku
+from opfacade.types import ArchSku, ElementKind
 
-TILE_SOURCE = r"""
-#include "kv_cache.cuh"
-namespace {
-using namespace kv_cache;
-template <typename T>
-__device__ void append_tile(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
-                            const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh,
-                            const Cache& c, const int* __restrict__ seq_lens, int q_len) {
-    constexpr int kVec = 16 / sizeof(T);
-    const int key_vecs = c.dim / kVec;
-    const int e = threadIdx.x;  // blockDim.x: the vectors of one head's key and value
-    const int g = blockIdx.x * blockDim.y + threadIdx.y;
-    const int t = blockIdx.y, s = blockIdx.z;
-    if (g >= c.heads_kv) return;
-    const bool is_key = e < key_vecs;
-    const int col = (is_key ? e : e - key_vecs) * kVec;
-    const uint4 bytes = load16(is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
-                                      : v_new + s * v_sb + t * v_st + g * v_sh + col);
-    const int pos = seq_lens[s] - q_len + t;
-    if (pos < 0 || pos >= c.capacity) return;
-    if (c.kind == 2 && sequence_length(c, seq_lens, s) == 0) return;
-    int page = -1;
-    if (c.kind == 1 && (page = page_of(c, s, pos)) < 0) return;
-    T* dst = const_cast<T*>(is_key ? row_at<T>(c, c.k, s, pos, g, c.dim, page)
-                                   : row_at<T>(c, c.v, s, pos, g, c.dim_v, page)) + col;
-    store16(dst, bytes);
-}
-}  // namespace
-extern "C" __global__ void __launch_bounds__(1024) kv_append_tile_bf16(
-    const bf16_t* k_new, i64 k_sb, i64 k_st, i64 k_sh, const bf16_t* v_new, i64 v_sb, i64 v_st,
-    i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int sequences, int q_len) {
-    append_tile<bf16_t>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, OPFACADE_CACHE_ARGS,
-                        seq_lens, q_len);
+FLOOR_SOURCE = r"""
+extern "C" __global__ void __launch_bounds__(256) floor_copy(
+        const uint4* __restrict__ src, uint4* __restrict__ dst, const int* __restrict__ lens,
+        const int* __restrict__ table, int sequences, int deps) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const uint4 v = src[i];
+    if (deps >= 1) {
+        const int s = blockIdx.x % sequences;
+        const int len = lens[s];
+        if (len < 0) return;
+        if (deps >= 2 && table[s * 257 + len / 16] < 0) return;
+    }
+    dst[i] = v;
 }
 """
 
@@ -131,42 +115,41 @@ def graph_us(call, reps: int = 20, replays: int = 30) -> float:
 
 def main(out_path: str | None) -> int:
     shipped = {streaming: module("kv_append.cu", None, streaming) for streaming in (True, False)}
-    tile = {streaming: module("kv_append_tile.cu", TILE_SOURCE, streaming)
-            for streaming in (True, False)}
+    floor = module("floor.cu", FLOOR_SOURCE, False).get_function("floor_copy")
     results = []
     for case in cases():
         p = append_problem(torch, case)
         args = case_args(case, p)
         nbytes = case.written_bytes()
-        vectors = nbytes // 16
-        grid = (max(1, min(132 * 8, -(-vectors // 128))),)
-        per_head = 2 * 128 * 2 // 16
-        heads_per_cta = min(8, 1024 // per_head)
-        tile_grid = (-(-8 // heads_per_cta), case.q_len, case.batch)
-        calls = {
-            "shipped": launcher(shipped[True].get_function("kv_append_bf16"), grid, (128,), args),
-            "shipped plain": launcher(shipped[False].get_function("kv_append_bf16"), grid,
-                                      (128,), args),
-            "tile": launcher(tile[True].get_function("kv_append_tile_bf16"), tile_grid,
-                             (per_head, heads_per_cta), args),
-            "tile plain": launcher(tile[False].get_function("kv_append_tile_bf16"), tile_grid,
-                                   (per_head, heads_per_cta), args),
-        }
+        cache = DecodeCache("contiguous", False, case.capacity, 8, 128, 128)
+        grid, block = append_shape(cache, ElementKind.bf16, case.batch, case.q_len)
+        calls = {name: launcher(shipped[streaming].get_function("kv_append_bf16"), grid, block,
+                                args)
+                 for name, streaming in (("shipped", True), ("shipped plain", False))}
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        copy = functools.partial(torch.empty_like(src).copy_, src)
-        reference = None
+        dst = torch.empty_like(src)
+        table = torch.zeros(case.batch * 257, dtype=torch.int32, device="cuda")
+        for deps, name in enumerate(("floor copy", "floor 1 dep", "floor 2 deps")):
+            calls[name] = launcher(floor, (nbytes // 16 // 256,), (256,), (
+                np.uint64(src.data_ptr()), np.uint64(dst.data_ptr()),
+                np.uint64(p.seq_lens.data_ptr()), np.uint64(table.data_ptr()),
+                np.int32(case.batch), np.int32(deps)))
+        copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
-        for name, call in calls.items():
+        reference = None
+        for name in ("shipped", "shipped plain"):
             p.k_cache.zero_()
             p.v_cache.zero_()
-            call()
+            calls[name]()
             torch.cuda.synchronize()
             written = (p.k_cache.clone(), p.v_cache.clone())
             if reference is None:
                 reference = written
-                expected_k = torch.zeros_like(p.k_cache)
-                expected_k.index_put_(p.index, p.k_new)
-                row["shipped equals index_put"] = bool(torch.equal(expected_k, written[0]))
+                expected = [torch.zeros_like(p.k_cache), torch.zeros_like(p.v_cache)]
+                expected[0].index_put_(p.index, p.k_new)
+                expected[1].index_put_(p.index, p.v_new)
+                row["shipped equals index_put"] = bool(torch.equal(expected[0], written[0])
+                                                       and torch.equal(expected[1], written[1]))
             else:
                 row[f"{name} equals shipped"] = bool(torch.equal(reference[0], written[0])
                                                      and torch.equal(reference[1], written[1]))

@@ -21,6 +21,7 @@ from opfacade import (
     Workspace,
 )
 from opfacade._internal.call_memo import ArgumentReader, CallMemo, torch_guards
+from opfacade._internal.memory import STREAM_SCRATCH
 from opfacade.ops.linear import (
     LinearArgs,
     LinearBackwardArgs,
@@ -197,9 +198,9 @@ def test_freed_plan_raises_after_a_memoised_call():
         plan.run(args)
 
 
-def test_workspace_none_still_allocates_per_call():
+def test_workspace_none_gets_scratch_on_its_stream():
     """A backward with intermediate buffers in its workspace, run twice with workspace=None:
-    each call gets fresh scratch from torch's allocator on its stream."""
+    each call gets scratch on its stream (the stream's block, see StreamScratch)."""
     desc = LinearBackwardDescriptor(m=M, n=N, k=K, element="bf16", activation="gelu_tanh",
                                     weight_layout="nk")
     plan = Plan.select(desc, device=0)
@@ -212,12 +213,16 @@ def test_workspace_none_still_allocates_per_call():
     grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
     args = LinearBackwardArgs(dy, x, w, aux, *grads)
     plan.run(args)
+    stream = torch.cuda.current_stream().cuda_stream
+    block = STREAM_SCRATCH.pointer(plan.workspace_size, 0, stream)
+    assert block  # the call above made the current stream's block
     first = [g.clone() for g in grads]
     for g in grads:
         g.fill_(float("nan"))
     plan.run(args)
     torch.cuda.synchronize()
     assert _entries(plan) == 1
+    assert STREAM_SCRATCH.pointer(plan.workspace_size, 0, stream) == block
     xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
     ref = torch.autograd.grad(torch.nn.functional.gelu(
         torch.nn.functional.linear(xr, wr, br), approximate="tanh"), (xr, wr, br), dy.float())
@@ -280,3 +285,36 @@ def test_same_address_and_shape_with_other_strides_is_checked_again(path):
     assert _entries(plan) == (1 if path == "guards" else 2)
     _assert_matches(padded, x, w, b, plan)
     assert torch.isnan(storage.view(M, N + 8)[:, N:].float()).all()  # the padding untouched
+
+
+def test_scratch_under_capture_comes_from_the_graph_not_the_streams_block():
+    """run() without a workspace, captured into a CUDA graph: the capture allocates its scratch
+    per call (the graph's pool) rather than baking in a stream's block, and each replay
+    computes what the eager calls did, however many eager calls run between replays."""
+    desc = LinearBackwardDescriptor(m=M, n=N, k=K, element="bf16", activation="gelu_tanh",
+                                    weight_layout="nk")
+    plan = Plan.select(desc, device=0)
+    x, w, b = _linear(11)
+    aux = torch.empty(M, -(-N // 8) * 8, device="cuda", dtype=torch.bfloat16)[:, :N]
+    aux.copy_(x.float() @ w.float().t() + b.float())
+    dy = (torch.rand(M, N, device="cuda") * 2 - 1).to(torch.bfloat16)
+    grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    args = LinearBackwardArgs(dy, x, w, aux, *grads)
+    capture = torch.cuda.Stream()
+    with torch.cuda.stream(capture):
+        plan.run(args)  # eager on the capture stream: its block exists before the capture
+        torch.cuda.synchronize()
+        eager = [g.clone() for g in grads]
+        blocks = len(STREAM_SCRATCH)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            plan.run(args)
+    assert len(STREAM_SCRATCH) == blocks
+    for g in grads:
+        g.fill_(float("nan"))
+    graph.replay()
+    plan.run(LinearBackwardArgs(dy, x, w, aux, *(torch.empty_like(g) for g in grads)))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(grads, eager, strict=True):
+        assert torch.equal(got, want)

@@ -192,3 +192,19 @@ def test_kv_append_binds_the_caches_as_its_outputs():
     with pytest.raises(ShapeMismatch, match="v_new must have shape"):
         KV_APPEND.bind(desc, KvAppendArgs(new, new[:, :1], pool, pool.copy(),
                                           np.full(3, 2, np.int32), np.zeros((3, 3), np.int32)))
+
+
+@pytest.mark.parametrize("heads_kv, viable", [(65535 * 64, True), (65535 * 64 + 1, False)])
+def test_kv_append_refuses_more_head_groups_than_the_grid_holds(heads_kv, viable):
+    """kv_append's grid is (sequences, q_len, groups of kv heads); bf16 d64 puts 64 heads in a
+    CTA of 1024 threads, and the grid's z extent is at most 65535."""
+    from opfacade.plan import Plan
+
+    desc = KvAppendDescriptor(batch=2, heads_kv=heads_kv, head_dim=64, element="bf16",
+                              cache="contiguous", max_seq=16)
+    verdict = next(v for v in Plan.explain(desc, arch="sm90").verdicts
+                   if v.sku.id == "kv_append.nvrtc.bf16")
+    assert verdict.viable is viable, verdict.detail
+    if not viable:
+        assert verdict.detail.startswith("heads_kv/heads per CTA = 65536 CTAs exceeds"), \
+            verdict.detail

@@ -4,18 +4,26 @@ torch tensors get torch's caching allocator, everything else CuPy's memory pool 
 dependency of opfacade; torch is not). Either way the memory is allocated with the run's stream
 current, so the pool ties the block to that stream: when the owner dies the block returns to that
 stream's pool and is reused only by work ordered after the run on the same stream.
+
+Small scratch (a run() without a workspace) comes from ``STREAM_SCRATCH`` instead: one block
+kept per (device, stream), outside every framework's pool (see ``StreamScratch``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Callable
 
 from ..errors import InvalidArgument, Unsupported
 from ..types import ElementKind
+from .log import LOG
 from .streams import cupy_stream, current_torch_stream, torch_stream
 from .tensors import dtype_name, numpy_dtype
+from .view import TORCH_DTYPES
 
-__all__ = ["OutputAllocator", "allocate_bytes", "allocate_like"]
+__all__ = ["STREAM_SCRATCH", "OutputAllocator", "StreamScratch", "allocate_bytes",
+           "allocate_like", "scratch_bytes"]
 
 
 class _DeviceNames(dict):
@@ -75,6 +83,126 @@ def allocate_bytes(nbytes: int, device: int, package: str, stream: int,
     return int(memory.ptr), memory
 
 
+class _DriverMemory:
+    """The stream-ordered allocator StreamScratch draws from: the CUDA runtime, through CuPy."""
+
+    @staticmethod
+    def capturing_reader() -> Callable[[int], int]:
+        """Whether a stream is being captured (nonzero): the runtime's call itself, bound once
+        (it is asked on every run without a workspace)."""
+        import cupy
+
+        return cupy.cuda.runtime.streamIsCapturing
+
+    @staticmethod
+    def replace(old: int | None, size: int, device: int, stream: int) -> int:
+        """A new block of ``size`` bytes on ``stream``; ``old`` freed after the stream's work."""
+        import cupy
+
+        runtime = cupy.cuda.runtime
+        with cupy.cuda.Device(device):
+            ptr = runtime.mallocAsync(size, stream)
+            if old is not None:
+                runtime.freeAsync(old, stream)
+        return ptr
+
+    @staticmethod
+    def free_when_idle(ptr: int, device: int) -> None:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            cupy.cuda.runtime.deviceSynchronize()
+            cupy.cuda.runtime.free(ptr)
+
+
+class StreamScratch:
+    """Scratch kept per (device, stream) for runs that were given no workspace.
+
+    Allocating a run's scratch from the framework costs a few microseconds per call (cuDNN's
+    small SDPA graphs want 256 bytes), more than the rest of a memoised run(). One block per
+    stream serves instead: work on one stream runs in order, so calls on it never use the block
+    at once, and a bigger request replaces it in stream order (freed after the work enqueued
+    before). The blocks come from the driver's stream-ordered allocator, outside torch's and
+    CuPy's pools: a block that torch.compile's CUDA-graph trees met during their warm-up would
+    otherwise belong to their pool and outlive it.
+
+    Not served (``pointer`` gives None, and the caller allocates from the framework per call):
+    requests over ``LIMIT`` bytes, which would be held for good, and streams being captured
+    into a CUDA graph, whose replays may run beside later calls on another stream. A stream
+    handle destroyed with work pending and reused at once by a new stream would share its block
+    with that work; torch and CuPy keep their streams, so this is left unguarded.
+
+    Args:
+        memory: the allocator (``_DriverMemory``, the CUDA runtime; tests pass a fake).
+    """
+
+    LIMIT = 1 << 24  # 16 MiB: forward SDPA and linear scratch; backward dQ buffers go per call
+    SMALLEST = 1 << 16  # blocks grow in powers of two from here, so few replacements happen
+
+    def __init__(self, memory=None) -> None:
+        self._memory = _DriverMemory() if memory is None else memory
+        self._capturing: Callable[[int], int] | None = None  # bound at the first request
+        self._blocks: dict[tuple[int, int], tuple[int, int]] = {}  # -> (pointer, bytes)
+        self._lock = threading.Lock()
+
+    def pointer(self, nbytes: int, device: int, stream: int) -> int | None:
+        """The block for ``stream`` on ``device`` (at least ``nbytes``), or None where it does
+        not serve (see the class doc); 0 for 0 bytes."""
+        if nbytes == 0:
+            return 0
+        if nbytes > self.LIMIT:
+            return None
+        capturing = self._capturing
+        if capturing is None:
+            capturing = self._capturing = self._memory.capturing_reader()
+        if capturing(stream):
+            return None
+        block = self._blocks.get((device, stream))
+        if block is not None and block[1] >= nbytes:
+            return block[0]
+        return self._grow(nbytes, device, stream)
+
+    def _grow(self, nbytes: int, device: int, stream: int) -> int | None:
+        size = max(self.SMALLEST, 1 << (nbytes - 1).bit_length())
+        with self._lock:
+            block = self._blocks.get((device, stream))
+            if block is not None and block[1] >= nbytes:  # another thread grew it
+                return block[0]
+            try:
+                ptr = self._memory.replace(None if block is None else block[0], size, device,
+                                           stream)
+            except Exception as error:  # out of memory, or a capture elsewhere forbids it
+                LOG.debug("no stream scratch of %d bytes on cuda:%d: %s", size, device, error)
+                return None
+            self._blocks[(device, stream)] = (ptr, size)
+            return ptr
+
+    def clear(self) -> None:
+        """Frees every block once its device finishes what may still use it (clear_caches)."""
+        with self._lock:
+            blocks, self._blocks = self._blocks, {}
+            for (device, _stream), (ptr, _size) in blocks.items():
+                self._memory.free_when_idle(ptr, device)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+
+STREAM_SCRATCH = StreamScratch()
+
+
+def scratch_bytes(nbytes: int, device: int, package: str, stream: int,
+                  stream_is_current: bool = False) -> tuple[int, object]:
+    """Scratch for one run on ``stream``: the stream's block (``STREAM_SCRATCH``) where it
+    serves, else ``allocate_bytes`` from the framework. Returns ``(pointer, owner)`` as
+    ``allocate_bytes`` does (owner None for the stream's block, which is never freed under a
+    run)."""
+    ptr = STREAM_SCRATCH.pointer(nbytes, device, stream)
+    if ptr is not None:
+        return ptr, None
+    return allocate_bytes(nbytes, device, package, stream, stream_is_current)
+
+
 def allocate_like(
     shape: tuple[int, ...],
     element: ElementKind,
@@ -95,7 +223,7 @@ def allocate_like(
     if package == "torch":
         import torch
 
-        dtype = getattr(torch, dtype_name(element))
+        dtype = TORCH_DTYPES[element]
         if device is None:
             return torch.empty(shape, dtype=dtype)
         with _on_torch_stream(torch, stream, device):
@@ -139,6 +267,6 @@ class OutputAllocator:
         if self._torch_device is not None:
             import torch
 
-            return torch.empty(tuple(shape), dtype=getattr(torch, dtype_name(element)),
+            return torch.empty(tuple(shape), dtype=TORCH_DTYPES[element],
                                device=self._torch_device)
         return allocate_like(shape, element, self.device, self.owner, self.stream)

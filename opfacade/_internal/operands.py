@@ -20,7 +20,7 @@ from typing import Any
 
 from ..types import ElementKind
 from .tensors import PLAIN_TORCH_TYPES, c_strides, wrap
-from .view import dtype_name
+from .view import TORCH_DTYPES
 
 __all__ = ["allocate", "device_of", "facts", "is_plain_torch"]
 
@@ -55,7 +55,7 @@ def allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], element: Elem
     OutputAllocator (the stream's pool of like's framework)."""
     if stream is None and is_plain_torch(like_facts):
         torch = sys.modules["torch"]  # like is a torch tensor: torch is imported
-        dtype = getattr(torch, dtype_name(element))
+        dtype = TORCH_DTYPES[element]
         if strides is None:  # C order: no strides to compute on this per-call path
             return torch.empty(shape, dtype=dtype, device=like.device)
         return torch.empty_strided(shape, strides, dtype=dtype, device=like.device)

@@ -19,6 +19,7 @@ from ..types import ElementKind
 __all__ = [
     "ELEMENT_BY_NAME",
     "SUPPORTED_ELEMENTS",
+    "TORCH_DTYPES",
     "TensorView",
     "c_strides",
     "dtype_name",
@@ -48,6 +49,20 @@ SUPPORTED_ELEMENTS = ", ".join(kind.value for kind in ELEMENT_BY_NAME.values())
 def dtype_name(element: ElementKind) -> str:
     """The numpy/torch/ml_dtypes name of the storage type of ``element`` (tf32 -> float32)."""
     return _NAME_OF[ElementKind(element)]
+
+
+class _TorchDtypes(dict):
+    """torch's dtype storing each element, looked up once (``dtype_name`` names it)."""
+
+    def __missing__(self, element: ElementKind):
+        import torch  # asked only for torch tensors, so torch is imported already
+
+        self[element] = dtype = getattr(torch, dtype_name(element))
+        return dtype
+
+
+# ElementKind -> torch.dtype: a dict lookup on the per-call allocation paths.
+TORCH_DTYPES = _TorchDtypes()
 
 
 def numpy_dtype(element: ElementKind) -> np.dtype:

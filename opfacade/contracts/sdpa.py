@@ -39,6 +39,7 @@ into ``dropout_offset`` and advances the counter by the stride, on the device, i
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -155,9 +156,15 @@ class _SdpaProblem(AttentionMask):
     def v_shape(self) -> tuple[int, int, int, int]:
         return (self.batch, self.heads_kv, self.seq_kv, self.dim_v)
 
-    @property
+    @functools.cached_property
     def o_shape(self) -> tuple[int, int, int, int]:
         return (self.batch, self.heads_q, self.seq_q, self.dim_v)
+
+    @functools.cached_property
+    def o_strides(self) -> tuple[int, int, int, int]:
+        """The element strides out is allocated with: dense in ``layout``. (Cached, as
+        ``o_shape``: the functional forms read both on every call.)"""
+        return dense_strides(self.layout, *self.o_shape)
 
     def input_strides(self, name: str) -> tuple[int, int, int, int]:
         """The element strides of input ``name`` ("q", "k" or "v"): its own from

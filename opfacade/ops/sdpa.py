@@ -218,8 +218,8 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
         device=operands.device_of(q_facts))
     desc = plan.descriptor
     if out is None:
-        out = _allocate(q, q_facts, desc.o_shape, desc.layout, stream, desc.element)
-    stats = (_allocate(q, q_facts, desc.stats_shape, "bhsd", stream, desc.stats_element)
+        out = operands.allocate(q, q_facts, desc.o_shape, desc.element, stream, desc.o_strides)
+    stats = (operands.allocate(q, q_facts, desc.stats_shape, desc.stats_element, stream)
              if return_stats else None)
     if counter is not None:
         dropout_offset = operands.allocate(q, q_facts, (1,), ElementKind.i64, stream)

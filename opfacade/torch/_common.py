@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .._internal.tensors import plain_torch_types
-from .._internal.view import ELEMENT_BY_NAME, dtype_name
-from ..contracts.sdpa_layouts import MEMORY_ORDER
+from .._internal.view import ELEMENT_BY_NAME, TORCH_DTYPES
+from ..contracts.sdpa_layouts import dense_strides
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
 from ..types import ElementKind
 
@@ -86,7 +86,7 @@ def element_of(tensor: torch.Tensor, name: str) -> ElementKind:
 
 
 def torch_dtype(element: ElementKind) -> torch.dtype:
-    return getattr(torch, dtype_name(element))
+    return TORCH_DTYPES[element]
 
 
 def empty(shape: Sequence[int], element: ElementKind, device: torch.device) -> torch.Tensor:
@@ -96,10 +96,10 @@ def empty(shape: Sequence[int], element: ElementKind, device: torch.device) -> t
 def empty_in_layout(shape: Sequence[int], layout: str, element: ElementKind,
                     device: torch.device) -> torch.Tensor:
     """A tensor of logical [batch, heads, seq, dim] ``shape`` stored in the dense ``layout``
-    order (the sdpa contract's MEMORY_ORDER), so real and fake outputs have the same strides."""
-    order = MEMORY_ORDER[layout]
-    memory = empty([shape[i] for i in order], element, device)
-    return memory.permute(*(order.index(i) for i in range(4)))
+    order (the sdpa contract's ``dense_strides``), so real and fake outputs have the same
+    strides. One allocation with strides, not a permuted one: a view costs a torch call."""
+    return torch.empty_strided(tuple(shape), dense_strides(layout, *shape),
+                               dtype=TORCH_DTYPES[element], device=device)
 
 
 def absent(like: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

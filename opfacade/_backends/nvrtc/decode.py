@@ -38,7 +38,7 @@ DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alik
 TILES = (4, 8)  # query rows per CTA tile the partial kernel is built for
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
-_APPEND_CTAS = 132 * 8  # a grid-stride loop: enough CTAs to fill any current GPU
+APPEND_THREADS = 1024  # kv_append's __launch_bounds__
 
 
 @dataclass(frozen=True)
@@ -156,15 +156,24 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                 v_strides: tuple[int, int, int], k: int, v: int, table: int, seq_lens: int,
                 stream: int) -> Callable[[], None]:
     """One launch writing every sequence's new tokens (strides in elements: batch, token,
-    head)."""
+    head): a CTA per (sequence, token, group of kv heads), a thread per 16 bytes of a head's
+    key and value (native/kv_append.cu)."""
     kernel = get_kernel(APPEND_SOURCE, f"kv_append_{element.value}", device)
     args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
             *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
-            np.int32(sequences), np.int32(q_len))
-    vectors = sequences * q_len * cache.heads_kv * (cache.dim + cache.dim_v) * element.itemsize
-    grid = (max(1, min(_APPEND_CTAS, -(-vectors // (16 * THREADS)))),)
-    return steps(lambda on: [launcher(kernel, grid, (THREADS,), args, on, device)], stream,
-                 device)
+            np.int32(q_len))
+    return steps(lambda on: [launcher(kernel, *append_shape(cache, element, sequences, q_len),
+                                      args, on, device)], stream, device)
+
+
+def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
+                 ) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """kv_append's (grid, block): threads (16-byte vectors of one head's key and value, heads),
+    as many heads per CTA as 1024 threads hold."""
+    per_head = (cache.dim + cache.dim_v) * element.itemsize // 16
+    heads = max(1, min(cache.heads_kv, APPEND_THREADS // per_head))  # 1: a head over the
+    # block's threads, which the SKU's head_bytes limit refuses before any launch
+    return (sequences, q_len, -(-cache.heads_kv // heads)), (per_head, heads)
 
 
 def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> InvalidArgument:

@@ -170,10 +170,11 @@ class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
 
 APPEND_LIMITS: tuple[Limit[KvAppendDescriptor], ...] = (
     CAPACITY_LIMIT,
-    Limit("vectors", "batch*q_len*heads_kv*(head_dim+head_dim_v)", "elements",
-          "the kernel's int vector index", INT32_MAX,
-          lambda d: d.batch * d.q_len * d.heads_kv * (d.head_dim + d.dim_v),
-          "native/decode_attention.cu: append's int grid-stride index"),
+    # A head's key and value fit one CTA's threads at every head dim built (DIMS): at most
+    # (256 + 256) * 4 / 16 = 128 of kv_append's 1024.
+    Limit("head_groups", "heads_kv/heads per CTA", "CTAs", "the grid's z extent", 65535,
+          lambda d: kernels.append_shape(kernels.DecodeCache.of(d), d.element, 1, 1)[0][2],
+          "native/kv_append.cu: kv_append's grid (sequences, q_len, head groups)"),
 )
 
 
