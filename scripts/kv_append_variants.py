@@ -76,7 +76,7 @@ def case_args(case: AppendCase, p) -> tuple:
     return (np.uint64(p.k_new.data_ptr()), *(np.int64(x) for x in k_strides),
             np.uint64(p.v_new.data_ptr()), *(np.int64(x) for x in v_strides),
             *cache.args(p.k_cache.data_ptr(), p.v_cache.data_ptr(), table),
-            np.uint64(p.seq_lens.data_ptr()), np.int32(case.batch), np.int32(case.q_len))
+            np.uint64(p.seq_lens.data_ptr()), np.int32(case.q_len))
 
 
 def launcher(function, grid, block, args):

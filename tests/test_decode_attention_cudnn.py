@@ -324,7 +324,7 @@ def faked(monkeypatch):
 
     monkeypatch.setattr(graphs, "GRAPHS", graphs.GraphCache(build=build))
     monkeypatch.setattr(runtime, "handle_for", lambda device: "handle")
-    monkeypatch.setattr(runtime, "set_stream", lambda handle, stream: None)
+    monkeypatch.setattr(runtime, "stream_setter", lambda: lambda handle, stream: None)
     monkeypatch.setattr(cudnn_decode, "current_device", lambda: 0)
     monkeypatch.setattr(cudnn_decode, "_fill_ones", fill_ones)
     monkeypatch.setattr(sdpa_edges, "get_kernel", lambda source, name, device: FakeKernel(name))

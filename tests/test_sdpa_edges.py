@@ -227,7 +227,7 @@ def faked(monkeypatch):
 
     monkeypatch.setattr(graphs, "GRAPHS", graphs.GraphCache(build=build))
     monkeypatch.setattr(runtime, "handle_for", lambda device: "handle")
-    monkeypatch.setattr(runtime, "set_stream", lambda handle, stream: None)
+    monkeypatch.setattr(runtime, "stream_setter", lambda: lambda handle, stream: None)
     monkeypatch.setattr(cudnn_sdpa, "current_device", lambda: 0)
     monkeypatch.setattr(sdpa_edges, "get_kernel", lambda source, name, device: FakeKernel(name))
     monkeypatch.setattr(sdpa_edges, "launch", lambda *a: emulate(*a, fake.calls))

@@ -336,7 +336,8 @@ def test_launch_binds_the_stream_and_passes_pointers_in_uid_order(monkeypatch, f
     answer = {"graph": built_graph(("q", "k", "v", "out", "stats", "bias"), 4096, calls)}
     monkeypatch.setattr(graphs, "GRAPHS", graphs.GraphCache(build=lambda key: answer["graph"]))
     monkeypatch.setattr(runtime, "handle_for", lambda device: f"handle{device}")
-    monkeypatch.setattr(runtime, "set_stream", lambda handle, stream: calls.append(stream))
+    monkeypatch.setattr(runtime, "stream_setter",
+                        lambda: lambda handle, stream: calls.append(stream))
     monkeypatch.setattr(cudnn_sdpa, "current_device", lambda: 0)
     base = 1 << 32
     args, bound = bound_views(desc, base)
@@ -375,7 +376,8 @@ def test_a_run_off_its_device_makes_the_device_current_around_the_launch(monkeyp
     built = built_graph(("q", "k", "v", "out", "stats", "bias"), 0, calls)
     monkeypatch.setattr(graphs, "GRAPHS", graphs.GraphCache(build=lambda key: built))
     monkeypatch.setattr(runtime, "handle_for", lambda device: f"handle{device}")
-    monkeypatch.setattr(runtime, "set_stream", lambda handle, stream: calls.append(stream))
+    monkeypatch.setattr(runtime, "stream_setter",
+                        lambda: lambda handle, stream: calls.append(stream))
     monkeypatch.setattr(cudnn_sdpa, "current_device", lambda: 1)
 
     @contextlib.contextmanager

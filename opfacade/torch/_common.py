@@ -110,8 +110,14 @@ def absent(like: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
 
 
 def wants_grad(*tensors: torch.Tensor | None) -> bool:
-    """Whether autograd will ask for a gradient of any of these tensors."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    """Whether autograd will ask for a gradient of any of these tensors. (A loop, not any()
+    over a generator: every eager call asks, and the generator costs a frame per tensor.)"""
+    if not torch.is_grad_enabled():
+        return False
+    for tensor in tensors:  # noqa: SIM110 - the loop is the point (see above)
+        if tensor is not None and tensor.requires_grad:
+            return True
+    return False
 
 
 def no_grad_wanted(op: str, **tensors: torch.Tensor | None) -> None:

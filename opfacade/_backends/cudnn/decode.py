@@ -317,7 +317,8 @@ class DecodeAttentionCudnn(GraphSelection, SkuImpl[DecodeAttentionDescriptor]):
                                                     lse.strides[1]))
         zero_empty = fix.bind(out.ptr, None if lse is None else lse.ptr, ones,
                               found["seq_lens"], stream)
-        set_stream, batch, elsewhere = runtime.set_stream, desc.batch, current_device() != device
+        set_stream, batch = runtime.stream_setter(), desc.batch
+        elsewhere = current_device() != device
 
         def step() -> None:
             _fill_ones(ones, batch, stream)

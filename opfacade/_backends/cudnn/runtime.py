@@ -15,13 +15,14 @@ destroyed when the thread ends (never at interpreter exit, when the driver may b
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from ..._internal.config import with_install_hint
 from ..._internal.device import on_device
 from ..._internal.handles import PerThreadHandles
 
 __all__ = ["HANDLES", "available", "backend_version", "cudnn_module", "handle_for",
-           "not_supported_types", "set_stream"]
+           "not_supported_types", "set_stream", "stream_setter"]
 
 
 @functools.cache
@@ -87,3 +88,9 @@ def handle_for(device: int):
 def set_stream(handle, stream: int) -> None:
     """Binds ``handle`` to ``stream`` (the frontend skips the backend call when unchanged)."""
     cudnn_module().set_stream(handle, stream)
+
+
+def stream_setter() -> Callable[[object, int], None]:
+    """The frontend's own ``set_stream(handle, stream)``, for a prepared run to bind once and
+    call on every run: through ``set_stream`` each call would pay two more Python frames."""
+    return cudnn_module().set_stream

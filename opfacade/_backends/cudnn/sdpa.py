@@ -282,7 +282,7 @@ class _SdpaCudnn(GraphSelection, SkuImpl[P]):
         handle = runtime.handle_for(device)
         execute = built.launch.bind([views[name].ptr for name in built.names], workspace.ptr,
                                     handle)
-        set_stream, stream = runtime.set_stream, stream or 0
+        set_stream, stream = runtime.stream_setter(), stream or 0
         if current_device() != device:
             LOG.debug("%s: its tensors are on cuda:%d, not the current device; each run makes "
                       "it current", self.sku.id, device)

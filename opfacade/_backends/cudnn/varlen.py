@@ -257,7 +257,7 @@ class _RaggedSku(GraphSelection, SkuImpl[P]):
         handle = runtime.handle_for(device)
         execute = built.launch.bind(self._pointers(built, views, base, regions, batch),
                                     base + regions.graph, handle)
-        set_stream = runtime.set_stream
+        set_stream = runtime.stream_setter()
         elsewhere = current_device() != device
         if elsewhere:
             LOG.debug("%s: its tensors are on cuda:%d, not the current device; each run makes "
