@@ -48,11 +48,10 @@ def main(out_path: str | None) -> int:
     q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
     x, w, b = torch.randn(64, 64, **bf16), torch.randn(64, 64, **bf16), torch.randn(64, **bf16)
     out = torch.empty_like(q)
-    options = dict(causal=None, window=None, scale=None, bias=None, alibi=False, dropout_p=0.0,
-                   seq_len_q=None)
+    options = (None, None, None, False, 0.0, False)  # ops/sdpa._facts's, as sdpa(q, k, v) has
     functional.sdpa(q, k, v)
     functional.sdpa(q, k, v)  # the first call met q before wrap enrolled its type: other facts
-    facts = functional._facts(q, k, v, **options)
+    facts = functional._facts(q, k, v, None, options)
     plan = SdpaForwardPlan.cached_for((facts, False), lambda: None, device=0)
     desc = plan.descriptor
     args = SdpaArgs(q, k, v, out, None, None, None, None, None, None, None)
@@ -96,7 +95,7 @@ def main(out_path: str | None) -> int:
         "oft.linear": lambda: oft.linear(x, w, b, activation="gelu_tanh"),
     }
     pieces = {
-        "_facts(q,k,v)": lambda: functional._facts(q, k, v, **options),
+        "_facts(q,k,v)": lambda: functional._facts(q, k, v, None, options),
         "cached_for hit": lambda: SdpaForwardPlan.cached_for((facts, False), None, device=0),
         "desc.o_shape + dense_strides": lambda: dense_strides(desc.layout, *desc.o_shape),
         "torch.empty_strided": lambda: torch.empty_strided(desc.o_shape, strides,

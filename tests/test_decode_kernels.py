@@ -70,15 +70,18 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     names = [name for name, *_ in launched]
     assert names == [f"decode_partial_{element.value}_128_8",
                      f"decode_merge_{element.value}_128", f"kv_append_{element.value}"]
+    per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
+    blocks = {"merge": (kernels.MERGE_THREADS_FEW,), "partial": (kernels.THREADS,),
+              "kv_append": (per_head, min(8, 1024 // per_head))}
     for name, _, block, args, _ in launched:
-        assert block == ((kernels.MERGE_THREADS_FEW,) if "merge" in name else (kernels.THREADS,))
+        assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
     # 8 kv heads x 2 tiles of 8 rows (4 heads x 4 tokens = 16 rows); 1024 tokens in 4 chunks.
     assert launched[0][1] == (16, 4, 5)
     assert launched[0][4] == kernels.shared_bytes(element, 128, 8)
     assert launched[1][1] == (5, 32, 4)
-    # 5 x 4 tokens x 8 kv heads x 256 columns of k and v, 16 bytes a thread.
-    assert launched[2][1] == (-(-5 * 4 * 8 * 256 * element.itemsize // (16 * 128)),)
+    # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
+    assert launched[2][1] == (5, 4, 1)
 
 
 def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,34 +135,32 @@ def _bias_spec(bias: Any, q: TensorView, k: TensorView) -> str | None:
         "h" if shape[1] == heads and heads > 1 else "1") + "qk"
 
 
-def _problem(qv: TensorView, kv: TensorView, vv: TensorView, *, causal, window, scale, bias,
-             alibi, dropout_p, seq_len_q) -> dict:
+def _problem(qv: TensorView, kv: TensorView, vv: TensorView, bias: Any, options: tuple) -> dict:
+    """The descriptor fields of a call (its arrays wrapped; ``options`` as ``_facts`` takes
+    them)."""
+    causal, window, scale, alibi, dropout_p, padding = options
     layout, qkv_strides = _layouts(qv, kv, vv)
     batch, heads_q, seq_q, head_dim = qv.shape
-    fields = dict(batch=batch, heads_q=heads_q, heads_kv=kv.shape[1], seq_q=seq_q,
-                  seq_kv=kv.shape[2], head_dim=head_dim, head_dim_v=vv.shape[3],
-                  element=qv.element, layout=layout, qkv_strides=qkv_strides, scale=scale,
-                  causal=causal, window=window,
-                  bias=_bias_spec(bias, qv, kv), alibi=alibi, dropout_p=dropout_p,
-                  padding=seq_len_q is not None)
-    return fields
+    return dict(batch=batch, heads_q=heads_q, heads_kv=kv.shape[1], seq_q=seq_q,
+                seq_kv=kv.shape[2], head_dim=head_dim, head_dim_v=vv.shape[3],
+                element=qv.element, layout=layout, qkv_strides=qkv_strides, scale=scale,
+                causal=causal, window=window, bias=_bias_spec(bias, qv, kv), alibi=alibi,
+                dropout_p=dropout_p, padding=padding)
 
 
-def _facts(q: Any, k: Any, v: Any, *, causal, window, scale, bias, alibi, dropout_p,
-           seq_len_q) -> tuple:
+def _facts(q: Any, k: Any, v: Any, bias: Any, options: tuple) -> tuple:
     """Everything ``_problem`` builds a descriptor from, for Plan.cached_for: the arrays' facts
-    (operands.facts: read without wrapping a plain torch tensor), the bias's shape, and the
-    options as given."""
+    (operands.facts: read without wrapping a plain torch tensor), the bias's shape, and
+    ``options`` = (causal, window, scale, alibi, dropout_p, padding) as given. (One tuple, not
+    keywords: every functional call makes it, and keywords cost more to pass on.)"""
     bias_shape = None if bias is None else operands.facts(bias, "bias")[0]
     return (operands.facts(q, "q"), operands.facts(k, "k"), operands.facts(v, "v"), bias_shape,
-            causal, window, scale, alibi, dropout_p, seq_len_q is None)
+            options)
 
 
-def _described(q: Any, k: Any, v: Any, **options) -> tuple[tuple, Callable[[], dict]]:
-    """A call's plan-cache facts (``_facts``) and the descriptor fields they stand for, made
-    only on a miss (``_problem``, which wraps the arrays). ``options``: ``_problem``'s."""
-    return _facts(q, k, v, **options), lambda: _problem(wrap(q, "q"), wrap(k, "k"),
-                                                        wrap(v, "v"), **options)
+def _wrapped(q: Any, k: Any, v: Any) -> tuple[TensorView, TensorView, TensorView]:
+    """q, k, v wrapped: only on a plan-cache miss, to build the descriptor."""
+    return wrap(q, "q"), wrap(k, "k"), wrap(v, "v")
 
 
 def _allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], layout: str, stream: Any,
@@ -210,11 +207,13 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
     if dropout is not None:
         dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                  dropout_offset, forward=True)
-    facts, fields = _described(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
-                               alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+    options = (causal, window, scale, alibi, dropout_p, seq_len_q is not None)
+    facts = _facts(q, k, v, bias, options)
     q_facts = facts[0]
     plan = SdpaForwardPlan.cached_for(
-        (facts, return_stats), lambda: SdpaDescriptor(**fields(), save_stats=return_stats),
+        (facts, return_stats),
+        lambda: SdpaDescriptor(**_problem(*_wrapped(q, k, v), bias, options),
+                               save_stats=return_stats),
         device=operands.device_of(q_facts))
     desc = plan.descriptor
     if out is None:
@@ -248,12 +247,13 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
     if dropout is not None:
         dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                         dropout_offset, forward=False)
-    facts, fields = _described(q, k, v, causal=causal, window=window, scale=scale, bias=bias,
-                               alibi=alibi, dropout_p=dropout_p, seq_len_q=seq_len_q)
+    options = (causal, window, scale, alibi, dropout_p, seq_len_q is not None)
+    facts = _facts(q, k, v, bias, options)
     q_facts = facts[0]
     plan = SdpaBackwardPlan.cached_for(
         (facts, need_bias_grad, deterministic),
-        lambda: SdpaBackwardDescriptor(**fields(), need_bias_grad=need_bias_grad),
+        lambda: SdpaBackwardDescriptor(**_problem(*_wrapped(q, k, v), bias, options),
+                                       need_bias_grad=need_bias_grad),
         {"deterministic": deterministic}, device=operands.device_of(q_facts))
     desc = plan.descriptor
     grads = [_allocate(q, q_facts, shape, desc.layout, stream, desc.element)
