@@ -149,7 +149,10 @@ def _traced(args: tuple) -> bool:
     functional tensors, which are Tensor subclasses): then only the op will do."""
     if torch.compiler.is_compiling():
         return True
-    return any(type(a) not in _PLAIN_TYPES for a in args if isinstance(a, torch.Tensor))
+    for a in args:  # noqa: SIM110 - a loop, not any() over a generator: every eager call asks
+        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TYPES:
+            return True
+    return False
 
 
 def kernel_or_op(op: Callable, kernel: Callable) -> Callable:
