@@ -29,6 +29,11 @@ VARIANTS = {"per tile (default)": (),
             "streaming loads": ("-DOPFACADE_STREAMING=1",)}
 if "--quick" in sys.argv:
     VARIANTS = {"per tile (default)": ()}
+if "--occupancy" in sys.argv:  # more CTAs per SM for the 4-row tiles (fewer registers)
+    VARIANTS = {"per tile (default)": (),
+                "u4 b6": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=6"),
+                "u4 b8": ("-DOPFACADE_DECODE_UNROLL=4", "-DOPFACADE_DECODE_MIN_BLOCKS=8"),
+                "u2 b8": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=8")}
 if "--streaming" in sys.argv:
     VARIANTS = {"per tile (default)": (), "streaming loads": ("-DOPFACADE_STREAMING=1",)}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
