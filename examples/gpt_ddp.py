@@ -54,10 +54,8 @@ def train(config, steps: int, rank: int, world: int, seed: int = 0):
         optimizer = gpt.make_optimizer(ddp.parameters())
         losses = []
         for tokens, targets in gpt.batches(config, steps, seed + 1, device=device):
-            optimizer.zero_grad(set_to_none=True)
-            loss = gpt.loss_of(ddp, shard(tokens, rank, world), shard(targets, rank, world))
-            loss.backward()
-            optimizer.step()
+            loss = gpt.step(ddp, optimizer, shard(tokens, rank, world),
+                            shard(targets, rank, world))
             mean = loss.detach().clone()
             dist.all_reduce(mean)
             losses.append(float(mean) / world)

@@ -33,9 +33,7 @@ def _one_model_ms(gpt, config, backend: str, runs: int, steps: int = 47) -> list
                 if index == 3:
                     torch.cuda.synchronize()
                     start = time.perf_counter()
-                optimizer.zero_grad(set_to_none=True)
-                gpt.loss_of(model, tokens, targets).backward()
-                optimizer.step()
+                gpt.step(model, optimizer, tokens, targets)
             torch.cuda.synchronize()
             results.append((time.perf_counter() - start) / steps * 1e3)
     return results

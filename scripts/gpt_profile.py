@@ -41,9 +41,7 @@ def main(steps: int) -> int:
         optimizer = gpt.make_optimizer(model.parameters())
 
         def step(tokens, targets, model=model, optimizer=optimizer):
-            optimizer.zero_grad(set_to_none=True)
-            gpt.loss_of(model, tokens, targets).backward()
-            optimizer.step()
+            gpt.step(model, optimizer, tokens, targets)
 
         for tokens, targets in data_steps(3):
             step(tokens, targets)

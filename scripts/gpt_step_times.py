@@ -25,9 +25,7 @@ def _synchronized_steps(gpt, config, model, optimizer, steps: int) -> list[float
     for tokens, targets in gpt.batches(config, steps, 1):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        gpt.loss_of(model, tokens, targets).backward()
-        optimizer.step()
+        gpt.step(model, optimizer, tokens, targets)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return times
@@ -35,9 +33,7 @@ def _synchronized_steps(gpt, config, model, optimizer, steps: int) -> list[float
 
 def _free_running(gpt, config, model, optimizer, steps: int) -> None:
     for tokens, targets in gpt.batches(config, steps, 1):
-        optimizer.zero_grad(set_to_none=True)
-        gpt.loss_of(model, tokens, targets).backward()
-        optimizer.step()
+        gpt.step(model, optimizer, tokens, targets)
 
 
 def main(steps: int) -> int:
