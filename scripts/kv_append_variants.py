@@ -11,6 +11,8 @@ Variants:
                  bytes, placed by 32-bit division; catalog/probes/kv_append_variants_H100.json
                  has both.)
   shipped plain  the same with plain (not evict-first) loads and stores.
+  specialized    the same with the cache description made constant (nhd, 8 kv heads, and for
+                 paged cases pages of 16 tokens): what the runtime description costs.
 Floors (one thread per 16 bytes, a CTA per 4 KB, the same bytes; no cache addressing):
   floor copy     load, store: a copy kernel of our own.
   floor 1 dep    load the data and seq_lens[s], store only if the length is non-negative: the
@@ -113,8 +115,23 @@ def graph_us(call, reps: int = 20, replays: int = 30) -> float:
     return statistics.median(times)
 
 
+def specialized_module(page16: bool):
+    """native/kv_append.cu with its cache header inlined and specialised: nhd, 8 kv heads, and
+    with ``page16`` pages of 16 tokens (shifts for the page's divisions): how much of the
+    kernel's time above the floors is the runtime cache description."""
+    header = compiler.read_native("kv_cache.cuh").replace("c.hnd ?", "0 ?").replace(
+        "* (i64)c.heads_kv", "* (i64)8").replace("row * c.heads_kv", "row * 8")
+    if page16:
+        header = header.replace("p / c.page_size", "(p >> 4)").replace(
+            "p % c.page_size, g, c.page_size", "(p & 15), g, 16")
+    text = compiler.read_native("kv_append.cu").replace(
+        '#include "kv_cache.cuh"', header.replace("#pragma once", ""))
+    return module("kv_append_specialized.cu", text, True)
+
+
 def main(out_path: str | None) -> int:
     shipped = {streaming: module("kv_append.cu", None, streaming) for streaming in (True, False)}
+    specialized = {page16: specialized_module(page16) for page16 in (False, True)}
     floor = module("floor.cu", FLOOR_SOURCE, False).get_function("floor_copy")
     results = []
     for case in cases():
@@ -126,6 +143,8 @@ def main(out_path: str | None) -> int:
         calls = {name: launcher(shipped[streaming].get_function("kv_append_bf16"), grid, block,
                                 args)
                  for name, streaming in (("shipped", True), ("shipped plain", False))}
+        calls["specialized"] = launcher(specialized[case.paged].get_function("kv_append_bf16"),
+                                        grid, block, args)
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         table = torch.zeros(case.batch * 257, dtype=torch.int32, device="cuda")
@@ -137,7 +156,7 @@ def main(out_path: str | None) -> int:
         copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
         reference = None
-        for name in ("shipped", "shipped plain"):
+        for name in ("shipped", "shipped plain", "specialized"):
             p.k_cache.zero_()
             p.v_cache.zero_()
             calls[name]()
