@@ -201,7 +201,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         const int j = tid + u * kThreads, key = k0 + j;
         if (j < keys) {
             row_off[j] = c.kind == 1
-                             ? offset(c, max(page_of(c, s, key), 0), key % c.page_size, g,
+                             ? offset(c, max(page_of(c, s, key), 0), page_slot(c, key), g,
                                       c.page_size, D)
                              : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
         }
