@@ -320,9 +320,12 @@ class Plan:
         return ws
 
     def _resolve(self, impl: SkuImpl, args: Any, workspace: Any, stream: Any,
-                 scratch: bool = True) -> tuple[BoundArgs, Workspace, int | None]:
-        """Everything run() checks and decides before the launch; ``scratch`` False: a missing
-        workspace is left to the caller (an empty one comes back)."""
+                 scratch: str | None = "launch") -> tuple[BoundArgs, Workspace, int | None]:
+        """Everything run() checks and decides before the launch. A missing workspace: for
+        ``scratch`` "launch" (one launch, enqueued now) the stream's block where it serves;
+        "kept" (a prepared call, launched later and again) memory of its own, which the
+        stream's block is not: a bigger request replaces that block; None leaves it to the
+        caller (an empty one comes back)."""
         bound = self._bind(impl, args)
         if self._target.is_host:
             return bound, Workspace.empty(), None
@@ -331,10 +334,11 @@ class Plan:
         handle = resolve_stream(stream, owner, device)
         if workspace is not None:
             ws = self._user_workspace(workspace, bound)
-        elif self._workspace_size and scratch:
-            from ._internal.memory import scratch_bytes
+        elif self._workspace_size and scratch is not None:
+            from ._internal.memory import allocate_bytes, scratch_bytes
 
-            ptr, keep = scratch_bytes(self._workspace_size, device, owner, handle)
+            allocate = scratch_bytes if scratch == "launch" else allocate_bytes
+            ptr, keep = allocate(self._workspace_size, device, owner, handle)
             ws = Workspace(ptr, self._workspace_size, device, keep)
         else:
             ws = Workspace.empty()
@@ -349,7 +353,7 @@ class Plan:
         call it from the thread that prepared it (library handles are per thread).
         """
         impl = self._live_impl()
-        bound, ws, handle = self._resolve(impl, args, workspace, stream)
+        bound, ws, handle = self._resolve(impl, args, workspace, stream, scratch="kept")
         return PreparedRun(self, impl, bound, ws, handle)
 
     def run(self, args: Any, workspace: Any = None, stream: Any = None) -> None:
@@ -380,7 +384,7 @@ class Plan:
         and without a workspace its Retarget (the same facts at other addresses)."""
         impl, desc = self._live_impl(), self._descriptor
         # Scratch for a call without a workspace is allocated per launch (_launch_on).
-        bound, ws, handle = self._resolve(impl, args, workspace, stream, scratch=False)
+        bound, ws, handle = self._resolve(impl, args, workspace, stream, scratch=None)
         views = {name: None if view is None else replace(view, obj=None)
                  for name, view in bound.views.items()}
         detached = BoundArgs(views, bound.outputs)

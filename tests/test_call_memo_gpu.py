@@ -318,3 +318,32 @@ def test_scratch_under_capture_comes_from_the_graph_not_the_streams_block():
     torch.cuda.synchronize()
     for got, want in zip(grads, eager, strict=True):
         assert torch.equal(got, want)
+
+
+def test_a_prepared_call_owns_its_scratch_when_the_streams_block_is_replaced():
+    """prepare() without a workspace allocates memory the prepared call keeps, never the
+    stream's block, which a bigger request on the stream replaces (and frees in stream order)
+    while the prepared call may still launch."""
+    desc = LinearBackwardDescriptor(m=M, n=N, k=K, element="bf16", activation="gelu_tanh",
+                                    weight_layout="nk")
+    plan = Plan.select(desc, device=0)
+    x, w, b = _linear(12)
+    aux = torch.empty(M, -(-N // 8) * 8, device="cuda", dtype=torch.bfloat16)[:, :N]
+    aux.copy_(x.float() @ w.float().t() + b.float())
+    dy = (torch.rand(M, N, device="cuda") * 2 - 1).to(torch.bfloat16)
+    grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        prepared = plan.prepare(LinearBackwardArgs(dy, x, w, aux, *grads))
+        block = STREAM_SCRATCH.pointer(plan.workspace_size, 0, stream.cuda_stream)
+        assert prepared._workspace.ptr != block
+        prepared()
+        first = [g.clone() for g in grads]
+        # A request bigger than the block replaces it; the prepared call must not notice.
+        assert STREAM_SCRATCH.pointer(STREAM_SCRATCH.LIMIT, 0, stream.cuda_stream) != block
+        for g in grads:
+            g.fill_(float("nan"))
+        prepared()
+    torch.cuda.synchronize()
+    for got, want in zip(grads, first, strict=True):
+        assert torch.equal(got, want)

@@ -171,8 +171,8 @@ def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len
     """kv_append's (grid, block): threads (16-byte vectors of one head's key and value, heads),
     as many heads per CTA as 1024 threads hold."""
     per_head = (cache.dim + cache.dim_v) * element.itemsize // 16
-    heads = max(1, min(cache.heads_kv, APPEND_THREADS // per_head))  # 1: a head over the
-    # block's threads, which the SKU's head_bytes limit refuses before any launch
+    # At the head dims built (DIMS) a head's key and value take at most 128 threads.
+    heads = max(1, min(cache.heads_kv, APPEND_THREADS // per_head))
     return (sequences, q_len, -(-cache.heads_kv // heads)), (per_head, heads)
 
 
