@@ -404,23 +404,19 @@ class Plan:
         on every call."""
         if scratch_owner is None:
             return impl.prepared(desc, bound, Workspace(ws.ptr, ws.size, ws.device), handle)
-        from ._internal.memory import STREAM_SCRATCH, allocate_bytes
+        from ._internal.memory import scratch_bytes
 
         size, device = self._workspace_size, bound.device
         # With no stream named, torch tensors run on torch's current stream, which the memo's
         # key holds: on every call this launch serves, it is current.
         current = stream is None and scratch_owner == "torch"
-        # Scratch on every call, stream-ordered, as the full path does (memory.scratch_bytes,
-        # spelled out here to spare this per-call path a frame): the stream's own block, else
-        # the framework's caching allocator, which hands the same block back call after call.
-        # Either way the launch prepared for the last pointer is reused while it repeats.
+        # Scratch on every call, stream-ordered, as the full path does: the stream's own block,
+        # else the framework's caching allocator, which hands the same block back call after
+        # call. Either way the launch prepared for the last pointer is reused while it repeats.
         last: list = [None, None]  # [pointer, the launch prepared for it]
-        stream_block = STREAM_SCRATCH.pointer
 
         def allocate_and_launch() -> None:
-            ptr, keep = stream_block(size, device, handle), None
-            if ptr is None:
-                ptr, keep = allocate_bytes(size, device, scratch_owner, handle, current)
+            ptr, keep = scratch_bytes(size, device, scratch_owner, handle, current)
             if last[0] != ptr:
                 last[1] = impl.prepared(desc, bound, Workspace(ptr, size, device), handle)
                 last[0] = ptr

@@ -198,19 +198,25 @@ def test_freed_plan_raises_after_a_memoised_call():
         plan.run(args)
 
 
-def test_workspace_none_gets_scratch_on_its_stream():
-    """A backward with intermediate buffers in its workspace, run twice with workspace=None:
-    each call gets scratch on its stream (the stream's block, see StreamScratch)."""
+def _backward_problem(seed: int):
+    """A linear backward whose workspace holds intermediate buffers, and its arguments: the
+    plan, (x, w, b), dy, aux (the pre-activation, in padded rows) and the gradients to fill."""
     desc = LinearBackwardDescriptor(m=M, n=N, k=K, element="bf16", activation="gelu_tanh",
                                     weight_layout="nk")
     plan = Plan.select(desc, device=0)
-    assert plan.workspace_size > 0
-    x, w, b = _linear(8)
-    pre = x.float() @ w.float().t() + b.float()
+    x, w, b = _linear(seed)
     aux = torch.empty(M, -(-N // 8) * 8, device="cuda", dtype=torch.bfloat16)[:, :N]
-    aux.copy_(pre)
+    aux.copy_(x.float() @ w.float().t() + b.float())
     dy = (torch.rand(M, N, device="cuda") * 2 - 1).to(torch.bfloat16)
     grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    return plan, (x, w, b), dy, aux, grads
+
+
+def test_workspace_none_gets_scratch_on_its_stream():
+    """A backward with intermediate buffers in its workspace, run twice with workspace=None:
+    each call gets scratch on its stream (the stream's block, see StreamScratch)."""
+    plan, (x, w, b), dy, aux, grads = _backward_problem(8)
+    assert plan.workspace_size > 0
     args = LinearBackwardArgs(dy, x, w, aux, *grads)
     plan.run(args)
     stream = torch.cuda.current_stream().cuda_stream
@@ -291,14 +297,7 @@ def test_scratch_under_capture_comes_from_the_graph_not_the_streams_block():
     """run() without a workspace, captured into a CUDA graph: the capture allocates its scratch
     per call (the graph's pool) rather than baking in a stream's block, and each replay
     computes what the eager calls did, however many eager calls run between replays."""
-    desc = LinearBackwardDescriptor(m=M, n=N, k=K, element="bf16", activation="gelu_tanh",
-                                    weight_layout="nk")
-    plan = Plan.select(desc, device=0)
-    x, w, b = _linear(11)
-    aux = torch.empty(M, -(-N // 8) * 8, device="cuda", dtype=torch.bfloat16)[:, :N]
-    aux.copy_(x.float() @ w.float().t() + b.float())
-    dy = (torch.rand(M, N, device="cuda") * 2 - 1).to(torch.bfloat16)
-    grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    plan, (x, w, _), dy, aux, grads = _backward_problem(11)
     args = LinearBackwardArgs(dy, x, w, aux, *grads)
     capture = torch.cuda.Stream()
     with torch.cuda.stream(capture):
@@ -324,14 +323,7 @@ def test_a_prepared_call_owns_its_scratch_when_the_streams_block_is_replaced():
     """prepare() without a workspace allocates memory the prepared call keeps, never the
     stream's block, which a bigger request on the stream replaces (and frees in stream order)
     while the prepared call may still launch."""
-    desc = LinearBackwardDescriptor(m=M, n=N, k=K, element="bf16", activation="gelu_tanh",
-                                    weight_layout="nk")
-    plan = Plan.select(desc, device=0)
-    x, w, b = _linear(12)
-    aux = torch.empty(M, -(-N // 8) * 8, device="cuda", dtype=torch.bfloat16)[:, :N]
-    aux.copy_(x.float() @ w.float().t() + b.float())
-    dy = (torch.rand(M, N, device="cuda") * 2 - 1).to(torch.bfloat16)
-    grads = (torch.empty_like(x), torch.empty_like(w), torch.empty_like(b))
+    plan, (x, w, _), dy, aux, grads = _backward_problem(12)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         prepared = plan.prepare(LinearBackwardArgs(dy, x, w, aux, *grads))

@@ -53,7 +53,7 @@ def allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], element: Elem
     ``like``: from torch's caching allocator on the current stream when ``like`` is a plain
     torch tensor and no stream is named (nothing to resolve or switch), else through
     OutputAllocator (the stream's pool of like's framework)."""
-    if stream is None and len(like_facts) == 4:  # is_plain_torch, without its frame
+    if stream is None and is_plain_torch(like_facts):
         torch = sys.modules["torch"]  # like is a torch tensor: torch is imported
         dtype = TORCH_DTYPES[element]
         if strides is None:  # C order: no strides to compute on this per-call path
