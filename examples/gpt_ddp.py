@@ -9,8 +9,7 @@ shard of the same global batch. It checks what issue 14 asks of the multi-GPU ru
 
     python3 -m torch.distributed.run --nproc-per-node 2 examples/gpt_ddp.py --steps 50
 
-Rank 0 prints a JSON report (and writes it to --json). Written for a 2-GPU machine; not yet run
-on one (see the closing notes).
+Rank 0 prints a JSON report (and writes it to --json), with each run's global tokens/s.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -45,21 +45,33 @@ def shard(tensor: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     return tensor[rank * rows:(rank + 1) * rows]
 
 
-def train(config, steps: int, rank: int, world: int, seed: int = 0):
-    """DDP training on this rank's shard of each global batch: (losses, weights)."""
+def train(config, steps: int, rank: int, world: int, seed: int = 0, warmup: int = 3):
+    """DDP training on this rank's shard of each global batch: (losses, weights, global
+    tokens/s after ``warmup`` steps)."""
     device = torch.device("cuda", rank)
     with gpt.deterministic_torch(True):
         model = gpt.make_model(config, "opfacade", True, seed, device=device)
         ddp = DistributedDataParallel(model, device_ids=[rank])
         optimizer = gpt.make_optimizer(ddp.parameters())
-        losses = []
-        for tokens, targets in gpt.batches(config, steps, seed + 1, device=device):
+        losses, start = [], None
+        for index, (tokens, targets) in enumerate(gpt.batches(config, steps, seed + 1,
+                                                              device=device)):
+            if index == warmup:
+                torch.cuda.synchronize(device)
+                start = time.perf_counter()
             loss = gpt.step(ddp, optimizer, shard(tokens, rank, world),
                             shard(targets, rank, world))
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            losses.append(float(mean) / world)
-        return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
+            losses.append(loss.detach())
+        # Each rank's mean loss, averaged over the ranks once at the end (a read per step would
+        # synchronize every step).
+        local = torch.stack(losses)
+        dist.all_reduce(local)
+        torch.cuda.synchronize(device)
+        timed = steps - warmup
+        rate = (timed * config.batch * config.seq / (time.perf_counter() - start)
+                if start is not None and timed > 0 else float("nan"))
+        return ([float(v) / world for v in local.cpu()],
+                {name: p.detach().clone() for name, p in model.named_parameters()}, rate)
 
 
 def first_step_gradients(config, rank: int, world: int, seed: int = 0) -> dict[str, float]:
@@ -120,6 +132,7 @@ def main() -> int:
         "bitwise_losses": first[0] == second[0],
         "bitwise_weights": all(torch.equal(first[1][n], second[1][n]) for n in first[1]),
         "losses": {"first": first[0][0], "last": first[0][-1]},
+        "tokens_per_s": {"first": first[2], "second": second[2]},
         "device_mismatch_typed": device_mismatch_is_typed(rank, world),
     }
     reports = [None] * world

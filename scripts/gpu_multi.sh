@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One call on a lent 2-GPU machine (issue 14 §6).
+#   bash scripts/gpu_multi.sh [stages...]   stages: multi ddp suite
+# multi: tests/test_multi_gpu_gpu.py and tests/test_example_ddp_gpu.py (both GPUs, one process
+#        and two ranks);
+# ddp:   examples/gpt_ddp.py at the example's full size, 50 steps ($OUT/gpt_ddp.json);
+# suite: the whole test suite, its families split over the two GPUs (CUDA_VISIBLE_DEVICES), both
+#        halves at once, so that it fits one call; each family is its own pytest.
+set -u
+stages=${*:-multi ddp}
+source "$(dirname "$0")/device_prelude.sh"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+nvidia-smi topo -m 2>/dev/null | head -4
+python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudnn.backend_version(), 'gpus', torch.cuda.device_count())"
+if wants multi; then
+    stage multi
+    timeout ${MULTI_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs tests/test_multi_gpu_gpu.py \
+        tests/test_example_ddp_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" | grep -v "^    " | tail -40
+fi
+if wants ddp; then
+    stage ddp
+    timeout ${DDP_TIMEOUT:-400} python3 -m torch.distributed.run --nproc-per-node 2 examples/gpt_ddp.py \
+        --steps ${DDP_STEPS:-50} --json "$OUT/gpt_ddp.json" 2>&1 | grep -v Warning | tee "$OUT/ddp.log" | tail -60
+fi
+if wants suite; then
+    stage suite
+    multi="test_multi_gpu_gpu|test_example_ddp_gpu"
+    half() {  # half GPU FAMILIES...: each family's files, then (with "others") everything else
+        local gpu=$1; shift
+        for family in "$@"; do
+            if [ "$family" = others ]; then
+                families=$(python3 -c "from opfacade._registry import FAMILIES; print('|'.join(f.name for f in FAMILIES))")
+                files=$(ls tests/test_*.py | grep -v -E "test_($families)|$multi" | tr '\n' ' ')
+            else
+                files=$(ls tests/test_${family}*.py | tr '\n' ' ')
+            fi
+            echo "--- cuda:$gpu $family"
+            CUDA_VISIBLE_DEVICES=$gpu timeout ${SUITE_TIMEOUT:-540} python3 -m pytest -q -p no:cacheprovider \
+                -rs $files 2>&1 | grep -v "^    " | tail -${SUITE_TAIL:-8}
+        done > "$OUT/suite_gpu$gpu.log" 2>&1
+    }
+    half 0 ${HALF0:-others linear alibi kv_append} &
+    half 1 ${HALF1:-sdpa varlen_attention decode_attention} &
+    wait
+    cat "$OUT/suite_gpu0.log" "$OUT/suite_gpu1.log"
+fi
+stage done
