@@ -96,7 +96,8 @@ def device_mismatch_is_typed(rank: int, world: int) -> bool:
     from opfacade import LinearArgs, LinearDescriptor, LinearForwardPlan
     from opfacade.errors import DeviceMismatch
 
-    plan = LinearForwardPlan.select(LinearDescriptor(m=16, n=16, k=16, element="bf16"),
+    plan = LinearForwardPlan.select(LinearDescriptor(m=16, n=16, k=16, element="bf16",
+                                                     bias=False),
                                     device=rank)
     other = torch.device("cuda", (rank + 1) % world)
     x, w = (torch.randn(16, 16, device=other, dtype=torch.bfloat16) for _ in range(2))

@@ -34,9 +34,10 @@ def _first_problem(op, impl):
 
 
 def _run(plan: Plan, op, inputs: dict, device: int, *, workspace: bool = True,
-         prepared: bool = False) -> dict[str, np.ndarray]:
-    """Runs ``plan`` on fresh copies of ``inputs`` on ``device``, on a stream of that device,
-    with cuda:0 current throughout the call; every tensor's bits after it."""
+         prepared: bool = False, null_stream: bool = False) -> dict[str, np.ndarray]:
+    """Runs ``plan`` on fresh copies of ``inputs`` on ``device``, on a stream of that device
+    (or on stream 0, which means the null stream of the device the work runs on), with cuda:0
+    current throughout the call; every tensor's bits after it."""
     import cupy
 
     signature = op.signature(plan.descriptor)
@@ -48,15 +49,17 @@ def _run(plan: Plan, op, inputs: dict, device: int, *, workspace: bool = True,
         cupy.cuda.runtime.deviceSynchronize()  # uploads and poison went to the legacy stream
     space = (Workspace(Workspace.round_up(pool.data.ptr), plan.workspace_size, device, pool)
              if workspace else None)
+    handle = 0 if null_stream else stream.ptr
     assert cupy.cuda.runtime.getDevice() == 0
     if prepared:
-        call = plan.prepare(op.args(**views), workspace=space, stream=stream.ptr)
+        call = plan.prepare(op.args(**views), workspace=space, stream=handle)
         call()
         call()
     else:
-        plan.run(op.args(**views), workspace=space, stream=stream.ptr)
+        plan.run(op.args(**views), workspace=space, stream=handle)
     assert cupy.cuda.runtime.getDevice() == 0, "run() must restore the current device"
-    stream.synchronize()
+    with cupy.cuda.Device(device):
+        cupy.cuda.runtime.deviceSynchronize()
     return {name: download_bits(view) for name, view in views.items()}
 
 
@@ -76,17 +79,20 @@ def test_every_sku_runs_on_the_second_gpu(op, impl):
     on_second = _run(second, op, inputs, 1)
     scratch = _run(second, op, inputs, 1, workspace=False)
     prepared = _run(second, op, inputs, 1, prepared=True)
+    null = _run(second, op, inputs, 1, workspace=False, null_stream=True)
+    null_prepared = _run(second, op, inputs, 1, prepared=True, null_stream=True)
 
     check = reference_check(second, inputs)
     signature = op.signature(desc)
-    for name in check.expected:
-        error = check.relative_error(name, _from_bits(on_second[name], signature[name].element))
-        assert error <= second.precision_guarantee.max_rel_error, (name, error)
+    for result in (on_second, null):
+        for name in check.expected:
+            error = check.relative_error(name, _from_bits(result[name], signature[name].element))
+            assert error <= second.precision_guarantee.max_rel_error, (name, error)
     if second.precision_guarantee.deterministic:
         same_cards = device_name(0) == device_name(1)
         for name in check.expected:
-            assert on_second[name].tobytes() == scratch[name].tobytes(), name
-            assert on_second[name].tobytes() == prepared[name].tobytes(), name
+            for other in (scratch, prepared, null, null_prepared):
+                assert on_second[name].tobytes() == other[name].tobytes(), name
             if same_cards:  # one SKU, one problem, one kind of card: the same bits
                 assert on_second[name].tobytes() == on_first[name].tobytes(), name
 

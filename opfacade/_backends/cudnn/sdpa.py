@@ -288,8 +288,10 @@ class _SdpaCudnn(GraphSelection, SkuImpl[P]):
                       "it current", self.sku.id, device)
 
             def run_on_its_device() -> None:
-                set_stream(handle, stream)
+                # Bound inside: stream 0 is the current device's null stream, and cuDNN
+                # refuses a stream of another device than its handle's.
                 with on_device(device):  # cuDNN launches on the current device
+                    set_stream(handle, stream)
                     execute()
 
             return self._with_edges(desc, views, device, stream, run_on_its_device)
@@ -417,10 +419,10 @@ def run_forward_dumping_dropout(desc: SdpaDescriptor, views: dict[str, TensorVie
     built = graphs.forward_graph(desc, device, dump_dropout=True)
     if isinstance(built, graphs.Declined):
         raise Unsupported(f"the dropout-mask variant of this forward: {built.reason}")
-    with cupy.cuda.Device(device):
-        workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
     handle = runtime.handle_for(device)
-    runtime.set_stream(handle, stream)
     pointers = [mask.ptr if name == "dropout_mask" else views[name].ptr for name in built.names]
-    built.launch.bind(pointers, workspace.data.ptr, handle)()
-    cupy.cuda.runtime.streamSynchronize(stream)  # the workspace dies with this frame
+    with cupy.cuda.Device(device):  # the stream (0 included) and the launch are the device's
+        workspace = cupy.empty(max(built.workspace_size, 1), dtype=cupy.uint8)
+        runtime.set_stream(handle, stream)
+        built.launch.bind(pointers, workspace.data.ptr, handle)()
+        cupy.cuda.runtime.streamSynchronize(stream)  # the workspace dies with this frame

@@ -263,13 +263,18 @@ class _RaggedSku(GraphSelection, SkuImpl[P]):
             LOG.debug("%s: its tensors are on cuda:%d, not the current device; each run makes "
                       "it current", self.sku.id, device)
 
-        def graph() -> None:
+        def bound_execute() -> None:
             set_stream(handle, stream)
+            execute()
+
+        def graph() -> None:
             if elsewhere:
+                # The stream is bound inside too: stream 0 is the current device's null
+                # stream, and cuDNN refuses a stream of another device than its handle's.
                 with on_device(device):  # cuDNN launches on the current device
-                    execute()
+                    bound_execute()
             else:
-                execute()
+                bound_execute()
 
         prepare = edges.prepare_call(
             device, views["cu_seqlens_q"].ptr, views["cu_seqlens_kv"].ptr,
