@@ -5,7 +5,8 @@
 #        and two ranks);
 # ddp:   examples/gpt_ddp.py at the example's full size, 50 steps ($OUT/gpt_ddp.json);
 # suite: the whole test suite, its families split over the two GPUs (CUDA_VISIBLE_DEVICES), both
-#        halves at once, so that it fits one call; each family is its own pytest.
+#        halves at once, so that it fits one call; each family is its own pytest. HALF0 and HALF1
+#        name each GPU's parts: families, "others", or "others:K/N" (every Nth other file from K).
 set -u
 stages=${*:-multi ddp}
 source "$(dirname "$0")/device_prelude.sh"
@@ -15,7 +16,8 @@ python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudn
 if wants multi; then
     stage multi
     timeout ${MULTI_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs tests/test_multi_gpu_gpu.py \
-        tests/test_example_ddp_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" | grep -v "^    " | tail -40
+        tests/test_example_ddp_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" \
+        | grep -v -E "^    |leaked|nanobind|skipped remainder" | tail -40
 fi
 if wants ddp; then
     stage ddp
@@ -24,19 +26,24 @@ if wants ddp; then
 fi
 if wants suite; then
     stage suite
-    multi="test_multi_gpu_gpu|test_example_ddp_gpu"
+    multi="test_multi_gpu_gpu|test_example_ddp_gpu" start=$SECONDS
     half() {  # half GPU FAMILIES...: each family's files, then (with "others") everything else
         local gpu=$1; shift
         for family in "$@"; do
-            if [ "$family" = others ]; then
+            if [[ $family == others* ]]; then  # others, or others:K/N (every Nth file from K)
                 families=$(python3 -c "from opfacade._registry import FAMILIES; print('|'.join(f.name for f in FAMILIES))")
-                files=$(ls tests/test_*.py | grep -v -E "test_($families)|$multi" | tr '\n' ' ')
+                part=${family#others}; part=${part#:}; k=${part%/*}; n=${part#*/}
+                files=$(ls tests/test_*.py | grep -v -E "test_($families)|$multi" \
+                    | awk -v k=${k:-0} -v n=${n:-1} '(NR - 1) % n == k' | tr '\n' ' ')
             else
                 files=$(ls tests/test_${family}*.py | tr '\n' ' ')
             fi
-            echo "--- cuda:$gpu $family"
-            CUDA_VISIBLE_DEVICES=$gpu timeout ${SUITE_TIMEOUT:-540} python3 -m pytest -q -p no:cacheprovider \
-                -rs $files 2>&1 | grep -v "^    " | tail -${SUITE_TAIL:-8}
+            left=$(( ${SUITE_BUDGET:-540} - SECONDS + start ))  # the call's limit is 600 s
+            echo "--- cuda:$gpu $family ($left s left)"
+            (( left > 10 )) || continue
+            CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m pytest -q -p no:cacheprovider \
+                -rs $files 2>&1 | grep -v -E "^    |leaked|nanobind|skipped remainder" \
+                | tail -${SUITE_TAIL:-8}
         done > "$OUT/suite_gpu$gpu.log" 2>&1
     }
     half 0 ${HALF0:-others linear alibi kv_append} &
