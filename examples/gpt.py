@@ -156,34 +156,56 @@ def make_optimizer(parameters):
     return torch.optim.AdamW(parameters, lr=3e-4, fused=True)
 
 
+class Trainer:
+    """One model with its optimizer, trained eagerly or through torch.compile. Compiled, the
+    model and its loss (forward and backward) are compiled together, as one user would; the
+    optimizer's fused step stays eager, the same for both backends."""
+
+    def __init__(self, config: Config, backend: str, deterministic: bool,
+                 compile_mode: str | None = None, seed: int = 0):
+        self.deterministic = deterministic
+        self.graphed = compile_mode == "reduce-overhead"
+        with deterministic_torch(deterministic):
+            self.model = make_model(config, backend, deterministic, seed)
+        self.optimizer = make_optimizer(self.model.parameters())
+        self.loss_fn = (None if compile_mode is None else
+                        torch.compile(functools.partial(loss_of, self.model), mode=compile_mode))
+
+    def steps(self, batches) -> list[torch.Tensor]:
+        """One training step per (tokens, targets); the losses, left on the device."""
+        losses = []
+        with deterministic_torch(self.deterministic):
+            for tokens, targets in batches:
+                if self.graphed:  # a new iteration: the last one's graph outputs may be reused
+                    torch.compiler.cudagraph_mark_step_begin()
+                loss = step(self.model, self.optimizer, tokens, targets, self.loss_fn).detach()
+                # A graph's output is overwritten by its next replay: keep a copy.
+                losses.append(loss.clone() if self.graphed else loss)
+        return losses
+
+    def timed_steps(self, batches: list) -> tuple[list[torch.Tensor], float]:
+        """``steps`` free-running, one synchronize at each end: (losses, seconds)."""
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        losses = self.steps(batches)
+        torch.cuda.synchronize()
+        return losses, time.perf_counter() - start
+
+
 def train(config: Config, backend: str = "opfacade", steps: int = 50, seed: int = 0,
           deterministic: bool = True, compile_mode: str | None = None, warmup: int = 3):
     """Trains ``steps`` steps; returns (losses, final parameters, tokens per second). The
     tokens/s clock starts after ``warmup`` steps (builds, compilation)."""
-    with deterministic_torch(deterministic):
-        model = make_model(config, backend, deterministic, seed)
-        optimizer = make_optimizer(model.parameters())
-        # Compiled: the model and its loss, forward and backward, as one user would compile
-        # them (the optimizer and the batches stay eager, the same for both backends).
-        loss_fn = (None if compile_mode is None else
-                   torch.compile(functools.partial(loss_of, model), mode=compile_mode))
-        graphed = compile_mode == "reduce-overhead"
-        losses, start = [], None
-        for index, (tokens, targets) in enumerate(batches(config, steps, seed + 1)):
-            if index == warmup:
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-            if graphed:  # a new iteration: the last one's graph outputs may be overwritten
-                torch.compiler.cudagraph_mark_step_begin()
-            loss = step(model, optimizer, tokens, targets, loss_fn).detach()
-            # A graph's output is overwritten by its next replay: keep a copy.
-            losses.append(loss.clone() if graphed else loss)
-        torch.cuda.synchronize()
-        timed = steps - warmup
-        rate = (timed * config.batch * config.seq / (time.perf_counter() - start)
-                if start is not None and timed > 0 else float("nan"))
-        return ([float(v) for v in losses],
-                {name: p.detach().clone() for name, p in model.named_parameters()}, rate)
+    trainer = Trainer(config, backend, deterministic, compile_mode, seed)
+    data = list(batches(config, steps, seed + 1))
+    losses = trainer.steps(data[:warmup])
+    rate = float("nan")
+    if data[warmup:]:
+        timed, seconds = trainer.timed_steps(data[warmup:])
+        losses += timed
+        rate = len(timed) * config.batch * config.seq / seconds
+    return ([float(v) for v in losses],
+            {name: p.detach().clone() for name, p in trainer.model.named_parameters()}, rate)
 
 
 def gradient_check(config: Config, seed: int = 0, dtype=torch.float32) -> dict[str, float]:
@@ -202,33 +224,38 @@ def gradient_check(config: Config, seed: int = 0, dtype=torch.float32) -> dict[s
         return errors
 
 
-def measured_rates(config: Config, steps: int, rounds: int) -> dict:
-    """Tokens/s per backend: the median of ``rounds`` runs, the backends interleaved within each
-    round (a 50-step window is about half a second: host jitter moved single runs by +-15% on
-    an H100), and torch.compile once for each model (torch's, and ours with opfacade's ops),
-    after its compilation; "spread" gives each backend's slowest and fastest run."""
-    runs: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for name, backend, deterministic in (("opfacade deterministic", "opfacade", True),
-                                             ("opfacade", "opfacade", False),
-                                             ("torch eager", "torch", False)):
-            runs.setdefault(name, []).append(
-                train(config, backend, steps=steps, deterministic=deterministic)[2])
-    runs["torch.compile"] = [train(config, "torch", steps=steps, deterministic=False,
-                                   compile_mode="default", warmup=5)[2]]
+# Each contestant of the tokens/s report: (backend, deterministic SKUs, torch.compile mode).
+CONTESTANTS = {
+    "opfacade deterministic": ("opfacade", True, None),
+    "opfacade": ("opfacade", False, None),
+    "torch eager": ("torch", False, None),
     # The same model with opfacade's ops, compiled: inductor fuses what lies between them (the
     # norms, residuals and loss) as it does for torch's, and calls our ops from its graph.
-    runs["opfacade + torch.compile"] = [train(config, "opfacade", steps=steps,
-                                              deterministic=False, compile_mode="default",
-                                              warmup=5)[2]]
-    # Both models are host-bound at this size (host time per step 2.5-3x the GPU's on an H100):
-    # under mode="reduce-overhead" each replays its forward, loss and backward from CUDA graphs,
-    # so these two rows compare GPU work (what stays eager, the optimizer's fused step and the
-    # batch, is the same for both).
-    for name, backend in (("torch.compile, CUDA graphs", "torch"),
-                          ("opfacade + torch.compile, CUDA graphs", "opfacade")):
-        runs[name] = [train(config, backend, steps=steps, deterministic=False,
-                            compile_mode="reduce-overhead", warmup=5)[2]]
+    "torch.compile": ("torch", False, "default"),
+    "opfacade + torch.compile": ("opfacade", False, "default"),
+    # Both models are host-bound at this size (host time per step 2.5-3x the GPU's on an
+    # H100): under mode="reduce-overhead" each replays its forward, loss and backward from CUDA
+    # graphs, so these two rows compare GPU work.
+    "torch.compile, CUDA graphs": ("torch", False, "reduce-overhead"),
+    "opfacade + torch.compile, CUDA graphs": ("opfacade", False, "reduce-overhead"),
+}
+
+
+def measured_rates(config: Config, steps: int, rounds: int, warmup: int = 5) -> dict:
+    """Tokens/s per contestant: one model each, all made and warmed first (plans built,
+    compiled, graphs recorded), then ``rounds`` rounds in which each trains ``steps`` steps on
+    the same batches in turn. A rate is the median of its windows; "spread" gives each one's
+    slowest and fastest. (Single 50-step runs moved by 15-45% within one H100 process, in
+    both directions; windows taken in turn share whatever drifts.)"""
+    data = list(batches(config, steps, seed=1))
+    trainers = {name: Trainer(config, *spec) for name, spec in CONTESTANTS.items()}
+    for trainer in trainers.values():
+        trainer.steps(data[:warmup])
+    runs: dict[str, list[float]] = {name: [] for name in trainers}
+    for _ in range(rounds):
+        for name, trainer in trainers.items():
+            _, seconds = trainer.timed_steps(data)
+            runs[name].append(len(data) * config.batch * config.seq / seconds)
     rates: dict = {name: statistics.median(values) for name, values in runs.items()}
     rates["spread"] = {name: [min(values), max(values)] for name, values in runs.items()}
     return rates
@@ -240,7 +267,7 @@ def main() -> int:
     for field, value in asdict(defaults).items():
         parser.add_argument(f"--{field}", type=int, default=value)
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3, help="timed runs per backend")
+    parser.add_argument("--rounds", type=int, default=5, help="timed windows per contestant")
     parser.add_argument("--json", help="write the report here too")
     args = parser.parse_args()
     config = replace(defaults, **{f: getattr(args, f) for f in asdict(defaults)})

@@ -1,32 +1,45 @@
-"""examples/gpt.py's tokens/s report without a GPU: each backend's rate is the median of its
-interleaved runs, each compiled model runs once (default mode, then CUDA graphs), and the spread
-holds every backend's extremes."""
+"""examples/gpt.py's tokens/s report without a GPU: every contestant is made and warmed before
+any window is timed, the windows are taken in turn round by round on the same batches, and each
+rate is the median of a contestant's windows, with its extremes as the spread."""
 
 from __future__ import annotations
 
 
-def test_rates_are_medians_of_interleaved_runs(gpt_example, monkeypatch):
+def test_rates_are_medians_of_windows_taken_in_turn(gpt_example, monkeypatch):
     gpt = gpt_example
-    order, rates = [], iter([10.0, 20.0, 30.0, 13.0, 22.0, 31.0, 11.0, 26.0, 35.0, 50.0, 45.0,
-                                  60.0, 64.0])
+    events = []
+    names = list(gpt.CONTESTANTS)
+    # Seconds per window, round by round in CONTESTANTS order (7 contestants, 3 rounds).
+    seconds = iter([1.0, 2.0, 4.0, 8.0, 1.0, 2.0, 4.0,
+                    2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0,
+                    4.0, 1.0, 1.0, 1.0, 4.0, 1.0, 8.0])
 
-    def train(config, backend="opfacade", steps=50, deterministic=True, compile_mode=None,
-              warmup=3):
-        order.append((backend, deterministic, compile_mode))
-        return [], {}, next(rates)
+    class FakeTrainer:
+        def __init__(self, config, backend, deterministic, compile_mode=None, seed=0):
+            self.spec = (backend, deterministic, compile_mode)
+            events.append(("made", self.spec))
 
-    monkeypatch.setattr(gpt, "train", train)
-    found = gpt.measured_rates(gpt.Config(), steps=50, rounds=3)
-    assert order[:3] == [("opfacade", True, None), ("opfacade", False, None),
-                         ("torch", False, None)]
-    assert order[3:6] == order[:3]
-    assert order[-4:] == [("torch", False, "default"), ("opfacade", False, "default"),
-                          ("torch", False, "reduce-overhead"),
-                          ("opfacade", False, "reduce-overhead")]
-    assert found["opfacade deterministic"] == 11.0 and found["opfacade"] == 22.0
-    assert found["torch eager"] == 31.0 and found["torch.compile"] == 50.0
-    assert found["spread"]["opfacade"] == [20.0, 26.0]
-    assert found["spread"]["torch.compile"] == [50.0, 50.0]
-    assert found["opfacade + torch.compile"] == 45.0
-    assert found["torch.compile, CUDA graphs"] == 60.0
-    assert found["opfacade + torch.compile, CUDA graphs"] == 64.0
+        def steps(self, batches):
+            events.append(("warm", self.spec, len(batches)))
+            return []
+
+        def timed_steps(self, batches):
+            events.append(("timed", self.spec, len(batches)))
+            return [], next(seconds)
+
+    monkeypatch.setattr(gpt, "Trainer", FakeTrainer)
+    monkeypatch.setattr(gpt, "batches", lambda config, steps, seed: [(None, None)] * steps)
+    config = gpt.Config(batch=2, seq=5)  # 10 tokens a step, 10 steps a window: 100 a window
+    found = gpt.measured_rates(config, steps=10, rounds=3, warmup=4)
+
+    specs = [gpt.CONTESTANTS[name] for name in names]
+    assert events[:7] == [("made", spec) for spec in specs]
+    assert events[7:14] == [("warm", spec, 4) for spec in specs]
+    assert events[14:] == [("timed", spec, 10) for spec in specs] * 3
+    assert found["opfacade deterministic"] == 100 / 2.0  # windows of 1, 2, 4 s
+    assert found["torch eager"] == 100 / 2.0  # 4, 2, 1 s
+    assert found["torch.compile"] == 100 / 2.0  # 8, 2, 1 s
+    assert found["spread"]["torch.compile"] == [100 / 8.0, 100 / 1.0]
+    assert found["opfacade + torch.compile, CUDA graphs"] == 100 / 4.0  # 4, 2, 8 s
+    assert set(found) == {*names, "spread"}
+    assert {spec[2] for spec in specs} == {None, "default", "reduce-overhead"}
