@@ -130,6 +130,13 @@ _sdpa_op.register_autograd(_backward, setup_context=_save_for_backward)
 _sdpa = eager_autograd(torch.ops.opfacade.sdpa, _sdpa_impl, _save_for_backward, _backward)
 
 
+def _refuse_ranks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    for tensor, name in ((query, "query"), (key, "key"), (value, "value")):
+        if tensor.ndim != 4:
+            raise ShapeMismatch(f"sdpa: {name} must be [B, H, S, D] or [H, S, D], got shape "
+                                f"{tuple(tensor.shape)}", argument=name)
+
+
 def _bias_from_mask(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor
                     ) -> torch.Tensor | None:
     """torch's attn_mask as the additive [B|1, H|1, Sq, Skv] bias the contract takes: a boolean
@@ -172,20 +179,33 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     torch.are_deterministic_algorithms_enabled()) picks a deterministic backward.
     Differentiable in query, key, value and a float attn_mask.
     """
+    # Every check below runs on every eager call: written as plain comparisons (a loop over
+    # tuples, a helper call or keyword arguments cost host time torch's C++ call does not pay).
     cuda_device("sdpa", query=query, key=key, value=value, attn_mask=attn_mask)
     unbatched = query.ndim == 3
     if unbatched:
         query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
-    for tensor, name in ((query, "query"), (key, "key"), (value, "value")):
-        if tensor.ndim != 4:
-            raise ShapeMismatch(f"sdpa: {name} must be [B, H, S, D] or [H, S, D], got shape "
-                                f"{tuple(tensor.shape)}", argument=name)
-    if is_causal and attn_mask is not None:
-        raise InvalidArgument("sdpa: pass attn_mask or is_causal, not both (as torch requires)",
-                              argument="attn_mask")
+    if query.ndim != 4 or key.ndim != 4 or value.ndim != 4:
+        _refuse_ranks(query, key, value)
     if query.shape[1] != key.shape[1] and not enable_gqa:
         raise ShapeMismatch(f"sdpa: query has {query.shape[1]} heads and key {key.shape[1]}; "
                             f"pass enable_gqa=True for grouped-query attention", argument="key")
+    causal = "top_left" if is_causal else None  # torch's is_causal is top-left aligned
+    if attn_mask is None and dropout_p == 0.0:
+        if not (query.requires_grad or key.requires_grad or value.requires_grad) \
+                or not torch.is_grad_enabled():
+            # Eager inference: the op's kernel without the dispatcher's Python round trip
+            # (under torch.compile the tensors are fake ones that need no gradient either, but
+            # tracing must see the op).
+            if not torch.compiler.is_compiling():
+                out = functional.sdpa(query, key, value, causal=causal, scale=scale)
+                return out.squeeze(0) if unbatched else out
+        out, _ = _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, True,
+                       deterministic_choice(deterministic))
+        return out.squeeze(0) if unbatched else out
+    if is_causal and attn_mask is not None:
+        raise InvalidArgument("sdpa: pass attn_mask or is_causal, not both (as torch requires)",
+                              argument="attn_mask")
     if not 0.0 <= dropout_p < 1.0:
         raise InvalidArgument(f"sdpa: dropout_p must be in [0, 1), got {dropout_p}",
                               argument="dropout_p")
@@ -198,7 +218,7 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if wants_grad(query, key, value, bias) or torch.compiler.is_compiling():
         out, _ = _sdpa(*arguments, True, deterministic_choice(deterministic))
     else:  # eager inference: the op's kernel without the dispatcher's Python round trip
-        out = functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale,
-                              bias=bias, dropout_p=float(dropout_p), dropout_seed=seed,
+        out = functional.sdpa(query, key, value, causal=causal, scale=scale, bias=bias,
+                              dropout_p=float(dropout_p), dropout_seed=seed,
                               dropout_offset=offset)
     return out.squeeze(0) if unbatched else out
