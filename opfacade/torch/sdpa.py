@@ -192,14 +192,13 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             f"pass enable_gqa=True for grouped-query attention", argument="key")
     causal = "top_left" if is_causal else None  # torch's is_causal is top-left aligned
     if attn_mask is None and dropout_p == 0.0:
-        if not (query.requires_grad or key.requires_grad or value.requires_grad) \
-                or not torch.is_grad_enabled():
-            # Eager inference: the op's kernel without the dispatcher's Python round trip
-            # (under torch.compile the tensors are fake ones that need no gradient either, but
-            # tracing must see the op).
-            if not torch.compiler.is_compiling():
-                out = functional.sdpa(query, key, value, causal=causal, scale=scale)
-                return out.squeeze(0) if unbatched else out
+        inference = (not (query.requires_grad or key.requires_grad or value.requires_grad)
+                     or not torch.is_grad_enabled())
+        # Eager inference: the op's kernel without the dispatcher's Python round trip (tracing
+        # under torch.compile must see the op, gradient or not).
+        if inference and not torch.compiler.is_compiling():
+            out = functional.sdpa(query, key, value, causal=causal, scale=scale)
+            return out.squeeze(0) if unbatched else out
         out, _ = _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, True,
                        deterministic_choice(deterministic))
         return out.squeeze(0) if unbatched else out
