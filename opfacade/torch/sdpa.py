@@ -190,7 +190,7 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if query.shape[1] != key.shape[1] and not enable_gqa:
         raise ShapeMismatch(f"sdpa: query has {query.shape[1]} heads and key {key.shape[1]}; "
                             f"pass enable_gqa=True for grouped-query attention", argument="key")
-    causal = "top_left" if is_causal else None  # torch's is_causal is top-left aligned
+    causal = _causal(is_causal)
     if attn_mask is None and dropout_p == 0.0:
         inference = (not (query.requires_grad or key.requires_grad or value.requires_grad)
                      or not torch.is_grad_enabled())
