@@ -1,9 +1,12 @@
 # Sourced by the scripts/gpu_*.sh device calls after they set $stages: installs the wheels carried
 # in .whl/ (../shared/tools/device-wheels.sh) beside the image's packages, sets the environment
-# every call runs in, makes $OUT, and defines wants (is a stage asked for) and stage (its banner).
+# every call runs in, makes $OUT, and defines wants (is a stage asked for), stage (its banner) and
+# quiet (a console filter: drops pytest's indented tracebacks and cudnn-frontend 1.32's nanobind
+# leak report at interpreter exit, which otherwise pushes pytest's summary out of a tail).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
 wants() { [[ " $stages " == *" $1 "* ]]; }
 stage() { echo "=== $1 ($(date +%T))"; }
+quiet() { grep -v -E "^    |leaked|nanobind|skipped remainder|refleaks"; }

@@ -16,8 +16,7 @@ python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudn
 if wants multi; then
     stage multi
     timeout ${MULTI_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs tests/test_multi_gpu_gpu.py \
-        tests/test_example_ddp_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" \
-        | grep -v -E "^    |leaked|nanobind|skipped remainder" | tail -40
+        tests/test_example_ddp_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" | quiet | tail -40
 fi
 if wants ddp; then
     stage ddp
@@ -42,8 +41,7 @@ if wants suite; then
             echo "--- cuda:$gpu $family ($left s left)"
             (( left > 10 )) || continue
             CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m pytest -q -p no:cacheprovider \
-                -rs $files 2>&1 | grep -v -E "^    |leaked|nanobind|skipped remainder" \
-                | tail -${SUITE_TAIL:-8}
+                -rs $files 2>&1 | quiet | tail -${SUITE_TAIL:-8}
         done > "$OUT/suite_gpu$gpu.log" 2>&1
     }
     half 0 ${HALF0:-others linear alibi kv_append} &

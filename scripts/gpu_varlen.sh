@@ -16,7 +16,7 @@ if wants tests; then
     stage tests
     timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=12 tests/test_varlen_attention_gpu.py \
         "tests/test_precision_gpu.py" -k "varlen or (sdpa and f32)" \
-        2>&1 | tee "$OUT/pytest_varlen.log" | tail -30
+        2>&1 | tee "$OUT/pytest_varlen.log" | quiet | tail -30
 fi
 if wants verify; then
     stage verify
