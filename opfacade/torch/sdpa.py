@@ -191,6 +191,9 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         raise ShapeMismatch(f"sdpa: query has {query.shape[1]} heads and key {key.shape[1]}; "
                             f"pass enable_gqa=True for grouped-query attention", argument="key")
     causal = _causal(is_causal)
+    # Without a mask or dropout (the common call), the same choice as at the end of this
+    # function, taken early: one route for both measured 0.4-0.7 us slower on the development
+    # CPU (the mask and dropout preparation, wants_grad's call, five more keywords).
     if attn_mask is None and dropout_p == 0.0:
         inference = (not (query.requires_grad or key.requires_grad or value.requires_grad)
                      or not torch.is_grad_enabled())
