@@ -7,6 +7,8 @@
 //                        tile; the tiles of one chunk are neighbours in the grid and share it
 //                        through L2. Per row it writes the chunk's max score m, its sum l of
 //                        exp(s - m) and acc = sum exp(s - m) v into the workspace.
+//   decode_partial_<T>_<D>_16  The same CTA over a tile of 16 rows on tensor cores (f16, bf16;
+//                        D 64, 128), for kv heads with more than 8 rows: see "Tiles of 16 rows".
 //   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
 //                        chunks into out and lse in slices of chunks added in a fixed order.
 //                        Built with 128 and 256 threads; the launcher picks one from the
@@ -130,6 +132,58 @@ struct SplitSum {
     }
 };
 
+// Whether no row of the tile sees a key of this chunk (all its keys lie after the tile's last
+// position, or before its first row's window). Then it writes m = -inf, l = 0 and acc = 0, so
+// the merge reads only values written this run, weighted 0.
+template <int D>
+__device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, int nr, int len,
+                             int keys, int q_len, int group, int chunks, int left,
+                             float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
+    const int k0 = chunk * kChunk, rows = group * q_len;
+    const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
+    if (!(k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left))) return false;
+    for (int e = threadIdx.x; e < nr * D; e += kThreads) {
+        const int r = e / D;
+        ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + e - r * D] = 0.0f;
+    }
+    if (threadIdx.x < nr) {
+        const i64 at = partial_index(s, g, chunk, r0 + threadIdx.x, c.heads_kv, chunks, rows);
+        ws_ml[2 * at] = minus_infinity();
+        ws_ml[2 * at + 1] = 0.0f;
+    }
+    return true;
+}
+
+// Each key's row of the chunk, as an element offset from its sequence's K (and V) base, into
+// row_off[0, keys): a paged cache's table lookup and page arithmetic leave the load loops, whose
+// addresses then need no dependent load. The caller syncs before reading it.
+template <int D>
+__device__ __forceinline__ void chunk_rows(const Cache& c, int s, int g, int k0, int keys,
+                                           i64* row_off) {
+#pragma unroll
+    for (int u = 0; u < kChunk / kThreads; ++u) {  // unrolled: the table loads fly together
+        const int j = threadIdx.x + u * kThreads, key = k0 + j;
+        if (j < keys) {
+            row_off[j] = c.kind == 1
+                             ? offset(c, max(page_of(c, s, key), 0), page_slot(c, key), g,
+                                      c.page_size, D)
+                             : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
+        }
+    }
+}
+
+// A sequence's own K and V bases: the tensors, or its entries of a pointer cache.
+template <typename T>
+__device__ __forceinline__ void sequence_bases(const Cache& c, int s, const T*& k_base,
+                                               const T*& v_base) {
+    k_base = static_cast<const T*>(c.k);
+    v_base = static_cast<const T*>(c.v);
+    if (c.kind == 2) {
+        k_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.k)[s]);
+        v_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.v)[s]);
+    }
+}
+
 template <typename T, int D, int R>
 __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                         const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
@@ -147,21 +201,9 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     const int k0 = chunk * kChunk;
     if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
     const int keys = min(kChunk, len - k0);
-    const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
     const int tid = threadIdx.x;
-    if (k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left)) {
-        // No row of the tile sees a key of this chunk: m = -inf, l = 0 and acc = 0 (so the
-        // merge reads only values written this run, weighted 0).
-        for (int e = tid; e < nr * D; e += kThreads) {
-            const int r = e / D;
-            ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + e - r * D] =
-                0.0f;
-        }
-        if (tid < nr) {
-            const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
-            ws_ml[2 * at] = minus_infinity();
-            ws_ml[2 * at + 1] = 0.0f;
-        }
+    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
+                        ws_ml)) {
         return;
     }
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
@@ -186,26 +228,11 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         }
     }
 
-    // Each key's row, as an element offset from this sequence's K (and V) base, resolved once
-    // per chunk: a paged cache's table lookup and page arithmetic leave the load loops, whose
-    // addresses then need no dependent load. The queries' loads above are in flight meanwhile.
+    // Each key's row offset, resolved once per chunk while the queries' loads above fly.
     i64* row_off = reinterpret_cast<i64*>(shared + kChunk * R);
-    const T* k_base = static_cast<const T*>(c.k);
-    const T* v_base = static_cast<const T*>(c.v);
-    if (c.kind == 2) {
-        k_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.k)[s]);
-        v_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.v)[s]);
-    }
-#pragma unroll
-    for (int u = 0; u < kChunk / kThreads; ++u) {  // unrolled: the table loads fly together
-        const int j = tid + u * kThreads, key = k0 + j;
-        if (j < keys) {
-            row_off[j] = c.kind == 1
-                             ? offset(c, max(page_of(c, s, key), 0), page_slot(c, key), g,
-                                      c.page_size, D)
-                             : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
-        }
-    }
+    const T *k_base, *v_base;
+    sequence_bases(c, s, k_base, v_base);
+    chunk_rows<D>(c, s, g, k0, keys, row_off);
     __syncthreads();  // row_off
 
     // kUnroll passes' 16-byte vectors of `base`'s rows, zeros past the chunk's keys (never
@@ -348,6 +375,332 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     }
 }
 
+// ---- Tiles of 16 rows on tensor cores (f16 and bf16, D 64 and 128) ----
+//
+// A kv head's rows past 8 (q_len > 1, or groups over 8) made the FMA tiles above compute-bound:
+// B64 S4096 q_len 4 (16 rows) read at 38% of a device copy on an H100. These tiles run both
+// products as mma.sync m16n8k16 with f32 accumulators, the same memory stream as the tiles
+// above. The fragment layouts are PTX's ("Matrix fragments for mma.m16n8k16"): lane = 4 fr + fc
+// holds A's rows fr and fr + 8, B's column fr, and columns 2 fc, 2 fc + 1 (and + 8) of both.
+//
+// No shared-memory staging: each lane loads 16-byte vectors straight from the cache, and the
+// layouts are made to fit them.
+// - Q K^T sums over d in any order both operands agree on. A lane's vector j of a key row holds
+//   d = 32 j + 8 fc ... + 7, which it uses as its B words of two k-steps; its Q vectors of rows
+//   fr and fr + 8 cover the same d, as its A words.
+// - P V needs V's columns in B's layout (a lane holds one column, two keys). movmatrix
+//   transposes each 8x8 block (8 keys x 4 lanes' word p) in registers. Output column n of block
+//   (j, p) is then d = 32 j + 8 (n / 2) + 2 p + n % 2, so a lane's accumulators of row fr are
+//   again d = 32 j + 8 fc ... + 7.
+// - P's A fragment is the scores' C fragment of two key tiles (FlashAttention-2's reuse), split
+//   into a high and a low half of T (P = hi + lo to ~2^-16): two products keep the weights' f32
+//   precision where one rounding to bf16 would cost 2^-9 per weight. Tensor work is cheap here;
+//   the kernel is memory-bound.
+// The warps split the chunk's keys (64 each), then add their accumulators in warp order. Every
+// sum's order is fixed by D alone, so the batch invariance argument above holds unchanged.
+
+template <typename T> struct Mma;
+
+template <> struct Mma<bf16_t> {
+    static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,
+                                               unsigned a2, unsigned a3, unsigned b0,
+                                               unsigned b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    // x0 into the low half, x1 into the high half, rounded to nearest.
+    static __device__ __forceinline__ unsigned pack(float x0, float x1) {
+        unsigned r;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+        return r;
+    }
+    static __device__ __forceinline__ float low(unsigned w) { return __uint_as_float(w << 16); }
+    static __device__ __forceinline__ float high(unsigned w) {
+        return __uint_as_float(w & 0xffff0000u);
+    }
+};
+
+template <> struct Mma<f16_t> {
+    static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,
+                                               unsigned a2, unsigned a3, unsigned b0,
+                                               unsigned b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ unsigned pack(float x0, float x1) {
+        unsigned r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
+        return r;
+    }
+    static __device__ __forceinline__ float low(unsigned w) {
+        return Math<f16_t>::up(f16_t{(u16)(w & 0xffffu)});
+    }
+    static __device__ __forceinline__ float high(unsigned w) {
+        return Math<f16_t>::up(f16_t{(u16)(w >> 16)});
+    }
+};
+
+// The 8x8 matrix of 16-bit elements a warp holds (lane 4 r + c: row r, columns 2c, 2c + 1),
+// transposed into the same layout.
+__device__ __forceinline__ unsigned transposed(unsigned x) {
+    unsigned r;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+
+__device__ __forceinline__ unsigned word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+constexpr int kMmaRows = 16;
+constexpr int kWarps = kThreads / 32;
+constexpr int kWarpKeys = kChunk / kWarps;  // 64: 8 key tiles of 8
+
+#ifdef OPFACADE_DECODE_MMA_MIN_BLOCKS
+#define OPFACADE_MMA_MIN_BLOCKS OPFACADE_DECODE_MMA_MIN_BLOCKS
+#else
+#define OPFACADE_MMA_MIN_BLOCKS 3
+#endif
+
+template <typename T, int D>
+__device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
+                            const Cache& c, const int* __restrict__ seq_lens,
+                            float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
+                            int group, int tiles, int chunks, float scale, int left) {
+    constexpr int R = kMmaRows;
+    constexpr int kVecs = D / 32;         // a lane's 16-byte vectors of a row (4 lanes a row)
+    constexpr int kTiles = kWarpKeys / 8;  // key tiles of 8 per warp
+    constexpr int kBatch = 256 / D;        // key tiles per load batch: 2 or 4 (even: k-steps)
+    static_assert(D == 64 || D == 128, "tensor-core tiles are built for D 64 and 128");
+    extern __shared__ float shared[];
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
+    const int chunk = blockIdx.y, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    const int len = sequence_length(c, seq_lens, s);
+    const int k0 = chunk * kChunk;
+    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
+    const int keys = min(kChunk, len - k0);
+    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
+                        ws_ml)) {
+        return;
+    }
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int fr = lane >> 2, fc = lane & 3;
+    const int warp_key0 = warp * kWarpKeys;
+
+    // Shared: row_off [kChunk] i64, row maxima and sums [kWarps][R], the warps' accumulators
+    // [kWarps][R][D].
+    i64* row_off = reinterpret_cast<i64*>(shared);
+    float* warp_m = shared + 2 * kChunk;
+    float* warp_l = warp_m + kWarps * R;
+    float* sums = warp_l + kWarps * R;
+
+    // Q's A words: rows fr (qa) and fr + 8 (qb), vector j's d = 32 j + 8 fc ... + 7, unscaled
+    // (the scale multiplies the f32 scores). Rows past the tile's are zeros.
+    unsigned qa[kVecs][4], qb[kVecs][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int hr = fr + 8 * half, row = r0 + hr;
+        const u16* q_row = reinterpret_cast<const u16*>(
+            q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
+#pragma unroll
+        for (int j = 0; j < kVecs; ++j) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const int d = 32 * j + 8 * fc + 2 * w;
+                const unsigned x = hr < nr ? (unsigned)q_row[d] | ((unsigned)q_row[d + 1] << 16)
+                                           : 0u;
+                if (half == 0) {
+                    qa[j][w] = x;
+                } else {
+                    qb[j][w] = x;
+                }
+            }
+        }
+    }
+
+    const T *k_base, *v_base;
+    sequence_bases(c, s, k_base, v_base);
+    chunk_rows<D>(c, s, g, k0, keys, row_off);
+    __syncthreads();  // row_off
+
+    // Key tiles [t0, t0 + kBatch) of this warp: lane (fr, fc) loads key 8 t + fr's vectors;
+    // zeros past the chunk's keys (never loaded: their content, NaN included, meets no weight).
+    auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+            const int j = warp_key0 + 8 * (t0 + u) + fr;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v) {
+                raw[u][v] = j < keys ? load16(base + row_off[j] + 32 * v + 8 * fc)
+                                     : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+
+    // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
+    float sc[kTiles][4];
+    auto score = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+            float* d = sc[t0 + u];
+            d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v) {
+                Mma<T>::run(sc[t0 + u], qa[v][0], qb[v][0], qa[v][1], qb[v][1], raw[u][v].x,
+                            raw[u][v].y);
+                Mma<T>::run(sc[t0 + u], qa[v][2], qb[v][2], qa[v][3], qb[v][3], raw[u][v].z,
+                            raw[u][v].w);
+            }
+        }
+    };
+
+    uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
+    load(raw_a, k_base, 0);
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2 * kBatch) {
+        load(raw_b, k_base, t + kBatch);
+        score(raw_a, t);
+        if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
+        score(raw_b, t + kBatch);
+    }
+    load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
+
+    // Scale and mask; each row's max over the warp's keys, then over the warps.
+    int pos[2];
+    float m[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int hr = fr + 8 * half;
+        pos[half] = hr < nr ? len - q_len + (r0 + hr) / group : -1;
+        m[half] = minus_infinity();
+    }
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = warp_key0 + 8 * t + 2 * fc + (e & 1), key_pos = k0 + j;
+            const int p = pos[e >> 1];
+            const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
+            sc[t][e] = seen ? sc[t][e] * scale : minus_infinity();
+            m[e >> 1] = fmaxf(m[e >> 1], sc[t][e]);
+        }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        m[half] = fmaxf(m[half], __shfl_xor_sync(0xffffffffu, m[half], 1));
+        m[half] = fmaxf(m[half], __shfl_xor_sync(0xffffffffu, m[half], 2));
+        if (fc == 0) warp_m[warp * R + fr + 8 * half] = m[half];
+    }
+    __syncthreads();  // warp_m
+    float l[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        for (int w = 0; w < kWarps; ++w) m[half] = fmaxf(m[half], warp_m[w * R + fr + 8 * half]);
+        m[half] = m[half] == minus_infinity() ? 0.0f : m[half];  // the base exp subtracts
+        l[half] = 0.0f;
+    }
+
+    // Weights exp(s - m), this lane's sums of them, and P's A words (high and low halves) of
+    // each k-step of 16 keys (key tiles 2i and 2i + 1).
+    unsigned p_hi[kTiles / 2][4], p_lo[kTiles / 2][4];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sc[t][e] = expf(sc[t][e] - m[e >> 1]);
+            l[e >> 1] += sc[t][e];
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float x0 = sc[t][2 * half], x1 = sc[t][2 * half + 1];
+            const unsigned hi = Mma<T>::pack(x0, x1);
+            const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
+            // a0, a1: tile 2i's rows fr and fr + 8; a2, a3: tile 2i + 1's.
+            p_hi[t / 2][2 * (t % 2) + half] = hi;
+            p_lo[t / 2][2 * (t % 2) + half] = lo;
+        }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+        if (fc == 0) warp_l[warp * R + fr + 8 * half] = l[half];
+    }
+
+    // acc[v][p]: the C fragment of V block (v, p), columns 32 v + 8 fc + 2 p, + 1.
+    float acc[kVecs][4][4];
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+        for (int p = 0; p < 4; ++p) acc[v][p][0] = acc[v][p][1] = acc[v][p][2] = acc[v][p][3] = 0.0f;
+    }
+    auto accumulate = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; u += 2) {
+            const int i = (t0 + u) / 2;  // the k-step: key tiles t0 + u and t0 + u + 1
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    const unsigned b0 = transposed(word(raw[u][v], p));
+                    const unsigned b1 = transposed(word(raw[u + 1][v], p));
+                    Mma<T>::run(acc[v][p], p_hi[i][0], p_hi[i][1], p_hi[i][2], p_hi[i][3], b0, b1);
+                    Mma<T>::run(acc[v][p], p_lo[i][0], p_lo[i][1], p_lo[i][2], p_lo[i][3], b0, b1);
+                }
+            }
+        }
+    };
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2 * kBatch) {
+        load(raw_b, v_base, t + kBatch);
+        accumulate(raw_a, t);
+        if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
+        accumulate(raw_b, t + kBatch);
+    }
+
+    // The warps' accumulators, then their sum in warp order.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float* row = sums + (warp * R + fr + 8 * half) * D + 8 * fc;
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                *reinterpret_cast<float2*>(row + 32 * v + 2 * p) =
+                    make_float2(acc[v][p][2 * half], acc[v][p][2 * half + 1]);
+            }
+        }
+    }
+    __syncthreads();  // sums, warp_l
+    for (int e = 4 * tid; e < nr * D; e += 4 * kThreads) {
+        const int r = e / D, d = e - r * D;
+        float4 total = *reinterpret_cast<const float4*>(sums + r * D + d);
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) {
+            const float4 x = *reinterpret_cast<const float4*>(sums + (w * R + r) * D + d);
+            total.x += x.x;
+            total.y += x.y;
+            total.z += x.z;
+            total.w += x.w;
+        }
+        *reinterpret_cast<float4*>(
+            ws_acc + partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d) = total;
+    }
+    if (tid < nr) {
+        float row_m = minus_infinity(), row_l = 0.0f;
+        for (int w = 0; w < kWarps; ++w) row_m = fmaxf(row_m, warp_m[w * R + tid]);
+        for (int w = 0; w < kWarps; ++w) row_l += warp_l[w * R + tid];
+        const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
+        ws_ml[2 * at] = row_m;
+        ws_ml[2 * at + 1] = row_l;
+    }
+}
+
 // The merge: the block's threads form slices of Dv / 4 threads (a float4 of columns each); slice
 // k adds chunks k, k + slices, ... in turn, then the slices' sums are added in slice order. The
 // order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
@@ -436,6 +789,16 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
                          q_len, group, tiles, chunks, scale, left);                              \
     }
 
+#define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
+    extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)              \
+        decode_partial_##SUFFIX##_##D##_16(                                                      \
+        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
+        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left) {                                                                              \
+        partial_mma<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,     \
+                          q_len, group, tiles, chunks, scale, left);                             \
+    }
+
 #define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
     extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
         T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
@@ -455,7 +818,14 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     OPFACADE_MERGE(SUFFIX, T, 128)                                                               \
     OPFACADE_MERGE(SUFFIX, T, 256)
 
+// Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).
+#define OPFACADE_DECODE_MMA(SUFFIX, T)                                                           \
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 64)                                                          \
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 128)
+
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
+OPFACADE_DECODE_MMA(f16, f16_t)
+OPFACADE_DECODE_MMA(bf16, bf16_t)
 

@@ -31,6 +31,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
         assert cubin[:4] == b"\x7fELF"
     partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
                 for r in kernels.TILES}
+    partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}" for e in ("f16", "bf16")
+                 for d in kernels.MMA_DIMS}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS for threads in (128, 256)}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
@@ -38,6 +40,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
         for dim in kernels.DIMS:
             for tile in kernels.TILES:
                 assert kernels.shared_bytes(element, dim, tile) <= 48 << 10
+    for dim in kernels.MMA_DIMS:
+        assert kernels.shared_bytes(ElementKind.bf16, dim, kernels.MMA_TILE) <= 48 << 10
 
 
 def _record(monkeypatch) -> list[tuple]:
@@ -68,7 +72,9 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     kernels.append_call(element, 0, cache, 5, 4, 0x8000, (4 * 8 * 128, 8 * 128, 128), 0x9000,
                         (4 * 8 * 128, 8 * 128, 128), 0x2000, 0x3000, 0x4000, 0x5000, 7)()
     names = [name for name, *_ in launched]
-    assert names == [f"decode_partial_{element.value}_128_8",
+    # 16 rows (4 heads x 4 tokens): one tensor-core tile for the half types, two of 8 for f32.
+    tile = 8 if element == ElementKind.f32 else kernels.MMA_TILE
+    assert names == [f"decode_partial_{element.value}_128_{tile}",
                      f"decode_merge_{element.value}_128", f"kv_append_{element.value}"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
     blocks = {"merge": (kernels.MERGE_THREADS_FEW,), "partial": (kernels.THREADS,),
@@ -76,9 +82,9 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     for name, _, block, args, _ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
-    # 8 kv heads x 2 tiles of 8 rows (4 heads x 4 tokens = 16 rows); 1024 tokens in 4 chunks.
-    assert launched[0][1] == (16, 4, 5)
-    assert launched[0][4] == kernels.shared_bytes(element, 128, 8)
+    # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks.
+    assert launched[0][1] == (8 * (16 // tile), 4, 5)
+    assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
     assert launched[1][1] == (5, 32, 4)
     # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
     assert launched[2][1] == (5, 4, 1)
@@ -108,10 +114,14 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
     assert_packed_like_declared(name, args, signatures)
 
 
-@pytest.mark.parametrize(("rows", "tile", "tiles"), [(1, 4, 1), (4, 4, 1), (5, 8, 1),
-                                                      (8, 8, 1), (16, 8, 2), (64, 8, 8)])
-def test_row_tiles_follow_the_group_alone(rows, tile, tiles):
-    assert kernels.row_tile(rows) == tile and -(-rows // tile) == tiles
+@pytest.mark.parametrize(("rows", "element", "dim", "tile", "tiles"), [
+    (1, "bf16", 128, 4, 1), (4, "f32", 64, 4, 1), (5, "f16", 256, 8, 1), (8, "bf16", 64, 8, 1),
+    (9, "bf16", 128, 16, 1), (16, "f16", 64, 16, 1), (64, "bf16", 128, 16, 4),
+    # no tensor-core tile for f32 (its math stays f32) or d 256: tiles of 8
+    (16, "f32", 128, 8, 2), (64, "bf16", 256, 8, 8)])
+def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
+    assert kernels.row_tile(rows, ElementKind(element), dim) == tile
+    assert -(-rows // tile) == tiles
 
 
 def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
@@ -121,7 +131,7 @@ def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
-    assert launched[0][1] == (1 * 8, 2, 2)  # 64 rows in tiles of 8; 300 tokens in 2 chunks
+    assert launched[0][1] == (1 * 4, 2, 2)  # 64 rows in tiles of 16; 300 tokens in 2 chunks
     assert launched[0][3][-1] == 16  # the window's left side
 
 

@@ -35,7 +35,13 @@ THREADS = 128  # kThreads
 MERGE_THREADS_FEW, MERGE_THREADS_MANY = 128, 256
 MERGE_FEW_CHUNKS = 8  # capacities of at most this many chunks take the 128-thread merge
 DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
-TILES = (4, 8)  # query rows per CTA tile the partial kernel is built for
+TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
+# The tensor-core tile (decode_partial_*_16, mma.sync): 16 rows, built for the half types at
+# D 64 and 128. It takes any kv head with more rows than the largest CUDA-core tile holds:
+# those tiles were compute-bound there (B64 S4096 q_len 4, 16 rows: 38% of a device copy).
+MMA_TILE = 16
+MMA_DIMS = (64, 128)
+MMA_WARPS = THREADS // 32
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -93,16 +99,25 @@ def chunks(capacity: int) -> int:
     return -(-capacity // CHUNK)
 
 
-def row_tile(rows: int) -> int:
-    """Query rows per CTA: the smallest built tile that holds a kv head's rows (group x q_len),
-    else the largest, in several tiles. The descriptor fixes it, so batch invariance holds."""
-    return next((tile for tile in TILES if rows <= tile), TILES[-1])
+def row_tile(rows: int, element: ElementKind, dim: int) -> int:
+    """Query rows per CTA: the smallest CUDA-core tile that holds a kv head's rows (group x
+    q_len); past that the tensor-core tile where it is built, else the largest CUDA-core tile,
+    in several tiles. The descriptor fixes it, so batch invariance holds."""
+    if rows <= TILES[-1]:
+        return next(tile for tile in TILES if rows <= tile)
+    if element in (ElementKind.f16, ElementKind.bf16) and dim in MMA_DIMS:
+        return MMA_TILE
+    return TILES[-1]
 
 
 def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
-    """The partial kernel's shared memory: the scores [CHUNK][tile] f32 and each key's row
-    offset [CHUNK] i64, then reused for the key groups' sums [groups][tile][dim] f32 (groups x
-    dim = THREADS x the columns a thread holds)."""
+    """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32 and
+    each key's row offset [CHUNK] i64, then reused for the key groups' sums [groups][tile][dim]
+    f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: the row
+    offsets, each warp's row maxima and sums [warps][tile] f32 and accumulators
+    [warps][tile][dim] f32."""
+    if tile == MMA_TILE:
+        return 8 * CHUNK + 4 * MMA_WARPS * tile * (2 + dim)
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
@@ -123,7 +138,7 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     """The two launches of one decode step over ``sequences`` sequences (strides in elements:
     batch, token, head)."""
     group = heads_q // cache.heads_kv
-    tile = row_tile(group * q_len)
+    tile = row_tile(group * q_len, element, cache.dim)
     tiles = -(-group * q_len // tile)
     n_chunks = chunks(cache.capacity)
     rows = sequences * heads_q * q_len * n_chunks

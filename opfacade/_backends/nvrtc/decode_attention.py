@@ -4,7 +4,9 @@
 
 Decode splits each sequence's keys into chunks of a fixed 256, computes the query heads of a kv
 head's group together (each K and V byte read once per row tile), and merges the chunks in
-order: deterministic and batch-invariant by construction, with every product and sum in f32.
+order: deterministic and batch-invariant by construction, with every sum in f32. Kv heads with
+more than 8 query rows (q_len > 1, wide groups) run f16/bf16 at D 64 and 128 on tensor cores
+(mma.sync, f32 accumulators); the rest on CUDA cores in f32.
 A plan covers its descriptor's envelope: any batch up to ``batch``, any lengths up to the
 capacity, read on the device only, so one captured CUDA graph replays for new lengths, page
 tables and batch compositions.
@@ -32,10 +34,12 @@ from .launch import available
 __all__ = ["APPEND_SKUS", "DECODE_SKUS"]
 
 ELEMENTS = (ElementKind.f32, ElementKind.f16, ElementKind.bf16)
-# ||out - ref|| <= bound ||mag|| + ||ufl|| (catalog/PRECISION.md). Every product, exp and sum is
-# f32 (the weights are never rounded to the element type), so the output's own rounding
-# dominates: 2^-9 relative for bf16, 2^-12 for f16, a few f32 roundings of the magnitude for
-# f32. The bounds keep room above those for long caches.
+# ||out - ref|| <= bound ||mag|| + ||ufl|| (catalog/PRECISION.md). Every exp and sum is f32 and
+# the products of elements are exact. The weights stay f32 on CUDA cores; on tensor cores each
+# is carried as a high and a low half of the element type (16 significant bits for bf16, 22 for
+# f16), never rounded to one. So the output's own rounding dominates: 2^-9 relative for bf16,
+# 2^-12 for f16, a few f32 roundings of the magnitude for f32. The bounds keep room above those
+# for long caches.
 DECODE_BOUNDS = {ElementKind.f32: 5e-6, ElementKind.f16: 1e-3, ElementKind.bf16: 5e-3}
 COPY_BOUND = 1e-12  # kv_append copies bits: any error at all is a bug
 ARCH = ArchSku.sm80
