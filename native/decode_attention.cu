@@ -7,10 +7,12 @@
 //                        tile; the tiles of one chunk are neighbours in the grid and share it
 //                        through L2. Per row it writes the chunk's max score m, its sum l of
 //                        exp(s - m) and acc = sum exp(s - m) v into the workspace.
-//   decode_partial_<T>_<D>_16  The same CTA over a tile of 16 rows on tensor cores (f16, bf16;
-//                        D 64, 128), for kv heads with more than 8 rows: see "Tiles of 16 rows".
+//   decode_partial_<T>_<D>_16  A tile of 16 rows on tensor cores (f16, bf16; D 64, 128), for
+//                        kv heads of more than 4 rows, over a span of kMmaSpan chunks: see
+//                        "Tiles of 16 rows".
 //   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
-//                        chunks into out and lse in slices of chunks added in a fixed order.
+//                        partials (one per chunk, or per span: the launcher passes their keys)
+//                        into out and lse in slices added in a fixed order.
 //                        Built with 128 and 256 threads; the launcher picks one from the
 //                        cache's capacity (decode.py), never from the batch.
 //
@@ -135,11 +137,11 @@ struct SplitSum {
 // Whether no row of the tile sees a key of this chunk (all its keys lie after the tile's last
 // position, or before its first row's window). Then it writes m = -inf, l = 0 and acc = 0, so
 // the merge reads only values written this run, weighted 0.
-template <int D>
+template <int D, int CHUNK = kChunk>
 __device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, int nr, int len,
                              int keys, int q_len, int group, int chunks, int left,
                              float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
-    const int k0 = chunk * kChunk, rows = group * q_len;
+    const int k0 = chunk * CHUNK, rows = group * q_len;
     const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
     if (!(k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left))) return false;
     for (int e = threadIdx.x; e < nr * D; e += kThreads) {
@@ -377,8 +379,10 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 
 // ---- Tiles of 16 rows on tensor cores (f16 and bf16, D 64 and 128) ----
 //
-// A kv head's rows past 8 (q_len > 1, or groups over 8) made the FMA tiles above compute-bound:
-// B64 S4096 q_len 4 (16 rows) read at 38% of a device copy on an H100. These tiles run both
+// Kv heads of more than 4 rows (q_len > 1, or groups over 4) made the FMA tiles above
+// compute-bound: on an H100 (scripts/decode_variants.py) B64 S4096 q_len 4 (16 rows) read at
+// 38% of a device copy with two 8-row tiles, 78% with one of these; q_len 2 (8 rows) 72%
+// with an 8-row FMA tile, 86% with these (both before the span below). These tiles run both
 // products as mma.sync m16n8k16 with f32 accumulators, the same memory stream as the tiles
 // above. The fragment layouts are PTX's ("Matrix fragments for mma.m16n8k16"): lane = 4 fr + fc
 // holds A's rows fr and fr + 8, B's column fr, and columns 2 fc, 2 fc + 1 (and + 8) of both.
@@ -466,6 +470,19 @@ constexpr int kWarpKeys = kChunk / kWarps;  // 64: 8 key tiles of 8
 #define OPFACADE_MMA_MIN_BLOCKS 3
 #endif
 
+// A tensor-core CTA covers kMmaSpan consecutive chunks of kChunk keys, folding each into running
+// row maxima and sums (in chunk order), and writes one partial for all of them: 16 rows' f32
+// partials are 1/16 of the bytes the CTA reads at D 128, written and read back once more by
+// the merge, and a span of 2 halves that. On an H100 (scripts/decode_variants.py, B64 S4096
+// q_len 4) the merge alone took 37 us of a 458 us step with a span of 1. The span is a
+// constant (decode.py's MMA_SPAN), so it fixes every sum's order as the chunk does.
+#ifdef OPFACADE_DECODE_MMA_SPAN
+constexpr int kMmaSpan = OPFACADE_DECODE_MMA_SPAN;
+#else
+constexpr int kMmaSpan = 2;
+#endif
+constexpr int kMmaChunk = kMmaSpan * kChunk;
+
 template <typename T, int D>
 __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
                             const Cache& c, const int* __restrict__ seq_lens,
@@ -473,199 +490,226 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
                             int group, int tiles, int chunks, float scale, int left) {
     constexpr int R = kMmaRows;
     constexpr int kVecs = D / 32;         // a lane's 16-byte vectors of a row (4 lanes a row)
-    constexpr int kTiles = kWarpKeys / 8;  // key tiles of 8 per warp
+    constexpr int kTiles = kWarpKeys / 8;  // key tiles of 8 per warp and chunk
     constexpr int kBatch = 256 / D;        // key tiles per load batch: 2 or 4 (even: k-steps)
     static_assert(D == 64 || D == 128, "tensor-core tiles are built for D 64 and 128");
     extern __shared__ float shared[];
     const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
-    const int chunk = blockIdx.y, s = blockIdx.z;
+    const int span = blockIdx.y, s = blockIdx.z;
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
-    const int k0 = chunk * kChunk;
-    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
-    const int keys = min(kChunk, len - k0);
-    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
-                        ws_ml)) {
+    const int k0 = span * kMmaChunk;
+    if (k0 >= len || nr <= 0) return;  // the merge reads spans below ceil(len / kMmaChunk) only
+    const int keys = min(kMmaChunk, len - k0);
+    if (unseen_chunk<D, kMmaChunk>(c, s, g, span, r0, nr, len, keys, q_len, group, chunks, left,
+                                   ws_acc, ws_ml)) {
         return;
     }
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fr = lane >> 2, fc = lane & 3;
     const int warp_key0 = warp * kWarpKeys;
 
-    // Shared: row_off [kChunk] i64, row maxima and sums [kWarps][R], the warps' accumulators
-    // [kWarps][R][D].
+    // Shared: row offsets [2][kChunk] i64 (this chunk's and the next's), row maxima [2][kWarps][R]
+    // (likewise), row sums [kWarps][R], the final maxima [R], Q's fragments [kVecs][2][32]
+    // (16 bytes each), the warps' accumulators [kWarps][R][D]. Double buffers let one barrier a chunk order every write after the reads
+    // it replaces.
     i64* row_off = reinterpret_cast<i64*>(shared);
-    float* warp_m = shared + 2 * kChunk;
-    float* warp_l = warp_m + kWarps * R;
-    float* sums = warp_l + kWarps * R;
+    float* warp_m = shared + 4 * kChunk;
+    float* warp_l = warp_m + 2 * kWarps * R;
+    float* row_max = warp_l + kWarps * R;
+    uint4* q_frag = reinterpret_cast<uint4*>(row_max + R);
+    float* sums = reinterpret_cast<float*>(q_frag + 2 * kVecs * 32);
 
-    // Q's A words: rows fr (qa) and fr + 8 (qb), vector j's d = 32 j + 8 fc ... + 7, unscaled
-    // (the scale multiplies the f32 scores). Rows past the tile's are zeros.
-    unsigned qa[kVecs][4], qb[kVecs][4];
+    // Q's A words in shared memory, q_frag[j][half][lane]: rows fr + 8 half, vector j's
+    // d = 32 j + 8 fc ... + 7, unscaled (the scale multiplies the f32 scores); rows past the
+    // tile's are zeros. Every warp reads the same words, so warp 0 writes them once (held in
+    // registers across the span they spilled at D 128).
+    int pos[2];  // the two rows' positions (-1: a row past the tile's, which sees no key)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int hr = fr + 8 * half, row = r0 + hr;
+        pos[half] = hr < nr ? len - q_len + row / group : -1;
+        if (warp != 0) continue;
         const u16* q_row = reinterpret_cast<const u16*>(
             q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
 #pragma unroll
         for (int j = 0; j < kVecs; ++j) {
+            unsigned w[4];
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const int d = 32 * j + 8 * fc + 2 * w;
-                const unsigned x = hr < nr ? (unsigned)q_row[d] | ((unsigned)q_row[d + 1] << 16)
-                                           : 0u;
-                if (half == 0) {
-                    qa[j][w] = x;
-                } else {
-                    qb[j][w] = x;
-                }
+            for (int i = 0; i < 4; ++i) {
+                const int d = 32 * j + 8 * fc + 2 * i;
+                w[i] = hr < nr ? (unsigned)q_row[d] | ((unsigned)q_row[d + 1] << 16) : 0u;
             }
+            q_frag[(2 * j + half) * 32 + lane] = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
 
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
-    chunk_rows<D>(c, s, g, k0, keys, row_off);
-    __syncthreads();  // row_off
+    chunk_rows<D>(c, s, g, k0, min(kChunk, keys), row_off);
+    __syncthreads();  // the first chunk's row_off, q_frag
 
-    // Key tiles [t0, t0 + kBatch) of this warp: lane (fr, fc) loads key 8 t + fr's vectors;
-    // zeros past the chunk's keys (never loaded: their content, NaN included, meets no weight).
-    auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-            const int j = warp_key0 + 8 * (t0 + u) + fr;
-#pragma unroll
-            for (int v = 0; v < kVecs; ++v) {
-                raw[u][v] = j < keys ? load16(base + row_off[j] + 32 * v + 8 * fc)
-                                     : make_uint4(0, 0, 0, 0);
-            }
-        }
-    };
-
-    // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
-    float sc[kTiles][4];
-    auto score = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-            float* d = sc[t0 + u];
-            d[0] = d[1] = d[2] = d[3] = 0.0f;
-#pragma unroll
-            for (int v = 0; v < kVecs; ++v) {
-                Mma<T>::run(sc[t0 + u], qa[v][0], qb[v][0], qa[v][1], qb[v][1], raw[u][v].x,
-                            raw[u][v].y);
-                Mma<T>::run(sc[t0 + u], qa[v][2], qb[v][2], qa[v][3], qb[v][3], raw[u][v].z,
-                            raw[u][v].w);
-            }
-        }
-    };
-
-    uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
-    load(raw_a, k_base, 0);
-#pragma unroll
-    for (int t = 0; t < kTiles; t += 2 * kBatch) {
-        load(raw_b, k_base, t + kBatch);
-        score(raw_a, t);
-        if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
-        score(raw_b, t + kBatch);
-    }
-    load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
-
-    // Scale and mask; each row's max over the warp's keys, then over the warps.
-    int pos[2];
-    float m[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int hr = fr + 8 * half;
-        pos[half] = hr < nr ? len - q_len + (r0 + hr) / group : -1;
-        m[half] = minus_infinity();
-    }
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int j = warp_key0 + 8 * t + 2 * fc + (e & 1), key_pos = k0 + j;
-            const int p = pos[e >> 1];
-            const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
-            sc[t][e] = seen ? sc[t][e] * scale : minus_infinity();
-            m[e >> 1] = fmaxf(m[e >> 1], sc[t][e]);
-        }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        m[half] = fmaxf(m[half], __shfl_xor_sync(0xffffffffu, m[half], 1));
-        m[half] = fmaxf(m[half], __shfl_xor_sync(0xffffffffu, m[half], 2));
-        if (fc == 0) warp_m[warp * R + fr + 8 * half] = m[half];
-    }
-    __syncthreads();  // warp_m
-    float l[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        for (int w = 0; w < kWarps; ++w) m[half] = fmaxf(m[half], warp_m[w * R + fr + 8 * half]);
-        m[half] = m[half] == minus_infinity() ? 0.0f : m[half];  // the base exp subtracts
-        l[half] = 0.0f;
-    }
-
-    // Weights exp(s - m), this lane's sums of them, and P's A words (high and low halves) of
-    // each k-step of 16 keys (key tiles 2i and 2i + 1).
-    unsigned p_hi[kTiles / 2][4], p_lo[kTiles / 2][4];
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            sc[t][e] = expf(sc[t][e] - m[e >> 1]);
-            l[e >> 1] += sc[t][e];
-        }
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const float x0 = sc[t][2 * half], x1 = sc[t][2 * half + 1];
-            const unsigned hi = Mma<T>::pack(x0, x1);
-            const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
-            // a0, a1: tile 2i's rows fr and fr + 8; a2, a3: tile 2i + 1's.
-            p_hi[t / 2][2 * (t % 2) + half] = hi;
-            p_lo[t / 2][2 * (t % 2) + half] = lo;
-        }
-    }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
-        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-        if (fc == 0) warp_l[warp * R + fr + 8 * half] = l[half];
-    }
-
-    // acc[v][p]: the C fragment of V block (v, p), columns 32 v + 8 fc + 2 p, + 1.
+    // Running state of rows fr and fr + 8 (the same in every warp): max m, this lane's sum of
+    // weights l, and acc[v][p], the C fragment of V block (v, p): columns 32 v + 8 fc + 2 p, + 1.
+    float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f};
     float acc[kVecs][4][4];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
         for (int p = 0; p < 4; ++p) acc[v][p][0] = acc[v][p][1] = acc[v][p][2] = acc[v][p][3] = 0.0f;
     }
-    auto accumulate = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
+
+    for (int sub = 0; sub < kMmaSpan; ++sub) {
+        const int c0 = sub * kChunk;  // this chunk's first key within the span
+        if (c0 >= keys) break;
+        const int chunk_keys = min(kChunk, keys - c0);
+        const i64* offs = row_off + (sub & 1) * kChunk;
+        float* chunk_m = warp_m + (sub & 1) * kWarps * R;
+
+        // Key tiles [t0, t0 + kBatch) of this warp: lane (fr, fc) loads key 8 t + fr's
+        // vectors; zeros past the chunk's keys (never loaded: their content, NaN included,
+        // meets no weight).
+        auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
 #pragma unroll
-        for (int u = 0; u < kBatch; u += 2) {
-            const int i = (t0 + u) / 2;  // the k-step: key tiles t0 + u and t0 + u + 1
+            for (int u = 0; u < kBatch; ++u) {
+                const int j = warp_key0 + 8 * (t0 + u) + fr;
+#pragma unroll
+                for (int v = 0; v < kVecs; ++v) {
+                    raw[u][v] = j < chunk_keys ? load16(base + offs[j] + 32 * v + 8 * fc)
+                                               : make_uint4(0, 0, 0, 0);
+                }
+            }
+        };
+
+        // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
+        float sc[kTiles][4];
+        auto score = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+                float* d = sc[t0 + u];
+                d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+                for (int v = 0; v < kVecs; ++v) {
+                    const uint4 qa = q_frag[2 * v * 32 + lane], qb = q_frag[(2 * v + 1) * 32 + lane];
+                    Mma<T>::run(sc[t0 + u], qa.x, qb.x, qa.y, qb.y, raw[u][v].x, raw[u][v].y);
+                    Mma<T>::run(sc[t0 + u], qa.z, qb.z, qa.w, qb.w, raw[u][v].z, raw[u][v].w);
+                }
+            }
+        };
+
+        uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
+        load(raw_a, k_base, 0);
+        if (c0 + kChunk < keys) {
+            // The next chunk's row offsets while this one's keys fly (its buffer's last
+            // readers, two chunks back, are behind the last barrier).
+            chunk_rows<D>(c, s, g, k0 + c0 + kChunk, min(kChunk, keys - c0 - kChunk),
+                          row_off + ((sub + 1) & 1) * kChunk);
+        }
+#pragma unroll
+        for (int t = 0; t < kTiles; t += 2 * kBatch) {
+            load(raw_b, k_base, t + kBatch);
+            score(raw_a, t);
+            if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
+            score(raw_b, t + kBatch);
+        }
+        load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
+
+        // Scale and mask; each row's max over the warp's keys, then over the warps.
+        float chunk_max[2] = {minus_infinity(), minus_infinity()};
+#pragma unroll
+        for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = warp_key0 + 8 * t + 2 * fc + (e & 1), key_pos = k0 + c0 + j;
+                const int p = pos[e >> 1];
+                const bool seen =
+                    j < chunk_keys && key_pos <= p && (left < 0 || key_pos >= p - left);
+                sc[t][e] = seen ? sc[t][e] * scale : minus_infinity();
+                chunk_max[e >> 1] = fmaxf(chunk_max[e >> 1], sc[t][e]);
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float x = chunk_max[half];
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+            if (fc == 0) chunk_m[warp * R + fr + 8 * half] = x;
+        }
+        __syncthreads();  // chunk_m, and the next chunk's row offsets
+        float base[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float next = m[half];
+            for (int w = 0; w < kWarps; ++w) next = fmaxf(next, chunk_m[w * R + fr + 8 * half]);
+            // What the state so far is worth against the new max (0 while it is empty).
+            const float keep = m[half] == minus_infinity() ? 0.0f : expf(m[half] - next);
+            l[half] *= keep;
 #pragma unroll
             for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
                 for (int p = 0; p < 4; ++p) {
-                    const unsigned b0 = transposed(word(raw[u][v], p));
-                    const unsigned b1 = transposed(word(raw[u + 1][v], p));
-                    Mma<T>::run(acc[v][p], p_hi[i][0], p_hi[i][1], p_hi[i][2], p_hi[i][3], b0, b1);
-                    Mma<T>::run(acc[v][p], p_lo[i][0], p_lo[i][1], p_lo[i][2], p_lo[i][3], b0, b1);
+                    acc[v][p][2 * half] *= keep;
+                    acc[v][p][2 * half + 1] *= keep;
                 }
             }
+            m[half] = next;
+            base[half] = next == minus_infinity() ? 0.0f : next;  // the base exp subtracts
         }
-    };
+
+        // Weights exp(s - m), this lane's sums of them, and P's A words (high and low halves)
+        // of each k-step of 16 keys (key tiles 2i and 2i + 1).
+        unsigned p_hi[kTiles / 2][4], p_lo[kTiles / 2][4];
 #pragma unroll
-    for (int t = 0; t < kTiles; t += 2 * kBatch) {
-        load(raw_b, v_base, t + kBatch);
-        accumulate(raw_a, t);
-        if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
-        accumulate(raw_b, t + kBatch);
+        for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                sc[t][e] = expf(sc[t][e] - base[e >> 1]);
+                l[e >> 1] += sc[t][e];
+            }
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const float x0 = sc[t][2 * half], x1 = sc[t][2 * half + 1];
+                const unsigned hi = Mma<T>::pack(x0, x1);
+                const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
+                // a0, a1: tile 2i's rows fr and fr + 8; a2, a3: tile 2i + 1's.
+                p_hi[t / 2][2 * (t % 2) + half] = hi;
+                p_lo[t / 2][2 * (t % 2) + half] = lo;
+            }
+        }
+
+        auto accumulate = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
+#pragma unroll
+            for (int u = 0; u < kBatch; u += 2) {
+                const int i = (t0 + u) / 2;  // the k-step: key tiles t0 + u and t0 + u + 1
+#pragma unroll
+                for (int v = 0; v < kVecs; ++v) {
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) {
+                        const unsigned b0 = transposed(word(raw[u][v], p));
+                        const unsigned b1 = transposed(word(raw[u + 1][v], p));
+                        Mma<T>::run(acc[v][p], p_hi[i][0], p_hi[i][1], p_hi[i][2], p_hi[i][3],
+                                    b0, b1);
+                        Mma<T>::run(acc[v][p], p_lo[i][0], p_lo[i][1], p_lo[i][2], p_lo[i][3],
+                                    b0, b1);
+                    }
+                }
+            }
+        };
+#pragma unroll
+        for (int t = 0; t < kTiles; t += 2 * kBatch) {
+            load(raw_b, v_base, t + kBatch);
+            accumulate(raw_a, t);
+            if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
+            accumulate(raw_b, t + kBatch);
+        }
     }
 
-    // The warps' accumulators, then their sum in warp order.
+    // The warps' sums and accumulators, then their totals in warp order.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+        if (fc == 0) warp_l[warp * R + fr + 8 * half] = l[half];
         float* row = sums + (warp * R + fr + 8 * half) * D + 8 * fc;
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
@@ -675,8 +719,9 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
                     make_float2(acc[v][p][2 * half], acc[v][p][2 * half + 1]);
             }
         }
+        if (warp == 0 && fc == 0) row_max[fr + 8 * half] = m[half];  // the same in every warp
     }
-    __syncthreads();  // sums, warp_l
+    __syncthreads();  // sums, warp_l, row_max
     for (int e = 4 * tid; e < nr * D; e += 4 * kThreads) {
         const int r = e / D, d = e - r * D;
         float4 total = *reinterpret_cast<const float4*>(sums + r * D + d);
@@ -689,14 +734,13 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             total.w += x.w;
         }
         *reinterpret_cast<float4*>(
-            ws_acc + partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d) = total;
+            ws_acc + partial_index(s, g, span, r0 + r, c.heads_kv, chunks, rows) * D + d) = total;
     }
     if (tid < nr) {
-        float row_m = minus_infinity(), row_l = 0.0f;
-        for (int w = 0; w < kWarps; ++w) row_m = fmaxf(row_m, warp_m[w * R + tid]);
+        float row_l = 0.0f;
         for (int w = 0; w < kWarps; ++w) row_l += warp_l[w * R + tid];
-        const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
-        ws_ml[2 * at] = row_m;
+        const i64 at = partial_index(s, g, span, r0 + tid, c.heads_kv, chunks, rows);
+        ws_ml[2 * at] = row_max[tid];
         ws_ml[2 * at + 1] = row_l;
     }
 }
@@ -710,14 +754,14 @@ template <typename T, int kMergeThreads>
 __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
                       const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                       const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
-                      int chunks) {
+                      int chunks, int chunk_keys) {
     __shared__ float4 slice_acc[kMergeThreads];
     __shared__ float slice_l[kMergeThreads];
     __shared__ float warp_max[kMergeThreads / 32];
     const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
     const int len = sequence_length(c, seq_lens, s);
-    const int n = len - q_len + t >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
+    const int n = len - q_len + t >= 0 ? min((len + chunk_keys - 1) / chunk_keys, chunks) : 0;
     const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
     const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
 
@@ -803,9 +847,9 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
         T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
         const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
-        int chunks) {                                                                            \
+        int chunks, int chunk_keys) {                                                            \
         merge<T, THREADS>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS,        \
-                          seq_lens, group, q_len, chunks);                                       \
+                          seq_lens, group, q_len, chunks, chunk_keys);                           \
     }
 
 #define OPFACADE_DECODE(SUFFIX, T)                                                               \

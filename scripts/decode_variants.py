@@ -36,13 +36,18 @@ if "--occupancy" in sys.argv:  # more CTAs per SM for the 4-row tiles (fewer reg
                 "u2 b8": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=8")}
 if "--streaming" in sys.argv:
     VARIANTS = {"per tile (default)": (), "streaming loads": ("-DOPFACADE_STREAMING=1",)}
-# The tensor-core tile for kv heads of 5-8 rows too (the build's choice is the CUDA-core
-# 8-row tile there); and its blocks per SM. Different tiles sum in different orders, so these
-# variants' bits are not compared with the default's where the tile changes.
-MMA_FROM_5_ROWS = "tensor cores from 5 rows"
+# The tensor-core tile's knobs: its span of chunks (decode.MMA_SPAN, which the launcher must
+# know too) and blocks per SM; and the CUDA-core 8-row tiles it replaced for kv heads of 5-16
+# rows. A span or a tile sums in another order, so those variants' bits are not compared with
+# the default build's.
+PATCHES = {"mma span 1": {"MMA_SPAN": 1}, "mma span 4": {"MMA_SPAN": 4},
+           "cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8}}
 if "--mma" in sys.argv:
-    VARIANTS = {"per tile (default)": (), MMA_FROM_5_ROWS: (),
-                "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",)}
+    VARIANTS = {"per tile (default)": (),
+                "mma span 1": ("-DOPFACADE_DECODE_MMA_SPAN=1",),
+                "mma span 4": ("-DOPFACADE_DECODE_MMA_SPAN=4",),
+                "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
+                "cuda-core tiles of 8": ()}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
@@ -134,15 +139,12 @@ def main() -> None:
     print(f"device copy {copy_tbps:.2f} TB/s")
     results, reference = {}, {}
     original = kernels.get_kernel
-    default_tile = kernels.row_tile
+    defaults = {name: getattr(kernels, name) for name in ("row_tile", "MMA_SPAN")}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
-        kernels.row_tile = default_tile
-        if name == MMA_FROM_5_ROWS:
-            kernels.row_tile = lambda rows, element, dim: (
-                kernels.MMA_TILE if rows > 4 and element.itemsize == 2
-                and dim in kernels.MMA_DIMS else default_tile(rows, element, dim))
+        for attribute, value in {**defaults, **PATCHES.get(name, {})}.items():
+            setattr(kernels, attribute, value)
         for case in CASES:
             desc, args, nbytes = case_tensors(*case)
             plan = DecodeAttentionPlan.select(desc, device=0)
@@ -152,7 +154,7 @@ def main() -> None:
             key = f"B{case[0]} S{case[1]} {case[2]}" + (f" pages {case[3]}" if case[3] else "")
             bits = args.out.view(torch.int16).clone()
             if (key in reference and not torch.equal(reference[key], bits)
-                    and name != MMA_FROM_5_ROWS):
+                    and name not in PATCHES):
                 print(f"  {name} {key}: output bits differ from the default build's")
             reference.setdefault(key, bits)
             row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)
@@ -170,7 +172,9 @@ def main() -> None:
                       f"  host step {row['host_us_step']:.1f} us, run {row['host_us_run']:.1f}"
                       " us" if "host_us_step" in row else ""))
             plan.free()
-    kernels.get_kernel, kernels.row_tile = original, default_tile
+    kernels.get_kernel = original
+    for attribute, value in defaults.items():
+        setattr(kernels, attribute, value)
     paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
     if paths:
         with open(paths[0], "w") as handle:

@@ -82,8 +82,8 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     for name, _, block, args, _ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
-    # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks.
-    assert launched[0][1] == (8 * (16 // tile), 4, 5)
+    # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks (2 spans of 2 for tensor cores).
+    assert launched[0][1] == (8 * (16 // tile), 1024 // kernels.chunk_keys(tile), 5)
     assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
     assert launched[1][1] == (5, 32, 4)
     # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
@@ -115,8 +115,8 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
 
 
 @pytest.mark.parametrize(("rows", "element", "dim", "tile", "tiles"), [
-    (1, "bf16", 128, 4, 1), (4, "f32", 64, 4, 1), (5, "f16", 256, 8, 1), (8, "bf16", 64, 8, 1),
-    (9, "bf16", 128, 16, 1), (16, "f16", 64, 16, 1), (64, "bf16", 128, 16, 4),
+    (1, "bf16", 128, 4, 1), (4, "f32", 64, 4, 1), (5, "f16", 256, 8, 1), (5, "bf16", 64, 16, 1),
+    (8, "f32", 64, 8, 1), (16, "f16", 64, 16, 1), (64, "bf16", 128, 16, 4),
     # no tensor-core tile for f32 (its math stays f32) or d 256: tiles of 8
     (16, "f32", 128, 8, 2), (64, "bf16", 256, 8, 8)])
 def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
@@ -131,7 +131,7 @@ def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
-    assert launched[0][1] == (1 * 4, 2, 2)  # 64 rows in tiles of 16; 300 tokens in 2 chunks
+    assert launched[0][1] == (1 * 4, 1, 2)  # 64 rows in tiles of 16; 300 tokens in 1 span
     assert launched[0][3][-1] == 16  # the window's left side
 
 

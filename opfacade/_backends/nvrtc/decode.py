@@ -22,7 +22,8 @@ from ...types import ElementKind
 from .launch import GraphedLaunches, PackedLaunch, get_kernel, launch
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
-           "check_call", "decode_call", "row_tile", "shared_bytes", "workspace_bytes"]
+           "check_call", "chunk_keys", "decode_call", "row_tile", "shared_bytes",
+           "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
@@ -37,11 +38,14 @@ MERGE_FEW_CHUNKS = 8  # capacities of at most this many chunks take the 128-thre
 DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
 TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 # The tensor-core tile (decode_partial_*_16, mma.sync): 16 rows, built for the half types at
-# D 64 and 128. It takes any kv head with more rows than the largest CUDA-core tile holds:
-# those tiles were compute-bound there (B64 S4096 q_len 4, 16 rows: 38% of a device copy).
+# D 64 and 128. It takes every kv head of more than 4 rows, where the 8-row CUDA-core tiles
+# were compute-bound (H100, scripts/decode_variants.py: B64 S4096 q_len 4, 16 rows, 38% of a
+# device copy against 78%; q_len 2, 8 rows, 72% against 86%). A CTA covers MMA_SPAN chunks
+# (kMmaSpan) and writes one partial for them.
 MMA_TILE = 16
 MMA_DIMS = (64, 128)
 MMA_WARPS = THREADS // 32
+MMA_SPAN = 2
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -95,38 +99,45 @@ def merge_threads_for(n_chunks: int) -> int:
     return MERGE_THREADS_FEW if n_chunks <= MERGE_FEW_CHUNKS else MERGE_THREADS_MANY
 
 
-def chunks(capacity: int) -> int:
-    return -(-capacity // CHUNK)
+def chunks(capacity: int, chunk_keys: int = CHUNK) -> int:
+    return -(-capacity // chunk_keys)
 
 
 def row_tile(rows: int, element: ElementKind, dim: int) -> int:
-    """Query rows per CTA: the smallest CUDA-core tile that holds a kv head's rows (group x
-    q_len); past that the tensor-core tile where it is built, else the largest CUDA-core tile,
-    in several tiles. The descriptor fixes it, so batch invariance holds."""
-    if rows <= TILES[-1]:
-        return next(tile for tile in TILES if rows <= tile)
+    """Query rows per CTA: a kv head's rows (group x q_len) up to 4 in one CUDA-core tile;
+    more on the tensor-core tile where it is built, else in CUDA-core tiles of 8. The
+    descriptor fixes it, so batch invariance holds."""
+    if rows <= TILES[0]:
+        return TILES[0]
     if element in (ElementKind.f16, ElementKind.bf16) and dim in MMA_DIMS:
         return MMA_TILE
     return TILES[-1]
 
 
+def chunk_keys(tile: int) -> int:
+    """Keys behind one partial: a chunk, or a tensor-core tile's span of chunks."""
+    return CHUNK * MMA_SPAN if tile == MMA_TILE else CHUNK
+
+
 def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32 and
     each key's row offset [CHUNK] i64, then reused for the key groups' sums [groups][tile][dim]
-    f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: the row
-    offsets, each warp's row maxima and sums [warps][tile] f32 and accumulators
-    [warps][tile][dim] f32."""
-    if tile == MMA_TILE:
-        return 8 * CHUNK + 4 * MMA_WARPS * tile * (2 + dim)
+    f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: two
+    chunks' row offsets, each warp's row maxima (two chunks') and sums, the rows' final maxima,
+    Q's fragments (tile x dim elements) and the warps' accumulators [warps][tile][dim] f32."""
+    if tile == MMA_TILE:  # row offsets [2][CHUNK] i64; [3 x warps + 1] row floats; Q; sums
+        return 16 * CHUNK + 4 * tile * (3 * MMA_WARPS + 1 + MMA_WARPS * dim) + 2 * tile * dim
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
     return max(4 * CHUNK * tile + 8 * CHUNK, 4 * groups * tile * dim)
 
 
-def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
-    """The partials of ``batch`` sequences: acc (Dv floats) and (m, l) per query row and chunk."""
-    rows = batch * heads_q * q_len * chunks(capacity)
+def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int,
+                    keys_per_partial: int = CHUNK) -> int:
+    """The partials of ``batch`` sequences: acc (Dv floats) and (m, l) per query row and chunk
+    (or span: ``keys_per_partial``)."""
+    rows = batch * heads_q * q_len * chunks(capacity, keys_per_partial)
     return Workspace.round_up(rows * dim_v * 4) + Workspace.round_up(rows * 2 * 4)
 
 
@@ -140,7 +151,8 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     group = heads_q // cache.heads_kv
     tile = row_tile(group * q_len, element, cache.dim)
     tiles = -(-group * q_len // tile)
-    n_chunks = chunks(cache.capacity)
+    keys = chunk_keys(tile)
+    n_chunks = chunks(cache.capacity, keys)
     rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
     suffix = element.value
@@ -154,7 +166,7 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                     np.int32(-1 if window_left is None else window_left))
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
-                  np.int32(group), np.int32(q_len), np.int32(n_chunks))
+                  np.int32(group), np.int32(q_len), np.int32(n_chunks), np.int32(keys))
     partial_grid = (cache.heads_kv * tiles, n_chunks, sequences)
     merge_grid = (sequences, heads_q, q_len)
     shared = shared_bytes(element, cache.dim, tile)

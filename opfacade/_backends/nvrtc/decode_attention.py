@@ -89,8 +89,10 @@ def _unfit_common(desc) -> Unfit | None:
 
 
 def _decode_workspace(desc: DecodeAttentionDescriptor) -> int:
+    tile = kernels.row_tile(desc.heads_q // desc.heads_kv * desc.q_len, desc.element,
+                            desc.head_dim)
     return kernels.workspace_bytes(desc.batch, desc.heads_q, desc.q_len, desc.capacity,
-                                   desc.dim_v)
+                                   desc.dim_v, kernels.chunk_keys(tile))
 
 
 def _capacity(desc) -> int:
