@@ -1,25 +1,22 @@
 // Decode attention over KV caches, split over fixed chunks of keys (issue 13). The caches'
 // forms and addressing are kv_cache.cuh's; kv_append and checked mode's check are kv_append.cu's.
 //
-//   decode_partial_<T>_<D>_<R>  CTA = (kv head g x row tile, chunk c of kChunk keys, sequence
-//                        s). A tile holds R of the rows of g's group (its query heads times the
-//                        q_len new tokens), so each K and V byte of the chunk is read once per
-//                        tile; the tiles of one chunk are neighbours in the grid and share it
-//                        through L2. Per row it writes the chunk's max score m, its sum l of
-//                        exp(s - m) and acc = sum exp(s - m) v into the workspace.
-//   decode_partial_<T>_<D>_16  A tile of 16 rows on tensor cores (f16, bf16; D 64, 128), for
-//                        kv heads of more than 4 rows, over a span of kMmaSpan chunks: see
-//                        "Tiles of 16 rows".
-//   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
-//                        partials (one per chunk, or per span: the launcher passes their keys)
-//                        into out and lse in slices added in a fixed order.
-//                        Built with 128 and 256 threads; the launcher picks one from the
-//                        cache's capacity (decode.py), never from the batch.
+//   decode_step_<T>_<D>_<R>  One kernel a step. CTA = (kv head g x row tile, chunk c of kChunk
+//                        keys, sequence s). A tile holds R of the rows of g's group (its query
+//                        heads times the q_len new tokens), so each K and V byte of the chunk is
+//                        read once per tile; the tiles of one chunk are neighbours in the grid
+//                        and share it through L2. Per row it writes the chunk's partial into the
+//                        workspace: its max score m, its sum l of exp(s - m) and
+//                        acc = sum exp(s - m) v. The last CTA of each (sequence, g, tile) to
+//                        finish merges the sequence's partials into out and lse (merge_if_last).
+//   decode_step_<T>_<D>_16  The same over a tile of 16 rows on tensor cores (f16, bf16; D 64,
+//                        128), for kv heads of more than 4 rows: see "Tiles of 16 rows".
 //
 // Batch invariance: the chunk size is a constant, a chunk's work reads its own sequence's data
 // only, and every sum runs in an order fixed by D and R (which the descriptor fixes): a
-// sequence's out and lse are bitwise the same whatever else is in the batch. Nothing uses
-// atomics: runs repeat bitwise.
+// sequence's out and lse are bitwise the same whatever else is in the batch. The only atomic
+// is the count of a sequence's finished partials, which picks the CTA that merges but not the
+// order it adds in: runs repeat bitwise.
 //
 // Positions: new token t of sequence s is at pos = len - q_len + t (len = seq_lens[s], clamped to
 // [0, capacity]). It sees keys p with p <= pos and, with a window, p >= pos - left; pos < 0
@@ -187,7 +184,7 @@ __device__ __forceinline__ void sequence_bases(const Cache& c, int s, const T*& 
 }
 
 template <typename T, int D, int R>
-__device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
+__device__ bool partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                         const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                         float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
                         float scale, int left) {
@@ -201,12 +198,12 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
     const int k0 = chunk * kChunk;
-    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
+    if (k0 >= len || nr <= 0) return false;  // the merge reads chunks below ceil(len / kChunk)
     const int keys = min(kChunk, len - k0);
     const int tid = threadIdx.x;
     if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
                         ws_ml)) {
-        return;
+        return true;
     }
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
     constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
@@ -375,6 +372,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         for (int k = 0; k < L::kGroups; ++k) total += sums[(k * R + r) * D + d];
         ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d] = total;
     }
+    return true;
 }
 
 // ---- Tiles of 16 rows on tensor cores (f16 and bf16, D 64 and 128) ----
@@ -479,12 +477,12 @@ constexpr int kWarpKeys = kChunk / kWarps;  // 64: 8 key tiles of 8
 #ifdef OPFACADE_DECODE_MMA_SPAN
 constexpr int kMmaSpan = OPFACADE_DECODE_MMA_SPAN;
 #else
-constexpr int kMmaSpan = 2;
+constexpr int kMmaSpan = 1;
 #endif
 constexpr int kMmaChunk = kMmaSpan * kChunk;
 
 template <typename T, int D>
-__device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
+__device__ bool partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
                             const Cache& c, const int* __restrict__ seq_lens,
                             float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
                             int group, int tiles, int chunks, float scale, int left) {
@@ -499,11 +497,11 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
     const int k0 = span * kMmaChunk;
-    if (k0 >= len || nr <= 0) return;  // the merge reads spans below ceil(len / kMmaChunk) only
+    if (k0 >= len || nr <= 0) return false;  // the merge reads spans below ceil(len / kMmaChunk)
     const int keys = min(kMmaChunk, len - k0);
     if (unseen_chunk<D, kMmaChunk>(c, s, g, span, r0, nr, len, keys, q_len, group, chunks, left,
                                    ws_acc, ws_ml)) {
-        return;
+        return true;
     }
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fr = lane >> 2, fc = lane & 3;
@@ -520,34 +518,35 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     uint4* q_frag = reinterpret_cast<uint4*>(row_max + R);
     float* sums = reinterpret_cast<float*>(q_frag + 2 * kVecs * 32);
 
-    // Q's A words in shared memory, q_frag[j][half][lane]: rows fr + 8 half, vector j's
+    // Q's A words, q_frag[j][half][lane] in shared memory: rows fr + 8 half, vector j's
     // d = 32 j + 8 fc ... + 7, unscaled (the scale multiplies the f32 scores); rows past the
-    // tile's are zeros. Every warp reads the same words, so warp 0 writes them once (held in
-    // registers across the span they spilled at D 128).
+    // tile's are zeros. Every warp reads the same words, so warp 0 loads them (here) and stores
+    // them once its first keys' loads are in flight (below): a CTA's keys never wait for Q.
+    // (Held in registers across a span of chunks, they spilled at D 128.)
     int pos[2];  // the two rows' positions (-1: a row past the tile's, which sees no key)
+    unsigned q_words[2][kVecs][4];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int hr = fr + 8 * half, row = r0 + hr;
         pos[half] = hr < nr ? len - q_len + row / group : -1;
-        if (warp != 0) continue;
         const u16* q_row = reinterpret_cast<const u16*>(
             q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
 #pragma unroll
         for (int j = 0; j < kVecs; ++j) {
-            unsigned w[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int d = 32 * j + 8 * fc + 2 * i;
-                w[i] = hr < nr ? (unsigned)q_row[d] | ((unsigned)q_row[d + 1] << 16) : 0u;
+                q_words[half][j][i] = warp == 0 && hr < nr
+                                          ? (unsigned)q_row[d] | ((unsigned)q_row[d + 1] << 16)
+                                          : 0u;
             }
-            q_frag[(2 * j + half) * 32 + lane] = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
 
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
     chunk_rows<D>(c, s, g, k0, min(kChunk, keys), row_off);
-    __syncthreads();  // the first chunk's row_off, q_frag
+    __syncthreads();  // the first chunk's row_off
 
     // Running state of rows fr and fr + 8 (the same in every warp): max m, this lane's sum of
     // weights l, and acc[v][p], the C fragment of V block (v, p): columns 32 v + 8 fc + 2 p, + 1.
@@ -599,6 +598,19 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
 
         uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
         load(raw_a, k_base, 0);
+        if (sub == 0) {
+            if (warp == 0) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+#pragma unroll
+                    for (int j = 0; j < kVecs; ++j) {
+                        const unsigned* w = q_words[half][j];
+                        q_frag[(2 * j + half) * 32 + lane] = make_uint4(w[0], w[1], w[2], w[3]);
+                    }
+                }
+            }
+            __syncthreads();  // q_frag
+        }
         if (c0 + kChunk < keys) {
             // The next chunk's row offsets while this one's keys fly (its buffer's last
             // readers, two chunks back, are behind the last barrier).
@@ -743,114 +755,128 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         ws_ml[2 * at] = row_max[tid];
         ws_ml[2 * at + 1] = row_l;
     }
+    return true;
 }
 
-// The merge: the block's threads form slices of Dv / 4 threads (a float4 of columns each); slice
-// k adds chunks k, k + slices, ... in turn, then the slices' sums are added in slice order. The
-// order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
-// and each slice's loads are independent of one another (several in flight, where one thread
-// walking every chunk would wait on each).
-template <typename T, int kMergeThreads>
-__device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
-                      const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                      const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
-                      int chunks, int chunk_keys) {
-    __shared__ float4 slice_acc[kMergeThreads];
-    __shared__ float slice_l[kMergeThreads];
-    __shared__ float warp_max[kMergeThreads / 32];
-    const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
+// The step's end. A CTA that wrote a partial counts itself in its (sequence, kv head, tile)'s
+// counter (zeroed by the launcher before the step); the last of the sequence's n partials
+// merges them into out and lse, adding them in partial order whichever CTA arrives last, so
+// the bits never depend on the arrival order or on the batch. The partials were just written
+// and sit in L2; a separate merge kernel read them back from DRAM, a launch later (on an H100,
+// scripts/decode_variants.py, B64 S4096: 12 us of a 381 us step at q_len 1, 41 of 453 at
+// q_len 4).
+template <typename T, int D, int R, int CHUNK>
+__device__ void merge_if_last(const Cache& c, const int* __restrict__ seq_lens,
+                              const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                              int* __restrict__ counters, T* __restrict__ out, i64 o_sb,
+                              i64 o_st, i64 o_sh, float* __restrict__ lse, int q_len, int group,
+                              int tiles, int chunks) {
+    __shared__ int last;
+    __shared__ float row_max[R];
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
-    const int n = len - q_len + t >= 0 ? min((len + chunk_keys - 1) / chunk_keys, chunks) : 0;
-    const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
-    const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
-
-    // The largest chunk max (a max is the same in any order).
-    float m = minus_infinity();
-    for (int k = tid; k < n; k += kMergeThreads) m = fmaxf(m, ml[k * ml_step]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((tid & 31) == 0) warp_max[tid >> 5] = m;
+    const int n = min((len + CHUNK - 1) / CHUNK, chunks);
+    __syncthreads();  // every thread's share of this CTA's partial is written
+    if (threadIdx.x == 0) {
+        // The fence (cumulative over what the barrier made this thread observe) orders the
+        // CTA's partial before its count; the second orders the last CTA's reads after it.
+        __threadfence();
+        last = atomicAdd(counters + ((i64)s * c.heads_kv + g) * tiles + tile, 1) == n - 1;
+        __threadfence();
+    }
     __syncthreads();
-    for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-    const float base = m == minus_infinity() ? 0.0f : m;
+    if (!last) return;
 
-    const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
-    const int slice = tid / width, col = (tid % width) * 4;
-    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
-    const i64 acc_step = (i64)rows * dim_v;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float l = 0.0f;
-    if (slice < slices) {
-#pragma unroll 8
-        for (int k = slice; k < n; k += slices) {
-            const float mk = ml[k * ml_step];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 ml_step = 2 * (i64)rows, acc_step = (i64)rows * D;  // from a partial to the next
+    for (int r = warp; r < nr; r += kThreads / 32) {
+        const float* ml = ws_ml + 2 * partial_index(s, g, 0, r0 + r, c.heads_kv, chunks, rows);
+        float m = minus_infinity();
+        for (int k = lane; k < n; k += 32) m = fmaxf(m, __ldcg(ml + k * ml_step));
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) row_max[r] = m;  // a max is the same in any order
+    }
+    __syncthreads();
+    // A thread per (row, 4 columns), adding the partials in order with their weights.
+    for (int e = threadIdx.x; e < nr * (D / 4); e += kThreads) {
+        const int r = e / (D / 4), col = 4 * (e - r * (D / 4));
+        const float m = row_max[r], base = m == minus_infinity() ? 0.0f : m;
+        const i64 at = partial_index(s, g, 0, r0 + r, c.heads_kv, chunks, rows);
+        const float* ml = ws_ml + 2 * at;
+        const float* acc_row = ws_acc + at * D + col;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float l = 0.0f;
+#pragma unroll 4
+        for (int k = 0; k < n; ++k) {
+            const float mk = __ldcg(ml + k * ml_step);
             const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
-            const float4 x = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(acc_row + k * acc_step));
             acc.x = fmaf(x.x, w, acc.x);
             acc.y = fmaf(x.y, w, acc.y);
             acc.z = fmaf(x.z, w, acc.z);
             acc.w = fmaf(x.w, w, acc.w);
-            l = fmaf(ml[k * ml_step + 1], w, l);
+            l = fmaf(__ldcg(ml + k * ml_step + 1), w, l);
         }
-        slice_acc[tid] = acc;
-        slice_l[tid] = l;
-    }
-    __syncthreads();
-    if (tid < width) {
-        acc = slice_acc[tid];
-        l = slice_l[tid];
-        for (int k = 1; k < slices; ++k) {
-            const float4 x = slice_acc[k * width + tid];
-            acc.x += x.x;
-            acc.y += x.y;
-            acc.z += x.z;
-            acc.w += x.w;
-            l += slice_l[k * width + tid];
-        }
+        const int row = r0 + r, t = row / group, h = g * group + row % group;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        T* row = out + s * o_sb + t * o_st + h * o_sh + col;
-        row[0] = Math<T>::down(acc.x * inv);
-        row[1] = Math<T>::down(acc.y * inv);
-        row[2] = Math<T>::down(acc.z * inv);
-        row[3] = Math<T>::down(acc.w * inv);
-        if (lse != nullptr && tid == 0) {
+        T* o = out + s * o_sb + t * o_st + h * o_sh + col;
+        o[0] = Math<T>::down(acc.x * inv);
+        o[1] = Math<T>::down(acc.y * inv);
+        o[2] = Math<T>::down(acc.z * inv);
+        o[3] = Math<T>::down(acc.w * inv);
+        if (lse != nullptr && col == 0) {
             lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] =
                 l > 0.0f ? m + logf(l) : minus_infinity();
         }
     }
 }
 
+// A sequence of length 0 has no partial to merge: its first chunk's CTAs write its rows' out
+// (zeros) and lse (-inf) instead.
+template <typename T, int D, int R>
+__device__ void empty_rows(const Cache& c, const int* __restrict__ seq_lens, T* __restrict__ out,
+                           i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse, int q_len,
+                           int group, int tiles) {
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    if (blockIdx.y != 0 || nr <= 0 || sequence_length(c, seq_lens, s) != 0) return;
+    for (int e = threadIdx.x; e < nr * D; e += kThreads) {
+        const int r = e / D, d = e - r * D, row = r0 + r, t = row / group;
+        const int h = g * group + row % group;
+        out[s * o_sb + t * o_st + h * o_sh + d] = Math<T>::down(0.0f);
+        if (lse != nullptr && d == 0) {
+            lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] = minus_infinity();
+        }
+    }
+}
+
 }  // namespace
 
-#define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
-    extern "C" __global__ void __launch_bounds__(                                                \
-        kThreads, OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))                                 \
-        decode_partial_##SUFFIX##_##D##_##R(                                                     \
+// A decode step's kernel: the partial of one (kv head x row tile, chunk or span, sequence),
+// then the merge by the sequence's last CTA. BODY is partial or partial_mma.
+#define OPFACADE_DECODE_STEP(NAME, T, D, R, CHUNK, BODY, MIN_BLOCKS)                              \
+    extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) NAME(                     \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left) {                                                                              \
-        partial<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
-                         q_len, group, tiles, chunks, scale, left);                              \
+        float* ws_acc, float* ws_ml, int* counters, T* out, i64 o_sb, i64 o_st, i64 o_sh,        \
+        float* lse, int q_len, int group, int tiles, int chunks, float scale, int left) {        \
+        const kv_cache::Cache c = OPFACADE_CACHE_ARGS;                                           \
+        if (BODY(q, q_sb, q_st, q_sh, c, seq_lens, ws_acc, ws_ml, q_len, group, tiles, chunks,   \
+                 scale, left)) {                                                                 \
+            merge_if_last<T, D, R, CHUNK>(c, seq_lens, ws_acc, ws_ml, counters, out, o_sb, o_st, \
+                                          o_sh, lse, q_len, group, tiles, chunks);               \
+        } else {                                                                                 \
+            empty_rows<T, D, R>(c, seq_lens, out, o_sb, o_st, o_sh, lse, q_len, group, tiles);   \
+        }                                                                                        \
     }
+
+#define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
+    OPFACADE_DECODE_STEP(decode_step_##SUFFIX##_##D##_##R, T, D, R, kChunk, (partial<T, D, R>),  \
+                         OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))
 
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
-    extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)              \
-        decode_partial_##SUFFIX##_##D##_16(                                                      \
-        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left) {                                                                              \
-        partial_mma<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,     \
-                          q_len, group, tiles, chunks, scale, left);                             \
-    }
-
-#define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
-    extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
-        T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
-        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
-        int chunks, int chunk_keys) {                                                            \
-        merge<T, THREADS>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS,        \
-                          seq_lens, group, q_len, chunks, chunk_keys);                           \
-    }
+    OPFACADE_DECODE_STEP(decode_step_##SUFFIX##_##D##_16, T, D, kMmaRows, kMmaChunk,             \
+                         (partial_mma<T, D>), OPFACADE_MMA_MIN_BLOCKS)
 
 #define OPFACADE_DECODE(SUFFIX, T)                                                               \
     OPFACADE_PARTIAL(SUFFIX, T, 64, 4)                                                           \
@@ -858,9 +884,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     OPFACADE_PARTIAL(SUFFIX, T, 128, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 128, 8)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
-    OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
-    OPFACADE_MERGE(SUFFIX, T, 128)                                                               \
-    OPFACADE_MERGE(SUFFIX, T, 256)
+    OPFACADE_PARTIAL(SUFFIX, T, 256, 8)
 
 // Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).
 #define OPFACADE_DECODE_MMA(SUFFIX, T)                                                           \
