@@ -1,22 +1,23 @@
 // Decode attention over KV caches, split over fixed chunks of keys (issue 13). The caches'
 // forms and addressing are kv_cache.cuh's; kv_append and checked mode's check are kv_append.cu's.
 //
-//   decode_step_<T>_<D>_<R>  One kernel a step. CTA = (kv head g x row tile, chunk c of kChunk
-//                        keys, sequence s). A tile holds R of the rows of g's group (its query
-//                        heads times the q_len new tokens), so each K and V byte of the chunk is
-//                        read once per tile; the tiles of one chunk are neighbours in the grid
-//                        and share it through L2. Per row it writes the chunk's partial into the
-//                        workspace: its max score m, its sum l of exp(s - m) and
-//                        acc = sum exp(s - m) v. The last CTA of each (sequence, g, tile) to
-//                        finish merges the sequence's partials into out and lse (merge_if_last).
-//   decode_step_<T>_<D>_16  The same over a tile of 16 rows on tensor cores (f16, bf16; D 64,
-//                        128), for kv heads of more than 4 rows: see "Tiles of 16 rows".
+//   decode_partial_<T>_<D>_<R>  CTA = (kv head g x row tile, chunk c of kChunk keys, sequence
+//                        s). A tile holds R of the rows of g's group (its query heads times the
+//                        q_len new tokens), so each K and V byte of the chunk is read once per
+//                        tile; the tiles of one chunk are neighbours in the grid and share it
+//                        through L2. Per row it writes the chunk's max score m, its sum l of
+//                        exp(s - m) and acc = sum exp(s - m) v into the workspace.
+//   decode_partial_<T>_<D>_16  The same CTA over a tile of 16 rows on tensor cores (f16, bf16;
+//                        D 64, 128), for kv heads of more than 4 rows: see "Tiles of 16 rows".
+//   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
+//                        chunks into out and lse in slices of chunks added in a fixed order.
+//                        Built with 128 and 256 threads; the launcher picks one from the
+//                        cache's capacity (decode.py), never from the batch.
 //
 // Batch invariance: the chunk size is a constant, a chunk's work reads its own sequence's data
 // only, and every sum runs in an order fixed by D and R (which the descriptor fixes): a
-// sequence's out and lse are bitwise the same whatever else is in the batch. The only atomic
-// is the count of a sequence's finished partials, which picks the CTA that merges but not the
-// order it adds in: runs repeat bitwise.
+// sequence's out and lse are bitwise the same whatever else is in the batch. Nothing uses
+// atomics: runs repeat bitwise.
 //
 // Positions: new token t of sequence s is at pos = len - q_len + t (len = seq_lens[s], clamped to
 // [0, capacity]). It sees keys p with p <= pos and, with a window, p >= pos - left; pos < 0
@@ -134,11 +135,11 @@ struct SplitSum {
 // Whether no row of the tile sees a key of this chunk (all its keys lie after the tile's last
 // position, or before its first row's window). Then it writes m = -inf, l = 0 and acc = 0, so
 // the merge reads only values written this run, weighted 0.
-template <int D, int CHUNK = kChunk>
+template <int D>
 __device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, int nr, int len,
                              int keys, int q_len, int group, int chunks, int left,
                              float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
-    const int k0 = chunk * CHUNK, rows = group * q_len;
+    const int k0 = chunk * kChunk, rows = group * q_len;
     const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
     if (!(k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left))) return false;
     for (int e = threadIdx.x; e < nr * D; e += kThreads) {
@@ -184,7 +185,7 @@ __device__ __forceinline__ void sequence_bases(const Cache& c, int s, const T*& 
 }
 
 template <typename T, int D, int R>
-__device__ bool partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
+__device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                         const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                         float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
                         float scale, int left) {
@@ -198,12 +199,12 @@ __device__ bool partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
     const int k0 = chunk * kChunk;
-    if (k0 >= len || nr <= 0) return false;  // the merge reads chunks below ceil(len / kChunk)
+    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
     const int keys = min(kChunk, len - k0);
     const int tid = threadIdx.x;
     if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
                         ws_ml)) {
-        return true;
+        return;
     }
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
     constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
@@ -372,7 +373,6 @@ __device__ bool partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         for (int k = 0; k < L::kGroups; ++k) total += sums[(k * R + r) * D + d];
         ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d] = total;
     }
-    return true;
 }
 
 // ---- Tiles of 16 rows on tensor cores (f16 and bf16, D 64 and 128) ----
@@ -380,13 +380,13 @@ __device__ bool partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 // Kv heads of more than 4 rows (q_len > 1, or groups over 4) made the FMA tiles above
 // compute-bound: on an H100 (scripts/decode_variants.py) B64 S4096 q_len 4 (16 rows) read at
 // 38% of a device copy with two 8-row tiles, 78% with one of these; q_len 2 (8 rows) 72%
-// with an 8-row FMA tile, 86% with these (both before the span below). These tiles run both
+// with an 8-row FMA tile, 86% with these. These tiles run both
 // products as mma.sync m16n8k16 with f32 accumulators, the same memory stream as the tiles
 // above. The fragment layouts are PTX's ("Matrix fragments for mma.m16n8k16"): lane = 4 fr + fc
 // holds A's rows fr and fr + 8, B's column fr, and columns 2 fc, 2 fc + 1 (and + 8) of both.
 //
-// No shared-memory staging: each lane loads 16-byte vectors straight from the cache, and the
-// layouts are made to fit them.
+// K and V are not staged in shared memory: each lane loads 16-byte vectors straight from the
+// cache, and the layouts are made to fit them.
 // - Q K^T sums over d in any order both operands agree on. A lane's vector j of a key row holds
 //   d = 32 j + 8 fc ... + 7, which it uses as its B words of two k-steps; its Q vectors of rows
 //   fr and fr + 8 cover the same d, as its A words.
@@ -468,61 +468,45 @@ constexpr int kWarpKeys = kChunk / kWarps;  // 64: 8 key tiles of 8
 #define OPFACADE_MMA_MIN_BLOCKS 3
 #endif
 
-// A tensor-core CTA covers kMmaSpan consecutive chunks of kChunk keys, folding each into running
-// row maxima and sums (in chunk order), and writes one partial for all of them: 16 rows' f32
-// partials are 1/16 of the bytes the CTA reads at D 128, written and read back once more by
-// the merge, and a span of 2 halves that. On an H100 (scripts/decode_variants.py, B64 S4096
-// q_len 4) the merge alone took 37 us of a 458 us step with a span of 1. The span is a
-// constant (decode.py's MMA_SPAN), so it fixes every sum's order as the chunk does.
-#ifdef OPFACADE_DECODE_MMA_SPAN
-constexpr int kMmaSpan = OPFACADE_DECODE_MMA_SPAN;
-#else
-constexpr int kMmaSpan = 1;
-#endif
-constexpr int kMmaChunk = kMmaSpan * kChunk;
-
 template <typename T, int D>
-__device__ bool partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
+__device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
                             const Cache& c, const int* __restrict__ seq_lens,
                             float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
                             int group, int tiles, int chunks, float scale, int left) {
     constexpr int R = kMmaRows;
     constexpr int kVecs = D / 32;         // a lane's 16-byte vectors of a row (4 lanes a row)
-    constexpr int kTiles = kWarpKeys / 8;  // key tiles of 8 per warp and chunk
+    constexpr int kTiles = kWarpKeys / 8;  // key tiles of 8 per warp
     constexpr int kBatch = 256 / D;        // key tiles per load batch: 2 or 4 (even: k-steps)
     static_assert(D == 64 || D == 128, "tensor-core tiles are built for D 64 and 128");
     extern __shared__ float shared[];
     const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
-    const int span = blockIdx.y, s = blockIdx.z;
+    const int chunk = blockIdx.y, s = blockIdx.z;
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
-    const int k0 = span * kMmaChunk;
-    if (k0 >= len || nr <= 0) return false;  // the merge reads spans below ceil(len / kMmaChunk)
-    const int keys = min(kMmaChunk, len - k0);
-    if (unseen_chunk<D, kMmaChunk>(c, s, g, span, r0, nr, len, keys, q_len, group, chunks, left,
-                                   ws_acc, ws_ml)) {
-        return true;
+    const int k0 = chunk * kChunk;
+    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
+    const int keys = min(kChunk, len - k0);
+    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
+                        ws_ml)) {
+        return;
     }
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fr = lane >> 2, fc = lane & 3;
     const int warp_key0 = warp * kWarpKeys;
 
-    // Shared: row offsets [2][kChunk] i64 (this chunk's and the next's), row maxima [2][kWarps][R]
-    // (likewise), row sums [kWarps][R], the final maxima [R], Q's fragments [kVecs][2][32]
-    // (16 bytes each), the warps' accumulators [kWarps][R][D]. Double buffers let one barrier a chunk order every write after the reads
-    // it replaces.
+    // Shared: row offsets [kChunk] i64, row maxima and sums [kWarps][R], Q's fragments
+    // [kVecs][2][32] (16 bytes each), the warps' accumulators [kWarps][R][D].
     i64* row_off = reinterpret_cast<i64*>(shared);
-    float* warp_m = shared + 4 * kChunk;
-    float* warp_l = warp_m + 2 * kWarps * R;
-    float* row_max = warp_l + kWarps * R;
-    uint4* q_frag = reinterpret_cast<uint4*>(row_max + R);
+    float* warp_m = shared + 2 * kChunk;
+    float* warp_l = warp_m + kWarps * R;
+    uint4* q_frag = reinterpret_cast<uint4*>(warp_l + kWarps * R);
     float* sums = reinterpret_cast<float*>(q_frag + 2 * kVecs * 32);
 
-    // Q's A words, q_frag[j][half][lane] in shared memory: rows fr + 8 half, vector j's
-    // d = 32 j + 8 fc ... + 7, unscaled (the scale multiplies the f32 scores); rows past the
-    // tile's are zeros. Every warp reads the same words, so warp 0 loads them (here) and stores
-    // them once its first keys' loads are in flight (below): a CTA's keys never wait for Q.
-    // (Held in registers across a span of chunks, they spilled at D 128.)
+    // Q's A words, q_frag[j][half][lane]: rows fr + 8 half, vector j's d = 32 j + 8 fc ... + 7,
+    // unscaled (the scale multiplies the f32 scores); rows past the tile's are zeros. Every
+    // warp reads the same words, so warp 0 loads them (here) and stores them once its first
+    // keys' loads are in flight (below): the keys never wait for Q. Shared memory, not
+    // registers: at D 128 the registers are the occupancy (168 a thread, 3 CTAs an SM).
     int pos[2];  // the two rows' positions (-1: a row past the tile's, which sees no key)
     unsigned q_words[2][kVecs][4];
 #pragma unroll
@@ -545,183 +529,149 @@ __device__ bool partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
 
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
-    chunk_rows<D>(c, s, g, k0, min(kChunk, keys), row_off);
-    __syncthreads();  // the first chunk's row_off
+    chunk_rows<D>(c, s, g, k0, keys, row_off);
+    __syncthreads();  // row_off
 
-    // Running state of rows fr and fr + 8 (the same in every warp): max m, this lane's sum of
-    // weights l, and acc[v][p], the C fragment of V block (v, p): columns 32 v + 8 fc + 2 p, + 1.
-    float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f};
+    // Key tiles [t0, t0 + kBatch) of this warp: lane (fr, fc) loads key 8 t + fr's vectors;
+    // zeros past the chunk's keys (never loaded: their content, NaN included, meets no weight).
+    auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+            const int j = warp_key0 + 8 * (t0 + u) + fr;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v) {
+                raw[u][v] = j < keys ? load16(base + row_off[j] + 32 * v + 8 * fc)
+                                     : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+
+    // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
+    float sc[kTiles][4];
+    auto score = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+            float* d = sc[t0 + u];
+            d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v) {
+                const uint4 qa = q_frag[2 * v * 32 + lane], qb = q_frag[(2 * v + 1) * 32 + lane];
+                Mma<T>::run(sc[t0 + u], qa.x, qb.x, qa.y, qb.y, raw[u][v].x, raw[u][v].y);
+                Mma<T>::run(sc[t0 + u], qa.z, qb.z, qa.w, qb.w, raw[u][v].z, raw[u][v].w);
+            }
+        }
+    };
+
+    uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
+    load(raw_a, k_base, 0);
+    if (warp == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+            for (int j = 0; j < kVecs; ++j) {
+                const unsigned* w = q_words[half][j];
+                q_frag[(2 * j + half) * 32 + lane] = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+    }
+    __syncthreads();  // q_frag
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2 * kBatch) {
+        load(raw_b, k_base, t + kBatch);
+        score(raw_a, t);
+        if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
+        score(raw_b, t + kBatch);
+    }
+    load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
+
+    // Scale and mask; each row's max over the warp's keys, then over the warps.
+    float m[2] = {minus_infinity(), minus_infinity()};
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = warp_key0 + 8 * t + 2 * fc + (e & 1), key_pos = k0 + j;
+            const int p = pos[e >> 1];
+            const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
+            sc[t][e] = seen ? sc[t][e] * scale : minus_infinity();
+            m[e >> 1] = fmaxf(m[e >> 1], sc[t][e]);
+        }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        m[half] = fmaxf(m[half], __shfl_xor_sync(0xffffffffu, m[half], 1));
+        m[half] = fmaxf(m[half], __shfl_xor_sync(0xffffffffu, m[half], 2));
+        if (fc == 0) warp_m[warp * R + fr + 8 * half] = m[half];
+    }
+    __syncthreads();  // warp_m
+    float base[2], l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        for (int w = 0; w < kWarps; ++w) m[half] = fmaxf(m[half], warp_m[w * R + fr + 8 * half]);
+        base[half] = m[half] == minus_infinity() ? 0.0f : m[half];  // the base exp subtracts
+    }
+
+    // Weights exp(s - m), this lane's sums of them, and P's A words (high and low halves) of
+    // each k-step of 16 keys (key tiles 2i and 2i + 1).
+    unsigned p_hi[kTiles / 2][4], p_lo[kTiles / 2][4];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sc[t][e] = expf(sc[t][e] - base[e >> 1]);
+            l[e >> 1] += sc[t][e];
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const float x0 = sc[t][2 * half], x1 = sc[t][2 * half + 1];
+            const unsigned hi = Mma<T>::pack(x0, x1);
+            const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
+            // a0, a1: tile 2i's rows fr and fr + 8; a2, a3: tile 2i + 1's.
+            p_hi[t / 2][2 * (t % 2) + half] = hi;
+            p_lo[t / 2][2 * (t % 2) + half] = lo;
+        }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+        if (fc == 0) warp_l[warp * R + fr + 8 * half] = l[half];
+    }
+
+    // acc[v][p]: the C fragment of V block (v, p), columns 32 v + 8 fc + 2 p, + 1.
     float acc[kVecs][4][4];
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
         for (int p = 0; p < 4; ++p) acc[v][p][0] = acc[v][p][1] = acc[v][p][2] = acc[v][p][3] = 0.0f;
     }
-
-    for (int sub = 0; sub < kMmaSpan; ++sub) {
-        const int c0 = sub * kChunk;  // this chunk's first key within the span
-        if (c0 >= keys) break;
-        const int chunk_keys = min(kChunk, keys - c0);
-        const i64* offs = row_off + (sub & 1) * kChunk;
-        float* chunk_m = warp_m + (sub & 1) * kWarps * R;
-
-        // Key tiles [t0, t0 + kBatch) of this warp: lane (fr, fc) loads key 8 t + fr's
-        // vectors; zeros past the chunk's keys (never loaded: their content, NaN included,
-        // meets no weight).
-        auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
+    auto accumulate = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
 #pragma unroll
-            for (int u = 0; u < kBatch; ++u) {
-                const int j = warp_key0 + 8 * (t0 + u) + fr;
-#pragma unroll
-                for (int v = 0; v < kVecs; ++v) {
-                    raw[u][v] = j < chunk_keys ? load16(base + offs[j] + 32 * v + 8 * fc)
-                                               : make_uint4(0, 0, 0, 0);
-                }
-            }
-        };
-
-        // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
-        float sc[kTiles][4];
-        auto score = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
-#pragma unroll
-            for (int u = 0; u < kBatch; ++u) {
-                float* d = sc[t0 + u];
-                d[0] = d[1] = d[2] = d[3] = 0.0f;
-#pragma unroll
-                for (int v = 0; v < kVecs; ++v) {
-                    const uint4 qa = q_frag[2 * v * 32 + lane], qb = q_frag[(2 * v + 1) * 32 + lane];
-                    Mma<T>::run(sc[t0 + u], qa.x, qb.x, qa.y, qb.y, raw[u][v].x, raw[u][v].y);
-                    Mma<T>::run(sc[t0 + u], qa.z, qb.z, qa.w, qb.w, raw[u][v].z, raw[u][v].w);
-                }
-            }
-        };
-
-        uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
-        load(raw_a, k_base, 0);
-        if (sub == 0) {
-            if (warp == 0) {
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-#pragma unroll
-                    for (int j = 0; j < kVecs; ++j) {
-                        const unsigned* w = q_words[half][j];
-                        q_frag[(2 * j + half) * 32 + lane] = make_uint4(w[0], w[1], w[2], w[3]);
-                    }
-                }
-            }
-            __syncthreads();  // q_frag
-        }
-        if (c0 + kChunk < keys) {
-            // The next chunk's row offsets while this one's keys fly (its buffer's last
-            // readers, two chunks back, are behind the last barrier).
-            chunk_rows<D>(c, s, g, k0 + c0 + kChunk, min(kChunk, keys - c0 - kChunk),
-                          row_off + ((sub + 1) & 1) * kChunk);
-        }
-#pragma unroll
-        for (int t = 0; t < kTiles; t += 2 * kBatch) {
-            load(raw_b, k_base, t + kBatch);
-            score(raw_a, t);
-            if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
-            score(raw_b, t + kBatch);
-        }
-        load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
-
-        // Scale and mask; each row's max over the warp's keys, then over the warps.
-        float chunk_max[2] = {minus_infinity(), minus_infinity()};
-#pragma unroll
-        for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int j = warp_key0 + 8 * t + 2 * fc + (e & 1), key_pos = k0 + c0 + j;
-                const int p = pos[e >> 1];
-                const bool seen =
-                    j < chunk_keys && key_pos <= p && (left < 0 || key_pos >= p - left);
-                sc[t][e] = seen ? sc[t][e] * scale : minus_infinity();
-                chunk_max[e >> 1] = fmaxf(chunk_max[e >> 1], sc[t][e]);
-            }
-        }
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float x = chunk_max[half];
-            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-            x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-            if (fc == 0) chunk_m[warp * R + fr + 8 * half] = x;
-        }
-        __syncthreads();  // chunk_m, and the next chunk's row offsets
-        float base[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float next = m[half];
-            for (int w = 0; w < kWarps; ++w) next = fmaxf(next, chunk_m[w * R + fr + 8 * half]);
-            // What the state so far is worth against the new max (0 while it is empty).
-            const float keep = m[half] == minus_infinity() ? 0.0f : expf(m[half] - next);
-            l[half] *= keep;
+        for (int u = 0; u < kBatch; u += 2) {
+            const int i = (t0 + u) / 2;  // the k-step: key tiles t0 + u and t0 + u + 1
 #pragma unroll
             for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
                 for (int p = 0; p < 4; ++p) {
-                    acc[v][p][2 * half] *= keep;
-                    acc[v][p][2 * half + 1] *= keep;
+                    const unsigned b0 = transposed(word(raw[u][v], p));
+                    const unsigned b1 = transposed(word(raw[u + 1][v], p));
+                    Mma<T>::run(acc[v][p], p_hi[i][0], p_hi[i][1], p_hi[i][2], p_hi[i][3], b0, b1);
+                    Mma<T>::run(acc[v][p], p_lo[i][0], p_lo[i][1], p_lo[i][2], p_lo[i][3], b0, b1);
                 }
             }
-            m[half] = next;
-            base[half] = next == minus_infinity() ? 0.0f : next;  // the base exp subtracts
         }
-
-        // Weights exp(s - m), this lane's sums of them, and P's A words (high and low halves)
-        // of each k-step of 16 keys (key tiles 2i and 2i + 1).
-        unsigned p_hi[kTiles / 2][4], p_lo[kTiles / 2][4];
+    };
 #pragma unroll
-        for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                sc[t][e] = expf(sc[t][e] - base[e >> 1]);
-                l[e >> 1] += sc[t][e];
-            }
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const float x0 = sc[t][2 * half], x1 = sc[t][2 * half + 1];
-                const unsigned hi = Mma<T>::pack(x0, x1);
-                const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
-                // a0, a1: tile 2i's rows fr and fr + 8; a2, a3: tile 2i + 1's.
-                p_hi[t / 2][2 * (t % 2) + half] = hi;
-                p_lo[t / 2][2 * (t % 2) + half] = lo;
-            }
-        }
-
-        auto accumulate = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
-#pragma unroll
-            for (int u = 0; u < kBatch; u += 2) {
-                const int i = (t0 + u) / 2;  // the k-step: key tiles t0 + u and t0 + u + 1
-#pragma unroll
-                for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-                    for (int p = 0; p < 4; ++p) {
-                        const unsigned b0 = transposed(word(raw[u][v], p));
-                        const unsigned b1 = transposed(word(raw[u + 1][v], p));
-                        Mma<T>::run(acc[v][p], p_hi[i][0], p_hi[i][1], p_hi[i][2], p_hi[i][3],
-                                    b0, b1);
-                        Mma<T>::run(acc[v][p], p_lo[i][0], p_lo[i][1], p_lo[i][2], p_lo[i][3],
-                                    b0, b1);
-                    }
-                }
-            }
-        };
-#pragma unroll
-        for (int t = 0; t < kTiles; t += 2 * kBatch) {
-            load(raw_b, v_base, t + kBatch);
-            accumulate(raw_a, t);
-            if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
-            accumulate(raw_b, t + kBatch);
-        }
+    for (int t = 0; t < kTiles; t += 2 * kBatch) {
+        load(raw_b, v_base, t + kBatch);
+        accumulate(raw_a, t);
+        if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
+        accumulate(raw_b, t + kBatch);
     }
 
-    // The warps' sums and accumulators, then their totals in warp order.
+    // The warps' accumulators, then their sum in warp order.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
-        l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-        if (fc == 0) warp_l[warp * R + fr + 8 * half] = l[half];
         float* row = sums + (warp * R + fr + 8 * half) * D + 8 * fc;
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
@@ -731,9 +681,8 @@ __device__ bool partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
                     make_float2(acc[v][p][2 * half], acc[v][p][2 * half + 1]);
             }
         }
-        if (warp == 0 && fc == 0) row_max[fr + 8 * half] = m[half];  // the same in every warp
     }
-    __syncthreads();  // sums, warp_l, row_max
+    __syncthreads();  // sums, warp_l
     for (int e = 4 * tid; e < nr * D; e += 4 * kThreads) {
         const int r = e / D, d = e - r * D;
         float4 total = *reinterpret_cast<const float4*>(sums + r * D + d);
@@ -746,137 +695,124 @@ __device__ bool partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             total.w += x.w;
         }
         *reinterpret_cast<float4*>(
-            ws_acc + partial_index(s, g, span, r0 + r, c.heads_kv, chunks, rows) * D + d) = total;
+            ws_acc + partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d) = total;
     }
     if (tid < nr) {
-        float row_l = 0.0f;
+        float row_m = minus_infinity(), row_l = 0.0f;
+        for (int w = 0; w < kWarps; ++w) row_m = fmaxf(row_m, warp_m[w * R + tid]);
         for (int w = 0; w < kWarps; ++w) row_l += warp_l[w * R + tid];
-        const i64 at = partial_index(s, g, span, r0 + tid, c.heads_kv, chunks, rows);
-        ws_ml[2 * at] = row_max[tid];
+        const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
+        ws_ml[2 * at] = row_m;
         ws_ml[2 * at + 1] = row_l;
     }
-    return true;
 }
 
-// The step's end. A CTA that wrote a partial counts itself in its (sequence, kv head, tile)'s
-// counter (zeroed by the launcher before the step); the last of the sequence's n partials
-// merges them into out and lse, adding them in partial order whichever CTA arrives last, so
-// the bits never depend on the arrival order or on the batch. The partials were just written
-// and sit in L2; a separate merge kernel read them back from DRAM, a launch later (on an H100,
-// scripts/decode_variants.py, B64 S4096: 12 us of a 381 us step at q_len 1, 41 of 453 at
-// q_len 4).
-template <typename T, int D, int R, int CHUNK>
-__device__ void merge_if_last(const Cache& c, const int* __restrict__ seq_lens,
-                              const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                              int* __restrict__ counters, T* __restrict__ out, i64 o_sb,
-                              i64 o_st, i64 o_sh, float* __restrict__ lse, int q_len, int group,
-                              int tiles, int chunks) {
-    __shared__ int last;
-    __shared__ float row_max[R];
-    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles, s = blockIdx.z;
-    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+// The merge: the block's threads form slices of Dv / 4 threads (a float4 of columns each); slice
+// k adds chunks k, k + slices, ... in turn, then the slices' sums are added in slice order. The
+// order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
+// and each slice's loads are independent of one another (several in flight, where one thread
+// walking every chunk would wait on each).
+template <typename T, int kMergeThreads>
+__device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
+                      const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                      const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
+                      int chunks) {
+    __shared__ float4 slice_acc[kMergeThreads];
+    __shared__ float slice_l[kMergeThreads];
+    __shared__ float warp_max[kMergeThreads / 32];
+    const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
     const int len = sequence_length(c, seq_lens, s);
-    const int n = min((len + CHUNK - 1) / CHUNK, chunks);
-    __syncthreads();  // every thread's share of this CTA's partial is written
-    if (threadIdx.x == 0) {
-        // The fence (cumulative over what the barrier made this thread observe) orders the
-        // CTA's partial before its count; the second orders the last CTA's reads after it.
-        __threadfence();
-        last = atomicAdd(counters + ((i64)s * c.heads_kv + g) * tiles + tile, 1) == n - 1;
-        __threadfence();
-    }
-    __syncthreads();
-    if (!last) return;
+    const int n = len - q_len + t >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
+    const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
+    const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
 
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const i64 ml_step = 2 * (i64)rows, acc_step = (i64)rows * D;  // from a partial to the next
-    for (int r = warp; r < nr; r += kThreads / 32) {
-        const float* ml = ws_ml + 2 * partial_index(s, g, 0, r0 + r, c.heads_kv, chunks, rows);
-        float m = minus_infinity();
-        for (int k = lane; k < n; k += 32) m = fmaxf(m, __ldcg(ml + k * ml_step));
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (lane == 0) row_max[r] = m;  // a max is the same in any order
-    }
+    // The largest chunk max (a max is the same in any order).
+    float m = minus_infinity();
+    for (int k = tid; k < n; k += kMergeThreads) m = fmaxf(m, ml[k * ml_step]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) warp_max[tid >> 5] = m;
     __syncthreads();
-    // A thread per (row, 4 columns), adding the partials in order with their weights.
-    for (int e = threadIdx.x; e < nr * (D / 4); e += kThreads) {
-        const int r = e / (D / 4), col = 4 * (e - r * (D / 4));
-        const float m = row_max[r], base = m == minus_infinity() ? 0.0f : m;
-        const i64 at = partial_index(s, g, 0, r0 + r, c.heads_kv, chunks, rows);
-        const float* ml = ws_ml + 2 * at;
-        const float* acc_row = ws_acc + at * D + col;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float l = 0.0f;
-#pragma unroll 4
-        for (int k = 0; k < n; ++k) {
-            const float mk = __ldcg(ml + k * ml_step);
+    for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    const float base = m == minus_infinity() ? 0.0f : m;
+
+    const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
+    const int slice = tid / width, col = (tid % width) * 4;
+    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
+    const i64 acc_step = (i64)rows * dim_v;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float l = 0.0f;
+    if (slice < slices) {
+#pragma unroll 8
+        for (int k = slice; k < n; k += slices) {
+            const float mk = ml[k * ml_step];
             const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
-            const float4 x = __ldcg(reinterpret_cast<const float4*>(acc_row + k * acc_step));
+            const float4 x = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
             acc.x = fmaf(x.x, w, acc.x);
             acc.y = fmaf(x.y, w, acc.y);
             acc.z = fmaf(x.z, w, acc.z);
             acc.w = fmaf(x.w, w, acc.w);
-            l = fmaf(__ldcg(ml + k * ml_step + 1), w, l);
+            l = fmaf(ml[k * ml_step + 1], w, l);
         }
-        const int row = r0 + r, t = row / group, h = g * group + row % group;
+        slice_acc[tid] = acc;
+        slice_l[tid] = l;
+    }
+    __syncthreads();
+    if (tid < width) {
+        acc = slice_acc[tid];
+        l = slice_l[tid];
+        for (int k = 1; k < slices; ++k) {
+            const float4 x = slice_acc[k * width + tid];
+            acc.x += x.x;
+            acc.y += x.y;
+            acc.z += x.z;
+            acc.w += x.w;
+            l += slice_l[k * width + tid];
+        }
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        T* o = out + s * o_sb + t * o_st + h * o_sh + col;
-        o[0] = Math<T>::down(acc.x * inv);
-        o[1] = Math<T>::down(acc.y * inv);
-        o[2] = Math<T>::down(acc.z * inv);
-        o[3] = Math<T>::down(acc.w * inv);
-        if (lse != nullptr && col == 0) {
+        T* row = out + s * o_sb + t * o_st + h * o_sh + col;
+        row[0] = Math<T>::down(acc.x * inv);
+        row[1] = Math<T>::down(acc.y * inv);
+        row[2] = Math<T>::down(acc.z * inv);
+        row[3] = Math<T>::down(acc.w * inv);
+        if (lse != nullptr && tid == 0) {
             lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] =
                 l > 0.0f ? m + logf(l) : minus_infinity();
         }
     }
 }
 
-// A sequence of length 0 has no partial to merge: its first chunk's CTAs write its rows' out
-// (zeros) and lse (-inf) instead.
-template <typename T, int D, int R>
-__device__ void empty_rows(const Cache& c, const int* __restrict__ seq_lens, T* __restrict__ out,
-                           i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse, int q_len,
-                           int group, int tiles) {
-    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles, s = blockIdx.z;
-    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
-    if (blockIdx.y != 0 || nr <= 0 || sequence_length(c, seq_lens, s) != 0) return;
-    for (int e = threadIdx.x; e < nr * D; e += kThreads) {
-        const int r = e / D, d = e - r * D, row = r0 + r, t = row / group;
-        const int h = g * group + row % group;
-        out[s * o_sb + t * o_st + h * o_sh + d] = Math<T>::down(0.0f);
-        if (lse != nullptr && d == 0) {
-            lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] = minus_infinity();
-        }
-    }
-}
-
 }  // namespace
 
-// A decode step's kernel: the partial of one (kv head x row tile, chunk or span, sequence),
-// then the merge by the sequence's last CTA. BODY is partial or partial_mma.
-#define OPFACADE_DECODE_STEP(NAME, T, D, R, CHUNK, BODY, MIN_BLOCKS)                              \
-    extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) NAME(                     \
+#define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
+    extern "C" __global__ void __launch_bounds__(                                                \
+        kThreads, OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))                                 \
+        decode_partial_##SUFFIX##_##D##_##R(                                                     \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int* counters, T* out, i64 o_sb, i64 o_st, i64 o_sh,        \
-        float* lse, int q_len, int group, int tiles, int chunks, float scale, int left) {        \
-        const kv_cache::Cache c = OPFACADE_CACHE_ARGS;                                           \
-        if (BODY(q, q_sb, q_st, q_sh, c, seq_lens, ws_acc, ws_ml, q_len, group, tiles, chunks,   \
-                 scale, left)) {                                                                 \
-            merge_if_last<T, D, R, CHUNK>(c, seq_lens, ws_acc, ws_ml, counters, out, o_sb, o_st, \
-                                          o_sh, lse, q_len, group, tiles, chunks);               \
-        } else {                                                                                 \
-            empty_rows<T, D, R>(c, seq_lens, out, o_sb, o_st, o_sh, lse, q_len, group, tiles);   \
-        }                                                                                        \
+        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left) {                                                                              \
+        partial<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
+                         q_len, group, tiles, chunks, scale, left);                              \
     }
 
-#define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
-    OPFACADE_DECODE_STEP(decode_step_##SUFFIX##_##D##_##R, T, D, R, kChunk, (partial<T, D, R>),  \
-                         OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))
-
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
-    OPFACADE_DECODE_STEP(decode_step_##SUFFIX##_##D##_16, T, D, kMmaRows, kMmaChunk,             \
-                         (partial_mma<T, D>), OPFACADE_MMA_MIN_BLOCKS)
+    extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)              \
+        decode_partial_##SUFFIX##_##D##_16(                                                      \
+        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
+        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left) {                                                                              \
+        partial_mma<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,     \
+                          q_len, group, tiles, chunks, scale, left);                             \
+    }
+
+#define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
+        T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
+        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
+        int chunks) {                                                                            \
+        merge<T, THREADS>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS,        \
+                          seq_lens, group, q_len, chunks);                                       \
+    }
 
 #define OPFACADE_DECODE(SUFFIX, T)                                                               \
     OPFACADE_PARTIAL(SUFFIX, T, 64, 4)                                                           \
@@ -884,7 +820,9 @@ __device__ void empty_rows(const Cache& c, const int* __restrict__ seq_lens, T* 
     OPFACADE_PARTIAL(SUFFIX, T, 128, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 128, 8)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
-    OPFACADE_PARTIAL(SUFFIX, T, 256, 8)
+    OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
+    OPFACADE_MERGE(SUFFIX, T, 128)                                                               \
+    OPFACADE_MERGE(SUFFIX, T, 256)
 
 // Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).
 #define OPFACADE_DECODE_MMA(SUFFIX, T)                                                           \

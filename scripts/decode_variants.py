@@ -36,24 +36,15 @@ if "--occupancy" in sys.argv:  # more CTAs per SM for the 4-row tiles (fewer reg
                 "u2 b8": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=8")}
 if "--streaming" in sys.argv:
     VARIANTS = {"per tile (default)": (), "streaming loads": ("-DOPFACADE_STREAMING=1",)}
-# The tensor-core tile's knobs: its span of chunks (decode.MMA_SPAN, which the launcher must
-# know too) and blocks per SM; and the CUDA-core 8-row tiles it replaced for kv heads of 5-16
-# rows. A span or a tile sums in another order, so those variants' bits are not compared with
-# the default build's.
-PATCHES = {"mma span 2": {"MMA_SPAN": 2}, "mma span 2 b2": {"MMA_SPAN": 2},
-           "cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8}}
+# The tensor-core tile at 2 blocks an SM, and the CUDA-core 8-row tiles it replaced for kv heads
+# of 5-16 rows (another tile sums in another order: its bits are not compared).
+PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8}}
 if "--mma" in sys.argv:
-    VARIANTS = {"per tile (default)": (),
-                "mma span 2": ("-DOPFACADE_DECODE_MMA_SPAN=2",),
-                "mma span 2 b2": ("-DOPFACADE_DECODE_MMA_SPAN=2",
-                                  "-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2"),
-                "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
+    VARIANTS = {"per tile (default)": (), "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
                 "cuda-core tiles of 8": ()}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
-if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs
-    CASES = [case for case in CASES if case[2][-1].isdigit()]
 
 
 def modules(options: tuple[str, ...]):
@@ -142,7 +133,7 @@ def main() -> None:
     print(f"device copy {copy_tbps:.2f} TB/s")
     results, reference = {}, {}
     original = kernels.get_kernel
-    defaults = {name: getattr(kernels, name) for name in ("row_tile", "MMA_SPAN")}
+    defaults = {"row_tile": kernels.row_tile}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
@@ -162,16 +153,15 @@ def main() -> None:
             reference.setdefault(key, bits)
             row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)
             if name.endswith("(default)"):
-                # The partials alone, to place the gap: the kernel launched again without the
-                # counters' memset counts past every sequence's last partial, so no CTA merges
-                # (the output was read above).
-                row["partial_ms"] = gpu_ms(step._call._direct[1])
+                # The step's two kernels alone (its direct launches), to place the gap.
+                partial, merge = step._call._direct
+                row["partial_ms"], row["merge_ms"] = gpu_ms(partial), gpu_ms(merge)
                 row["host_us_step"] = host_us(step)
                 row["host_us_run"] = host_us(lambda p=plan, a=args, w=ws: p.run(a, workspace=w))
             results[f"{name} | {key}"] = row
             print(f"{name:16s} {key:26s} {ms:7.3f} ms {row['tbps']:5.2f} TB/s "
                   f"{row['of_copy']:6.1%} of copy" + (
-                      f"  partials alone {row['partial_ms']:.3f} ms"
+                      f"  partial {row['partial_ms']:.3f} merge {row['merge_ms']:.3f} ms"
                       if "partial_ms" in row else "") + (
                       f"  host step {row['host_us_step']:.1f} us, run {row['host_us_run']:.1f}"
                       " us" if "host_us_step" in row else ""))

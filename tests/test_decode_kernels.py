@@ -29,12 +29,13 @@ def test_every_kernel_compiles_for_sm90(signatures):
     for source in (kernels.SOURCE, kernels.APPEND_SOURCE):
         cubin = compiler.compile_cubin(source, ArchSku.sm90, use_cache=False).cubin
         assert cubin[:4] == b"\x7fELF"
-    steps = {f"decode_step_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
-             for r in kernels.TILES}
-    steps |= {f"decode_step_{e}_{d}_{kernels.MMA_TILE}" for e in ("f16", "bf16")
-              for d in kernels.MMA_DIMS}
+    partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
+                for r in kernels.TILES}
+    partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}" for e in ("f16", "bf16")
+                 for d in kernels.MMA_DIMS}
+    merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS for threads in (128, 256)}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
-    assert set(signatures) == steps | appends | {"kv_cache_check"}
+    assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
         for dim in kernels.DIMS:
             for tile in kernels.TILES:
@@ -53,8 +54,6 @@ def _record(monkeypatch) -> list[tuple]:
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
     monkeypatch.setattr(kernels, "launch", record)
     monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
-    monkeypatch.setattr(kernels, "memset", lambda pointer, words, stream, device: lambda: (
-        launched.append(("memset", pointer, words))))
     monkeypatch.setattr(kernels, "steps", lambda make, stream, device: lambda: [
         launch() for launch in make(stream)])
     return launched
@@ -75,20 +74,18 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     names = [name for name, *_ in launched]
     # 16 rows (4 heads x 4 tokens): one tensor-core tile for the half types, two of 8 for f32.
     tile = 8 if element == ElementKind.f32 else kernels.MMA_TILE
-    assert names == ["memset", f"decode_step_{element.value}_128_{tile}",
-                     f"kv_append_{element.value}"]
-    layout = kernels.Partials.of(5, 32, 8, 4, 1024, 128, tile)
-    # The counters follow the partials: one per (sequence, kv head, tile), zeroed first.
-    assert launched[0][1:] == (0x100000 + layout.acc_bytes + layout.ml_bytes, 5 * 8 * (16 // tile))
-    assert layout.nbytes <= kernels.workspace_bytes(8, 32, 8, 4, 1024, 128, tile)
+    assert names == [f"decode_partial_{element.value}_128_{tile}",
+                     f"decode_merge_{element.value}_128", f"kv_append_{element.value}"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
-    blocks = {"decode_step": (kernels.THREADS,), "kv_append": (per_head, min(8, 1024 // per_head))}
-    for name, _, block, args, _ in launched[1:]:
+    blocks = {"merge": (kernels.MERGE_THREADS_FEW,), "partial": (kernels.THREADS,),
+              "kv_append": (per_head, min(8, 1024 // per_head))}
+    for name, _, block, args, _ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
     # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks.
-    assert launched[1][1] == (8 * (16 // tile), 1024 // kernels.chunk_keys(tile), 5)
-    assert launched[1][4] == kernels.shared_bytes(element, 128, tile)
+    assert launched[0][1] == (8 * (16 // tile), 4, 5)
+    assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
+    assert launched[1][1] == (5, 32, 4)
     # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
     assert launched[2][1] == (5, 4, 1)
 
@@ -134,16 +131,14 @@ def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
-    assert launched[1][1] == (1 * 4, 2, 2)  # 64 rows in tiles of 16; 300 tokens in 2 chunks
-    assert launched[1][3][-1] == 16  # the window's left side
+    assert launched[0][1] == (1 * 4, 2, 2)  # 64 rows in tiles of 16; 300 tokens in 2 chunks
+    assert launched[0][3][-1] == 16  # the window's left side
 
 
 def test_the_workspace_holds_every_partial_of_the_envelope():
-    size = kernels.workspace_bytes(batch=64, heads_q=32, heads_kv=8, q_len=1, capacity=4096,
-                                   dim_v=128, tile=4)
+    size = kernels.workspace_bytes(batch=64, heads_q=32, q_len=1, capacity=4096, dim_v=128)
     rows = 64 * 32 * 16  # sequences x query heads x chunks
-    counters = 64 * 8  # sequences x kv heads (one tile of 4 rows each)
-    assert size >= rows * (128 + 2) * 4 + counters * 4 and size % 256 == 0
+    assert size >= rows * (128 + 2) * 4 and size % 256 == 0
     append = KvAppendDescriptor(batch=2, heads_kv=2, head_dim=64, element="f16",
                                 cache="pointers", max_seq=100, kv_layout="hnd")
     cache = kernels.DecodeCache.of(append)
@@ -274,6 +269,11 @@ def test_a_capacity_past_the_kernels_int_positions_is_unfit():
         KvAppendPlan.select(KvAppendDescriptor(**wide), arch="sm90")
 
 
+def test_the_merge_threads_follow_the_capacity_alone():
+    assert kernels.merge_threads_for(1) == kernels.merge_threads_for(8) == 128
+    assert kernels.merge_threads_for(9) == kernels.merge_threads_for(128) == 256
+
+
 class _FakeRuntime:
     """cupy.cuda.runtime's capture calls, recorded; ``fail_capture`` makes the capture refuse."""
 
@@ -330,8 +330,8 @@ def _graphed(monkeypatch, runtime: _FakeRuntime, libcuda: _FakeLibcuda):
     direct = []
 
     def make(stream):
-        return [lambda: direct.append(("memset", stream)),
-                lambda: direct.append(("step", stream))]
+        return [lambda: direct.append(("partial", stream)),
+                lambda: direct.append(("merge", stream))]
 
     return launching.GraphedLaunches(make, 0x55, 0), direct
 
@@ -341,9 +341,9 @@ def test_a_graphed_step_launches_directly_once_then_replays_one_graph(monkeypatc
     runtime, libcuda = _FakeRuntime(), _FakeLibcuda()
     step, direct = _graphed(monkeypatch, runtime, libcuda)
     step()
-    assert direct == [("memset", 0x55), ("step", 0x55)] and not runtime.calls
+    assert direct == [("partial", 0x55), ("merge", 0x55)] and not runtime.calls
     step()  # captured on the private stream, then replayed on the caller's
-    assert direct[2:] == [("memset", 0x77), ("step", 0x77)]
+    assert direct[2:] == [("partial", 0x77), ("merge", 0x77)]
     assert runtime.calls == ["begin", "end", "instantiate"] and libcuda.replays == [(0xE0, 0x55)]
     step()
     assert len(direct) == 4 and libcuda.replays == [(0xE0, 0x55)] * 2
@@ -355,7 +355,7 @@ def test_a_graphed_step_launches_directly_into_a_callers_capture(monkeypatch):
     step, direct = _graphed(monkeypatch, runtime, libcuda)
     for _ in range(3):
         step()
-    assert direct == [("memset", 0x55), ("step", 0x55)] * 3
+    assert direct == [("partial", 0x55), ("merge", 0x55)] * 3
     assert not runtime.calls and not libcuda.replays
 
 

@@ -1,12 +1,11 @@
 """Launching native/decode_attention.cu (split-KV decode attention) and native/kv_append.cu
 (kv_append and the caches' checked mode), issue 13.
 
-A decode call is two operations on one stream: a memset of the merge counters, then
-``decode_step`` over (kv head x row tile, chunk, sequence), whose last CTA for each (sequence,
-kv head, tile) merges the sequence's partials. The partials and counters live in the workspace,
-sized for the descriptor's envelope (``workspace_bytes``). Everything the kernel reads about
-lengths and pages is device data: a call may be captured and replayed with new seq_lens, page
-tables and batch composition, for any batch up to the envelope's.
+A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
+sequence), then ``decode_merge`` over (sequence, query head, new token). The partials live in
+the workspace, sized for the descriptor's envelope (``workspace_bytes``). Everything the kernels
+read about lengths and pages is device data: a call may be captured and replayed with new
+seq_lens, page tables and batch composition, for any batch up to the envelope's.
 """
 
 from __future__ import annotations
@@ -20,27 +19,31 @@ from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
-from .launch import GraphedLaunches, PackedLaunch, PackedMemset, get_kernel, launch
+from .launch import GraphedLaunches, PackedLaunch, get_kernel, launch
 
-__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "Partials",
-           "append_call", "check_call", "chunk_keys", "chunks", "decode_call", "row_tile",
-           "shared_bytes", "workspace_bytes"]
+__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
+           "check_call", "chunks", "decode_call", "row_tile", "shared_bytes",
+           "workspace_bytes"]
 
-SOURCE = "decode_attention.cu"  # decode_step
+SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 CHUNK = 256  # keys per chunk: kChunk, a constant (batch invariance rests on it)
 THREADS = 128  # kThreads
-DIMS = (64, 128, 256)  # head dims the step kernel is built for (K and V alike)
-TILES = (4, 8)  # query rows per CTA tile of the CUDA-core step kernel
-# The tensor-core tile (decode_step_*_16, mma.sync): 16 rows, built for the half types at
+# The merge kernel's threads (it is built with each): more slices of chunks in flight pay for
+# long caches (B1 S32768's merge on an H100: 12 -> 11 us and the step 70.5% of a copy's
+# bandwidth from 62.6%) and cost short ones (B256 S1024: 19 -> 26 us). The capacity picks, so
+# one plan always sums in one order.
+MERGE_THREADS_FEW, MERGE_THREADS_MANY = 128, 256
+MERGE_FEW_CHUNKS = 8  # capacities of at most this many chunks take the 128-thread merge
+DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
+TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
+# The tensor-core tile (decode_partial_*_16, mma.sync): 16 rows, built for the half types at
 # D 64 and 128. It takes every kv head of more than 4 rows, where the 8-row CUDA-core tiles
 # were compute-bound (H100, scripts/decode_variants.py: B64 S4096 q_len 4, 16 rows, 38% of a
-# device copy against 78%; q_len 2, 8 rows, 72% against 86%). A CTA covers MMA_SPAN chunks
-# (kMmaSpan) and writes one partial for them.
+# device copy against 78%; q_len 2, 8 rows, 70% against 85%).
 MMA_TILE = 16
 MMA_DIMS = (64, 128)
 MMA_WARPS = THREADS // 32
-MMA_SPAN = 1
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -82,11 +85,6 @@ def launcher(function, grid, block, args, stream: int, device: int, shared: int 
     return PackedLaunch(function, grid, block, args, stream, device, shared)
 
 
-def memset(pointer: int, words: int, stream: int, device: int) -> Callable[[], None]:
-    """Zeroes the merge counters before a step (``PackedMemset``: one driver call)."""
-    return PackedMemset(pointer, words, stream, device)
-
-
 def steps(launches: Callable[[int], list[Callable[[], None]]], stream: int, device: int
           ) -> Callable[[], None]:
     """The step's launches on ``stream``, replayed as one CUDA graph from the second call
@@ -95,8 +93,12 @@ def steps(launches: Callable[[int], list[Callable[[], None]]], stream: int, devi
     return GraphedLaunches(launches, stream, device)
 
 
-def chunks(capacity: int, chunk_keys: int = CHUNK) -> int:
-    return -(-capacity // chunk_keys)
+def merge_threads_for(n_chunks: int) -> int:
+    return MERGE_THREADS_FEW if n_chunks <= MERGE_FEW_CHUNKS else MERGE_THREADS_MANY
+
+
+def chunks(capacity: int) -> int:
+    return -(-capacity // CHUNK)
 
 
 def row_tile(rows: int, element: ElementKind, dim: int) -> int:
@@ -110,50 +112,24 @@ def row_tile(rows: int, element: ElementKind, dim: int) -> int:
     return TILES[-1]
 
 
-def chunk_keys(tile: int) -> int:
-    """Keys behind one partial: a chunk, or a tensor-core tile's span of chunks."""
-    return CHUNK * MMA_SPAN if tile == MMA_TILE else CHUNK
-
-
 def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32 and
     each key's row offset [CHUNK] i64, then reused for the key groups' sums [groups][tile][dim]
-    f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: two
-    chunks' row offsets, each warp's row maxima (two chunks') and sums, the rows' final maxima,
-    Q's fragments (tile x dim elements) and the warps' accumulators [warps][tile][dim] f32."""
-    if tile == MMA_TILE:  # row offsets [2][CHUNK] i64; [3 x warps + 1] row floats; Q; sums
-        return 16 * CHUNK + 4 * tile * (3 * MMA_WARPS + 1 + MMA_WARPS * dim) + 2 * tile * dim
+    f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: the row
+    offsets, each warp's row maxima and sums [warps][tile] f32, Q's fragments (tile x dim
+    elements) and the warps' accumulators [warps][tile][dim] f32."""
+    if tile == MMA_TILE:  # row offsets [CHUNK] i64; row maxima and sums; Q; sums
+        return 8 * CHUNK + 4 * MMA_WARPS * tile * (2 + dim) + 2 * tile * dim
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
     return max(4 * CHUNK * tile + 8 * CHUNK, 4 * groups * tile * dim)
 
 
-@dataclass(frozen=True)
-class Partials:
-    """The workspace of a step over ``sequences`` sequences: acc (Dv floats) and (m, l) per query
-    row and chunk (or span), then a merge counter per (sequence, kv head, row tile)."""
-
-    acc_bytes: int
-    ml_bytes: int
-    counters: int
-
-    @classmethod
-    def of(cls, sequences: int, heads_q: int, heads_kv: int, q_len: int, capacity: int,
-           dim_v: int, tile: int) -> Partials:
-        rows = sequences * heads_q * q_len * chunks(capacity, chunk_keys(tile))
-        tiles = -(-heads_q // heads_kv * q_len // tile)
-        return cls(Workspace.round_up(rows * dim_v * 4), Workspace.round_up(rows * 2 * 4),
-                   sequences * heads_kv * tiles)
-
-    @property
-    def nbytes(self) -> int:
-        return self.acc_bytes + self.ml_bytes + Workspace.round_up(self.counters * 4)
-
-
-def workspace_bytes(batch: int, heads_q: int, heads_kv: int, q_len: int, capacity: int,
-                    dim_v: int, tile: int) -> int:
-    return Partials.of(batch, heads_q, heads_kv, q_len, capacity, dim_v, tile).nbytes
+def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
+    """The partials of ``batch`` sequences: acc (Dv floats) and (m, l) per query row and chunk."""
+    rows = batch * heads_q * q_len * chunks(capacity)
+    return Workspace.round_up(rows * dim_v * 4) + Workspace.round_up(rows * 2 * 4)
 
 
 def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences: int,
@@ -161,29 +137,33 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                 q: int, q_strides: tuple[int, int, int], k: int, v: int, table: int,
                 seq_lens: int, out: int, out_strides: tuple[int, int, int], lse: int | None,
                 workspace: int, stream: int) -> Callable[[], None]:
-    """One decode step over ``sequences`` sequences (strides in elements: batch, token, head):
-    the counters' memset, then the step kernel."""
+    """The two launches of one decode step over ``sequences`` sequences (strides in elements:
+    batch, token, head)."""
     group = heads_q // cache.heads_kv
     tile = row_tile(group * q_len, element, cache.dim)
     tiles = -(-group * q_len // tile)
-    n_chunks = chunks(cache.capacity, chunk_keys(tile))
-    layout = Partials.of(sequences, heads_q, cache.heads_kv, q_len, cache.capacity, cache.dim_v,
-                         tile)
-    ws_acc = workspace
-    ws_ml = ws_acc + layout.acc_bytes
-    counters = ws_ml + layout.ml_bytes
-    kernel = get_kernel(SOURCE, f"decode_step_{element.value}_{cache.dim}_{tile}", device)
-    args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache.args(k, v, table),
-            np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.uint64(counters),
-            np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
-            np.int32(q_len), np.int32(group), np.int32(tiles), np.int32(n_chunks),
-            np.float32(scale), np.int32(-1 if window_left is None else window_left))
-    grid = (cache.heads_kv * tiles, n_chunks, sequences)
+    n_chunks = chunks(cache.capacity)
+    rows = sequences * heads_q * q_len * n_chunks
+    ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
+    suffix = element.value
+    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}", device)
+    merge_threads = merge_threads_for(n_chunks)
+    merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
+    cache_args = cache.args(k, v, table)
+    partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
+                    np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
+                    np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
+                    np.int32(-1 if window_left is None else window_left))
+    merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
+                  np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
+                  np.int32(group), np.int32(q_len), np.int32(n_chunks))
+    partial_grid = (cache.heads_kv * tiles, n_chunks, sequences)
+    merge_grid = (sequences, heads_q, q_len)
     shared = shared_bytes(element, cache.dim, tile)
 
     def launches(on: int) -> list[Callable[[], None]]:
-        return [memset(counters, layout.counters, on, device),
-                launcher(kernel, grid, (THREADS,), args, on, device, shared)]
+        return [launcher(partial, partial_grid, (THREADS,), partial_args, on, device, shared),
+                launcher(merge, merge_grid, (merge_threads,), merge_args, on, device)]
 
     return steps(launches, stream, device)
 

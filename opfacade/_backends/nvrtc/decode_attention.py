@@ -88,14 +88,9 @@ def _unfit_common(desc) -> Unfit | None:
     return None
 
 
-def _tile(desc: DecodeAttentionDescriptor) -> int:
-    return kernels.row_tile(desc.heads_q // desc.heads_kv * desc.q_len, desc.element,
-                            desc.head_dim)
-
-
 def _decode_workspace(desc: DecodeAttentionDescriptor) -> int:
-    return kernels.workspace_bytes(desc.batch, desc.heads_q, desc.heads_kv, desc.q_len,
-                                   desc.capacity, desc.dim_v, _tile(desc))
+    return kernels.workspace_bytes(desc.batch, desc.heads_q, desc.q_len, desc.capacity,
+                                   desc.dim_v)
 
 
 def _capacity(desc) -> int:
@@ -108,11 +103,13 @@ CAPACITY_LIMIT = Limit("capacity", "capacity (page_size*max_pages or max_seq)", 
 
 DECODE_LIMITS: tuple[Limit[DecodeAttentionDescriptor], ...] = (
     CAPACITY_LIMIT,
-    Limit("chunks", "capacity / keys per partial", "chunks", "the step grid's y extent",
-          GRID_YZ_MAX, lambda d: kernels.chunks(d.capacity, kernels.chunk_keys(_tile(d))),
-          "decode.py: step grid (heads_kv x tiles, chunks, batch)"),
-    Limit("batch", "batch", "sequences", "the step grid's z extent", GRID_YZ_MAX,
-          lambda d: d.batch, "decode.py: step grid (heads_kv x tiles, chunks, batch)"),
+    Limit("chunks", "capacity / 256", "chunks", "the partial grid's y extent", GRID_YZ_MAX,
+          lambda d: kernels.chunks(d.capacity),
+          "decode.py: partial grid (heads_kv x tiles, chunks, batch)"),
+    Limit("batch", "batch", "sequences", "the partial grid's z extent", GRID_YZ_MAX,
+          lambda d: d.batch, "decode.py: partial grid (heads_kv x tiles, chunks, batch)"),
+    Limit("heads_q", "heads_q", "query heads", "the merge grid's y extent", GRID_YZ_MAX,
+          lambda d: d.heads_q, "decode.py: merge grid (batch, heads_q, q_len)"),
     workspace_limit(_decode_workspace, "decode.workspace_bytes",
                     "the partials (Dv + 2 floats per query row and chunk)"),
 )

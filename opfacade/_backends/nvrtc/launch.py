@@ -21,8 +21,8 @@ from ...errors import BackendUnavailable, LaunchFailed
 from ...types import ElementKind
 from .compiler import compile_cubin
 
-__all__ = ["KERNELS", "GraphedLaunches", "KernelCache", "PackedLaunch", "PackedMemset",
-           "available", "element_suffix", "get_kernel", "launch", "pointer"]
+__all__ = ["KERNELS", "GraphedLaunches", "KernelCache", "PackedLaunch", "available",
+           "element_suffix", "get_kernel", "launch", "pointer"]
 
 
 @functools.cache
@@ -181,49 +181,6 @@ class PackedLaunch:
                 status = self._launch(*self._arguments)
             if status:
                 raise LaunchFailed(f"launch failed on cuda:{self._device}: CUresult {status}")
-
-
-class PackedMemset:
-    """Zeroes ``words`` 32-bit words at ``pointer`` on the stream it was made for: one
-    ``cuMemsetD32Async`` (a memset node when the stream is being captured). Retried once under
-    the device's context, like PackedLaunch."""
-
-    __slots__ = ("_arguments", "_device", "_memset")
-
-    def __init__(self, pointer: int, words: int, stream: int, device: int):
-        self._arguments = (ctypes.c_uint64(pointer), ctypes.c_uint(0), ctypes.c_size_t(words),
-                           ctypes.c_void_p(int(stream)))
-        self._device = device
-        self._memset = _driver_memset() or self._through_bindings
-
-    @staticmethod
-    def _through_bindings(pointer, value, words, stream) -> int:
-        from cuda.bindings import driver
-
-        (status,) = driver.cuMemsetD32Async(pointer.value, value.value, words.value,
-                                            driver.CUstream(stream.value or 0))
-        return int(status)
-
-    def __call__(self) -> None:
-        if self._memset(*self._arguments):
-            import cupy
-
-            with cupy.cuda.Device(self._device):
-                status = self._memset(*self._arguments)
-            if status:
-                raise LaunchFailed(f"memset failed on cuda:{self._device}: CUresult {status}")
-
-
-@functools.cache
-def _driver_memset():
-    """libcuda's cuMemsetD32Async through ctypes, or None (cuda.bindings' wrapper serves)."""
-    library = _libcuda()
-    if library is None:
-        return None
-    function = library.cuMemsetD32Async
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
-    return function
 
 
 class GraphedLaunches:
