@@ -115,10 +115,21 @@ def test_each_row_names_its_peers():
     assert decode.PEER_NAMES == ("torch sdpa", "cudnn paged")
     assert append.PEER_NAMES == ("torch index_put",)
     for case in decode.cases():
-        if case.q_len != 1:
-            assert case.peers == ()
+        if not case.paged:
+            assert case.peers == ("torch sdpa",)  # several new tokens through its mask
         else:
-            assert case.peers == (("cudnn paged",) if case.paged else ("torch sdpa",))
+            assert case.peers == (("cudnn paged",) if case.q_len == 1 else ())
+
+
+def test_the_torch_peers_mask_is_the_decode_contracts_causal_rule():
+    torch = pytest.importorskip("torch")
+    seq_lens = torch.tensor([5, 2, 3], dtype=torch.int32)
+    mask = peers.new_token_mask(torch, seq_lens, 3, 6)
+    assert tuple(mask.shape) == (3, 1, 3, 6)
+    for s, n in enumerate((5, 2, 3)):
+        for t in range(3):
+            pos = n - 3 + t  # where new token t sits; a negative position sees no key
+            assert mask[s, 0, t].tolist() == [key <= pos for key in range(6)]
 
 
 def test_a_row_builds_the_peers_it_names_and_a_failing_one_is_a_note(monkeypatch):
@@ -137,7 +148,7 @@ def test_a_row_builds_the_peers_it_names_and_a_failing_one_is_a_note(monkeypatch
     monkeypatch.setattr(decode, "cudnn_paged", declines)
     contiguous = types.SimpleNamespace(case=decode.DecodeCase(8, 1024))
     paged = types.SimpleNamespace(case=decode.DecodeCase(8, 1024, "paged", 16))
-    speculative = types.SimpleNamespace(case=decode.DecodeCase(8, 1024, q_len=4))
+    speculative = types.SimpleNamespace(case=decode.DecodeCase(8, 1024, "paged", 16, q_len=4))
     for p in (contiguous, paged, speculative):
         for name in ("q", "peer_k", "peer_v", "lengths", "seq_lens", "table"):
             setattr(p, name, None)
@@ -146,8 +157,8 @@ def test_a_row_builds_the_peers_it_names_and_a_failing_one_is_a_note(monkeypatch
     assert decode._peers(None, None, paged, notes) == {}
     assert decode._peers(None, None, speculative, notes) == {}
     assert made == ["torch sdpa"]
-    assert notes == ["cudnn paged: cuDNN says no", "no peers at q_len 4: torch sdpa and cudnn "
-                     "paged run one query per sequence here"]
+    assert notes == ["cudnn paged: cuDNN says no", "no peer at q_len 4 on a paged cache: cudnn "
+                     "paged runs one query per sequence here"]
 
 
 def test_a_row_without_ours_keeps_the_peers_and_says_so(monkeypatch):

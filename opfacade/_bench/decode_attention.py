@@ -10,12 +10,13 @@ every table, the tables a random permutation of it, fixed seed). Four new tokens
 positions past each sequence's length hold NaN in our caches (the kernel must never read them),
 and the peers read their own finite copy (``decode_peers.py`` says why).
 
-Peers (q_len 1 only): "torch sdpa" on the contiguous rows, "cudnn paged" on the paged ones
-(``decode_peers.py``). The figure is KV bandwidth: the bytes of K and V the step must read (the
-sum over sequences of seq_len * Hkv * D * 2 tensors * 2 bytes) per second, and as a fraction of
-a device-to-device copy timed once per run (bytes read + written). Notes carry our SKU and
-workspace, the host microseconds per call of run() and of the prepared step(), each peer's
-largest difference from ours, and why a peer is missing ("<peer>: <first line of its error>").
+Peers: "torch sdpa" on the contiguous rows (with a mask for q_len > 1), "cudnn paged" on the
+paged ones (q_len 1 only) (``decode_peers.py``). The figure is KV bandwidth: the bytes of K and
+V the step must read (the sum over sequences of seq_len * Hkv * D * 2 tensors * 2 bytes) per
+second, and as a fraction of a device-to-device copy timed once per run (bytes read +
+written). Notes carry our SKU and workspace, the host microseconds per call of run() and of the
+prepared step(), each peer's largest difference from ours, and why a peer is missing
+("<peer>: <first line of its error>").
 """
 
 from __future__ import annotations
@@ -117,11 +118,11 @@ class DecodeCase(CacheShape):
 
     @property
     def peers(self) -> tuple[str, ...]:
-        """The peers this row runs: one query per sequence only, torch on contiguous caches,
-        cuDNN on paged ones."""
-        if self.q_len != 1:
-            return ()
-        return ("cudnn paged",) if self.paged else ("torch sdpa",)
+        """The peers this row runs: torch on contiguous caches (several new tokens through its
+        mask), cuDNN on paged ones (one query per sequence: its paged graphs here)."""
+        if not self.paged:
+            return ("torch sdpa",)
+        return ("cudnn paged",) if self.q_len == 1 else ()
 
     @property
     def label(self) -> str:
@@ -222,7 +223,7 @@ def _peers(torch, raw: RawCudnn, p: DecodeProblem, notes: list[str]) -> dict[str
         "cudnn paged": lambda: cudnn_paged(raw, p.q, p.peer_k, p.peer_v, p.table, p.seq_lens),
     }
     if not p.case.peers:
-        notes.append(f"no peers at q_len {p.case.q_len}: torch sdpa and cudnn paged run one "
+        notes.append(f"no peer at q_len {p.case.q_len} on a paged cache: cudnn paged runs one "
                      "query per sequence here")
     return build_peers({name: builders[name] for name in p.case.peers}, notes)
 

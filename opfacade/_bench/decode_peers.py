@@ -22,8 +22,8 @@ from typing import Any
 
 from .cudnn_peers import RawCudnn, RawGraph, first_line
 
-__all__ = ["PagedDims", "Peer", "build_peers", "cudnn_paged", "describe_paged", "stats_option",
-           "torch_sdpa"]
+__all__ = ["PagedDims", "Peer", "build_peers", "cudnn_paged", "describe_paged", "new_token_mask",
+           "stats_option", "torch_sdpa"]
 
 
 @dataclass
@@ -53,21 +53,29 @@ def build_peers(builders: dict[str, Callable[[], Peer]], notes: list[str]) -> di
 # ----------------------------------------------------------------------------- torch
 
 
+def new_token_mask(torch, seq_lens, q_len: int, longest: int):
+    """The keys each new token sees, as torch SDPA's boolean mask [b, 1, q_len, longest]: token
+    t of a sequence of length n sits at n - q_len + t and sees the keys up to it (the decode
+    contract's causal rule among new tokens; torch's ``is_causal`` aligns top-left instead)."""
+    positions = torch.arange(longest, device=seq_lens.device)
+    last = seq_lens[:, None].long() - q_len + torch.arange(q_len, device=seq_lens.device)
+    return (positions[None, None, :] <= last[:, :, None]).unsqueeze(1)
+
+
 def torch_sdpa(torch, q, k_cache, v_cache, lengths: list[int], seq_lens) -> Peer:
-    """torch's SDPA for q [b, 1, Hq, D] over contiguous nhd caches [B, capacity, Hkv, D], up to
-    the longest of ``lengths``; with unequal lengths a boolean key mask [b, 1, 1, S] from the
-    device ``seq_lens`` (made ahead of the timed calls). GQA through ``enable_gqa``; a torch
-    without it, or no kernel taking it with this mask, gets the kv heads expanded to Hq ahead of
-    the timed calls, and the note says so."""
+    """torch's SDPA for q [b, q_len, Hq, D] over contiguous nhd caches [B, capacity, Hkv, D], up
+    to the longest of ``lengths``; with unequal lengths or several new tokens a boolean mask
+    from the device ``seq_lens`` (``new_token_mask``, made ahead of the timed calls). GQA
+    through ``enable_gqa``; a torch without it, or no kernel taking it with this mask, gets the
+    kv heads expanded to Hq ahead of the timed calls, and the note says so."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    b, longest = q.shape[0], max(lengths)
-    qh = q.transpose(1, 2)  # [b, Hq, 1, D]
+    b, q_len, longest = q.shape[0], q.shape[1], max(lengths)
+    qh = q.transpose(1, 2)  # [b, Hq, q_len, D]
     kh, vh = (cache[:b, :longest].transpose(1, 2) for cache in (k_cache, v_cache))
     mask = None
-    if min(lengths) < longest:
-        positions = torch.arange(longest, device=q.device)
-        mask = (positions[None, :] < seq_lens[:, None].long()).view(b, 1, 1, longest)
+    if min(lengths) < longest or q_len > 1:
+        mask = new_token_mask(torch, seq_lens, q_len, longest)
     groups = q.shape[2] // k_cache.shape[2]
     options, note = ({"enable_gqa": True} if groups > 1 else {}), ""
     try:
