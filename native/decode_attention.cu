@@ -401,23 +401,28 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 // The warps split the chunk's keys (64 each), then add their accumulators in warp order. Every
 // sum's order is fixed by D alone, so the batch invariance argument above holds unchanged.
 
+// Mma<T>: d += a b for one m16n8k16 product of T (f32 accumulators), and packing two floats
+// into a word of two T (x0 in the low half, rounded to nearest) and back. The PTX differs only
+// in the type's name.
+#define OPFACADE_MMA_OPS(TYPE)                                                                   \
+    static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,          \
+                                               unsigned a2, unsigned a3, unsigned b0,            \
+                                               unsigned b1) {                                    \
+        asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "     \
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                      \
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                     \
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                             \
+    }                                                                                            \
+    static __device__ __forceinline__ unsigned pack(float x0, float x1) {                        \
+        unsigned r;                                                                              \
+        asm("cvt.rn." TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));                   \
+        return r;                                                                                \
+    }
+
 template <typename T> struct Mma;
 
 template <> struct Mma<bf16_t> {
-    static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,
-                                               unsigned a2, unsigned a3, unsigned b0,
-                                               unsigned b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-    // x0 into the low half, x1 into the high half, rounded to nearest.
-    static __device__ __forceinline__ unsigned pack(float x0, float x1) {
-        unsigned r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
-        return r;
-    }
+    OPFACADE_MMA_OPS("bf16")
     static __device__ __forceinline__ float low(unsigned w) { return __uint_as_float(w << 16); }
     static __device__ __forceinline__ float high(unsigned w) {
         return __uint_as_float(w & 0xffff0000u);
@@ -425,19 +430,7 @@ template <> struct Mma<bf16_t> {
 };
 
 template <> struct Mma<f16_t> {
-    static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,
-                                               unsigned a2, unsigned a3, unsigned b0,
-                                               unsigned b1) {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ unsigned pack(float x0, float x1) {
-        unsigned r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));
-        return r;
-    }
+    OPFACADE_MMA_OPS("f16")
     static __device__ __forceinline__ float low(unsigned w) {
         return Math<f16_t>::up(f16_t{(u16)(w & 0xffffu)});
     }
