@@ -1,9 +1,11 @@
 """Times builds of native/decode_attention.cu with other tuning knobs (OPFACADE_DECODE_UNROLL,
 OPFACADE_DECODE_MIN_BLOCKS) on the bench's decode shapes, through the real plans: KV bandwidth
 as a fraction of a device copy, and host microseconds per prepared step and per run(). The knobs
-change no sum's order, so every variant's output is checked bitwise against the default build's.
+change no sum's order, so every variant's output is checked bitwise against the default build's
+(except where a variant picks another tile, which sums in another order).
 
-    python3 scripts/decode_variants.py [out.json]
+    python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma]
+                                       [--mma-only]
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ if "--mma" in sys.argv:
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
+if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
+    CASES = [case for case in CASES if case[2][-1].isdigit()]
 
 
 def modules(options: tuple[str, ...]):
