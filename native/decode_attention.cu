@@ -455,109 +455,13 @@ constexpr int kMmaRows = 16;
 constexpr int kWarps = kThreads / 32;
 constexpr int kWarpKeys = kChunk / kWarps;  // 64: 8 key tiles of 8
 
-// Whether no row of tile [r0, r0 + nr) sees a key of [k0, k0 + keys) (unseen_chunk's test).
-__device__ __forceinline__ bool unseen_by_tile(int r0, int nr, int len, int k0, int keys,
-                                               int q_len, int group, int left) {
-    const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
-    return k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left);
-}
-
-// Thread block clusters (sm_90): the CTAs of a cluster read each other's shared memory.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
-                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// The address of `local` (this CTA's shared memory) in cluster CTA `rank`'s.
-__device__ __forceinline__ unsigned in_cluster_cta(const void* local, unsigned rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-                 : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
-    return remote;
-}
-
-__device__ __forceinline__ float load_cluster(unsigned address) {
-    float x;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(x) : "r"(address) : "memory");
-    return x;
-}
-
-__device__ __forceinline__ float4 load_cluster4(unsigned address) {
-    float4 x;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w) : "r"(address) : "memory");
-    return x;
-}
-
-// Writes the partial of a cluster's CLUSTER consecutive chunks (one CTA each, cluster rank =
-// chunk % CLUSTER): each CTA holds its chunk's totals [R][D] and row (max, sum) [2][R] in
-// shared memory; the first CTA rescales them to their common max and adds them in rank order,
-// into partial slot chunk / CLUSTER. One partial for CLUSTER chunks: the workspace's write and
-// the merge's read shrink by CLUSTER, and the CTAs stay as small as one chunk's. With
-// CLUSTER 1 the chunk's own totals are the partial, to the bit.
-template <int D, int CLUSTER>
-__device__ void cluster_combine(const Cache& c, int s, int g, int chunk, int r0, int nr, int len,
-                                int q_len, int group, int chunks, float* sums, float* row_stats,
-                                float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
-    constexpr int R = kMmaRows;
-    const int rows = group * q_len, slot = chunk / CLUSTER, rank = chunk % CLUSTER;
-    if constexpr (CLUSTER > 1) cluster_sync();  // every rank's totals are in place
-    else __syncthreads();
-    // The first rank writes, for slots the merge reads (below ceil(len / (CLUSTER kChunk))).
-    if (rank == 0 && slot * CLUSTER * kChunk < len) {
-        for (int e = 4 * threadIdx.x; e < nr * D; e += 4 * kThreads) {
-            const int r = e / D, d = e - r * D;
-            float m = minus_infinity();
-            for (int k = 0; k < CLUSTER; ++k) {
-                const float mk = CLUSTER == 1 ? row_stats[r]
-                                              : load_cluster(in_cluster_cta(row_stats + r, k));
-                m = fmaxf(m, mk);
-            }
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            float l = 0.0f;
-            for (int k = 0; k < CLUSTER; ++k) {
-                float mk, lk;
-                float4 x;
-                if constexpr (CLUSTER == 1) {
-                    mk = row_stats[r];
-                    lk = row_stats[R + r];
-                    x = *reinterpret_cast<const float4*>(sums + r * D + d);
-                } else {
-                    mk = load_cluster(in_cluster_cta(row_stats + r, k));
-                    lk = load_cluster(in_cluster_cta(row_stats + R + r, k));
-                    x = load_cluster4(in_cluster_cta(sums + r * D + d, k));
-                }
-                const float w = mk == minus_infinity() ? 0.0f : expf(mk - m);
-                acc.x = fmaf(x.x, w, acc.x);
-                acc.y = fmaf(x.y, w, acc.y);
-                acc.z = fmaf(x.z, w, acc.z);
-                acc.w = fmaf(x.w, w, acc.w);
-                l = fmaf(lk, w, l);
-            }
-            const i64 at = partial_index(s, g, slot, r0 + r, c.heads_kv, chunks, rows);
-            *reinterpret_cast<float4*>(ws_acc + at * D + d) = acc;
-            if (d == 0) {
-                ws_ml[2 * at] = m;
-                ws_ml[2 * at + 1] = l;
-            }
-        }
-    }
-    if constexpr (CLUSTER > 1) cluster_sync();  // no CTA leaves while its totals are read
-}
-
-#ifdef OPFACADE_DECODE_MMA_CLUSTER
-constexpr int kMmaCluster = OPFACADE_DECODE_MMA_CLUSTER;
-#else
-constexpr int kMmaCluster = 4;
-#endif
-
 #ifdef OPFACADE_DECODE_MMA_MIN_BLOCKS
 #define OPFACADE_MMA_MIN_BLOCKS OPFACADE_DECODE_MMA_MIN_BLOCKS
 #else
 #define OPFACADE_MMA_MIN_BLOCKS 3
 #endif
 
-template <typename T, int D, int CLUSTER>
+template <typename T, int D>
 __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
                             const Cache& c, const int* __restrict__ seq_lens,
                             float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
@@ -573,40 +477,23 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
     const int k0 = chunk * kChunk;
+    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
     const int keys = min(kChunk, len - k0);
+    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
+                        ws_ml)) {
+        return;
+    }
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int fr = lane >> 2, fc = lane & 3;
     const int warp_key0 = warp * kWarpKeys;
 
     // Shared: row offsets [kChunk] i64, row maxima and sums [kWarps][R], Q's fragments
-    // [kVecs][2][32] (16 bytes each), the warps' accumulators [kWarps][R][D] (then the chunk's
-    // totals [R][D] in warp 0's place), the chunk's row maxima and sums [2][R].
+    // [kVecs][2][32] (16 bytes each), the warps' accumulators [kWarps][R][D].
     i64* row_off = reinterpret_cast<i64*>(shared);
     float* warp_m = shared + 2 * kChunk;
     float* warp_l = warp_m + kWarps * R;
     uint4* q_frag = reinterpret_cast<uint4*>(warp_l + kWarps * R);
     float* sums = reinterpret_cast<float*>(q_frag + 2 * kVecs * 32);
-    float* row_stats = sums + kWarps * R * D;
-
-    // A chunk past the sequence, or one no row sees, adds nothing. With CLUSTER 1 it returns
-    // (the merge reads chunks below ceil(len / kChunk) only; an unseen one writes m = -inf).
-    // In a cluster it still offers its empty part to the cluster's first CTA.
-    const bool past = k0 >= len || nr <= 0;
-    if constexpr (CLUSTER == 1) {
-        if (past || unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks,
-                                    left, ws_acc, ws_ml)) {
-            return;
-        }
-    } else if (past || unseen_by_tile(r0, nr, len, k0, keys, q_len, group, left)) {
-        for (int e = tid; e < R * D; e += kThreads) sums[e] = 0.0f;
-        if (tid < R) {
-            row_stats[tid] = minus_infinity();
-            row_stats[R + tid] = 0.0f;
-        }
-        cluster_combine<D, CLUSTER>(c, s, g, chunk, r0, nr, len, q_len, group, chunks, sums,
-                                    row_stats, ws_acc, ws_ml);
-        return;
-    }
 
     // Q's A words, q_frag[j][half][lane]: rows fr + 8 half, vector j's d = 32 j + 8 fc ... + 7,
     // unscaled (the scale multiplies the f32 scores); rows past the tile's are zeros. Every
@@ -789,7 +676,6 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     }
     __syncthreads();  // sums, warp_l
-    // The chunk's totals: its rows' max and sum, and the warps' accumulators added in warp order.
     for (int e = 4 * tid; e < nr * D; e += 4 * kThreads) {
         const int r = e / D, d = e - r * D;
         float4 total = *reinterpret_cast<const float4*>(sums + r * D + d);
@@ -801,17 +687,17 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             total.z += x.z;
             total.w += x.w;
         }
-        *reinterpret_cast<float4*>(sums + r * D + d) = total;  // warp 0's place: read above
+        *reinterpret_cast<float4*>(
+            ws_acc + partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d) = total;
     }
     if (tid < nr) {
         float row_m = minus_infinity(), row_l = 0.0f;
         for (int w = 0; w < kWarps; ++w) row_m = fmaxf(row_m, warp_m[w * R + tid]);
         for (int w = 0; w < kWarps; ++w) row_l += warp_l[w * R + tid];
-        row_stats[tid] = row_m;
-        row_stats[R + tid] = row_l;
+        const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
+        ws_ml[2 * at] = row_m;
+        ws_ml[2 * at + 1] = row_l;
     }
-    cluster_combine<D, CLUSTER>(c, s, g, chunk, r0, nr, len, q_len, group, chunks, sums,
-                                row_stats, ws_acc, ws_ml);
 }
 
 // The merge: the block's threads form slices of Dv / 4 threads (a float4 of columns each); slice
@@ -823,14 +709,14 @@ template <typename T, int kMergeThreads>
 __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
                       const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                       const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
-                      int chunks, int chunk_keys) {
+                      int chunks) {
     __shared__ float4 slice_acc[kMergeThreads];
     __shared__ float slice_l[kMergeThreads];
     __shared__ float warp_max[kMergeThreads / 32];
     const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
     const int len = sequence_length(c, seq_lens, s);
-    const int n = len - q_len + t >= 0 ? min((len + chunk_keys - 1) / chunk_keys, chunks) : 0;
+    const int n = len - q_len + t >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
     const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
     const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
 
@@ -902,23 +788,23 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
                          q_len, group, tiles, chunks, scale, left);                              \
     }
 
-#define OPFACADE_PARTIAL_MMA(SUFFIX, T, D, CLUSTER, NAME, ATTRIBUTES)                           \
-    extern "C" __global__ void ATTRIBUTES __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)   \
-        decode_partial_##SUFFIX##_##D##_##NAME(                                                  \
+#define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
+    extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)              \
+        decode_partial_##SUFFIX##_##D##_16(                                                      \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
         int left) {                                                                              \
-        partial_mma<T, D, CLUSTER>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,   \
-                                   ws_ml, q_len, group, tiles, chunks, scale, left);             \
+        partial_mma<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,     \
+                          q_len, group, tiles, chunks, scale, left);                             \
     }
 
 #define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
     extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
         T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
         const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
-        int chunks, int chunk_keys) {                                                            \
+        int chunks) {                                                                            \
         merge<T, THREADS>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS,        \
-                          seq_lens, group, q_len, chunks, chunk_keys);                           \
+                          seq_lens, group, q_len, chunks);                                       \
     }
 
 #define OPFACADE_DECODE(SUFFIX, T)                                                               \
@@ -932,22 +818,13 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     OPFACADE_MERGE(SUFFIX, T, 256)
 
 // Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).
-#define OPFACADE_NOTHING
 #define OPFACADE_DECODE_MMA(SUFFIX, T)                                                           \
-    OPFACADE_PARTIAL_MMA(SUFFIX, T, 64, 1, 16, OPFACADE_NOTHING)                                 \
-    OPFACADE_PARTIAL_MMA(SUFFIX, T, 128, 1, 16, OPFACADE_NOTHING)
-// Clusters of kMmaCluster chunks (decode.py's MMA_CLUSTER), sm_90 and later.
-#define OPFACADE_DECODE_MMA_CLUSTER(SUFFIX, T)                                                   \
-    OPFACADE_PARTIAL_MMA(SUFFIX, T, 64, kMmaCluster, 16x4, __cluster_dims__(1, kMmaCluster, 1)) \
-    OPFACADE_PARTIAL_MMA(SUFFIX, T, 128, kMmaCluster, 16x4, __cluster_dims__(1, kMmaCluster, 1))
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 64)                                                          \
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 128)
 
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
 OPFACADE_DECODE_MMA(f16, f16_t)
 OPFACADE_DECODE_MMA(bf16, bf16_t)
-#if __CUDA_ARCH__ >= 900
-OPFACADE_DECODE_MMA_CLUSTER(f16, f16_t)
-OPFACADE_DECODE_MMA_CLUSTER(bf16, bf16_t)
-#endif
 

@@ -38,14 +38,12 @@ if "--occupancy" in sys.argv:  # more CTAs per SM for the 4-row tiles (fewer reg
                 "u2 b8": ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=8")}
 if "--streaming" in sys.argv:
     VARIANTS = {"per tile (default)": (), "streaming loads": ("-DOPFACADE_STREAMING=1",)}
-# The tensor-core tile's knobs: its clusters, none (a partial per chunk) or of 2 chunks
-# (kMmaCluster and MMA_CLUSTER, which sum in another order: their bits are not compared), and
-# 2 blocks an SM.
-PATCHES = {"mma no clusters": {"MMA_CLUSTER": 1}, "mma clusters of 2": {"MMA_CLUSTER": 2}}
+# The tensor-core tile at 2 blocks an SM, and the CUDA-core 8-row tiles it replaced for kv heads
+# of 5-16 rows (another tile sums in another order: its bits are not compared).
+PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8}}
 if "--mma" in sys.argv:
-    VARIANTS = {"per tile (default)": (), "mma no clusters": (),
-                "mma clusters of 2": ("-DOPFACADE_DECODE_MMA_CLUSTER=2",),
-                "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",)}
+    VARIANTS = {"per tile (default)": (), "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
+                "cuda-core tiles of 8": ()}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
@@ -139,7 +137,7 @@ def main() -> None:
     print(f"device copy {copy_tbps:.2f} TB/s")
     results, reference = {}, {}
     original = kernels.get_kernel
-    defaults = {"row_tile": kernels.row_tile, "MMA_CLUSTER": kernels.MMA_CLUSTER}
+    defaults = {"row_tile": kernels.row_tile}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

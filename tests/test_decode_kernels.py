@@ -31,8 +31,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
         assert cubin[:4] == b"\x7fELF"
     partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
                 for r in kernels.TILES}
-    partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}{cluster}" for e in ("f16", "bf16")
-                 for d in kernels.MMA_DIMS for cluster in ("", f"x{kernels.MMA_CLUSTER}")}
+    partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}" for e in ("f16", "bf16")
+                 for d in kernels.MMA_DIMS}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS for threads in (128, 256)}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
@@ -44,12 +44,9 @@ def test_every_kernel_compiles_for_sm90(signatures):
         assert kernels.shared_bytes(ElementKind.bf16, dim, kernels.MMA_TILE) <= 48 << 10
 
 
-def _record(monkeypatch, cluster: int = 1) -> list[tuple]:
-    """Launches as (kernel name, grid, block, args, shared bytes), in the order they run; the
-    tensor-core tile in clusters of ``cluster`` chunks (as on an sm_90 device when > 1)."""
+def _record(monkeypatch) -> list[tuple]:
+    """Launches as (kernel name, grid, block, args, shared bytes), in the order they run."""
     launched = []
-    monkeypatch.setattr(kernels, "cluster_size", lambda tile, device: (
-        cluster if tile == kernels.MMA_TILE else 1))
 
     def record(kernel, grid, block, args, stream, device, shared=0):
         launched.append((kernel, grid, block, args, shared))
@@ -62,10 +59,9 @@ def _record(monkeypatch, cluster: int = 1) -> list[tuple]:
     return launched
 
 
-@pytest.mark.parametrize("cluster", [1, 4])
 @pytest.mark.parametrize("element", [ElementKind.f32, ElementKind.f16, ElementKind.bf16])
-def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, element, cluster):
-    launched = _record(monkeypatch, cluster)
+def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, element):
+    launched = _record(monkeypatch)
     desc = DecodeAttentionDescriptor(batch=8, heads_q=32, heads_kv=8, head_dim=128,
                                      element=element, cache="paged", page_size=16,
                                      max_pages=64, q_len=4, save_lse=True)
@@ -78,9 +74,7 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     names = [name for name, *_ in launched]
     # 16 rows (4 heads x 4 tokens): one tensor-core tile for the half types, two of 8 for f32.
     tile = 8 if element == ElementKind.f32 else kernels.MMA_TILE
-    cluster = cluster if tile == kernels.MMA_TILE else 1
-    assert names == [f"decode_partial_{element.value}_128_{tile}"
-                     + (f"x{cluster}" if cluster > 1 else ""),
+    assert names == [f"decode_partial_{element.value}_128_{tile}",
                      f"decode_merge_{element.value}_128", f"kv_append_{element.value}"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
     blocks = {"merge": (kernels.MERGE_THREADS_FEW,), "partial": (kernels.THREADS,),
@@ -88,11 +82,8 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     for name, _, block, args, _ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
-    # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks, in clusters of 1 or 4 chunks: one
-    # partial per cluster, and the merge reads one per cluster's keys.
+    # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks.
     assert launched[0][1] == (8 * (16 // tile), 4, 5)
-    assert launched[1][3][-2:] == (4 // cluster, 256 * cluster)  # slots, keys per partial
-    assert launched[0][3][-3] == 4 // cluster  # the partial kernel's slots
     assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
     assert launched[1][1] == (5, 32, 4)
     # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.

@@ -22,7 +22,7 @@ from ...types import ElementKind
 from .launch import GraphedLaunches, PackedLaunch, get_kernel, launch
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
-           "check_call", "chunks", "cluster_size", "decode_call", "row_tile", "shared_bytes",
+           "check_call", "chunks", "decode_call", "row_tile", "shared_bytes",
            "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
@@ -44,11 +44,6 @@ TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 MMA_TILE = 16
 MMA_DIMS = (64, 128)
 MMA_WARPS = THREADS // 32
-# On sm_90 and later the tensor-core tile's CTAs run in thread block clusters of MMA_CLUSTER
-# consecutive chunks (kMmaCluster), whose first CTA adds the others' totals from their shared
-# memory and writes one partial for them all: 16 rows' f32 partials are 1/16 of the bytes a
-# CTA reads at d 128, written once and read again by the merge.
-MMA_CLUSTER = 4
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -106,16 +101,6 @@ def chunks(capacity: int) -> int:
     return -(-capacity // CHUNK)
 
 
-def cluster_size(tile: int, device: int) -> int:
-    """Chunks one partial covers: MMA_CLUSTER for the tensor-core tile on sm_90 and later (its
-    cluster kernels are built there only), else 1. The device and the descriptor fix it."""
-    from ..._internal.device import device_arch
-
-    if tile != MMA_TILE:
-        return 1
-    return MMA_CLUSTER if device_arch(device).compute_capability >= (9, 0) else 1
-
-
 def row_tile(rows: int, element: ElementKind, dim: int) -> int:
     """Query rows per CTA: a kv head's rows (group x q_len) up to 4 in one CUDA-core tile;
     more on the tensor-core tile where it is built, else in CUDA-core tiles of 8. The
@@ -133,8 +118,8 @@ def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: the row
     offsets, each warp's row maxima and sums [warps][tile] f32, Q's fragments (tile x dim
     elements) and the warps' accumulators [warps][tile][dim] f32."""
-    if tile == MMA_TILE:  # row offsets [CHUNK] i64; warps' row maxima and sums; Q; sums; stats
-        return 8 * CHUNK + 4 * MMA_WARPS * tile * (2 + dim) + 2 * tile * dim + 8 * tile
+    if tile == MMA_TILE:  # row offsets [CHUNK] i64; row maxima and sums; Q; sums
+        return 8 * CHUNK + 4 * MMA_WARPS * tile * (2 + dim) + 2 * tile * dim
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
@@ -157,25 +142,22 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     group = heads_q // cache.heads_kv
     tile = row_tile(group * q_len, element, cache.dim)
     tiles = -(-group * q_len // tile)
-    cluster = cluster_size(tile, device)
     n_chunks = chunks(cache.capacity)
-    slots = -(-n_chunks // cluster)  # partials per (sequence, kv head, tile)
-    rows = sequences * heads_q * q_len * slots
+    rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
     suffix = element.value
-    name = f"decode_partial_{suffix}_{cache.dim}_{tile}" + (f"x{cluster}" if cluster > 1 else "")
-    partial = get_kernel(SOURCE, name, device)
-    merge_threads = merge_threads_for(slots)
+    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}", device)
+    merge_threads = merge_threads_for(n_chunks)
     merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
     cache_args = cache.args(k, v, table)
     partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
-                    np.int32(group), np.int32(tiles), np.int32(slots), np.float32(scale),
+                    np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
-                  np.int32(group), np.int32(q_len), np.int32(slots), np.int32(CHUNK * cluster))
-    partial_grid = (cache.heads_kv * tiles, slots * cluster, sequences)
+                  np.int32(group), np.int32(q_len), np.int32(n_chunks))
+    partial_grid = (cache.heads_kv * tiles, n_chunks, sequences)
     merge_grid = (sequences, heads_q, q_len)
     shared = shared_bytes(element, cache.dim, tile)
 
