@@ -62,28 +62,11 @@ template <typename T> struct alignas(16) Pack {
 // that reduces over packs sums in the same order whichever path loaded them.
 // Streamed data is touched once: with OPFACADE_STREAMING the 16-byte accesses carry the
 // evict-first (.cs) hint so they do not push reusable lines out of L2.
-// OPFACADE_STREAMING_LOAD picks other forms of the streaming load, for scripts/
-// decode_variants.py --loads only: 1 adds a 256-byte L2 prefetch hint, 2 reads through the
-// non-coherent path without L1 allocation and with that hint, 3 the same without the hint.
-#ifndef OPFACADE_STREAMING_LOAD
-#define OPFACADE_STREAMING_LOAD 0
-#endif
 __device__ __forceinline__ uint4 load16(const void* p) {
 #if OPFACADE_STREAMING
     uint4 v;
-#if OPFACADE_STREAMING_LOAD == 1
-    asm volatile("ld.global.cs.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#elif OPFACADE_STREAMING_LOAD == 2
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#elif OPFACADE_STREAMING_LOAD == 3
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#else
     asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#endif
     return v;
 #else
     return *reinterpret_cast<const uint4*>(p);

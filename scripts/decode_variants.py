@@ -4,8 +4,7 @@ as a fraction of a device copy, and host microseconds per prepared step and per 
 change no sum's order, so every variant's output is checked bitwise against the default build's
 (except where a variant picks another tile, which sums in another order).
 
-    python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma |
-                                                    --loads]
+    python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma]
                                        [--mma-only]
 """
 
@@ -45,10 +44,6 @@ PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if 
 if "--mma" in sys.argv:
     VARIANTS = {"per tile (default)": (), "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
                 "cuda-core tiles of 8": ()}
-if "--loads" in sys.argv:  # the streaming load's forms (common.cuh, OPFACADE_STREAMING_LOAD)
-    VARIANTS = {"per tile (default)": (),
-                **{name: (f"-DOPFACADE_STREAMING_LOAD={form}",) for form, name in (
-                    (1, "cs + L2 256B"), (2, "nc no-L1 + L2 256B"), (3, "nc no-L1"))}}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
