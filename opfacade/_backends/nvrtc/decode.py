@@ -30,11 +30,14 @@ APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 CHUNK = 256  # keys per chunk: kChunk, a constant (batch invariance rests on it)
 THREADS = 128  # kThreads
 # The merge kernel's threads (it is built with each): more slices of chunks in flight pay for
-# long caches (B1 S32768's merge on an H100: 12 -> 11 us and the step 70.5% of a copy's
-# bandwidth from 62.6%) and cost short ones (B256 S1024: 19 -> 26 us). The capacity picks, so
-# one plan always sums in one order.
-MERGE_THREADS_FEW, MERGE_THREADS_MANY = 128, 256
-MERGE_FEW_CHUNKS = 8  # capacities of at most this many chunks take the 128-thread merge
+# long caches, small CTAs (more of them resident) for short ones. On an H100
+# (scripts/decode_variants.py --merge, 2026-11-26, % of a copy for the whole step):
+#   S1024 (4 chunks), B256:          64 threads 92.2, 128 91.3, 256 89.4
+#   S4096 (16 chunks), B64:          64 threads 95.0, 128 94.2, 256 94.2 (q_len 4: 81.7/81.7/80.7)
+#   S32768 (128 chunks), B1:         64 threads 60.3, 128 67.8, 256 73.2
+# The capacity picks, so one plan always sums in one order.
+MERGE_THREADS_FEW, MERGE_THREADS_MANY = 64, 256
+MERGE_FEW_CHUNKS = 16  # capacities of at most this many chunks take the 64-thread merge
 DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
 TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 # The tensor-core tile (decode_partial_*_16, mma.sync): 16 rows, built for the half types at
