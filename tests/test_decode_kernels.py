@@ -273,7 +273,7 @@ def test_a_capacity_past_the_kernels_int_positions_is_unfit():
 
 def test_the_merge_threads_follow_the_capacity_alone():
     assert kernels.merge_threads_for(1) == kernels.merge_threads_for(16) == 64
-    assert kernels.merge_threads_for(17) == kernels.merge_threads_for(128) == 256
+    assert kernels.merge_threads_for(17) == kernels.merge_threads_for(128) == 1024
 
 
 class _FakeRuntime:

@@ -34,9 +34,10 @@ THREADS = 128  # kThreads
 # (scripts/decode_variants.py --merge, 2026-11-26, % of a copy for the whole step):
 #   S1024 (4 chunks), B256:          64 threads 92.2, 128 91.3, 256 89.4
 #   S4096 (16 chunks), B64:          64 threads 95.0, 128 94.2, 256 94.2 (q_len 4: 81.7/81.7/80.7)
-#   S32768 (128 chunks), B1:         64 threads 60.3, 128 67.8, 256 73.2
+#   S32768 (128 chunks), B1:         64 threads 60.3, 128 67.8, 256 73.2; in another run 256
+#                                    72.4, 512 74.2, 1024 74.6 (B8 paged 64: 92.0 / 92.0 / 92.2)
 # The capacity picks, so one plan always sums in one order.
-MERGE_THREADS_FEW, MERGE_THREADS_MANY = 64, 256
+MERGE_THREADS_FEW, MERGE_THREADS_MANY = 64, 1024
 MERGE_FEW_CHUNKS = 16  # capacities of at most this many chunks take the 64-thread merge
 DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
 TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
