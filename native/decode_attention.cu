@@ -11,7 +11,7 @@
 //                        D 64, 128), for kv heads of more than 4 rows: see "Tiles of 16 rows".
 //   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
 //                        chunks into out and lse in slices of chunks added in a fixed order.
-//                        Built with 64 and 1024 threads; the launcher picks one from the
+//                        Built with 64, 256 and 1024 threads; the launcher picks one from the
 //                        cache's capacity (decode.py), never from the batch.
 //
 // Batch invariance: the chunk size is a constant, a chunk's work reads its own sequence's data
@@ -815,6 +815,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
     OPFACADE_MERGE(SUFFIX, T, 64)                                                                \
+    OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
     OPFACADE_MERGE(SUFFIX, T, 1024)
 
 // Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).

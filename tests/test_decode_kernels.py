@@ -34,7 +34,7 @@ def test_every_kernel_compiles_for_sm90(signatures):
     partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}" for e in ("f16", "bf16")
                  for d in kernels.MMA_DIMS}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
-              for threads in (kernels.MERGE_THREADS_FEW, kernels.MERGE_THREADS_MANY)}
+              for _, threads in kernels.MERGE_THREADS}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
@@ -76,10 +76,10 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     # 16 rows (4 heads x 4 tokens): one tensor-core tile for the half types, two of 8 for f32.
     tile = 8 if element == ElementKind.f32 else kernels.MMA_TILE
     assert names == [f"decode_partial_{element.value}_128_{tile}",
-                     f"decode_merge_{element.value}_{kernels.MERGE_THREADS_FEW}",
+                     f"decode_merge_{element.value}_64",
                      f"kv_append_{element.value}"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
-    blocks = {"merge": (kernels.MERGE_THREADS_FEW,), "partial": (kernels.THREADS,),
+    blocks = {"merge": (kernels.merge_threads_for(4),), "partial": (kernels.THREADS,),
               "kv_append": (per_head, min(8, 1024 // per_head))}
     for name, _, block, args, _ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
@@ -273,7 +273,8 @@ def test_a_capacity_past_the_kernels_int_positions_is_unfit():
 
 def test_the_merge_threads_follow_the_capacity_alone():
     assert kernels.merge_threads_for(1) == kernels.merge_threads_for(16) == 64
-    assert kernels.merge_threads_for(17) == kernels.merge_threads_for(128) == 1024
+    assert kernels.merge_threads_for(17) == kernels.merge_threads_for(64) == 256
+    assert kernels.merge_threads_for(65) == kernels.merge_threads_for(4096) == 1024
 
 
 class _FakeRuntime:

@@ -29,16 +29,17 @@ SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 CHUNK = 256  # keys per chunk: kChunk, a constant (batch invariance rests on it)
 THREADS = 128  # kThreads
-# The merge kernel's threads (it is built with each): more slices of chunks in flight pay for
-# long caches, small CTAs (more of them resident) for short ones. On an H100
-# (scripts/decode_variants.py --merge, 2026-11-26, % of a copy for the whole step):
-#   S1024 (4 chunks), B256:          64 threads 92.2, 128 91.3, 256 89.4
-#   S4096 (16 chunks), B64:          64 threads 95.0, 128 94.2, 256 94.2 (q_len 4: 81.7/81.7/80.7)
-#   S32768 (128 chunks), B1:         64 threads 60.3, 128 67.8, 256 73.2; in another run 256
-#                                    72.4, 512 74.2, 1024 74.6 (B8 paged 64: 92.0 / 92.0 / 92.2)
+# The merge kernel's threads (it is built with each), by the capacity's chunks: more slices of
+# chunks in flight pay for long caches, small CTAs (more of them resident) for short ones and
+# for batches of many sequences. On an H100 (scripts/decode_variants.py, 2026-11-26, % of a
+# copy for the whole step; records catalog/probes/decode_merge_*_H100.json and the bench):
+#   4 chunks (S1024), B256:        64 threads 92.2, 128 91.3, 256 89.4
+#   16 chunks (S4096), B64:        64 threads 95.0, 128 94.2, 256 94.2 (q_len 4: 81.7 / 81.7 / 80.7)
+#   32 chunks (64 seqs of 1-8192): 256 threads 92.4, 1024 88.2 (bench calls 13 and 15)
+#   128 chunks (S32768), B1:       64 threads 60.3, 128 67.8, 256 72.4-73.2, 512 74.2, 1024 74.6
+#                        B8 paged: 256 threads 92.0-92.3, 1024 92.2-92.6
 # The capacity picks, so one plan always sums in one order.
-MERGE_THREADS_FEW, MERGE_THREADS_MANY = 64, 1024
-MERGE_FEW_CHUNKS = 16  # capacities of at most this many chunks take the 64-thread merge
+MERGE_THREADS = ((16, 64), (64, 256), (None, 1024))  # (up to this many chunks, threads)
 DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
 TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 # The tensor-core tile (decode_partial_*_16, mma.sync): 16 rows, built for the half types at
@@ -98,7 +99,7 @@ def steps(launches: Callable[[int], list[Callable[[], None]]], stream: int, devi
 
 
 def merge_threads_for(n_chunks: int) -> int:
-    return MERGE_THREADS_FEW if n_chunks <= MERGE_FEW_CHUNKS else MERGE_THREADS_MANY
+    return next(threads for most, threads in MERGE_THREADS if most is None or n_chunks <= most)
 
 
 def chunks(capacity: int) -> int:
