@@ -564,18 +564,7 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     };
 
-    // Two load batches alternate, so one is in flight while the other is consumed; raw_a holds
-    // the first batch of `base` when it starts.
     uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
-    auto stream = [&](const T* base, auto&& consume) {
-#pragma unroll
-        for (int t = 0; t < kTiles; t += 2 * kBatch) {
-            load(raw_b, base, t + kBatch);
-            consume(raw_a, t);
-            if (t + 2 * kBatch < kTiles) load(raw_a, base, t + 2 * kBatch);
-            consume(raw_b, t + kBatch);
-        }
-    };
     load(raw_a, k_base, 0);
     if (warp == 0) {
 #pragma unroll
@@ -588,7 +577,13 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     }
     __syncthreads();  // q_frag
-    stream(k_base, score);
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2 * kBatch) {
+        load(raw_b, k_base, t + kBatch);
+        score(raw_a, t);
+        if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
+        score(raw_b, t + kBatch);
+    }
     load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
 
     // Scale and mask; each row's max over the warp's keys, then over the warps.
@@ -668,7 +663,13 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             }
         }
     };
-    stream(v_base, accumulate);
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2 * kBatch) {
+        load(raw_b, v_base, t + kBatch);
+        accumulate(raw_a, t);
+        if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
+        accumulate(raw_b, t + kBatch);
+    }
 
     // The warps' accumulators, then their sum in warp order.
 #pragma unroll
