@@ -132,23 +132,6 @@ struct SplitSum {
     }
 };
 
-// What a partial CTA works on: kv head g's row tile [r0, r0 + nr) of its `rows` (R rows a
-// tile), keys [k0, k0 + keys) of sequence s (of length len), chunk `chunk`. The grid's x runs
-// over (kv head, tile) fastest: CTAs resident together read the same keys of every kv head,
-// whole token rows of a token-major cache, rather than one head's slice of many.
-struct ChunkTile {
-    int g, s, chunk, rows, r0, nr, len, k0, keys;
-};
-
-template <int R>
-__device__ __forceinline__ ChunkTile chunk_tile(const Cache& c, const int* seq_lens, int q_len,
-                                                int group, int tiles) {
-    const int tile = blockIdx.x % tiles, rows = group * q_len, r0 = tile * R;
-    const int s = blockIdx.z, len = sequence_length(c, seq_lens, s), k0 = blockIdx.y * kChunk;
-    return {(int)(blockIdx.x / tiles), s, (int)blockIdx.y, rows, r0, min(R, rows - r0), len, k0,
-            min(kChunk, len - k0)};
-}
-
 // Whether no row of the tile sees a key of this chunk (all its keys lie after the tile's last
 // position, or before its first row's window). Then it writes m = -inf, l = 0 and acc = 0, so
 // the merge reads only values written this run, weighted 0.
@@ -209,10 +192,15 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     using L = Row<T, D>;
     static_assert(R <= L::kLanes, "a row tile is split among a row's lanes");
     extern __shared__ float shared[];
-    const ChunkTile at = chunk_tile<R>(c, seq_lens, q_len, group, tiles);
-    const int g = at.g, s = at.s, chunk = at.chunk, rows = at.rows, r0 = at.r0, nr = at.nr;
-    const int len = at.len, k0 = at.k0, keys = at.keys;
+    // x runs over (kv head, tile) fastest: CTAs resident together read the same keys of every
+    // kv head, whole token rows of a token-major cache, rather than one head's slice of many.
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
+    const int chunk = blockIdx.y, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    const int len = sequence_length(c, seq_lens, s);
+    const int k0 = chunk * kChunk;
     if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
+    const int keys = min(kChunk, len - k0);
     const int tid = threadIdx.x;
     if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
                         ws_ml)) {
@@ -484,10 +472,13 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     constexpr int kBatch = 256 / D;        // key tiles per load batch: 2 or 4 (even: k-steps)
     static_assert(D == 64 || D == 128, "tensor-core tiles are built for D 64 and 128");
     extern __shared__ float shared[];
-    const ChunkTile at = chunk_tile<R>(c, seq_lens, q_len, group, tiles);
-    const int g = at.g, s = at.s, chunk = at.chunk, rows = at.rows, r0 = at.r0, nr = at.nr;
-    const int len = at.len, k0 = at.k0, keys = at.keys;
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
+    const int chunk = blockIdx.y, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    const int len = sequence_length(c, seq_lens, s);
+    const int k0 = chunk * kChunk;
     if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
+    const int keys = min(kChunk, len - k0);
     if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
                         ws_ml)) {
         return;
