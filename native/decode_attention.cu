@@ -400,6 +400,9 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 //   the kernel is memory-bound.
 // The warps split the chunk's keys (64 each), then add their accumulators in warp order. Every
 // sum's order is fixed by D alone, so the batch invariance argument above holds unchanged.
+// The CTA's prologue and its two load pipelines are written out as in the CUDA-core tile:
+// shared helpers for them (a struct of the CTA's tile and chunk, a lambda for both pipelines)
+// measured 2-3 points of a copy slower on this tile on an H100 (docs/DECODE.md).
 
 // Mma<T>: d += a b for one m16n8k16 product of T (f32 accumulators), and packing two floats
 // into a word of two T (x0 in the low half, rounded to nearest) and back. The PTX differs only
