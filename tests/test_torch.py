@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import opfacade.torch as oft  # noqa: E402
 from opfacade._registry import FAMILIES  # noqa: E402
-from opfacade.errors import DeviceMismatch  # noqa: E402
+from opfacade.errors import DeviceMismatch, InvalidArgument  # noqa: E402
 
 # Each family's torch ops; a family added to the registry table without torch ops fails here.
 TORCH_OPS = {
@@ -53,6 +53,24 @@ LENS = torch.ones(2, dtype=torch.int32)
 ])
 def test_host_tensors_are_a_device_mismatch_naming_the_argument(call, argument):
     with pytest.raises(DeviceMismatch, match="must be a CUDA tensor") as raised:
+        call()
+    assert raised.value.argument == argument
+
+
+@pytest.mark.parametrize("call,argument", [
+    (lambda: oft.linear(None, HOST[0, 0]), "x"),
+    (lambda: oft.Linear(16, 8)(None), "x"),
+    (lambda: oft.sdpa(None, HOST, HOST), "query"),
+    (lambda: oft.varlen_attention(None, HOST[0], HOST[0], LENS, LENS, max_seqlen_q=4,
+                                  max_seqlen_kv=4), "q"),
+    (lambda: oft.alibi(None, HOST[0, :, 0, 0]), "scores"),
+    (lambda: oft.decode_attention(None, HOST, HOST, LENS), "q"),
+    (lambda: oft.kv_append(None, HOST, HOST, HOST, LENS), "k_new"),
+])
+def test_a_required_tensor_given_none_is_an_invalid_argument_naming_it(call, argument):
+    # Optional tensors (a bias, a mask, a page table) may be None; the others name themselves
+    # rather than fail later on a None's missing attribute.
+    with pytest.raises(InvalidArgument, match="must be a torch.Tensor, got None") as raised:
         call()
     assert raised.value.argument == argument
 

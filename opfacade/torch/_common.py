@@ -33,18 +33,26 @@ class _CudaDevices(dict):
 _CUDA_DEVICES = _CudaDevices()
 
 
+# The tensor arguments that may be None, by name, in every op of this package: a None passed
+# for any other one is an InvalidArgument naming it, not an AttributeError further on.
+OPTIONAL_TENSORS = frozenset({"bias", "attn_mask", "aux", "page_table"})
+
+
 def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
-    """The one CUDA device every given tensor (None skipped) lives on.
+    """The one CUDA device every given tensor (None skipped where OPTIONAL_TENSORS allows it)
+    lives on.
 
     Raises:
         DeviceMismatch: a tensor on the host or another device, naming it and the first one.
-        InvalidArgument: an argument that is not a tensor.
+        InvalidArgument: an argument that is not a tensor, or None where one is required.
     """
     # The common case, read the cheap way: plain tensors on one CUDA device.
     index = -1
-    for tensor in tensors.values():
+    for name, tensor in tensors.items():
         if tensor is None:
-            continue
+            if name in OPTIONAL_TENSORS:
+                continue
+            break
         if type(tensor) is not torch.Tensor or not tensor.is_cuda:
             break
         found = tensor.get_device()
@@ -58,7 +66,9 @@ def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     device = first = None  # something is off: find it and say what
     for name, tensor in tensors.items():
         if tensor is None:
-            continue
+            if name in OPTIONAL_TENSORS:
+                continue
+            raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, got None", argument=name)
         if not isinstance(tensor, torch.Tensor):
             raise InvalidArgument(f"{op}: {name} must be a torch.Tensor, got "
                                   f"{type(tensor).__name__}", argument=name)
