@@ -5,7 +5,7 @@
 Decode splits each sequence's keys into chunks of a fixed 256, computes the query heads of a kv
 head's group together (each K and V byte read once per row tile), and merges the chunks in
 order: deterministic and batch-invariant by construction, with every sum in f32. Kv heads with
-more than 8 query rows (q_len > 1, wide groups) run f16/bf16 at D 64 and 128 on tensor cores
+more than 4 query rows (q_len > 1, groups over 4) run f16/bf16 at D 64 and 128 on tensor cores
 (mma.sync, f32 accumulators); the rest on CUDA cores in f32.
 A plan covers its descriptor's envelope: any batch up to ``batch``, any lengths up to the
 capacity, read on the device only, so one captured CUDA graph replays for new lengths, page
