@@ -404,10 +404,10 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 // shared helpers for them (a struct of the CTA's tile and chunk, a lambda for both pipelines)
 // measured 2-3 points of a copy slower on this tile on an H100 (docs/DECODE.md).
 
-// Mma<T>: d += a b for one m16n8k16 product of T (f32 accumulators), and packing two floats
-// into a word of two T (x0 in the low half, rounded to nearest) and back. The PTX differs only
-// in the type's name.
-#define OPFACADE_MMA_OPS(TYPE)                                                                   \
+// Mma<T>: d += a b for one m16n8k16 product of T (f32 accumulators), packing two floats into a
+// word of two T (x0 in the low half, rounded to nearest), and each half back as a float. The
+// PTX differs only in the type's name.
+#define OPFACADE_MMA_OPS(T, TYPE)                                                                \
     static __device__ __forceinline__ void run(float (&d)[4], unsigned a0, unsigned a1,          \
                                                unsigned a2, unsigned a3, unsigned b0,            \
                                                unsigned b1) {                                    \
@@ -420,27 +420,18 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         unsigned r;                                                                              \
         asm("cvt.rn." TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(x1), "f"(x0));                   \
         return r;                                                                                \
+    }                                                                                            \
+    static __device__ __forceinline__ float low(unsigned w) {                                    \
+        return Math<T>::up(T{(u16)(w & 0xffffu)});                                               \
+    }                                                                                            \
+    static __device__ __forceinline__ float high(unsigned w) {                                   \
+        return Math<T>::up(T{(u16)(w >> 16)});                                                   \
     }
 
 template <typename T> struct Mma;
 
-template <> struct Mma<bf16_t> {
-    OPFACADE_MMA_OPS("bf16")
-    static __device__ __forceinline__ float low(unsigned w) { return __uint_as_float(w << 16); }
-    static __device__ __forceinline__ float high(unsigned w) {
-        return __uint_as_float(w & 0xffff0000u);
-    }
-};
-
-template <> struct Mma<f16_t> {
-    OPFACADE_MMA_OPS("f16")
-    static __device__ __forceinline__ float low(unsigned w) {
-        return Math<f16_t>::up(f16_t{(u16)(w & 0xffffu)});
-    }
-    static __device__ __forceinline__ float high(unsigned w) {
-        return Math<f16_t>::up(f16_t{(u16)(w >> 16)});
-    }
-};
+template <> struct Mma<bf16_t> { OPFACADE_MMA_OPS(bf16_t, "bf16") };
+template <> struct Mma<f16_t> { OPFACADE_MMA_OPS(f16_t, "f16") };
 
 // The 8x8 matrix of 16-bit elements a warp holds (lane 4 r + c: row r, columns 2c, 2c + 1),
 // transposed into the same layout.
@@ -635,12 +626,7 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     }
 
     // acc[v][p]: the C fragment of V block (v, p), columns 32 v + 8 fc + 2 p, + 1.
-    float acc[kVecs][4][4];
-#pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-#pragma unroll
-        for (int p = 0; p < 4; ++p) acc[v][p][0] = acc[v][p][1] = acc[v][p][2] = acc[v][p][3] = 0.0f;
-    }
+    float acc[kVecs][4][4] = {};
     auto accumulate = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
 #pragma unroll
         for (int u = 0; u < kBatch; u += 2) {
