@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for the true-f32 flash kernels (issue 12's f32 targets): times this tree's
+# kernels against a baseline tree (BASE, a `git archive` of opfacade/ and native/, default
+# .scratch/base when carried), compares their outputs, runs the kernels' check script, and
+# profiles under ncu.
+#   bash scripts/gpu_f32.sh [stages...]   stages: check time profile
+#   VARIANTS="name:MACRO ...": also time (and check) this tree with `#define MACRO 1` prepended
+#   to native/flash_f32.cu, each in a copy under /tmp.
+set -u
+stages=${*:-time}
+source "$(dirname "$0")/device_prelude.sh"
+BASE=${BASE:-.scratch/base}
+variant_tree() {  # name macro -> a copy of opfacade/ and native/ with the macro defined
+    rm -rf "/tmp/var_$1" && mkdir -p "/tmp/var_$1" && cp -r opfacade native "/tmp/var_$1/"
+    sed -i "1i #define $2 1" "/tmp/var_$1/native/flash_f32.cu"
+}
+for spec in ${VARIANTS:-}; do variant_tree "${spec%%:*}" "${spec#*:}"; done
+if wants check; then
+    stage check
+    timeout 200 python3 scripts/flash_f32_check.py "$OUT/flash_check.json" > "$OUT/flash_check.log" 2>&1
+    echo "flash check exit $?"; tail -6 "$OUT/flash_check.log"
+    for spec in ${VARIANTS:-}; do
+        name=${spec%%:*}
+        PYTHONPATH=/tmp/var_$name:$PYTHONPATH timeout 200 python3 scripts/flash_f32_check.py \
+            "$OUT/flash_check_$name.json" > "$OUT/flash_check_$name.log" 2>&1
+        echo "flash check $name exit $?"; tail -6 "$OUT/flash_check_$name.log"
+    done
+fi
+if wants time; then
+    stage time
+    if [ -d "$BASE" ]; then
+        PYTHONPATH=$PWD/$BASE:$PYTHONPATH timeout 200 python3 scripts/f32_time.py "$OUT/base" 2>&1 | tail -8
+    fi
+    timeout 200 python3 scripts/f32_time.py "$OUT/new" 2>&1 | tail -8
+    [ -d "$BASE" ] && python3 scripts/f32_time.py --compare "$OUT/base" "$OUT/new" 2>&1 | tail -30
+    for spec in ${VARIANTS:-}; do
+        name=${spec%%:*}; echo "--- variant $name"
+        PYTHONPATH=/tmp/var_$name:$PYTHONPATH timeout 200 python3 scripts/f32_time.py "$OUT/$name" 2>&1 | tail -8
+        [ -d "$BASE" ] && python3 scripts/f32_time.py --compare "$OUT/base" "$OUT/$name" 2>&1 | tail -30
+    done
+    rm -f "$OUT"/*.npz  # too large to bring back
+fi
+if wants profile; then
+    stage profile
+    metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem"
+    timeout 300 ncu --metrics "$metrics" -k "regex:flash_f32_(fwd|bwd_dkdv|bwd_dq)" -c ${PROFILE_KERNELS:-12} \
+        python3 scripts/f32_time.py /tmp/profile --profile > "$OUT/ncu_f32.txt" 2>&1
+    echo "ncu exit $?"
+    grep -E "flash_f32_|stalled|inst_executed|wavefronts|conflicts|issue_active|warps_active|duration|registers|occupancy" "$OUT/ncu_f32.txt" \
+        | grep -v -E " 0(\.0+)?$| 0,0" | sed -E 's/ +/ /g' | head -${PROFILE_TAIL:-150}
+fi
+stage done
