@@ -19,15 +19,20 @@
 // Kernels (256 threads; thread t is (ty, tx) = (t / 16, t % 16), so a half-warp shares ty):
 //   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence); online softmax over
 //                                   64-key blocks, skipping blocks the mask removes entirely.
-//   flash_f32_bwd_delta             Delta_i = rowsum(dO_i * O_i) into the workspace.
+//   flash_f32_bwd_delta             Delta_i = rowsum(dO_i * O_i) into the workspace; zeroes dQ
+//                                   and the query blocks' turn counters.
 //   flash_f32_bwd_dkdv_d<D>_dv<Dv>  CTA = (64 keys, kv head, sequence); loops over the group's
-//                                   query heads, then 32-row query blocks, in a fixed order, and
-//                                   writes dK and dV for its key rows (zeros included).
-//   flash_f32_bwd_dq_d<D>_dv<Dv>    CTA = (64 query rows, head, sequence); loops over 32-key
-//                                   blocks in order and writes dQ.
-// No atomics and fixed summation orders everywhere: the backward is bitwise reproducible. The
-// backward recomputes the scores with the forward's exact operation order, so P = exp(s - lse)
-// sees the forward's bits of s.
+//                                   query heads, then 32-row query blocks, in a fixed order,
+//                                   writes dK and dV for its key rows (zeros included) and adds
+//                                   each query block's dS K into dQ in its turn.
+// dQ sums over key blocks, which different CTAs hold. Rather than recompute the scores in a
+// kernel of its own, each CTA adds its share into dQ in key-block order: query block i's turn
+// counter says how many key blocks have added theirs, and CTA j waits (spinning on an acquire
+// load) until the one before it that also sees block i has. The sums run in a fixed order, with
+// no atomic additions, so the backward is bitwise reproducible. Waiting on a lower CTA index
+// relies on the GPU starting a grid's CTAs in index order (as deterministic FlashAttention 3
+// does): the CTA waited on is then running or done. The backward recomputes the scores with the
+// forward's exact operation order, so P = exp(s - lse) sees the forward's bits of s.
 //
 // Shared memory holds row-major tiles padded by 4 floats a row: a float4 read of 16 different
 // rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies
@@ -46,7 +51,7 @@ constexpr int kPad = 4;  // floats appended to every shared row
 // The query and key blocks of each kernel.
 constexpr int kFwdRows = 64, kFwdKeys = 64;
 constexpr int kDkdvKeys = 64, kDkdvRows = 32;
-constexpr int kDqRows = 64, kDqKeys = 32;
+constexpr int kDeltaRows = 64;
 
 // A tensor's rows: element (b, h, token t, d) is at at(b, h, t)[d].
 template <typename T>
@@ -531,16 +536,29 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
 
 // ---------------------------------------------------------------------------------- backward
 
-// Delta_i = sum_d dO[i][d] * O[i][d]: one warp a row, lanes over d, then a fixed butterfly.
+// Query block qb's turn counter (head h of sequence b): workspace [B][Hq][query blocks].
+__device__ __forceinline__ int* turn_counter(int* turns, const Problem& p, int heads_q, int b,
+                                             int h, int qb) {
+    const int blocks = (p.max_q + kDkdvRows - 1) / kDkdvRows;
+    return turns + ((i64)b * heads_q + h) * blocks + qb;
+}
+
+// Delta_i = sum_d dO[i][d] * O[i][d]: one warp a row, lanes over d, then a fixed butterfly. The
+// same CTA zeroes its rows of dQ, which the dK/dV kernel adds into, and their turn counters.
 __device__ __forceinline__ void backward_delta(const Rows<const float>& out,
                                                const Rows<const float>& dout,
-                                               const Rows<float>& delta, const Problem& p,
+                                               const Rows<float>& delta, const Rows<float>& dq,
+                                               int* turns, const Problem& p, int dim,
                                                int dim_v) {
-    constexpr int kRows = 64, kWarps = kThreads / 32;
-    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kRows;
+    constexpr int kWarps = kThreads / 32;
+    const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kDeltaRows;
+    if (threadIdx.x < kDeltaRows / kDkdvRows) {
+        const int qb = i0 / kDkdvRows + threadIdx.x;
+        if (qb * kDkdvRows < p.max_q) *turn_counter(turns, p, gridDim.y, b, h, qb) = 0;
+    }
     const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int i = i0 + warp; i < min(i0 + kRows, sq.len); i += kWarps) {
+    for (int i = i0 + warp; i < min(i0 + kDeltaRows, sq.len); i += kWarps) {
         const i64 t = sq.row0 + i;
         const float* o = out.at(b, h, t);
         const float* g = dout.at(b, h, t);
@@ -548,6 +566,8 @@ __device__ __forceinline__ void backward_delta(const Rows<const float>& out,
         for (int d = lane; d < dim_v; d += 32) sum = fmaf(o[d], g[d], sum);
         sum = warp_sum(sum);
         if (lane == 0) *delta.at(b, h, t) = sum;
+        float* dq_row = dq.at(b, h, t);
+        for (int d = lane; d < dim; d += 32) dq_row[d] = 0.0f;
     }
 }
 
@@ -590,6 +610,69 @@ __device__ __forceinline__ void probabilities(float (&s)[R][C], float (&dp)[R][C
     }
 }
 
+// Global loads and stores that bypass L1: dQ rows are written by other CTAs between reads,
+// and L1 is not coherent with them.
+template <int VW>
+__device__ __forceinline__ void load_l2(float (&x)[VW], const float* p) {
+    if constexpr (VW == 4) {
+        asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "l"(p) : "memory");
+    } else if constexpr (VW == 2) {
+        asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(x[0]), "=f"(x[1]) : "l"(p)
+                     : "memory");
+    } else {
+        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(x[0]) : "l"(p) : "memory");
+    }
+}
+
+template <int VW>
+__device__ __forceinline__ void store_l2(float* p, const float (&x)[VW]) {
+    if constexpr (VW == 4) {
+        asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(x[0]),
+                     "f"(x[1]), "f"(x[2]), "f"(x[3]) : "memory");
+    } else if constexpr (VW == 2) {
+        asm volatile("st.global.cg.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x[0]), "f"(x[1])
+                     : "memory");
+    } else {
+        asm volatile("st.global.cg.f32 [%0], %1;" ::"l"(p), "f"(x[0]) : "memory");
+    }
+}
+
+// row[cols of tx] += scale * x, through L2, in VW-wide pieces when the rows allow (vec).
+template <int N>
+__device__ __forceinline__ void add_cols_l2(float* row, const float (&x)[N / 16], float scale,
+                                            int tx, bool vec) {
+    constexpr int VW = Cols<N>::VW;
+#pragma unroll
+    for (int m = 0; m < Cols<N>::M; ++m) {
+        float* p = row + Cols<N>::col(tx, m);
+        if (vec) {
+            float y[VW];
+            load_l2<VW>(y, p);
+#pragma unroll
+            for (int v = 0; v < VW; ++v) y[v] = fmaf(scale, x[VW * m + v], y[v]);
+            store_l2<VW>(p, y);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VW; ++v) {
+                float y[1];
+                load_l2<1>(y, p + v);
+                y[0] = fmaf(scale, x[VW * m + v], y[0]);
+                store_l2<1>(p + v, y);
+            }
+        }
+    }
+}
+
+// The query blocks [first, first + count) whose rows can see key block [j0, j0 + kDkdvKeys):
+// one function for a CTA's own range and for its predecessor's, so both agree.
+__device__ __forceinline__ int2 query_blocks(const Mask& mask, int j0) {
+    const int i_lo = mask.first_row(j0);
+    const int i_hi = mask.last_row(min(j0 + kDkdvKeys, mask.len_kv) - 1);
+    const int first = i_lo / kDkdvRows;
+    return make_int2(first, i_hi >= i_lo ? i_hi / kDkdvRows - first + 1 : 0);
+}
+
 template <int D, int DV>
 struct DkdvTiles {
     static constexpr int K = kDkdvKeys * (D + kPad), V = kDkdvKeys * (DV + kPad);
@@ -603,13 +686,41 @@ struct BackwardInputs {
     Rows<const float> q, k, v, dout, lse, delta;
 };
 
-// One query block's contribution to a key block's dV and dK (the tiles of Q and dO are in
-// shared memory). Loads the next step's dO, then Q, as soon as their tiles are free.
+// Thread 0 waits until the turn counter reaches `value`; the barrier after it passes what it
+// acquired on to the rest of the CTA.
+__device__ __forceinline__ void wait_turn(const int* turn, int value) {
+    int seen;
+    do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
+    } while (seen < value);
+    __threadfence();
+}
+
+// Thread 0 passes the turn on, once a barrier has seen every thread's dQ stores issued.
+__device__ __forceinline__ void pass_turn(int* turn, int value) {
+    __threadfence();
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
+}
+
+// Where a dK/dV CTA's step adds into dQ: the dQ rows, this query block's turn counter, the
+// CTA's key block (its turn comes when the counter reaches it), and whether the key block before
+// it sees the query block too (and so must add first).
+struct DqTurn {
+    Rows<float> dq;
+    int* turn;
+    int key_block;
+    bool wait;
+};
+
+// One query block's contribution to a key block's dV and dK, and its dS K into dQ in this key
+// block's turn (the tiles of Q and dO are in shared memory). Loads the next step's dO, then Q,
+// as soon as their tiles are free.
 template <int D, int DV>
 __device__ __forceinline__ void dkdv_step(float (&dk)[4][D / 16], float (&dv)[4][DV / 16],
                                           const BackwardInputs& in, const Problem& p,
                                           const Mask& mask, const Span& sq, int b, int h, int i0,
-                                          int j0, float* tiles, int next_h, int next_i0) {
+                                          int j0, float* tiles, int next_h, int next_i0,
+                                          const DqTurn& dq) {
     typedef DkdvTiles<D, DV> T;
     constexpr int R = kDkdvRows / 16, C = kDkdvKeys / 16, LD = kDkdvKeys + kPad;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -639,20 +750,40 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[4][D / 16], float (&dv)[4]
     store_scores<R, C, LD>(ps_tile, dp, ty * R, tx);
     __syncthreads();
     mul_cols<D, kDkdvRows, LD>(dk, ps_tile, q_tile, ty * 4, tx);  // dK += dS^T Q
-    __syncthreads();  // dS and Q are consumed
+    float dq_part[R][D / 16] = {};
+    mul_rows<R, D, kDkdvKeys, LD>(dq_part, ps_tile, k_tile, ty * R, tx);  // dS K
+    if (threadIdx.x == 0 && dq.wait) wait_turn(dq.turn, dq.key_block);
+    __syncthreads();  // dS and Q are consumed, and the key block before ours has added
     if (next_i0 >= 0) {
         load_tile<kDkdvRows, D>(q_tile, in.q, b, next_h, sq, next_i0, p.vec);
         copy_commit();
     }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = i0 + ty * R + r;
+        if (i < sq.len) add_cols_l2<D>(dq.dq.at(b, h, sq.row0 + i), dq_part[r], p.scale, tx, p.vec);
+    }
+    __syncthreads();  // every row is added
+    if (threadIdx.x == 0) pass_turn(dq.turn, dq.key_block + 1);
 }
 
-// CTA (key block, kv head, sequence): dV = sum P^T dO and dK = scale sum dS^T Q over the group's
-// query heads, then the query blocks that can see these keys, both in increasing order.
+// CTA (kv head, sequence, key block): dV = sum P^T dO and dK = scale sum dS^T Q over the group's
+// query heads in increasing order, then the query blocks that can see these keys from the last
+// down; each step adds scale dS K into its query block's dQ rows in turn.
+//
+// The grid puts the key block slowest, so a CTA starts a whole row of heads after the one it
+// waits on, which by then is a step or more ahead: with key blocks fastest, the CTAs of one head
+// all started together and the j-th waited j steps. Query blocks go from the last down because
+// under a causal mask every block's first turn is key block 0's, which sees all of them: the
+// last blocks are the ones every later key block sees too, so key block j's first step waits
+// only on key block j - 1's first step. In the other order, its first step waited on key block
+// 0's (2j + 1)-th, and a CTA of two steps sat through most of key block 0's sixty-four.
 template <int D, int DV>
 __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Rows<float>& dk,
-                                              const Rows<float>& dv, const Problem& p) {
+                                              const Rows<float>& dv, const Rows<float>& dq,
+                                              int* turns, const Problem& p) {
     typedef DkdvTiles<D, DV> T;
-    const int b = blockIdx.z, hk = blockIdx.y, j0 = blockIdx.x * kDkdvKeys;
+    const int hk = blockIdx.x, b = blockIdx.y, kb = blockIdx.z, j0 = kb * kDkdvKeys;
     const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
     if (j0 >= skv.len) return;
     const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
@@ -661,29 +792,32 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
     float* tiles = shared_tiles<T::FLOATS>();
     float* q_tile = tiles + T::K + T::V;
 
-    const int i_lo = mask.first_row(j0);
-    const int i_hi = mask.last_row(min(j0 + kDkdvKeys, skv.len) - 1);
-    const int qb_first = i_lo / kDkdvRows;
-    const int blocks = i_hi >= i_lo ? i_hi / kDkdvRows - qb_first + 1 : 0;
+    const int2 mine = query_blocks(mask, j0);
+    // The query blocks the key block before this one adds into first (none for the first).
+    const int2 before = j0 > 0 ? query_blocks(mask, j0 - kDkdvKeys) : make_int2(0, 0);
+    const int qb_last = mine.x + mine.y - 1, blocks = mine.y;
     const int steps = blocks * p.group;
     if (steps > 0) {
         load_tile<kDkdvKeys, D>(tiles, in.k, b, hk, skv, j0, p.vec);
         load_tile<kDkdvKeys, DV>(tiles + T::K, in.v, b, hk, skv, j0, p.vec);
-        load_tile<kDkdvRows, D>(q_tile, in.q, b, hk * p.group, sq, qb_first * kDkdvRows, p.vec);
+        load_tile<kDkdvRows, D>(q_tile, in.q, b, hk * p.group, sq, qb_last * kDkdvRows, p.vec);
         load_tile<kDkdvRows, DV>(q_tile + T::Q, in.dout, b, hk * p.group, sq,
-                                 qb_first * kDkdvRows, p.vec);
+                                 qb_last * kDkdvRows, p.vec);
         copy_commit();
     }
     float dk_acc[4][D / 16] = {}, dv_acc[4][DV / 16] = {};
     for (int step = 0; step < steps; ++step) {
         const int h = hk * p.group + step / blocks;
-        const int i0 = (qb_first + step % blocks) * kDkdvRows;
+        const int qb = qb_last - step % blocks;
         const int next = step + 1;
         const int next_h = hk * p.group + next / blocks;
-        const int next_i0 = next < steps ? (qb_first + next % blocks) * kDkdvRows : -1;
+        const int next_i0 = next < steps ? (qb_last - next % blocks) * kDkdvRows : -1;
+        const DqTurn turn{dq, turn_counter(turns, p, gridDim.x * p.group, b, h, qb), kb,
+                          qb >= before.x && qb < before.x + before.y};
         copy_wait<0>();
         __syncthreads();
-        dkdv_step<D, DV>(dk_acc, dv_acc, in, p, mask, sq, b, h, i0, j0, tiles, next_h, next_i0);
+        dkdv_step<D, DV>(dk_acc, dv_acc, in, p, mask, sq, b, h, qb * kDkdvRows, j0, tiles,
+                         next_h, next_i0, turn);
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -692,78 +826,6 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
         scale_cols(dk_acc[r], p.scale);
         store_cols<D>(dk.at(b, hk, skv.row0 + j), dk_acc[r], tx, p.vec);
         store_cols<DV>(dv.at(b, hk, skv.row0 + j), dv_acc[r], tx, p.vec);
-    }
-}
-
-template <int D, int DV>
-struct DqTiles {
-    static constexpr int Q = kDqRows * (D + kPad), DO = kDqRows * (DV + kPad);
-    static constexpr int K = kDqKeys * (D + kPad), V = kDqKeys * (DV + kPad);
-    static constexpr int DS = kDqRows * (kDqKeys + kPad);
-    static constexpr int FLOATS = Q + DO + K + V + DS;
-};
-
-// CTA (query block, head, sequence): dQ = scale sum dS K over the key blocks it sees, in order.
-template <int D, int DV>
-__device__ __forceinline__ void backward_dq(const BackwardInputs& in, const Rows<float>& dq,
-                                            const Problem& p) {
-    typedef DqTiles<D, DV> T;
-    constexpr int R = kDqRows / 16, C = kDqKeys / 16, BC = kDqKeys, LD = BC + kPad;
-    const int b = blockIdx.z, h = blockIdx.y, hk = h / p.group;
-    const int i0 = query_block_start(kDqRows);
-    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
-    if (i0 >= sq.len) return;
-    const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
-    const Mask mask = make_mask(p, sq.len, skv.len);
-    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-    float* q_tile = shared_tiles<T::FLOATS>();
-    float* do_tile = q_tile + T::Q;
-    float* k_tile = do_tile + T::DO;
-    float* v_tile = k_tile + T::K;
-    float* ds_tile = v_tile + T::V;
-
-    const int i_last = min(i0 + kDqRows, sq.len) - 1;
-    const int2 blocks = key_blocks(mask, i0, i_last, BC);
-    if (blocks.x <= blocks.y) {
-        load_tile<kDqRows, D>(q_tile, in.q, b, h, sq, i0, p.vec);
-        load_tile<kDqRows, DV>(do_tile, in.dout, b, h, sq, i0, p.vec);
-        load_tile<BC, D>(k_tile, in.k, b, hk, skv, blocks.x * BC, p.vec);
-        load_tile<BC, DV>(v_tile, in.v, b, hk, skv, blocks.x * BC, p.vec);
-        copy_commit();
-    }
-    float acc[R][D / 16] = {};
-    for (int kb = blocks.x; kb <= blocks.y; ++kb) {
-        copy_wait<0>();
-        __syncthreads();
-        float s[R][C] = {}, dp[R][C] = {};
-        dot_rows<R, C, D>(s, q_tile, k_tile, ty * R, tx);
-        dot_rows<R, C, DV>(dp, do_tile, v_tile, ty * R, tx);
-        if (whole_block(mask, i0, i_last, kb * BC, BC)) {
-            probabilities<false, R, C>(s, dp, mask, in.lse, in.delta, b, h, sq, i0 + ty * R,
-                                       kb * BC, tx, p.scale);
-        } else {
-            probabilities<true, R, C>(s, dp, mask, in.lse, in.delta, b, h, sq, i0 + ty * R,
-                                      kb * BC, tx, p.scale);
-        }
-        store_scores<R, C, LD>(ds_tile, dp, ty * R, tx);
-        __syncthreads();  // dS is in place, and every thread is done with V
-        if (kb < blocks.y) {
-            load_tile<BC, DV>(v_tile, in.v, b, hk, skv, (kb + 1) * BC, p.vec);
-            copy_commit();
-        }
-        mul_rows<R, D, BC, LD>(acc, ds_tile, k_tile, ty * R, tx);  // dQ += dS K
-        __syncthreads();  // dS and K are consumed
-        if (kb < blocks.y) {
-            load_tile<BC, D>(k_tile, in.k, b, hk, skv, (kb + 1) * BC, p.vec);
-            copy_commit();
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int i = i0 + ty * R + r;
-        if (i >= sq.len) continue;
-        scale_cols(acc[r], p.scale);
-        store_cols<D>(dq.at(b, h, sq.row0 + i), acc[r], tx, p.vec);
     }
 }
 
@@ -791,9 +853,11 @@ __device__ __forceinline__ void backward_dq(const BackwardInputs& in, const Rows
     }
 
 extern "C" __global__ void __launch_bounds__(kThreads) flash_f32_bwd_delta(
-    FLASH_IN(out), FLASH_IN(dout), FLASH_OUT(delta), FLASH_PROBLEM_PARAMS, int dim_v) {
+    FLASH_IN(out), FLASH_IN(dout), FLASH_OUT(delta), FLASH_OUT(dq), int* turns,
+    FLASH_PROBLEM_PARAMS, int dim, int dim_v) {
     backward_delta(FLASH_ROWS(const float, out), FLASH_ROWS(const float, dout),
-                   FLASH_ROWS(float, delta), FLASH_PROBLEM, dim_v);
+                   FLASH_ROWS(float, delta), FLASH_ROWS(float, dq), turns, FLASH_PROBLEM, dim,
+                   dim_v);
 }
 
 #define FLASH_KERNELS(D, DV)                                                                   \
@@ -806,14 +870,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_f32_bwd_delta(
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_bwd_dkdv_d##D##_dv##DV( \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
-        FLASH_OUT(dk), FLASH_OUT(dv), FLASH_PROBLEM_PARAMS) {                                   \
+        FLASH_OUT(dq), FLASH_OUT(dk), FLASH_OUT(dv), int* turns, FLASH_PROBLEM_PARAMS) {        \
         backward_dkdv<D, DV>(FLASH_BACKWARD_INPUTS, FLASH_ROWS(float, dk),                       \
-                             FLASH_ROWS(float, dv), FLASH_PROBLEM);                              \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_bwd_dq_d##D##_dv##DV(   \
-        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
-        FLASH_OUT(dq), FLASH_PROBLEM_PARAMS) {                                                  \
-        backward_dq<D, DV>(FLASH_BACKWARD_INPUTS, FLASH_ROWS(float, dq), FLASH_PROBLEM);         \
+                             FLASH_ROWS(float, dv), FLASH_ROWS(float, dq), turns,               \
+                             FLASH_PROBLEM);                                                     \
     }
 
 FLASH_KERNELS(32, 32)

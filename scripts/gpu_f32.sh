@@ -3,7 +3,7 @@
 # kernels against a baseline tree (BASE, a `git archive` of opfacade/ and native/, default
 # .scratch/base when carried), compares their outputs, runs the kernels' check script, and
 # profiles under ncu.
-#   bash scripts/gpu_f32.sh [stages...]   stages: check time profile
+#   bash scripts/gpu_f32.sh [stages...]   stages: check time sanitize tests profile
 #   VARIANTS="name:MACRO ...": also time (and check) this tree with `#define MACRO 1` prepended
 #   to native/flash_f32.cu, each in a copy under /tmp.
 set -u
@@ -39,6 +39,21 @@ if wants time; then
         [ -d "$BASE" ] && python3 scripts/f32_time.py --compare "$OUT/base" "$OUT/$name" 2>&1 | tail -30
     done
     rm -f "$OUT"/*.npz  # too large to bring back
+fi
+if wants sanitize; then
+    stage sanitize
+    for tool in memcheck racecheck; do
+        timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 python3 \
+            tests/sanitize_attention_f32.py > "$OUT/sanitize_f32_$tool.log" 2>&1
+        echo "sanitize_attention_f32 $tool exit $?"; grep -v "^=========     " \
+            "$OUT/sanitize_f32_$tool.log" | tail -4
+    done
+fi
+if wants tests; then
+    stage tests
+    timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider --maxfail=12 \
+        tests/test_varlen_attention_gpu.py tests/test_precision_gpu.py -k "${TESTS_K:-f32}" \
+        2>&1 | tee "$OUT/pytest_f32.log" | quiet | tail -30
 fi
 if wants profile; then
     stage profile

@@ -70,8 +70,7 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
     launched = _launches(monkeypatch)
     _run_both(flash.FlashProblem(**fields))
     assert [name for name, *_ in launched] == [
-        "flash_f32_fwd_d128_dv128", "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128",
-        "flash_f32_bwd_dq_d128_dv128"]
+        "flash_f32_fwd_d128_dv128", "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
     for name, _, block, args, _ in launched:
         assert block == (flash.THREADS,)
         assert_packed_like_declared(name, args, signatures)
@@ -95,14 +94,19 @@ def test_backward_grids_workspace_and_delta_layout(monkeypatch):
     launched = _launches(monkeypatch)
     problem = flash.FlashProblem(**DENSE)
     _run_both(problem)
-    (_, delta_grid, _, delta_args, _), (_, dkdv_grid, *_), (_, dq_grid, *_) = launched[1:]
-    assert delta_grid == (3, 8, 3) and dkdv_grid == (5, 2, 3) and dq_grid == (3, 8, 3)
+    (_, delta_grid, _, delta_args, _), (_, dkdv_grid, _, dkdv_args, _) = launched[1:]
+    assert delta_grid == (3, 8, 3) and dkdv_grid == (2, 3, 5)
     # Delta [B, Hq, Sq] right after out and dout, as (pointer, batch, token, head).
     assert delta_args[8:12] == (ADDRESS["workspace"], 8 * 130, 1, 130)
-    # One f32 per query row and head, rounded up to 256 bytes: dense B*Sq rows, varlen Tq.
-    assert flash.backward_workspace_bytes(problem) == -(-4 * 8 * 3 * 130 // 256) * 256
+    # Each part rounded up to 256 bytes: one f32 per query row and head (dense B*Sq rows,
+    # varlen Tq), then one int32 turn counter per sequence, query head and 32-row block.
+    delta_bytes = -(-4 * 8 * 3 * 130 // 256) * 256
+    turn_bytes = -(-4 * 3 * 8 * 5 // 256) * 256
+    assert flash.backward_workspace_bytes(problem) == delta_bytes + turn_bytes
+    # Both kernels find the turn counters right after Delta.
+    assert delta_args[16] == dkdv_args[36] == ADDRESS["workspace"] + delta_bytes
     varlen = flash.FlashProblem(**VARLEN)
-    assert flash.backward_workspace_bytes(varlen) == -(-4 * 8 * 200 // 256) * 256
+    assert flash.backward_workspace_bytes(varlen) == -(-4 * 8 * 200 // 256) * 256 + turn_bytes
 
 
 def test_an_odd_stride_turns_the_vector_copies_off(monkeypatch):
@@ -112,9 +116,9 @@ def test_an_odd_stride_turns_the_vector_copies_off(monkeypatch):
     odd = flash.FlashStrides(q=standard.q, k=standard.k, v=standard.v, out=standard.out,
                              lse=standard.lse, dk=(3 * 300 * 129, 129, 300 * 129))
     _run_both(problem, odd)
-    vec = [args[-1] if name != "flash_f32_bwd_delta" else args[-2]
+    vec = [args[-1] if name != "flash_f32_bwd_delta" else args[-3]
            for name, _, _, args, _ in launched]
-    assert vec == [1, 0, 0, 0]  # the forward never touches dk
+    assert vec == [1, 0, 0]  # the forward never touches dk
 
 
 def test_empty_extents_launch_only_what_writes_rows(monkeypatch):
@@ -125,9 +129,17 @@ def test_empty_extents_launch_only_what_writes_rows(monkeypatch):
 
 def test_two_ctas_share_an_sm_at_head_dim_128():
     # sm_90: 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA.
-    for size in (flash._forward_shared(128, 128), flash._dkdv_shared(128, 128),
-                 flash._dq_shared(128, 128)):
+    for size in (flash._forward_shared(128, 128), flash._dkdv_shared(128, 128)):
         assert 2 * (size + 1024) <= 228 * 1024
+
+
+def test_supported_rejects_more_key_blocks_than_the_grid_holds():
+    # The dK/dV grid is (heads_kv, batch, key blocks): 65535 blocks of 64 keys at most.
+    fits = flash.FlashProblem(**dict(VARLEN, max_seqlen_kv=65535 * 64, total_kv=65535 * 64))
+    assert flash.key_blocks(fits) == 65535 and flash.supported(fits) is None
+    over = flash.FlashProblem(**dict(VARLEN, max_seqlen_kv=65535 * 64 + 1,
+                                     total_kv=65535 * 64 + 1))
+    assert "65536 blocks of 64 keys" in flash.supported(over)
 
 
 @pytest.mark.parametrize("dims", [(80, 80), (32, 64), (256, 256)])

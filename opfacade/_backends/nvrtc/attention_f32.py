@@ -4,8 +4,8 @@ varlen attention forward and backward (``varlen_attention_*.nvrtc.f32``).
 
 f32 inputs and f32 FMA math on CUDA cores, no tensor cores and no TF32: what cuDNN 9.19 does
 not offer (it refuses an f32 backward, and runs the f32 forward at ~18 TFLOP/s on an H100). The
-backward has no atomics and sums in an order fixed by the problem alone: deterministic and
-bit-stable. Nothing is read on the host at run time (varlen offsets stay on the device and are
+backward has no atomic additions and sums in an order fixed by the problem alone (dQ in
+key-block order, each key block's CTA waiting its turn): deterministic and bit-stable. Nothing is read on the host at run time (varlen offsets stay on the device and are
 clamped by the kernels), so every call may be captured in a CUDA graph.
 """
 
@@ -98,13 +98,17 @@ LIMITS: tuple[Limit[flash.FlashProblem], ...] = (
           GRID_YZ_MAX, lambda p: p.heads_q, "flash_f32.py: grid (blocks, heads_q, batch)"),
     Limit("batch", "batch", "sequences", "the grid's z extent (one CTA layer per sequence)",
           GRID_YZ_MAX, lambda p: p.batch, "flash_f32.py: grid (blocks, heads_q, batch)"),
+    Limit("key blocks", "ceil(max_seqlen_kv/64)", "blocks of 64 keys",
+          "the dK/dV grid's z extent (one CTA layer per key block)", GRID_YZ_MAX,
+          flash.key_blocks, "flash_f32.py: dK/dV grid (heads_kv, batch, key blocks)"),
     Limit("rows", "batch*max_seqlen (tokens)", "rows", "the kernels' int row index",
           INT32_MAX, _largest_rows, "native/flash_f32.cu: `int` rows, lengths and offsets"),
     Limit("elements", "tokens*heads*head_dim", "elements of a tensor",
           "the kernels' int64 element offsets", INT64_MAX, _largest_elements,
           "native/flash_f32.cu: i64 strides times int rows"),
     workspace_limit(flash.backward_workspace_bytes, "flash_f32.backward_workspace_bytes",
-                    "the backward's Delta (one f32 per query row and head)"),
+                    "the backward's Delta (one f32 per query row and head) and dQ turn "
+                    "counters (one int32 per sequence, head and 32-row query block)"),
 )
 
 
@@ -222,8 +226,8 @@ class SdpaBackwardF32(_FlashSku, SkuImpl[SdpaBackwardDescriptor]):
     def __init__(self):
         self.sku = _sku(SDPA_BACKWARD, _ANY_STRIDES,
                         "Deterministic flash-style backward in true f32: Delta, then dK/dV per "
-                        "key block (the GQA group's heads in order), then dQ per query block; "
-                        "no atomics.", BACKWARD_BOUND)
+                        "key block (the GQA group's heads in order), adding dQ in key-block "
+                        "order; no atomic additions.", BACKWARD_BOUND)
 
     _capacity = staticmethod(_dense_problem)
 
@@ -308,7 +312,8 @@ class VarlenBackwardF32(_FlashSku, SkuImpl[VarlenAttentionBackwardDescriptor]):
         self.sku = _sku(VARLEN_ATTENTION_BACKWARD,
                         "packed [T,H,D], token and head strides free, d-contiguous; lse [Hq,Tq]",
                         "Deterministic flash-style backward in true f32 over packed sequences: "
-                        "Delta, dK/dV per key block, dQ per query block; no atomics.",
+                        "Delta, dK/dV per key block adding dQ in key-block order; no atomic "
+                        "additions.",
                         BACKWARD_BOUND)
 
     _capacity = staticmethod(_varlen_capacity)

@@ -1,14 +1,15 @@
 """Flash attention in true f32 (native/flash_f32.cu): a forward and a deterministic backward over
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
-The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward uses no atomics and
-sums in a fixed order, so it is bitwise reproducible. Nothing here takes a descriptor: a
+The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward uses no atomic
+additions and sums in a fixed order, so it is bitwise reproducible. Nothing here takes a descriptor: a
 ``FlashProblem`` of plain values says what to compute, ``FlashStrides`` where the tensors are, and
 the ``*_call`` functions pack the arguments once and return a call that only launches.
 
 What the kernels can index: element offsets in ``i64`` from ``i64`` strides; extents (lengths,
-rows, heads) in ``int``, below 2**31; the grid is (query or key blocks, heads, batch), so heads
-and batch stay at or below 65535 (``supported`` says so). Varlen offsets are read on the device
+rows, heads) in ``int``, below 2**31; the grids are (query blocks, heads, batch) and (kv heads,
+batch, key blocks), so heads, batch and key blocks stay at or below 65535 (``supported`` says
+so). Varlen offsets are read on the device
 and never trusted: every sequence is clamped into the tensors' ``total_q``/``total_kv`` rows and
 to ``max_seqlen_*``, so garbage offsets cannot move an access outside the tensors.
 
@@ -32,7 +33,7 @@ from .launch import get_kernel, launch
 
 __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides",
            "backward_call", "backward_workspace_bytes", "forward_call", "kernel_names",
-           "shared_bytes", "supported"]
+           "key_blocks", "shared_bytes", "supported"]
 
 SOURCE = "flash_f32.cu"
 THREADS = 256
@@ -46,9 +47,9 @@ CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `caus
 PAD = 4
 FORWARD_ROWS, FORWARD_KEYS = 64, 64
 DKDV_KEYS, DKDV_ROWS = 64, 32
-DQ_ROWS, DQ_KEYS = 64, 32
 DELTA_ROWS = 64
 _FLOAT = 4
+_INT32 = 4
 
 
 def _tile(rows: int, cols: int) -> int:
@@ -66,21 +67,16 @@ def _dkdv_shared(d: int, dv: int) -> int:
                      + _tile(DKDV_ROWS, dv) + _tile(DKDV_ROWS, DKDV_KEYS))
 
 
-def _dq_shared(d: int, dv: int) -> int:
-    return _FLOAT * (_tile(DQ_ROWS, d) + _tile(DQ_ROWS, dv) + _tile(DQ_KEYS, d)
-                     + _tile(DQ_KEYS, dv) + _tile(DQ_ROWS, DQ_KEYS))
-
-
 def shared_bytes(d: int, dv: int) -> int:
     """The most dynamic shared memory any of the kernels for (d, dv) launches with."""
-    return max(_forward_shared(d, dv), _dkdv_shared(d, dv), _dq_shared(d, dv))
+    return max(_forward_shared(d, dv), _dkdv_shared(d, dv))
 
 
 def kernel_names() -> list[str]:
     """Every kernel in native/flash_f32.cu."""
     names = ["flash_f32_bwd_delta"]
     for d, dv in HEAD_DIMS:
-        names += [f"flash_f32_{kind}_d{d}_dv{dv}" for kind in ("fwd", "bwd_dkdv", "bwd_dq")]
+        names += [f"flash_f32_{kind}_d{d}_dv{dv}" for kind in ("fwd", "bwd_dkdv")]
     return names
 
 
@@ -228,7 +224,15 @@ def supported(problem: FlashProblem) -> str | None:
         if getattr(p, name) > GRID_YZ_MAX:
             return (f"{name}={getattr(p, name)} exceeds the grid's y/z extent {GRID_YZ_MAX} "
                     f"(one CTA row per head, one CTA layer per sequence)")
+    if key_blocks(p) > GRID_YZ_MAX:
+        return (f"max_seqlen_kv={p.max_seqlen_kv} makes {key_blocks(p)} blocks of {DKDV_KEYS} "
+                f"keys, past the dK/dV grid's z extent {GRID_YZ_MAX}")
     return None
+
+
+def key_blocks(problem: FlashProblem) -> int:
+    """The dK/dV kernel's key blocks: its grid is (heads_kv, batch, key blocks)."""
+    return _blocks(problem.max_seqlen_kv, DKDV_KEYS)
 
 
 def _check_supported(problem: FlashProblem) -> None:
@@ -237,11 +241,18 @@ def _check_supported(problem: FlashProblem) -> None:
         raise Unsupported(reason)
 
 
-def backward_workspace_bytes(problem: FlashProblem) -> int:
-    """Bytes of the backward's workspace: Delta, one f32 per query row and head, rounded up to
-    256 (varlen [Hq, Tq], dense [B, Hq, Sq])."""
+def _delta_bytes(problem: FlashProblem) -> int:
     rows = problem.total_q if problem.varlen else problem.batch * problem.max_seqlen_q
     return Workspace.round_up(_FLOAT * problem.heads_q * rows)
+
+
+def backward_workspace_bytes(problem: FlashProblem) -> int:
+    """Bytes of the backward's workspace, each part rounded up to 256: Delta, one f32 per query
+    row and head (varlen [Hq, Tq], dense [B, Hq, Sq]), then the dQ turn counters, one int32 per
+    sequence, query head and block of DKDV_ROWS rows up to max_seqlen_q."""
+    blocks = _blocks(problem.max_seqlen_q, DKDV_ROWS)
+    turns = Workspace.round_up(_INT32 * problem.batch * problem.heads_q * blocks)
+    return _delta_bytes(problem) + turns
 
 
 def _delta_strides(problem: FlashProblem) -> tuple[int, int, int]:
@@ -383,9 +394,10 @@ def backward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, ou
     """The backward of ``forward_call``: dq, dk and dv (every row of every sequence written,
     zeros included), bitwise the same on every run, as a call that only launches.
 
-    Three kernels run in order on ``stream``: Delta = rowsum(dout * out) into the workspace
-    (``backward_workspace_bytes(problem)`` at ``workspace_ptr``), then dK/dV (one CTA per key
-    block and kv head, looping over the group's query heads) and dQ (one CTA per query block).
+    Two kernels run in order on ``stream``: Delta = rowsum(dout * out) into the workspace
+    (``backward_workspace_bytes(problem)`` at ``workspace_ptr``), which also zeroes dq and the
+    turn counters after Delta, then dK/dV (one CTA per key block and kv head, looping over the
+    group's query heads), which adds each query block's share of dQ in key-block order.
 
     Args:
         q, k, v, out, dout, lse: the forward's inputs and results and the output's gradient.
@@ -400,32 +412,29 @@ def backward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, ou
     _check_supported(problem)
     _check_target(device, stream)
     cu_q, cu_kv = _offsets(problem, cu_q, cu_kv)
-    delta_rows = backward_workspace_bytes(problem) // _FLOAT
-    workspace_ptr = _check_pointer("workspace_ptr", workspace_ptr, delta_rows)
+    workspace_ptr = _check_pointer("workspace_ptr", workspace_ptr,
+                                   backward_workspace_bytes(problem) // _FLOAT)
     tensors, vec = _tensors(problem, strides, dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse,
                                                    dq=dq, dk=dk, dv=dv))
     t = tensors
     delta = (np.uint64(workspace_ptr), *(np.int64(s) for s in _delta_strides(problem)))
+    turns = np.uint64(workspace_ptr + _delta_bytes(problem))
     common = _problem_args(problem, cu_q, cu_kv, vec)
     inputs = (*t["q"], *t["k"], *t["v"], *t["dout"], *t["lse"], *delta)
     d, dv_dim, suffix = problem.head_dim, problem.head_dim_v, _suffix(problem)
     q_blocks = _blocks(problem.max_seqlen_q, DELTA_ROWS)
-    kv_blocks = _blocks(problem.max_seqlen_kv, DKDV_KEYS)
+    kv_blocks = key_blocks(problem)
     steps = []  # (kernel, grid, args, shared bytes), in launch order
     if q_blocks:
         steps.append((_kernel("flash_f32_bwd_delta", device, 0),
                       (q_blocks, problem.heads_q, problem.batch),
-                      (*t["out"], *t["dout"], *delta, *common, np.int32(dv_dim)), 0))
+                      (*t["out"], *t["dout"], *delta, *t["dq"], turns, *common, np.int32(d),
+                       np.int32(dv_dim)), 0))
     if kv_blocks:
         shared = _dkdv_shared(d, dv_dim)
         steps.append((_kernel(f"flash_f32_bwd_dkdv_{suffix}", device, shared),
-                      (kv_blocks, problem.heads_kv, problem.batch),
-                      (*inputs, *t["dk"], *t["dv"], *common), shared))
-    if q_blocks:
-        shared = _dq_shared(d, dv_dim)
-        steps.append((_kernel(f"flash_f32_bwd_dq_{suffix}", device, shared),
-                      (_blocks(problem.max_seqlen_q, DQ_ROWS), problem.heads_q, problem.batch),
-                      (*inputs, *t["dq"], *common), shared))
+                      (problem.heads_kv, problem.batch, kv_blocks),
+                      (*inputs, *t["dq"], *t["dk"], *t["dv"], turns, *common), shared))
 
     def run_backward() -> None:
         for kernel, grid, args, shared_bytes in steps:
