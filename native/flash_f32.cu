@@ -16,9 +16,11 @@
 // [0, total) and to max_seqlen, so garbage cu_seqlens can never move a read or write outside the
 // tensors; nothing outside a sequence's clamped rows is read or written.
 //
-// Kernels (256 threads; thread t is (ty, tx) = (t / 16, t % 16), so a half-warp shares ty):
-//   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence); online softmax over
-//                                   64-key blocks, skipping blocks the mask removes entirely.
+// Kernels (256 threads but the forward's 128; thread t is (ty, tx) = (t / 16, t % 16), so a
+// half-warp shares ty):
+//   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence) of 128 threads; online
+//                                   softmax over 64-key blocks, skipping blocks the mask removes
+//                                   entirely.
 //   flash_f32_bwd_delta             Delta_i = rowsum(dO_i * O_i) into the workspace; zeroes dQ
 //                                   and the query blocks' turn counters.
 //   flash_f32_bwd_dkdv_d<D>_dv<Dv>  CTA = (64 keys, kv head, sequence); loops over the group's
@@ -45,7 +47,16 @@
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // the backward kernels'
+// The forward's CTA: 128 threads of 8 query rows each. Twice the rows of a 256-thread CTA per
+// thread means a third fewer shared-memory loads per FMA, and up to 255 registers where two
+// 256-thread CTAs an SM allow 128.
+constexpr int kFwdThreads = 128;
+
+// Forward CTAs an SM holds: three where D and Dv are at most 64 (registers capped at 168; on an
+// H100 the d64 forward ran 5% faster than with two), else two (d128 ran 5% slower at three,
+// and from d96 up three do not fit in shared memory).
+constexpr int forward_blocks(int d, int dv) { return d <= 64 && dv <= 64 ? 3 : 2; }
 constexpr int kPad = 4;  // floats appended to every shared row
 
 // The query and key blocks of each kernel.
@@ -185,16 +196,16 @@ __device__ __forceinline__ void copy_wait() {
 // Rows [first, first + ROWS) of a sequence's (b, h) slice into a ROWS x COLS tile (row stride
 // COLS + kPad), as this thread's share of cp.async copies. Rows at or past `len` become zeros:
 // nothing past the sequence is read, and masked scores meet finite values.
-template <int ROWS, int COLS>
+template <int ROWS, int COLS, int THREADS = kThreads>
 __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& src, int b, int h,
                                           const Span& s, int first, bool vec) {
     constexpr int kChunks = COLS / 4;  // 16-byte copies a row
-    if (vec && kThreads % kChunks == 0) {
+    if (vec && THREADS % kChunks == 0) {
         // Each thread copies one column chunk of every kStep-th row, so its source and
         // destination only step by constants: a few instructions a copy, where dividing a flat
         // index into row and column took a dozen (the loads were a fifth of the forward's
         // non-FMA instructions).
-        constexpr int kStep = kThreads / kChunks;
+        constexpr int kStep = THREADS / kChunks;
         const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 4;
         const float* from = src.at(b, h, s.row0 + first + r0) + c;
         float* to = tile + r0 * (COLS + kPad) + c;
@@ -209,7 +220,7 @@ __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& 
             }
         }
     } else if (vec) {
-        for (int e = threadIdx.x; e < ROWS * kChunks; e += kThreads) {
+        for (int e = threadIdx.x; e < ROWS * kChunks; e += THREADS) {
             const int r = e / kChunks, c = (e - r * kChunks) * 4;
             float* dst = tile + r * (COLS + kPad) + c;
             if (first + r < s.len) {
@@ -219,7 +230,7 @@ __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& 
             }
         }
     } else {
-        for (int e = threadIdx.x; e < ROWS * COLS; e += kThreads) {
+        for (int e = threadIdx.x; e < ROWS * COLS; e += THREADS) {
             const int r = e / COLS, c = e - r * COLS;
             float* dst = tile + r * (COLS + kPad) + c;
             if (first + r < s.len) copy_async4(dst, src.at(b, h, s.row0 + first + r) + c);
@@ -390,7 +401,8 @@ __device__ __forceinline__ float half_warp_sum(float x) {
 
 template <int D, int DV>
 struct ForwardTiles {
-    static constexpr int R = kFwdRows / 16, C = kFwdKeys / 16;
+    // Each thread: R query rows (kFwdThreads / 16 threads down the block) by C keys.
+    static constexpr int R = kFwdRows / (kFwdThreads / 16), C = kFwdKeys / 16;
     static constexpr int Q = kFwdRows * (D + kPad);
     // K's tile, then P's once the scores are taken.
     static constexpr int KP = kFwdKeys * (D + kPad) > kFwdRows * (kFwdKeys + kPad)
@@ -494,10 +506,10 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
     const int i_last = min(i0 + kFwdRows, sq.len) - 1;
     const int2 blocks = key_blocks(mask, i0, i_last, BC);
     if (blocks.x <= blocks.y) {
-        load_tile<kFwdRows, D>(q_tile, q, b, h, sq, i0, p.vec);
-        load_tile<BC, D>(kp_tile, k, b, hk, skv, blocks.x * BC, p.vec);
+        load_tile<kFwdRows, D, kFwdThreads>(q_tile, q, b, h, sq, i0, p.vec);
+        load_tile<BC, D, kFwdThreads>(kp_tile, k, b, hk, skv, blocks.x * BC, p.vec);
         copy_commit();
-        load_tile<BC, DV>(v_tile, v, b, hk, skv, blocks.x * BC, p.vec);
+        load_tile<BC, DV, kFwdThreads>(v_tile, v, b, hk, skv, blocks.x * BC, p.vec);
         copy_commit();
     }
     for (int kb = blocks.x; kb <= blocks.y; ++kb) {
@@ -525,9 +537,9 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
         mul_rows<R, DV, BC, BC + kPad>(acc, kp_tile, v_tile, ty * R, tx);
         __syncthreads();  // P and V are consumed: the next block's K and V may land
         if (kb < blocks.y) {
-            load_tile<BC, D>(kp_tile, k, b, hk, skv, (kb + 1) * BC, p.vec);
+            load_tile<BC, D, kFwdThreads>(kp_tile, k, b, hk, skv, (kb + 1) * BC, p.vec);
             copy_commit();
-            load_tile<BC, DV>(v_tile, v, b, hk, skv, (kb + 1) * BC, p.vec);
+            load_tile<BC, DV, kFwdThreads>(v_tile, v, b, hk, skv, (kb + 1) * BC, p.vec);
             copy_commit();
         }
     }
@@ -860,13 +872,13 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_f32_bwd_delta(
                    dim_v);
 }
 
-#define FLASH_KERNELS(D, DV)                                                                   \
-    extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_fwd_d##D##_dv##DV(      \
-        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), FLASH_OUT(lse),                  \
-        FLASH_PROBLEM_PARAMS) {                                                                 \
-        forward<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),                   \
-                       FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                       \
-                       FLASH_ROWS(float, lse), FLASH_PROBLEM);                                   \
+#define FLASH_KERNELS(D, DV)                                                                    \
+    extern "C" __global__ void __launch_bounds__(kFwdThreads, forward_blocks(D, DV))            \
+        flash_f32_fwd_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out),      \
+                                    FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                     \
+        forward<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),                  \
+                       FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                      \
+                       FLASH_ROWS(float, lse), FLASH_PROBLEM);                                  \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_bwd_dkdv_d##D##_dv##DV( \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \

@@ -4,15 +4,16 @@
 # .scratch/base when carried), compares their outputs, runs the kernels' check script, and
 # profiles under ncu.
 #   bash scripts/gpu_f32.sh [stages...]   stages: check time sanitize tests profile
-#   VARIANTS="name:MACRO ...": also time (and check) this tree with `#define MACRO 1` prepended
-#   to native/flash_f32.cu, each in a copy under /tmp.
+#   VARIANTS="name:MACRO[=VALUE] ...": also time (and check) this tree with `#define MACRO VALUE`
+#   (default 1) prepended to native/flash_f32.cu, each in a copy under /tmp.
 set -u
 stages=${*:-time}
 source "$(dirname "$0")/device_prelude.sh"
 BASE=${BASE:-.scratch/base}
-variant_tree() {  # name macro -> a copy of opfacade/ and native/ with the macro defined
+variant_tree() {  # name macro[=value] -> a copy of opfacade/ and native/ with the macro defined
     rm -rf "/tmp/var_$1" && mkdir -p "/tmp/var_$1" && cp -r opfacade native "/tmp/var_$1/"
-    sed -i "1i #define $2 1" "/tmp/var_$1/native/flash_f32.cu"
+    local define=$2; [[ $define == *=* ]] || define="$define=1"
+    sed -i "1i #define ${define%%=*} ${define#*=}" "/tmp/var_$1/native/flash_f32.cu"
 }
 for spec in ${VARIANTS:-}; do variant_tree "${spec%%:*}" "${spec#*:}"; done
 if wants check; then

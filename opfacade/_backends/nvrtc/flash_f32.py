@@ -13,9 +13,9 @@ so). Varlen offsets are read on the device
 and never trusted: every sequence is clamped into the tensors' ``total_q``/``total_kv`` rows and
 to ``max_seqlen_*``, so garbage offsets cannot move an access outside the tensors.
 
-Each CTA runs 256 threads and needs up to 108 KiB of dynamic shared memory (D = Dv = 128) and
-cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow 99 KiB a block, which every
-pair but D = Dv = 128 fits.
+A CTA runs 256 threads (the forward's 128) and needs up to 108 KiB of dynamic shared memory
+(D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow 99 KiB a
+block, which every pair but D = Dv = 128 fits.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides"
            "key_blocks", "shared_bytes", "supported"]
 
 SOURCE = "flash_f32.cu"
-THREADS = 256
+THREADS = 256  # a CTA of the backward kernels (kThreads)
+FORWARD_THREADS = 128  # a forward CTA (kFwdThreads)
 # (head_dim, head_dim_v) pairs with kernels: FLASH_KERNELS(D, DV) in native/flash_f32.cu.
 HEAD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (128, 64), (64, 128))
 CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `causal` codes
@@ -383,7 +384,7 @@ def forward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, out
     kernel = _kernel(f"flash_f32_fwd_{_suffix(problem)}", device, shared)
 
     def run_forward() -> None:
-        launch(kernel, grid, (THREADS,), args, stream, device, shared)
+        launch(kernel, grid, (FORWARD_THREADS,), args, stream, device, shared)
 
     return run_forward
 
