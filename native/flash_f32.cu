@@ -16,8 +16,8 @@
 // [0, total) and to max_seqlen, so garbage cu_seqlens can never move a read or write outside the
 // tensors; nothing outside a sequence's clamped rows is read or written.
 //
-// Kernels (256 threads but the forward's 128; thread t is (ty, tx) = (t / 16, t % 16), so a
-// half-warp shares ty):
+// Kernels (128 threads but Delta's 256; thread t is (ty, tx) = (t / 16, t % 16), so a half-warp
+// shares ty):
 //   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence) of 128 threads; online
 //                                   softmax over 64-key blocks, skipping blocks the mask removes
 //                                   entirely.
@@ -40,18 +40,17 @@
 // rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies
 // when every base and stride allows, 4-byte copies otherwise), which lets the next V (or K)
 // block stream in while the current one is multiplied. At D = Dv = 128 each kernel takes about
-// 100 KiB, so two CTAs share an SM (__launch_bounds__(256, 2) keeps registers to 128).
+// 100 KiB, so two CTAs share an SM.
 //
 // NVRTC builds without fast math: exp2f, logf and the divisions here are the precise ones.
 #include "common.cuh"
 
 namespace {
 
-constexpr int kThreads = 256;  // the backward kernels'
-// The forward's CTA: 128 threads of 8 query rows each. Twice the rows of a 256-thread CTA per
-// thread means a third fewer shared-memory loads per FMA, and up to 255 registers where two
-// 256-thread CTAs an SM allow 128.
-constexpr int kFwdThreads = 128;
+// Threads a CTA. The forward and dK/dV CTAs run 128 threads, each with twice the outputs a
+// 256-thread CTA's threads hold: a third fewer shared-memory loads per FMA, and up to 255
+// registers where two 256-thread CTAs an SM allow 128.
+constexpr int kFwdThreads = 128, kDkdvThreads = 128, kDeltaThreads = 256;
 
 // Forward CTAs an SM holds: three where D and Dv are at most 64 (registers capped at 168; on an
 // H100 the d64 forward ran 5% faster than with two), else two (d128 ran 5% slower at three,
@@ -196,7 +195,7 @@ __device__ __forceinline__ void copy_wait() {
 // Rows [first, first + ROWS) of a sequence's (b, h) slice into a ROWS x COLS tile (row stride
 // COLS + kPad), as this thread's share of cp.async copies. Rows at or past `len` become zeros:
 // nothing past the sequence is read, and masked scores meet finite values.
-template <int ROWS, int COLS, int THREADS = kThreads>
+template <int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& src, int b, int h,
                                           const Span& s, int first, bool vec) {
     constexpr int kChunks = COLS / 4;  // 16-byte copies a row
@@ -362,19 +361,24 @@ __device__ __forceinline__ void mul_rows(float (&acc)[R][N / 16], const float* a
     }
 }
 
-// acc[r][n] += sum over k of A[k][a_col + r] * B[k][col n] for r < 4: A row-major with row
-// stride LDA read down its columns (P^T, dS^T: rows = keys), B a row-major tile of N columns.
-template <int N, int K, int LDA>
-__device__ __forceinline__ void mul_cols(float (&acc)[4][N / 16], const float* a, const float* b,
+// acc[r][n] += sum over k of A[k][a_col + r] * B[k][col n] for r < R (a multiple of 4): A
+// row-major with row stride LDA read down its columns (P^T, dS^T: rows = keys), B a row-major
+// tile of N columns.
+template <int R, int N, int K, int LDA>
+__device__ __forceinline__ void mul_cols(float (&acc)[R][N / 16], const float* a, const float* b,
                                          int a_col, int tx) {
 #pragma unroll 4
     for (int k = 0; k < K; ++k) {
-        const float4 v = *reinterpret_cast<const float4*>(a + k * LDA + a_col);
-        const float av[4] = {v.x, v.y, v.z, v.w};
+        float av[R];
+#pragma unroll
+        for (int r = 0; r < R; r += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(a + k * LDA + a_col + r);
+            av[r] = v.x, av[r + 1] = v.y, av[r + 2] = v.z, av[r + 3] = v.w;
+        }
         float bv[N / 16];
         load_cols<N>(bv, b + k * (N + kPad), tx);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < R; ++r) {
 #pragma unroll
             for (int n = 0; n < N / 16; ++n) acc[r][n] = fmaf(av[r], bv[n], acc[r][n]);
         }
@@ -562,7 +566,7 @@ __device__ __forceinline__ void backward_delta(const Rows<const float>& out,
                                                const Rows<float>& delta, const Rows<float>& dq,
                                                int* turns, const Problem& p, int dim,
                                                int dim_v) {
-    constexpr int kWarps = kThreads / 32;
+    constexpr int kWarps = kDeltaThreads / 32;
     const int b = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * kDeltaRows;
     if (threadIdx.x < kDeltaRows / kDkdvRows) {
         const int qb = i0 / kDkdvRows + threadIdx.x;
@@ -687,6 +691,8 @@ __device__ __forceinline__ int2 query_blocks(const Mask& mask, int j0) {
 
 template <int D, int DV>
 struct DkdvTiles {
+    // Each thread: R query rows by 4 keys of the score tiles, and RK key rows of dK and dV.
+    static constexpr int R = kDkdvRows / (kDkdvThreads / 16), RK = kDkdvKeys / (kDkdvThreads / 16);
     static constexpr int K = kDkdvKeys * (D + kPad), V = kDkdvKeys * (DV + kPad);
     static constexpr int Q = kDkdvRows * (D + kPad), DO = kDkdvRows * (DV + kPad);
     static constexpr int PS = kDkdvRows * (kDkdvKeys + kPad);  // P, then dS
@@ -728,13 +734,14 @@ struct DqTurn {
 // block's turn (the tiles of Q and dO are in shared memory). Loads the next step's dO, then Q,
 // as soon as their tiles are free.
 template <int D, int DV>
-__device__ __forceinline__ void dkdv_step(float (&dk)[4][D / 16], float (&dv)[4][DV / 16],
+__device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 16],
+                                          float (&dv)[DkdvTiles<D, DV>::RK][DV / 16],
                                           const BackwardInputs& in, const Problem& p,
                                           const Mask& mask, const Span& sq, int b, int h, int i0,
                                           int j0, float* tiles, int next_h, int next_i0,
                                           const DqTurn& dq) {
     typedef DkdvTiles<D, DV> T;
-    constexpr int R = kDkdvRows / 16, C = kDkdvKeys / 16, LD = kDkdvKeys + kPad;
+    constexpr int R = T::R, RK = T::RK, C = kDkdvKeys / 16, LD = kDkdvKeys + kPad;
     const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
     float* k_tile = tiles;
     float* v_tile = k_tile + T::K;
@@ -753,21 +760,21 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[4][D / 16], float (&dv)[4]
     }
     store_scores<R, C, LD>(ps_tile, s, ty * R, tx);
     __syncthreads();
-    mul_cols<DV, kDkdvRows, LD>(dv, ps_tile, do_tile, ty * 4, tx);  // dV += P^T dO
+    mul_cols<RK, DV, kDkdvRows, LD>(dv, ps_tile, do_tile, ty * RK, tx);  // dV += P^T dO
     __syncthreads();  // P and dO are consumed
     if (next_i0 >= 0) {
-        load_tile<kDkdvRows, DV>(do_tile, in.dout, b, next_h, sq, next_i0, p.vec);
+        load_tile<kDkdvRows, DV, kDkdvThreads>(do_tile, in.dout, b, next_h, sq, next_i0, p.vec);
         copy_commit();
     }
     store_scores<R, C, LD>(ps_tile, dp, ty * R, tx);
     __syncthreads();
-    mul_cols<D, kDkdvRows, LD>(dk, ps_tile, q_tile, ty * 4, tx);  // dK += dS^T Q
+    mul_cols<RK, D, kDkdvRows, LD>(dk, ps_tile, q_tile, ty * RK, tx);  // dK += dS^T Q
     float dq_part[R][D / 16] = {};
     mul_rows<R, D, kDkdvKeys, LD>(dq_part, ps_tile, k_tile, ty * R, tx);  // dS K
     if (threadIdx.x == 0 && dq.wait) wait_turn(dq.turn, dq.key_block);
     __syncthreads();  // dS and Q are consumed, and the key block before ours has added
     if (next_i0 >= 0) {
-        load_tile<kDkdvRows, D>(q_tile, in.q, b, next_h, sq, next_i0, p.vec);
+        load_tile<kDkdvRows, D, kDkdvThreads>(q_tile, in.q, b, next_h, sq, next_i0, p.vec);
         copy_commit();
     }
 #pragma unroll
@@ -810,14 +817,15 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
     const int qb_last = mine.x + mine.y - 1, blocks = mine.y;
     const int steps = blocks * p.group;
     if (steps > 0) {
-        load_tile<kDkdvKeys, D>(tiles, in.k, b, hk, skv, j0, p.vec);
-        load_tile<kDkdvKeys, DV>(tiles + T::K, in.v, b, hk, skv, j0, p.vec);
-        load_tile<kDkdvRows, D>(q_tile, in.q, b, hk * p.group, sq, qb_last * kDkdvRows, p.vec);
-        load_tile<kDkdvRows, DV>(q_tile + T::Q, in.dout, b, hk * p.group, sq,
-                                 qb_last * kDkdvRows, p.vec);
+        const int i0 = qb_last * kDkdvRows;
+        load_tile<kDkdvKeys, D, kDkdvThreads>(tiles, in.k, b, hk, skv, j0, p.vec);
+        load_tile<kDkdvKeys, DV, kDkdvThreads>(tiles + T::K, in.v, b, hk, skv, j0, p.vec);
+        load_tile<kDkdvRows, D, kDkdvThreads>(q_tile, in.q, b, hk * p.group, sq, i0, p.vec);
+        load_tile<kDkdvRows, DV, kDkdvThreads>(q_tile + T::Q, in.dout, b, hk * p.group, sq, i0,
+                                               p.vec);
         copy_commit();
     }
-    float dk_acc[4][D / 16] = {}, dv_acc[4][DV / 16] = {};
+    float dk_acc[T::RK][D / 16] = {}, dv_acc[T::RK][DV / 16] = {};
     for (int step = 0; step < steps; ++step) {
         const int h = hk * p.group + step / blocks;
         const int qb = qb_last - step % blocks;
@@ -832,8 +840,8 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
                          next_h, next_i0, turn);
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const int j = j0 + ty * 4 + r;
+    for (int r = 0; r < T::RK; ++r) {
+        const int j = j0 + ty * T::RK + r;
         if (j >= skv.len) continue;
         scale_cols(dk_acc[r], p.scale);
         store_cols<D>(dk.at(b, hk, skv.row0 + j), dk_acc[r], tx, p.vec);
@@ -864,7 +872,7 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
             FLASH_ROWS(const float, delta)                                                   \
     }
 
-extern "C" __global__ void __launch_bounds__(kThreads) flash_f32_bwd_delta(
+extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
     FLASH_IN(out), FLASH_IN(dout), FLASH_OUT(delta), FLASH_OUT(dq), int* turns,
     FLASH_PROBLEM_PARAMS, int dim, int dim_v) {
     backward_delta(FLASH_ROWS(const float, out), FLASH_ROWS(const float, dout),
@@ -880,7 +888,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_f32_bwd_delta(
                        FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                      \
                        FLASH_ROWS(float, lse), FLASH_PROBLEM);                                  \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(kThreads, 2) flash_f32_bwd_dkdv_d##D##_dv##DV( \
+    extern "C" __global__ void __launch_bounds__(kDkdvThreads, 2)                               \
+        flash_f32_bwd_dkdv_d##D##_dv##DV(                                                       \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
         FLASH_OUT(dq), FLASH_OUT(dk), FLASH_OUT(dv), int* turns, FLASH_PROBLEM_PARAMS) {        \
         backward_dkdv<D, DV>(FLASH_BACKWARD_INPUTS, FLASH_ROWS(float, dk),                       \

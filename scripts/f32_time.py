@@ -14,12 +14,14 @@ Each case runs the forward and the backward through opfacade._backends.nvrtc.fla
 uniform in [-1, 1) from a fixed seed, times them with CUDA events (median of 5 batches of 3
 calls, after a warm-up), and writes out, lse, dq, dk, dv to OUT_PREFIX.npz. ``--compare``
 prints, per case and tensor, the largest difference relative to the tensor's largest
-magnitude. ``--profile`` runs every call once after one warm-up, for ncu.
+magnitude. ``--profile`` runs every call once after one warm-up, for ncu. F32_CASES (names
+separated by spaces) picks cases.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -47,7 +49,8 @@ def run(prefix: str, profile: bool) -> None:
     rng = np.random.default_rng(7)
     stream = cupy.cuda.Stream(non_blocking=True)
     results, saved = {}, {}
-    for name, (b, h, s, d, causal) in CASES.items():
+    chosen = os.environ.get("F32_CASES", "").split() or list(CASES)
+    for name, (b, h, s, d, causal) in ((name, CASES[name]) for name in chosen):
         problem = f.FlashProblem(batch=b, heads_q=h, heads_kv=h, head_dim=d, head_dim_v=d,
                                  max_seqlen_q=s, max_seqlen_kv=s, total_q=b * s, total_kv=b * s,
                                  varlen=False, scale=d ** -0.5, causal=causal)

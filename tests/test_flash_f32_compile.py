@@ -72,8 +72,8 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
     assert [name for name, *_ in launched] == [
         "flash_f32_fwd_d128_dv128", "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
     for name, _, block, args, _ in launched:
-        threads = flash.FORWARD_THREADS if "_fwd_" in name else flash.THREADS
-        assert block == (threads,)
+        threads = flash.DELTA_THREADS if name.endswith("delta") else flash.FORWARD_THREADS
+        assert block == (threads,) and flash.FORWARD_THREADS == flash.DKDV_THREADS
         assert_packed_like_declared(name, args, signatures)
 
 

@@ -1,21 +1,21 @@
 """Flash attention in true f32 (native/flash_f32.cu): a forward and a deterministic backward over
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
-The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward uses no atomic
-additions and sums in a fixed order, so it is bitwise reproducible. Nothing here takes a descriptor: a
+The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward uses no atomic additions
+and sums in a fixed order, so it is bitwise reproducible. Nothing here takes a descriptor: a
 ``FlashProblem`` of plain values says what to compute, ``FlashStrides`` where the tensors are, and
 the ``*_call`` functions pack the arguments once and return a call that only launches.
 
 What the kernels can index: element offsets in ``i64`` from ``i64`` strides; extents (lengths,
 rows, heads) in ``int``, below 2**31; the grids are (query blocks, heads, batch) and (kv heads,
-batch, key blocks), so heads, batch and key blocks stay at or below 65535 (``supported`` says
-so). Varlen offsets are read on the device
-and never trusted: every sequence is clamped into the tensors' ``total_q``/``total_kv`` rows and
-to ``max_seqlen_*``, so garbage offsets cannot move an access outside the tensors.
+batch, key blocks), so heads, batch and key blocks stay at or below 65535 (``supported`` says so).
+Varlen offsets are read on the device and never trusted: every sequence is clamped into the
+tensors' ``total_q``/``total_kv`` rows and to ``max_seqlen_*``, so garbage offsets cannot move an
+access outside the tensors.
 
-A CTA runs 256 threads (the forward's 128) and needs up to 108 KiB of dynamic shared memory
-(D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow 99 KiB a
-block, which every pair but D = Dv = 128 fits.
+A CTA runs 128 threads (the Delta kernel's 256) and needs up to 108 KiB of dynamic shared
+memory (D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow
+99 KiB a block, which every pair but D = Dv = 128 fits.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides"
            "key_blocks", "shared_bytes", "supported"]
 
 SOURCE = "flash_f32.cu"
-THREADS = 256  # a CTA of the backward kernels (kThreads)
-FORWARD_THREADS = 128  # a forward CTA (kFwdThreads)
+# Threads a CTA (kFwdThreads, kDkdvThreads, kDeltaThreads).
+FORWARD_THREADS, DKDV_THREADS, DELTA_THREADS = 128, 128, 256
 # (head_dim, head_dim_v) pairs with kernels: FLASH_KERNELS(D, DV) in native/flash_f32.cu.
 HEAD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (128, 64), (64, 128))
 CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `causal` codes
@@ -425,20 +425,20 @@ def backward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, ou
     d, dv_dim, suffix = problem.head_dim, problem.head_dim_v, _suffix(problem)
     q_blocks = _blocks(problem.max_seqlen_q, DELTA_ROWS)
     kv_blocks = key_blocks(problem)
-    steps = []  # (kernel, grid, args, shared bytes), in launch order
+    steps = []  # (kernel, grid, block, args, shared bytes), in launch order
     if q_blocks:
         steps.append((_kernel("flash_f32_bwd_delta", device, 0),
-                      (q_blocks, problem.heads_q, problem.batch),
+                      (q_blocks, problem.heads_q, problem.batch), (DELTA_THREADS,),
                       (*t["out"], *t["dout"], *delta, *t["dq"], turns, *common, np.int32(d),
                        np.int32(dv_dim)), 0))
     if kv_blocks:
         shared = _dkdv_shared(d, dv_dim)
         steps.append((_kernel(f"flash_f32_bwd_dkdv_{suffix}", device, shared),
-                      (problem.heads_kv, problem.batch, kv_blocks),
+                      (problem.heads_kv, problem.batch, kv_blocks), (DKDV_THREADS,),
                       (*inputs, *t["dq"], *t["dk"], *t["dv"], turns, *common), shared))
 
     def run_backward() -> None:
-        for kernel, grid, args, shared_bytes in steps:
-            launch(kernel, grid, (THREADS,), args, stream, device, shared_bytes)
+        for kernel, grid, block, args, shared_bytes in steps:
+            launch(kernel, grid, block, args, stream, device, shared_bytes)
 
     return run_backward
