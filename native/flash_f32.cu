@@ -52,10 +52,11 @@ namespace {
 // registers where two 256-thread CTAs an SM allow 128.
 constexpr int kFwdThreads = 128, kDkdvThreads = 128, kDeltaThreads = 256;
 
-// Forward CTAs an SM holds: three where D and Dv are at most 64 (registers capped at 168; on an
-// H100 the d64 forward ran 5% faster than with two), else two (d128 ran 5% slower at three,
-// and from d96 up three do not fit in shared memory).
-constexpr int forward_blocks(int d, int dv) { return d <= 64 && dv <= 64 ? 3 : 2; }
+// CTAs of the forward and of dK/dV an SM holds: three where D and Dv are at most 64 (registers
+// capped at 168), else two. On an H100 three made the d64 forward 5% faster and the d64 backward
+// 4% (12% causal); at d128 they spilled and ran 5-25% slower, and from d96 up three CTAs do not
+// fit in shared memory.
+constexpr int ctas_per_sm(int d, int dv) { return d <= 64 && dv <= 64 ? 3 : 2; }
 constexpr int kPad = 4;  // floats appended to every shared row
 
 // The query and key blocks of each kernel.
@@ -881,14 +882,14 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
 }
 
 #define FLASH_KERNELS(D, DV)                                                                    \
-    extern "C" __global__ void __launch_bounds__(kFwdThreads, forward_blocks(D, DV))            \
+    extern "C" __global__ void __launch_bounds__(kFwdThreads, ctas_per_sm(D, DV))               \
         flash_f32_fwd_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out),      \
                                     FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                     \
         forward<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),                  \
                        FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                      \
                        FLASH_ROWS(float, lse), FLASH_PROBLEM);                                  \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(kDkdvThreads, 2)                               \
+    extern "C" __global__ void __launch_bounds__(kDkdvThreads, ctas_per_sm(D, DV))              \
         flash_f32_bwd_dkdv_d##D##_dv##DV(                                                       \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
         FLASH_OUT(dq), FLASH_OUT(dk), FLASH_OUT(dv), int* turns, FLASH_PROBLEM_PARAMS) {        \

@@ -10,10 +10,17 @@ set -u
 stages=${*:-time}
 source "$(dirname "$0")/device_prelude.sh"
 BASE=${BASE:-.scratch/base}
-variant_tree() {  # name macro[=value] -> a copy of opfacade/ and native/ with the macro defined
+variant_tree() {  # name macro[=value][,macro...] -> a copy of opfacade/ and native/ with the
+    # macros defined, and the sed script in $PYSED_<name> (if any) run on flash_f32.py
     rm -rf "/tmp/var_$1" && mkdir -p "/tmp/var_$1" && cp -r opfacade native "/tmp/var_$1/"
-    local define=$2; [[ $define == *=* ]] || define="$define=1"
-    sed -i "1i #define ${define%%=*} ${define#*=}" "/tmp/var_$1/native/flash_f32.cu"
+    local define
+    for define in ${2//,/ }; do
+        [[ $define == *=* ]] || define="$define=1"
+        sed -i "1i #define ${define%%=*} ${define#*=}" "/tmp/var_$1/native/flash_f32.cu"
+    done
+    local pysed="PYSED_$1"
+    [ -n "${!pysed:-}" ] && sed -i "${!pysed}" "/tmp/var_$1/opfacade/_backends/nvrtc/flash_f32.py"
+    return 0
 }
 for spec in ${VARIANTS:-}; do variant_tree "${spec%%:*}" "${spec#*:}"; done
 if wants check; then
