@@ -341,7 +341,7 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R][C], const float* a, con
 template <int R, int N, int K, int LDA>
 __device__ __forceinline__ void mul_rows(float (&acc)[R][N / 16], const float* a, const float* b,
                                          int a_row, int tx) {
-#pragma unroll 2
+#pragma unroll 4
     for (int k = 0; k < K; k += 4) {
         float av[R][4];
 #pragma unroll
@@ -368,7 +368,7 @@ __device__ __forceinline__ void mul_rows(float (&acc)[R][N / 16], const float* a
 template <int R, int N, int K, int LDA>
 __device__ __forceinline__ void mul_cols(float (&acc)[R][N / 16], const float* a, const float* b,
                                          int a_col, int tx) {
-#pragma unroll 4
+#pragma unroll 8
     for (int k = 0; k < K; ++k) {
         float av[R];
 #pragma unroll
