@@ -705,13 +705,25 @@ struct BackwardInputs {
     Rows<const float> q, k, v, dout, lse, delta;
 };
 
+__device__ __forceinline__ unsigned long long global_nanoseconds() {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+}
+
 // Thread 0 waits until the turn counter reaches `value`; the barrier after it passes what it
-// acquired on to the rest of the CTA.
+// acquired on to the rest of the CTA. The CTA waited on has a lower index, so it started first
+// and the wait ends. Were that ever untrue, a minute without the turn stops the kernel with an
+// error (a launch failure the caller sees) rather than hanging the process.
 __device__ __forceinline__ void wait_turn(const int* turn, int value) {
+    constexpr unsigned long long kPatience = 60ull * 1000 * 1000 * 1000;  // ns
+    const unsigned long long start = global_nanoseconds();
     int seen;
-    do {
+    for (;;) {
         asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
-    } while (seen < value);
+        if (seen >= value) break;
+        if (global_nanoseconds() - start > kPatience) __trap();
+    }
     __threadfence();
 }
 
@@ -783,8 +795,7 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 
         const int i = i0 + ty * R + r;
         if (i < sq.len) add_cols_l2<D>(dq.dq.at(b, h, sq.row0 + i), dq_part[r], p.scale, tx, p.vec);
     }
-    __syncthreads();  // every row is added
-    if (threadIdx.x == 0) pass_turn(dq.turn, dq.key_block + 1);
+    // The turn passes on after the next barrier, once every thread's rows are added.
 }
 
 // CTA (kv head, sequence, key block): dV = sum P^T dO and dK = scale sum dS^T Q over the group's
@@ -827,6 +838,7 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
         copy_commit();
     }
     float dk_acc[T::RK][D / 16] = {}, dv_acc[T::RK][DV / 16] = {};
+    int* added = nullptr;  // the turn counter of the query block the last step added into
     for (int step = 0; step < steps; ++step) {
         const int h = hk * p.group + step / blocks;
         const int qb = qb_last - step % blocks;
@@ -836,9 +848,17 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
         const DqTurn turn{dq, turn_counter(turns, p, gridDim.x * p.group, b, h, qb), kb,
                           qb >= before.x && qb < before.x + before.y};
         copy_wait<0>();
-        __syncthreads();
+        __syncthreads();  // also: every thread's dQ rows of the last step are added
+        // Passing the last step's turn here rather than after a barrier of its own saves one
+        // of a step's six; the next key block needs it no sooner than at the end of its step.
+        if (threadIdx.x == 0 && added != nullptr) pass_turn(added, kb + 1);
         dkdv_step<D, DV>(dk_acc, dv_acc, in, p, mask, sq, b, h, qb * kDkdvRows, j0, tiles,
                          next_h, next_i0, turn);
+        added = turn.turn;
+    }
+    if (added != nullptr) {
+        __syncthreads();
+        if (threadIdx.x == 0) pass_turn(added, kb + 1);
     }
 #pragma unroll
     for (int r = 0; r < T::RK; ++r) {
