@@ -29,8 +29,8 @@
 //                                   each query block's dS K into dQ in its turn.
 // dQ sums over key blocks, which different CTAs hold. Rather than recompute the scores in a
 // kernel of its own, each CTA adds its share into dQ in key-block order: query block i's turn
-// counter says how many key blocks have added theirs, and CTA j waits (spinning on an acquire
-// load) until the one before it that also sees block i has. The sums run in a fixed order, with
+// counter holds one past the last key block that added into it, and CTA j waits (spinning on an
+// acquire load) until it reaches j, when key block j - 1 also sees block i. The sums run in a fixed order, with
 // no atomic additions, so the backward is bitwise reproducible. Waiting on a lower CTA index
 // relies on the GPU starting a grid's CTAs in index order (as deterministic FlashAttention 3
 // does): the CTA waited on is then running or done. The backward recomputes the scores with the
