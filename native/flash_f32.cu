@@ -30,11 +30,12 @@
 // dQ sums over key blocks, which different CTAs hold. Rather than recompute the scores in a
 // kernel of its own, each CTA adds its share into dQ in key-block order: query block i's turn
 // counter holds one past the last key block that added into it, and CTA j waits (spinning on an
-// acquire load) until it reaches j, when key block j - 1 also sees block i. The sums run in a fixed order, with
-// no atomic additions, so the backward is bitwise reproducible. Waiting on a lower CTA index
-// relies on the GPU starting a grid's CTAs in index order (as deterministic FlashAttention 3
-// does): the CTA waited on is then running or done. The backward recomputes the scores with the
-// forward's exact operation order, so P = exp(s - lse) sees the forward's bits of s.
+// acquire load) until it reaches j, when key block j - 1 also sees block i. The sums run in a
+// fixed order, with no atomic additions, so the backward is bitwise reproducible. Waiting on a
+// lower CTA index relies on the GPU starting a grid's CTAs in index order (as deterministic
+// FlashAttention 3 does): the CTA waited on is then running or done. The backward recomputes the
+// scores with the forward's exact operation order, so P = exp(s - lse) sees the forward's bits
+// of s.
 //
 // Shared memory holds row-major tiles padded by 4 floats a row: a float4 read of 16 different
 // rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies
@@ -461,6 +462,22 @@ __device__ __forceinline__ bool whole_block(const Mask& mask, int i0, int i_last
     return mask.lo(i_last) <= j0 && mask.hi(i0) >= j0 + keys - 1;
 }
 
+// body(Masked<false>()) for a block the mask leaves whole, else body(Masked<true>()): the one
+// place a kernel picks the masked or the mask-free instantiation of a block's step.
+template <bool B>
+struct Masked {
+    static constexpr bool value = B;
+};
+
+template <typename Body>
+__device__ __forceinline__ void with_mask(bool whole, Body&& body) {
+    if (whole) {
+        body(Masked<false>());
+    } else {
+        body(Masked<true>());
+    }
+}
+
 // out = acc / l and lse = m + log(l) for the thread's rows below the sequence's length; rows
 // without keys (l = 0) get 0 and -inf.
 template <int R, int DV>
@@ -478,7 +495,9 @@ __device__ __forceinline__ void forward_write(const float (&m)[R], const float (
         for (int n = 0; n < DV / 16; ++n) acc[r][n] = sum > 0.0f ? acc[r][n] / sum : 0.0f;
         store_cols<DV>(out.at(b, h, t), acc[r], tx, vec);
         // lse in natural log: m counts in base 2.
-        if (tx == 0) *lse.at(b, h, t) = sum > 0.0f ? fmaf(m[r], kLn2, logf(sum)) : minus_infinity();
+        if (tx == 0) {
+            *lse.at(b, h, t) = sum > 0.0f ? fmaf(m[r], kLn2, logf(sum)) : minus_infinity();
+        }
     }
 }
 
@@ -522,19 +541,13 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
         __syncthreads();
         float s[R][C] = {};
         dot_rows<R, C, D>(s, q_tile, kp_tile, ty * R, tx);
-        if (whole_block(mask, i0, i_last, kb * BC, BC)) {
+        with_mask(whole_block(mask, i0, i_last, kb * BC, BC), [&](auto masked) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                softmax_step<false, C, NV>(s[r], m[r], l[r], acc[r], mask, first + r, kb * BC,
-                                           tx, p.scale);
+                softmax_step<decltype(masked)::value, C, NV>(s[r], m[r], l[r], acc[r], mask,
+                                                             first + r, kb * BC, tx, p.scale);
             }
-        } else {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                softmax_step<true, C, NV>(s[r], m[r], l[r], acc[r], mask, first + r, kb * BC,
-                                          tx, p.scale);
-            }
-        }
+        });
         __syncthreads();  // every thread is done with K: P takes its place
         store_scores<R, C, BC + kPad>(kp_tile, s, ty * R, tx);
         copy_wait<0>();
@@ -693,7 +706,8 @@ __device__ __forceinline__ int2 query_blocks(const Mask& mask, int j0) {
 template <int D, int DV>
 struct DkdvTiles {
     // Each thread: R query rows by 4 keys of the score tiles, and RK key rows of dK and dV.
-    static constexpr int R = kDkdvRows / (kDkdvThreads / 16), RK = kDkdvKeys / (kDkdvThreads / 16);
+    static constexpr int R = kDkdvRows / (kDkdvThreads / 16);
+    static constexpr int RK = kDkdvKeys / (kDkdvThreads / 16);
     static constexpr int K = kDkdvKeys * (D + kPad), V = kDkdvKeys * (DV + kPad);
     static constexpr int Q = kDkdvRows * (D + kPad), DO = kDkdvRows * (DV + kPad);
     static constexpr int PS = kDkdvRows * (kDkdvKeys + kPad);  // P, then dS
@@ -764,13 +778,11 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 
     float s[R][C] = {}, dp[R][C] = {};
     dot_rows<R, C, D>(s, q_tile, k_tile, ty * R, tx);
     dot_rows<R, C, DV>(dp, do_tile, v_tile, ty * R, tx);
-    if (whole_block(mask, i0, min(i0 + kDkdvRows, sq.len) - 1, j0, kDkdvKeys)) {
-        probabilities<false, R, C>(s, dp, mask, in.lse, in.delta, b, h, sq, i0 + ty * R, j0, tx,
-                                   p.scale);
-    } else {
-        probabilities<true, R, C>(s, dp, mask, in.lse, in.delta, b, h, sq, i0 + ty * R, j0, tx,
-                                  p.scale);
-    }
+    with_mask(whole_block(mask, i0, min(i0 + kDkdvRows, sq.len) - 1, j0, kDkdvKeys),
+              [&](auto masked) {
+                  probabilities<decltype(masked)::value, R, C>(s, dp, mask, in.lse, in.delta, b, h,
+                                                               sq, i0 + ty * R, j0, tx, p.scale);
+              });
     store_scores<R, C, LD>(ps_tile, s, ty * R, tx);
     __syncthreads();
     mul_cols<RK, DV, kDkdvRows, LD>(dv, ps_tile, do_tile, ty * RK, tx);  // dV += P^T dO
@@ -793,7 +805,9 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int i = i0 + ty * R + r;
-        if (i < sq.len) add_cols_l2<D>(dq.dq.at(b, h, sq.row0 + i), dq_part[r], p.scale, tx, p.vec);
+        if (i < sq.len) {
+            add_cols_l2<D>(dq.dq.at(b, h, sq.row0 + i), dq_part[r], p.scale, tx, p.vec);
+        }
     }
     // The turn passes on after the next barrier, once every thread's rows are added.
 }

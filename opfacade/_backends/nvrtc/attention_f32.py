@@ -99,7 +99,8 @@ LIMITS: tuple[Limit[flash.FlashProblem], ...] = (
           GRID_YZ_MAX, lambda p: p.heads_q, "flash_f32.py: grid (blocks, heads_q, batch)"),
     Limit("batch", "batch", "sequences", "the grid's z extent (one CTA layer per sequence)",
           GRID_YZ_MAX, lambda p: p.batch, "flash_f32.py: grid (blocks, heads_q, batch)"),
-    Limit("key blocks", "ceil(max_seqlen_kv/64)", "blocks of 64 keys",
+    Limit("key blocks", f"ceil(max_seqlen_kv/{flash.DKDV_KEYS})",
+          f"blocks of {flash.DKDV_KEYS} keys",
           "the dK/dV grid's z extent (one CTA layer per key block)", GRID_YZ_MAX,
           flash.key_blocks, "flash_f32.py: dK/dV grid (heads_kv, batch, key blocks)"),
     Limit("rows", "batch*max_seqlen (tokens)", "rows", "the kernels' int row index",
@@ -109,7 +110,8 @@ LIMITS: tuple[Limit[flash.FlashProblem], ...] = (
           "native/flash_f32.cu: i64 strides times int rows"),
     workspace_limit(flash.backward_workspace_bytes, "flash_f32.backward_workspace_bytes",
                     "the backward's Delta (one f32 per query row and head) and dQ turn "
-                    "counters (one int32 per sequence, head and 32-row query block)"),
+                    f"counters (one int32 per sequence, head and {flash.DKDV_ROWS}-row query "
+                    "block)"),
 )
 
 
