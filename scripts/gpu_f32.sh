@@ -4,8 +4,9 @@
 # .scratch/base when carried), compares their outputs, runs the kernels' check script, and
 # profiles under ncu.
 #   bash scripts/gpu_f32.sh [stages...]   stages: check time sanitize tests profile
-#   VARIANTS="name:MACRO[=VALUE] ...": also time (and check) this tree with `#define MACRO VALUE`
-#   (default 1) prepended to native/flash_f32.cu, each in a copy under /tmp.
+#   VARIANTS="name:MACRO[=VALUE][,MACRO...] ...": also check and time this tree with each
+#   `#define MACRO VALUE` (default 1) prepended to native/flash_f32.cu, in a copy under /tmp;
+#   PYSED_<name>, when set, is a sed script run on that copy's flash_f32.py.
 set -u
 stages=${*:-time}
 source "$(dirname "$0")/device_prelude.sh"
@@ -22,15 +23,22 @@ variant_tree() {  # name macro[=value][,macro...] -> a copy of opfacade/ and nat
     [ -n "${!pysed:-}" ] && sed -i "${!pysed}" "/tmp/var_$1/opfacade/_backends/nvrtc/flash_f32.py"
     return 0
 }
-for spec in ${VARIANTS:-}; do variant_tree "${spec%%:*}" "${spec#*:}"; done
+# The trees checked and timed: this one (name "new", PYTHONPATH as set) and each variant's copy.
+trees="new="
+for spec in ${VARIANTS:-}; do
+    variant_tree "${spec%%:*}" "${spec#*:}"
+    trees="$trees ${spec%%:*}=/tmp/var_${spec%%:*}:"
+done
+in_tree() {  # tree-entry command... -> the command with that tree first on PYTHONPATH
+    local entry=$1; shift
+    PYTHONPATH=${entry#*=}$PYTHONPATH "$@"
+}
 if wants check; then
     stage check
-    timeout 200 python3 scripts/flash_f32_check.py "$OUT/flash_check.json" > "$OUT/flash_check.log" 2>&1
-    echo "flash check exit $?"; tail -6 "$OUT/flash_check.log"
-    for spec in ${VARIANTS:-}; do
-        name=${spec%%:*}
-        PYTHONPATH=/tmp/var_$name:$PYTHONPATH timeout 200 python3 scripts/flash_f32_check.py \
-            "$OUT/flash_check_$name.json" > "$OUT/flash_check_$name.log" 2>&1
+    for entry in $trees; do
+        name=${entry%%=*}
+        in_tree "$entry" timeout 200 python3 scripts/flash_f32_check.py "$OUT/flash_check_$name.json" \
+            > "$OUT/flash_check_$name.log" 2>&1
         echo "flash check $name exit $?"; tail -6 "$OUT/flash_check_$name.log"
     done
 fi
@@ -39,11 +47,9 @@ if wants time; then
     if [ -d "$BASE" ]; then
         PYTHONPATH=$PWD/$BASE:$PYTHONPATH timeout 200 python3 scripts/f32_time.py "$OUT/base" 2>&1 | tail -8
     fi
-    timeout 200 python3 scripts/f32_time.py "$OUT/new" 2>&1 | tail -8
-    [ -d "$BASE" ] && python3 scripts/f32_time.py --compare "$OUT/base" "$OUT/new" 2>&1 | tail -30
-    for spec in ${VARIANTS:-}; do
-        name=${spec%%:*}; echo "--- variant $name"
-        PYTHONPATH=/tmp/var_$name:$PYTHONPATH timeout 200 python3 scripts/f32_time.py "$OUT/$name" 2>&1 | tail -8
+    for entry in $trees; do
+        name=${entry%%=*}; echo "--- $name"
+        in_tree "$entry" timeout 200 python3 scripts/f32_time.py "$OUT/$name" 2>&1 | tail -8
         [ -d "$BASE" ] && python3 scripts/f32_time.py --compare "$OUT/base" "$OUT/$name" 2>&1 | tail -30
     done
     rm -f "$OUT"/*.npz  # too large to bring back
@@ -66,7 +72,7 @@ fi
 if wants profile; then
     stage profile
     metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem"
-    timeout 300 ncu --metrics "$metrics" -k "regex:flash_f32_(fwd|bwd_dkdv|bwd_dq)" -c ${PROFILE_KERNELS:-12} \
+    timeout 300 ncu --metrics "$metrics" -k "regex:flash_f32_(fwd|bwd_dkdv)" -c ${PROFILE_KERNELS:-12} \
         python3 scripts/f32_time.py /tmp/profile --profile > "$OUT/ncu_f32.txt" 2>&1
     echo "ncu exit $?"
     grep -E "flash_f32_|stalled|inst_executed|wavefronts|conflicts|issue_active|warps_active|duration|registers|occupancy" "$OUT/ncu_f32.txt" \
