@@ -3,7 +3,9 @@
 # kernels against a baseline tree (BASE, a `git archive` of opfacade/ and native/, default
 # .scratch/base when carried), compares their outputs, runs the kernels' check script, and
 # profiles under ncu.
-#   bash scripts/gpu_f32.sh [stages...]   stages: check time sanitize tests profile
+#   bash scripts/gpu_f32.sh [stages...]   stages: check time sanitize tests profile stalls
+#   (stalls: ncu's per-SASS-instruction stall samples of one forward and one dK/dV launch,
+#   STALL_CASE (default d128), as CSV under $OUT)
 #   VARIANTS="name:MACRO[=VALUE][,MACRO...] ...": also check and time this tree with each
 #   `#define MACRO VALUE` (default 1) prepended to native/flash_f32.cu, in a copy under /tmp;
 #   PYSED_<name>, when set, is a sed script run on that copy's flash_f32.py.
@@ -77,5 +79,17 @@ if wants profile; then
     echo "ncu exit $?"
     grep -E "flash_f32_|stalled|inst_executed|wavefronts|conflicts|issue_active|warps_active|duration|registers|occupancy" "$OUT/ncu_f32.txt" \
         | grep -v -E " 0(\.0+)?$| 0,0" | sed -E 's/ +/ /g' | head -${PROFILE_TAIL:-150}
+fi
+if wants stalls; then
+    stage stalls
+    F32_CASES=${STALL_CASE:-d128} timeout 300 ncu --section SourceCounters --section WarpStateStats \
+        --import-source no -k "regex:flash_f32_(fwd|bwd_dkdv)" -c 2 -f -o /tmp/stalls \
+        python3 scripts/f32_time.py /tmp/profile --profile > "$OUT/ncu_stalls.log" 2>&1
+    echo "ncu exit $?"; tail -3 "$OUT/ncu_stalls.log"
+    ncu --import /tmp/stalls.ncu-rep --page details > "$OUT/ncu_stalls_details.txt" 2>&1
+    ncu --import /tmp/stalls.ncu-rep --page source --csv --print-source sass \
+        > "$OUT/ncu_stalls_sass.csv" 2>&1
+    echo "source page exit $? ($(wc -l < "$OUT/ncu_stalls_sass.csv") lines)"
+    head -c 600 "$OUT/ncu_stalls_sass.csv"; echo
 fi
 stage done
