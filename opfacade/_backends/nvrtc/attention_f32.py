@@ -4,8 +4,8 @@ varlen attention forward and backward (``varlen_attention_*.nvrtc.f32``).
 
 f32 inputs and f32 FMA math on CUDA cores, no tensor cores and no TF32: what cuDNN 9.19 does not
 offer (it refuses an f32 backward, and runs the f32 forward at ~18 TFLOP/s on an H100). The
-backward has no atomic additions and sums in an order fixed by the problem alone (dQ in key-block
-order, each key block's CTA waiting its turn): deterministic and bit-stable. Nothing is read on the
+backward sums in an order fixed by the problem alone (dQ in key-block order, each key block's CTA
+waiting its turn to add): deterministic and bit-stable. Nothing is read on the
 host at run time (varlen offsets stay on the device and are clamped by the kernels), so every call
 may be captured in a CUDA graph.
 """
@@ -230,7 +230,7 @@ class SdpaBackwardF32(_FlashSku, SkuImpl[SdpaBackwardDescriptor]):
         self.sku = _sku(SDPA_BACKWARD, _ANY_STRIDES,
                         "Deterministic flash-style backward in true f32: Delta, then dK/dV per "
                         "key block (the GQA group's heads in order), adding dQ in key-block "
-                        "order; no atomic additions.", BACKWARD_BOUND)
+                        "order, one key block at a time.", BACKWARD_BOUND)
 
     _capacity = staticmethod(_dense_problem)
 
@@ -315,8 +315,8 @@ class VarlenBackwardF32(_FlashSku, SkuImpl[VarlenAttentionBackwardDescriptor]):
         self.sku = _sku(VARLEN_ATTENTION_BACKWARD,
                         "packed [T,H,D], token and head strides free, d-contiguous; lse [Hq,Tq]",
                         "Deterministic flash-style backward in true f32 over packed sequences: "
-                        "Delta, dK/dV per key block adding dQ in key-block order; no atomic "
-                        "additions.",
+                        "Delta, dK/dV per key block adding dQ in key-block order, one key block "
+                        "at a time.",
                         BACKWARD_BOUND)
 
     _capacity = staticmethod(_varlen_capacity)

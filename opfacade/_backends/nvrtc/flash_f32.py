@@ -1,8 +1,8 @@
 """Flash attention in true f32 (native/flash_f32.cu): a forward and a deterministic backward over
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
-The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward uses no atomic additions
-and sums in a fixed order, so it is bitwise reproducible. Nothing here takes a descriptor: a
+The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward sums in a fixed order
+(dQ's L2 reductions come one key block at a time), so it is bitwise reproducible. Nothing here takes a descriptor: a
 ``FlashProblem`` of plain values says what to compute, ``FlashStrides`` where the tensors are, and
 the ``*_call`` functions pack the arguments once and return a call that only launches.
 
