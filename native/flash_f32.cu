@@ -16,11 +16,12 @@
 // [0, total) and to max_seqlen, so garbage cu_seqlens can never move a read or write outside the
 // tensors; nothing outside a sequence's clamped rows is read or written.
 //
-// Kernels (128 threads but Delta's 256; thread t is (ty, tx) = (t / 16, t % 16), so a half-warp
-// shares ty):
+// Kernels (thread t is (ty, tx) = (t / 16, t % 16), so a half-warp shares ty):
 //   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence) of 128 threads; online
 //                                   softmax over 64-key blocks, skipping blocks the mask removes
 //                                   entirely.
+//   flash_f32_fwd_wide_d128_dv128   the same over 128 rows and 128-key blocks, 256 threads, for
+//                                   GPUs that give a block 198 KiB of shared memory (ForwardShape).
 //   flash_f32_bwd_delta             Delta_i = rowsum(dO_i * O_i) into the workspace; zeroes dQ
 //                                   and the query blocks' turn counters.
 //   flash_f32_bwd_dkdv_d<D>_dv<Dv>  CTA = (64 keys, kv head, sequence); loops over the group's
@@ -42,17 +43,17 @@
 // rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies
 // when every base and stride allows, 4-byte copies otherwise), which lets the next V (or K)
 // block stream in while the current one is multiplied. At D = Dv = 128 each kernel takes about
-// 100 KiB, so two CTAs share an SM.
+// 100 KiB, so two CTAs share an SM; the wide forward takes 198 KiB, one CTA an SM.
 //
 // NVRTC builds without fast math: exp2f, logf and the divisions here are the precise ones.
 #include "common.cuh"
 
 namespace {
 
-// Threads a CTA. The forward and dK/dV CTAs run 128 threads, each with twice the outputs a
-// 256-thread CTA's threads hold: a third fewer shared-memory loads per FMA, and up to 255
-// registers where two 256-thread CTAs an SM allow 128.
-constexpr int kFwdThreads = 128, kDkdvThreads = 128, kDeltaThreads = 256;
+// Threads a CTA. The dK/dV CTAs (and the forward's but the wide one: ForwardShape) run
+// 128 threads, each with twice the outputs a 256-thread CTA's threads hold: a third fewer
+// shared-memory loads per FMA, and up to 255 registers where two 256-thread CTAs an SM allow 128.
+constexpr int kDkdvThreads = 128, kDeltaThreads = 256;
 
 // CTAs of the forward and of dK/dV an SM holds: three where D and Dv are at most 64 (registers
 // capped at 168), else two. On an H100 three made the d64 forward 5% faster and the d64 backward
@@ -61,8 +62,7 @@ constexpr int kFwdThreads = 128, kDkdvThreads = 128, kDeltaThreads = 256;
 constexpr int ctas_per_sm(int d, int dv) { return d <= 64 && dv <= 64 ? 3 : 2; }
 constexpr int kPad = 4;  // floats appended to every shared row
 
-// The query and key blocks of each kernel.
-constexpr int kFwdRows = 64, kFwdKeys = 64;
+// The query and key blocks of each kernel (the forward's: ForwardShape).
 constexpr int kDkdvKeys = 64, kDkdvRows = 32;
 constexpr int kDeltaRows = 64;
 
@@ -406,16 +406,33 @@ __device__ __forceinline__ float half_warp_sum(float x) {
 
 // ---------------------------------------------------------------------------------- forward
 
-template <int D, int DV>
+// The forward's query rows and keys a block, threads and CTAs an SM. A thread's score tile is
+// (ROWS / (THREADS / 16)) x (KEYS / 16). A 16-byte shared load costs 2 wavefronts when a
+// half-warp reads one address (a score tile's row side) and 4 when it reads 16 (its key side;
+// scripts/lds_wavefront_probe.py), so an R x C tile needs 2R + 4C wavefronts per 4RC FMAs: 8 x 4
+// needs one per 4 FMAs, the very rate an SM issues them at, and 8 x 8 one per 5.3. D = Dv = 128
+// also has a WIDE kernel with the 8 x 8 tiles: blocks of 128 x 128 and 256 threads, one CTA an
+// SM in 198 KiB, which sm_90 and sm_100 give a block (sm_80, sm_86, sm_89 and sm_120 do not,
+// and run the other). On an H100 it ran 7% faster (3.648 -> 3.392 ms at B4 H16 S2048; causal the
+// same); at d 64 the non-causal forward gained 2% and the causal lost 1.5%, so no other head
+// dims have one.
+template <int D, int DV, bool WIDE>
+struct ForwardShape {
+    static constexpr int ROWS = WIDE ? 128 : 64, KEYS = WIDE ? 128 : 64;
+    static constexpr int THREADS = WIDE ? 256 : 128, CTAS = WIDE ? 1 : ctas_per_sm(D, DV);
+};
+
+template <int D, int DV, bool WIDE>
 struct ForwardTiles {
-    // Each thread: R query rows (kFwdThreads / 16 threads down the block) by C keys.
-    static constexpr int R = kFwdRows / (kFwdThreads / 16), C = kFwdKeys / 16;
-    static constexpr int Q = kFwdRows * (D + kPad);
+    typedef ForwardShape<D, DV, WIDE> S;
+    // Each thread: R query rows (S::THREADS / 16 threads down the block) by C keys.
+    static constexpr int R = S::ROWS / (S::THREADS / 16), C = S::KEYS / 16;
+    static constexpr int Q = S::ROWS * (D + kPad);
     // K's tile, then P's once the scores are taken.
-    static constexpr int KP = kFwdKeys * (D + kPad) > kFwdRows * (kFwdKeys + kPad)
-                                  ? kFwdKeys * (D + kPad)
-                                  : kFwdRows * (kFwdKeys + kPad);
-    static constexpr int V = kFwdKeys * (DV + kPad);
+    static constexpr int KP = S::KEYS * (D + kPad) > S::ROWS * (S::KEYS + kPad)
+                                  ? S::KEYS * (D + kPad)
+                                  : S::ROWS * (S::KEYS + kPad);
+    static constexpr int V = S::KEYS * (DV + kPad);
     static constexpr int FLOATS = Q + KP + V;
 };
 
@@ -508,14 +525,15 @@ __device__ __forceinline__ int2 key_blocks(const Mask& mask, int i0, int i_last,
     return make_int2(j_lo / keys, j_hi >= j_lo ? j_hi / keys : j_lo / keys - 1);
 }
 
-template <int D, int DV>
+template <int D, int DV, bool WIDE>
 __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<const float>& k,
                                         const Rows<const float>& v, const Rows<float>& out,
                                         const Rows<float>& lse, const Problem& p) {
-    typedef ForwardTiles<D, DV> T;
-    constexpr int R = T::R, C = T::C, NV = DV / 16, BC = kFwdKeys;
+    typedef ForwardTiles<D, DV, WIDE> T;
+    constexpr int R = T::R, C = T::C, NV = DV / 16, BC = T::S::KEYS;
+    constexpr int ROWS = T::S::ROWS, THREADS = T::S::THREADS;
     const int b = blockIdx.z, h = blockIdx.y, hk = h / p.group;
-    const int i0 = query_block_start(kFwdRows);
+    const int i0 = query_block_start(ROWS);
     const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
     if (i0 >= sq.len) return;
     const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
@@ -528,13 +546,13 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
     float m[R], l[R], acc[R][NV] = {};
 #pragma unroll
     for (int r = 0; r < R; ++r) m[r] = minus_infinity(), l[r] = 0.0f;
-    const int i_last = min(i0 + kFwdRows, sq.len) - 1;
+    const int i_last = min(i0 + ROWS, sq.len) - 1;
     const int2 blocks = key_blocks(mask, i0, i_last, BC);
     if (blocks.x <= blocks.y) {
-        load_tile<kFwdRows, D, kFwdThreads>(q_tile, q, b, h, sq, i0, p.vec);
-        load_tile<BC, D, kFwdThreads>(kp_tile, k, b, hk, skv, blocks.x * BC, p.vec);
+        load_tile<ROWS, D, THREADS>(q_tile, q, b, h, sq, i0, p.vec);
+        load_tile<BC, D, THREADS>(kp_tile, k, b, hk, skv, blocks.x * BC, p.vec);
         copy_commit();
-        load_tile<BC, DV, kFwdThreads>(v_tile, v, b, hk, skv, blocks.x * BC, p.vec);
+        load_tile<BC, DV, THREADS>(v_tile, v, b, hk, skv, blocks.x * BC, p.vec);
         copy_commit();
     }
     for (int kb = blocks.x; kb <= blocks.y; ++kb) {
@@ -556,9 +574,9 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
         mul_rows<R, DV, BC, BC + kPad>(acc, kp_tile, v_tile, ty * R, tx);
         __syncthreads();  // P and V are consumed: the next block's K and V may land
         if (kb < blocks.y) {
-            load_tile<BC, D, kFwdThreads>(kp_tile, k, b, hk, skv, (kb + 1) * BC, p.vec);
+            load_tile<BC, D, THREADS>(kp_tile, k, b, hk, skv, (kb + 1) * BC, p.vec);
             copy_commit();
-            load_tile<BC, DV, kFwdThreads>(v_tile, v, b, hk, skv, (kb + 1) * BC, p.vec);
+            load_tile<BC, DV, THREADS>(v_tile, v, b, hk, skv, (kb + 1) * BC, p.vec);
             copy_commit();
         }
     }
@@ -895,14 +913,18 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
                    dim_v);
 }
 
+#define FLASH_FORWARD(NAME, D, DV, WIDE)                                                        \
+    extern "C" __global__ void __launch_bounds__(ForwardShape<D, DV, WIDE>::THREADS,            \
+                                                 ForwardShape<D, DV, WIDE>::CTAS)               \
+        NAME(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), FLASH_OUT(lse),             \
+             FLASH_PROBLEM_PARAMS) {                                                             \
+        forward<D, DV, WIDE>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
+                             FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
+                             FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
+    }
+
 #define FLASH_KERNELS(D, DV)                                                                    \
-    extern "C" __global__ void __launch_bounds__(kFwdThreads, ctas_per_sm(D, DV))               \
-        flash_f32_fwd_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out),      \
-                                    FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                     \
-        forward<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),                  \
-                       FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                      \
-                       FLASH_ROWS(float, lse), FLASH_PROBLEM);                                  \
-    }                                                                                           \
+    FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false)                                    \
     extern "C" __global__ void __launch_bounds__(kDkdvThreads, ctas_per_sm(D, DV))              \
         flash_f32_bwd_dkdv_d##D##_dv##DV(                                                       \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
@@ -918,3 +940,4 @@ FLASH_KERNELS(96, 96)
 FLASH_KERNELS(128, 128)
 FLASH_KERNELS(128, 64)
 FLASH_KERNELS(64, 128)
+FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true)

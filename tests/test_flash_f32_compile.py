@@ -47,9 +47,15 @@ def test_every_instantiation_compiles_for_sm90(cubin):
     assert symbols == set(flash.kernel_names())
 
 
-def _launches(monkeypatch) -> list[tuple]:
-    """Records launches (kernel name, grid, block, args, shared bytes) in place of a GPU."""
+# Shared memory a block may opt in to: an H100's (the wide d128 forward fits) and an RTX 4090's.
+SM90_SHARED, SM89_SHARED = 227 << 10, 99 << 10
+
+
+def _launches(monkeypatch, shared_per_block: int = SM90_SHARED) -> list[tuple]:
+    """Records launches (kernel name, grid, block, args, shared bytes) in place of a GPU whose
+    blocks may have ``shared_per_block`` bytes of shared memory."""
     launched = []
+    monkeypatch.setattr(flash, "_shared_per_block", lambda device: shared_per_block)
     monkeypatch.setattr(flash, "_kernel", lambda name, device, shared: name)
     monkeypatch.setattr(flash, "launch", lambda kernel, grid, block, args, stream, device,
                         shared=0: launched.append((kernel, grid, block, args, shared)))
@@ -65,30 +71,40 @@ def _run_both(problem: flash.FlashProblem, strides: flash.FlashStrides | None = 
                         a["dq"], a["dk"], a["dv"], *cu, a["workspace"], strides, 7)()
 
 
+@pytest.mark.parametrize("shared_per_block", [SM90_SHARED, SM89_SHARED], ids=["sm90", "sm89"])
 @pytest.mark.parametrize("fields", [VARLEN, DENSE], ids=["varlen", "dense"])
-def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures, fields):
-    launched = _launches(monkeypatch)
+def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures, fields,
+                                                        shared_per_block):
+    launched = _launches(monkeypatch, shared_per_block)
     _run_both(flash.FlashProblem(**fields))
+    wide = shared_per_block == SM90_SHARED
     assert [name for name, *_ in launched] == [
-        "flash_f32_fwd_d128_dv128", "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
+        "flash_f32_fwd_wide_d128_dv128" if wide else "flash_f32_fwd_d128_dv128",
+        "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
+    threads = {"fwd_wide": flash.WIDE_FORWARD_THREADS, "fwd": flash.FORWARD_THREADS,
+               "bwd_delta": flash.DELTA_THREADS, "bwd_dkdv": flash.DKDV_THREADS}
     for name, _, block, args, _ in launched:
-        threads = flash.DELTA_THREADS if name.endswith("delta") else flash.FORWARD_THREADS
-        assert block == (threads,) and flash.FORWARD_THREADS == flash.DKDV_THREADS
+        kind = re.match(r"flash_f32_(\w+?)(_d\d+_dv\d+)?$", name).group(1)
+        assert block == (threads[kind],)
         assert_packed_like_declared(name, args, signatures)
 
 
-def test_forward_arguments_grid_and_shared_memory(monkeypatch):
-    launched = _launches(monkeypatch)
+@pytest.mark.parametrize(("shared_per_block", "rows"), [(SM90_SHARED, 128), (SM89_SHARED, 64)],
+                         ids=["sm90", "sm89"])
+def test_forward_arguments_grid_and_shared_memory(monkeypatch, shared_per_block, rows):
+    launched = _launches(monkeypatch, shared_per_block)
     problem = flash.FlashProblem(**VARLEN)
     _run_both(problem)
     name, grid, _, args, shared = launched[0]
-    assert grid == (3, 8, 3)  # ceil(130 / 64) query blocks, heads_q, batch
+    assert grid == (-(-130 // rows), 8, 3)  # query blocks, heads_q, batch
     assert args[0] == ADDRESS["q"] and args[1:4] == (0, 8 * 128, 128)  # varlen [T, H, D]
     assert args[16:20] == (ADDRESS["lse"], 0, 1, 200)  # lse [Hq, Tq]
     problem_args = args[20:]
     assert problem_args == (ADDRESS["cu_q"], ADDRESS["cu_kv"], 4, 130, 300, 200, 500,
                             np.float32(0.125), 2, 64, -1, 1)
-    assert shared == flash._forward_shared(128, 128)
+    assert shared == flash._forward_shared(128, 128, wide=rows == 128)
+    # The wide forward's tiles: Q, K (then P) and V, 128 rows of 128 + 4 floats each.
+    assert flash._forward_shared(128, 128, wide=True) == 4 * 3 * 128 * 132 <= SM90_SHARED
 
 
 def test_backward_grids_workspace_and_delta_layout(monkeypatch):

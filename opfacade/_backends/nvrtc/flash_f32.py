@@ -2,9 +2,10 @@
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
 The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward sums in a fixed order
-(dQ's L2 reductions come one key block at a time), so it is bitwise reproducible. Nothing here takes a descriptor: a
-``FlashProblem`` of plain values says what to compute, ``FlashStrides`` where the tensors are, and
-the ``*_call`` functions pack the arguments once and return a call that only launches.
+(dQ's L2 reductions come one key block at a time), so it is bitwise reproducible. Nothing here
+takes a descriptor: a ``FlashProblem`` of plain values says what to compute, ``FlashStrides``
+where the tensors are, and the ``*_call`` functions pack the arguments once and return a call
+that only launches.
 
 What the kernels can index: element offsets in ``i64`` from ``i64`` strides; extents (lengths,
 rows, heads) in ``int``, below 2**31; the grids are (query blocks, heads, batch) and (kv heads,
@@ -15,11 +16,13 @@ access outside the tensors.
 
 A CTA runs 128 threads (the Delta kernel's 256) and needs up to 108 KiB of dynamic shared
 memory (D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow
-99 KiB a block, which every pair but D = Dv = 128 fits.
+99 KiB a block, which every pair but D = Dv = 128 fits. At D = Dv = 128 a GPU that gives a block
+198 KiB (sm_90) runs a wide forward instead: 128-row blocks of 256 threads.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides"
 SOURCE = "flash_f32.cu"
 # Threads a CTA (kFwdThreads, kDkdvThreads, kDeltaThreads).
 FORWARD_THREADS, DKDV_THREADS, DELTA_THREADS = 128, 128, 256
+WIDE_FORWARD_THREADS = 256
 # (head_dim, head_dim_v) pairs with kernels: FLASH_KERNELS(D, DV) in native/flash_f32.cu.
 HEAD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (128, 64), (64, 128))
 CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `causal` codes
@@ -47,6 +51,9 @@ CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `caus
 # memory than its tiles need stops (__trap) rather than corrupt memory.
 PAD = 4
 FORWARD_ROWS, FORWARD_KEYS = 64, 64
+# The wide forward's blocks, and the (head_dim, head_dim_v) pairs with one (ForwardShape there).
+WIDE_FORWARD_ROWS = WIDE_FORWARD_KEYS = 128
+WIDE_FORWARD_DIMS = ((128, 128),)
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
 _FLOAT = 4
@@ -57,10 +64,11 @@ def _tile(rows: int, cols: int) -> int:
     return rows * (cols + PAD)
 
 
-def _forward_shared(d: int, dv: int) -> int:
+def _forward_shared(d: int, dv: int, wide: bool = False) -> int:
     # Q, then K's tile (which P reuses), then V.
-    k_or_p = max(_tile(FORWARD_KEYS, d), _tile(FORWARD_ROWS, FORWARD_KEYS))
-    return _FLOAT * (_tile(FORWARD_ROWS, d) + k_or_p + _tile(FORWARD_KEYS, dv))
+    rows, keys = (WIDE_FORWARD_ROWS, WIDE_FORWARD_KEYS) if wide else (FORWARD_ROWS, FORWARD_KEYS)
+    k_or_p = max(_tile(keys, d), _tile(rows, keys))
+    return _FLOAT * (_tile(rows, d) + k_or_p + _tile(keys, dv))
 
 
 def _dkdv_shared(d: int, dv: int) -> int:
@@ -69,7 +77,8 @@ def _dkdv_shared(d: int, dv: int) -> int:
 
 
 def shared_bytes(d: int, dv: int) -> int:
-    """The most dynamic shared memory any of the kernels for (d, dv) launches with."""
+    """The most dynamic shared memory the kernels for (d, dv) need (a wide forward runs only
+    where the device allows its more)."""
     return max(_forward_shared(d, dv), _dkdv_shared(d, dv))
 
 
@@ -78,7 +87,7 @@ def kernel_names() -> list[str]:
     names = ["flash_f32_bwd_delta"]
     for d, dv in HEAD_DIMS:
         names += [f"flash_f32_{kind}_d{d}_dv{dv}" for kind in ("fwd", "bwd_dkdv")]
-    return names
+    return names + [f"flash_f32_fwd_wide_d{d}_dv{dv}" for d, dv in WIDE_FORWARD_DIMS]
 
 
 def _int_field(name: str, value: object, low: int, high: int = INT32_MAX) -> None:
@@ -344,6 +353,21 @@ def _kernel(name: str, device: int, shared_bytes: int):
     return kernel
 
 
+@functools.cache
+def _shared_per_block(device: int) -> int:
+    """The most dynamic shared memory a block on ``device`` may opt in to."""
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
+
+
+def _wide_forward(problem: FlashProblem, device: int) -> bool:
+    """Whether the forward runs its wide kernel: (head_dim, head_dim_v) has one and ``device``
+    gives a block its shared memory."""
+    dims = (problem.head_dim, problem.head_dim_v)
+    return dims in WIDE_FORWARD_DIMS and _shared_per_block(device) >= _forward_shared(*dims, True)
+
+
 def _blocks(length: int, rows: int) -> int:
     return -(-length // rows)
 
@@ -377,14 +401,18 @@ def forward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, out
     tensors, vec = _tensors(problem, strides, dict(q=q, k=k, v=v, out=out, lse=lse))
     args = (*tensors["q"], *tensors["k"], *tensors["v"], *tensors["out"], *tensors["lse"],
             *_problem_args(problem, cu_q, cu_kv, vec))
-    grid = (_blocks(problem.max_seqlen_q, FORWARD_ROWS), problem.heads_q, problem.batch)
+    wide = _wide_forward(problem, device)
+    rows, threads = (WIDE_FORWARD_ROWS, WIDE_FORWARD_THREADS) if wide else (FORWARD_ROWS,
+                                                                            FORWARD_THREADS)
+    grid = (_blocks(problem.max_seqlen_q, rows), problem.heads_q, problem.batch)
     if grid[0] == 0:
         return lambda: None
-    shared = _forward_shared(problem.head_dim, problem.head_dim_v)
-    kernel = _kernel(f"flash_f32_fwd_{_suffix(problem)}", device, shared)
+    shared = _forward_shared(problem.head_dim, problem.head_dim_v, wide)
+    kind = "fwd_wide" if wide else "fwd"
+    kernel = _kernel(f"flash_f32_{kind}_{_suffix(problem)}", device, shared)
 
     def run_forward() -> None:
-        launch(kernel, grid, (FORWARD_THREADS,), args, stream, device, shared)
+        launch(kernel, grid, (threads,), args, stream, device, shared)
 
     return run_forward
 
