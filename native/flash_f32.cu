@@ -162,11 +162,13 @@ __device__ __forceinline__ float* shared_tiles() {
     return reinterpret_cast<float*>(shared);
 }
 
-// The query block of a forward or dQ CTA: the last ones first, because under a causal mask the
-// late query blocks see the most keys and the GPU starts low block indices first; starting the
-// heaviest CTAs early keeps them out of the grid's tail.
+// The first query row of a forward CTA. The grid is (heads, batch, query blocks) and the GPU
+// starts CTAs in linear index order, x fastest, so with the query block slowest and the last
+// first, every head's late query blocks, which under a causal mask see the most keys, start
+// before any earlier block. With the query block in x, the blocks were ordered within each head
+// only, and the heaviest CTAs of the last heads started at the grid's end.
 __device__ __forceinline__ int query_block_start(int rows) {
-    return (gridDim.x - 1 - blockIdx.x) * rows;
+    return (gridDim.z - 1 - blockIdx.z) * rows;
 }
 
 // ---------------------------------------------------------------------------------- copies
@@ -532,7 +534,7 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
     typedef ForwardTiles<D, DV, WIDE> T;
     constexpr int R = T::R, C = T::C, NV = DV / 16, BC = T::S::KEYS;
     constexpr int ROWS = T::S::ROWS, THREADS = T::S::THREADS;
-    const int b = blockIdx.z, h = blockIdx.y, hk = h / p.group;
+    const int b = blockIdx.y, h = blockIdx.x, hk = h / p.group;
     const int i0 = query_block_start(ROWS);
     const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
     if (i0 >= sq.len) return;

@@ -96,7 +96,7 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, shared_per_block,
     problem = flash.FlashProblem(**VARLEN)
     _run_both(problem)
     name, grid, _, args, shared = launched[0]
-    assert grid == (-(-130 // rows), 8, 3)  # query blocks, heads_q, batch
+    assert grid == (8, 3, -(-130 // rows))  # heads_q, batch, query blocks (the slowest)
     assert args[0] == ADDRESS["q"] and args[1:4] == (0, 8 * 128, 128)  # varlen [T, H, D]
     assert args[16:20] == (ADDRESS["lse"], 0, 1, 200)  # lse [Hq, Tq]
     problem_args = args[20:]
@@ -157,6 +157,15 @@ def test_supported_rejects_more_key_blocks_than_the_grid_holds():
     over = flash.FlashProblem(**dict(VARLEN, max_seqlen_kv=65535 * 64 + 1,
                                      total_kv=65535 * 64 + 1))
     assert "65536 blocks of 64 keys" in flash.supported(over)
+
+
+def test_supported_rejects_more_query_blocks_than_the_grid_holds():
+    # The forward grid is (heads_q, batch, query blocks): 65535 blocks of 64 rows at most.
+    fits = flash.FlashProblem(**dict(VARLEN, max_seqlen_q=65535 * 64, total_q=65535 * 64))
+    assert flash.query_blocks(fits) == 65535 and flash.supported(fits) is None
+    over = flash.FlashProblem(**dict(VARLEN, max_seqlen_q=65535 * 64 + 1,
+                                     total_q=65535 * 64 + 1))
+    assert "65536 blocks of 64 rows" in flash.supported(over)
 
 
 @pytest.mark.parametrize("dims", [(80, 80), (32, 64), (256, 256)])

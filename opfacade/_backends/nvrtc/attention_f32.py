@@ -95,10 +95,15 @@ def _largest_elements(p: flash.FlashProblem) -> int:
 
 # What the kernels can index, on the problem at the plan's capacity (flash_f32.py's docstring).
 LIMITS: tuple[Limit[flash.FlashProblem], ...] = (
-    Limit("heads", "heads_q", "heads", "the grid's y extent (one CTA row per head)",
-          GRID_YZ_MAX, lambda p: p.heads_q, "flash_f32.py: grid (blocks, heads_q, batch)"),
-    Limit("batch", "batch", "sequences", "the grid's z extent (one CTA layer per sequence)",
-          GRID_YZ_MAX, lambda p: p.batch, "flash_f32.py: grid (blocks, heads_q, batch)"),
+    Limit("heads", "heads_q", "heads", "the Delta grid's y extent (one CTA row per head)",
+          GRID_YZ_MAX, lambda p: p.heads_q, "flash_f32.py: Delta grid (blocks, heads_q, batch)"),
+    Limit("batch", "batch", "sequences", "the grids' y and z extents (one CTA row or layer per "
+          "sequence)", GRID_YZ_MAX, lambda p: p.batch,
+          "flash_f32.py: grids (heads_q, batch, blocks) and (blocks, heads_q, batch)"),
+    Limit("query blocks", f"ceil(max_seqlen_q/{flash.FORWARD_ROWS})",
+          f"blocks of {flash.FORWARD_ROWS} rows",
+          "the forward grid's z extent (one CTA layer per query block)", GRID_YZ_MAX,
+          flash.query_blocks, "flash_f32.py: forward grid (heads_q, batch, query blocks)"),
     Limit("key blocks", f"ceil(max_seqlen_kv/{flash.DKDV_KEYS})",
           f"blocks of {flash.DKDV_KEYS} keys",
           "the dK/dV grid's z extent (one CTA layer per key block)", GRID_YZ_MAX,

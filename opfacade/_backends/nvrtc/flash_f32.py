@@ -8,8 +8,9 @@ where the tensors are, and the ``*_call`` functions pack the arguments once and 
 that only launches.
 
 What the kernels can index: element offsets in ``i64`` from ``i64`` strides; extents (lengths,
-rows, heads) in ``int``, below 2**31; the grids are (query blocks, heads, batch) and (kv heads,
-batch, key blocks), so heads, batch and key blocks stay at or below 65535 (``supported`` says so).
+rows, heads) in ``int``, below 2**31; the grids are (heads, batch, query blocks) for the forward,
+(query blocks, heads, batch) for Delta and (kv heads, batch, key blocks) for dK/dV, so heads,
+batch, query blocks and key blocks stay at or below 65535 (``supported`` says so).
 Varlen offsets are read on the device and never trusted: every sequence is clamped into the
 tensors' ``total_q``/``total_kv`` rows and to ``max_seqlen_*``, so garbage offsets cannot move an
 access outside the tensors.
@@ -36,7 +37,7 @@ from .launch import get_kernel, launch
 
 __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides",
            "backward_call", "backward_workspace_bytes", "forward_call", "kernel_names",
-           "key_blocks", "shared_bytes", "supported"]
+           "key_blocks", "query_blocks", "shared_bytes", "supported"]
 
 SOURCE = "flash_f32.cu"
 # Threads a CTA (kFwdThreads, kDkdvThreads, kDeltaThreads).
@@ -234,10 +235,19 @@ def supported(problem: FlashProblem) -> str | None:
         if getattr(p, name) > GRID_YZ_MAX:
             return (f"{name}={getattr(p, name)} exceeds the grid's y/z extent {GRID_YZ_MAX} "
                     f"(one CTA row per head, one CTA layer per sequence)")
+    if query_blocks(p) > GRID_YZ_MAX:
+        return (f"max_seqlen_q={p.max_seqlen_q} makes {query_blocks(p)} blocks of "
+                f"{FORWARD_ROWS} rows, past the forward grid's z extent {GRID_YZ_MAX}")
     if key_blocks(p) > GRID_YZ_MAX:
         return (f"max_seqlen_kv={p.max_seqlen_kv} makes {key_blocks(p)} blocks of {DKDV_KEYS} "
                 f"keys, past the dK/dV grid's z extent {GRID_YZ_MAX}")
     return None
+
+
+def query_blocks(problem: FlashProblem) -> int:
+    """The 64-row forward's query blocks (the wide one has half as many): its grid is
+    (heads_q, batch, query blocks), the last block first."""
+    return _blocks(problem.max_seqlen_q, FORWARD_ROWS)
 
 
 def key_blocks(problem: FlashProblem) -> int:
@@ -404,8 +414,8 @@ def forward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, out
     wide = _wide_forward(problem, device)
     rows, threads = (WIDE_FORWARD_ROWS, WIDE_FORWARD_THREADS) if wide else (FORWARD_ROWS,
                                                                             FORWARD_THREADS)
-    grid = (_blocks(problem.max_seqlen_q, rows), problem.heads_q, problem.batch)
-    if grid[0] == 0:
+    grid = (problem.heads_q, problem.batch, _blocks(problem.max_seqlen_q, rows))
+    if grid[2] == 0:
         return lambda: None
     shared = _forward_shared(problem.head_dim, problem.head_dim_v, wide)
     kind = "fwd_wide" if wide else "fwd"
