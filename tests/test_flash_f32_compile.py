@@ -150,22 +150,16 @@ def test_two_ctas_share_an_sm_at_head_dim_128():
         assert 2 * (size + 1024) <= 228 * 1024
 
 
-def test_supported_rejects_more_key_blocks_than_the_grid_holds():
-    # The dK/dV grid is (heads_kv, batch, key blocks): 65535 blocks of 64 keys at most.
-    fits = flash.FlashProblem(**dict(VARLEN, max_seqlen_kv=65535 * 64, total_kv=65535 * 64))
-    assert flash.key_blocks(fits) == 65535 and flash.supported(fits) is None
-    over = flash.FlashProblem(**dict(VARLEN, max_seqlen_kv=65535 * 64 + 1,
-                                     total_kv=65535 * 64 + 1))
-    assert "65536 blocks of 64 keys" in flash.supported(over)
-
-
-def test_supported_rejects_more_query_blocks_than_the_grid_holds():
-    # The forward grid is (heads_q, batch, query blocks): 65535 blocks of 64 rows at most.
-    fits = flash.FlashProblem(**dict(VARLEN, max_seqlen_q=65535 * 64, total_q=65535 * 64))
-    assert flash.query_blocks(fits) == 65535 and flash.supported(fits) is None
-    over = flash.FlashProblem(**dict(VARLEN, max_seqlen_q=65535 * 64 + 1,
-                                     total_q=65535 * 64 + 1))
-    assert "65536 blocks of 64 rows" in flash.supported(over)
+@pytest.mark.parametrize(("length", "total", "blocks", "words"), [
+    ("max_seqlen_q", "total_q", flash.query_blocks, "blocks of 64 rows"),
+    ("max_seqlen_kv", "total_kv", flash.key_blocks, "blocks of 64 keys")], ids=["query", "key"])
+def test_supported_rejects_more_blocks_than_the_grid_holds(length, total, blocks, words):
+    # The forward grid is (heads_q, batch, query blocks) and the dK/dV grid (heads_kv, batch,
+    # key blocks): 65535 blocks of 64 at most in z.
+    fits = flash.FlashProblem(**dict(VARLEN, **{length: 65535 * 64, total: 65535 * 64}))
+    assert blocks(fits) == 65535 and flash.supported(fits) is None
+    over = flash.FlashProblem(**dict(VARLEN, **{length: 65535 * 64 + 1, total: 65535 * 64 + 1}))
+    assert f"65536 {words}" in flash.supported(over)
 
 
 @pytest.mark.parametrize("dims", [(80, 80), (32, 64), (256, 256)])
