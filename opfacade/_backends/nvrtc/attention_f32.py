@@ -202,7 +202,9 @@ class SdpaForwardF32(_FlashSku, SkuImpl[SdpaDescriptor]):
     def __init__(self):
         self.sku = _sku(SDPA_FORWARD, _ANY_STRIDES,
                         "Flash-style forward in true f32 (CUDA-core FMA, no TF32): online "
-                        "softmax over 64-key blocks; causal and windows; GQA.", FORWARD_BOUND)
+                        "softmax over 64-key blocks (128 at d 128 on GPUs that give a block 198 "
+                        "KiB of shared memory, sm_90: other rounding, as reproducible); causal "
+                        "and windows; GQA.", FORWARD_BOUND)
 
     _capacity = staticmethod(_dense_problem)
 
@@ -290,7 +292,8 @@ class VarlenForwardF32(_FlashSku, SkuImpl[VarlenAttentionDescriptor]):
         self.sku = _sku(VARLEN_ATTENTION_FORWARD,
                         "packed [T,H,D], token and head strides free, d-contiguous; lse [Hq,Tq]",
                         "Flash-style forward in true f32 over packed sequences (offsets read "
-                        "and clamped on the device); causal top-left/bottom-right, windows, GQA.",
+                        "and clamped on the device); causal top-left/bottom-right, windows, GQA; "
+                        "key blocks as sdpa_forward.nvrtc.f32's.",
                         FORWARD_BOUND)
 
     _capacity = staticmethod(_varlen_capacity)
