@@ -33,11 +33,10 @@
 // counter holds one past the last key block that added into it, and CTA j waits (spinning on an
 // acquire load) until it reaches j, when key block j - 1 also sees block i. The additions are
 // L2 reductions, but only one CTA adds into a query block at a time, so the sums run in a fixed
-// order and the backward is bitwise reproducible. Waiting on a
-// lower CTA index relies on the GPU starting a grid's CTAs in index order (as deterministic
-// FlashAttention 3 does): the CTA waited on is then running or done. The backward recomputes the
-// scores with the forward's exact operation order, so P = exp(s - lse) sees the forward's bits
-// of s.
+// order and the backward is bitwise reproducible. Waiting on a lower CTA index relies on the GPU
+// starting a grid's CTAs in index order (as deterministic FlashAttention 3 does): the CTA waited
+// on is then running or done. The backward recomputes the scores with the forward's exact
+// operation order, so P = exp(s - lse) sees the forward's bits of s.
 //
 // Shared memory holds row-major tiles padded by 4 floats a row: a float4 read of 16 different
 // rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies

@@ -233,8 +233,8 @@ def supported(problem: FlashProblem) -> str | None:
                 f"(head_dim, head_dim_v) pairs built are {list(HEAD_DIMS)}")
     for name in ("heads_q", "batch"):
         if getattr(p, name) > GRID_YZ_MAX:
-            return (f"{name}={getattr(p, name)} exceeds the grid's y/z extent {GRID_YZ_MAX} "
-                    f"(one CTA row per head, one CTA layer per sequence)")
+            return (f"{name}={getattr(p, name)} exceeds the grids' y/z extent {GRID_YZ_MAX} "
+                    f"(Delta's one CTA row per head, one CTA row or layer per sequence)")
     if query_blocks(p) > GRID_YZ_MAX:
         return (f"max_seqlen_q={p.max_seqlen_q} makes {query_blocks(p)} blocks of "
                 f"{FORWARD_ROWS} rows, past the forward grid's z extent {GRID_YZ_MAX}")
@@ -375,7 +375,9 @@ def _wide_forward(problem: FlashProblem, device: int) -> bool:
     """Whether the forward runs its wide kernel: (head_dim, head_dim_v) has one and ``device``
     gives a block its shared memory."""
     dims = (problem.head_dim, problem.head_dim_v)
-    return dims in WIDE_FORWARD_DIMS and _shared_per_block(device) >= _forward_shared(*dims, True)
+    if dims not in WIDE_FORWARD_DIMS:
+        return False
+    return _shared_per_block(device) >= _forward_shared(*dims, wide=True)
 
 
 def _blocks(length: int, rows: int) -> int:
