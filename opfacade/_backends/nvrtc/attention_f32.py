@@ -44,11 +44,6 @@ __all__ = ["SDPA_SKUS", "VARLEN_SKUS"]
 FORWARD_BOUND = 5e-6
 BACKWARD_BOUND = 2e-5
 ARCH = ArchSku.sm80  # cp.async and up to 108 KiB of shared memory per block (flash_f32.py)
-# Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
-# compute capabilities table): sm_86, sm_89 and sm_120 stop at 99 KiB, which D = Dv = 128 needs
-# more than.
-SHARED_PER_BLOCK = {ArchSku.sm80: 163 << 10, ArchSku.sm86: 99 << 10, ArchSku.sm89: 99 << 10,
-                    ArchSku.sm90: 227 << 10, ArchSku.sm100: 227 << 10, ArchSku.sm120: 99 << 10}
 
 DenseDesc = SdpaDescriptor | SdpaBackwardDescriptor
 VarlenDesc = VarlenAttentionDescriptor | VarlenAttentionBackwardDescriptor
@@ -129,7 +124,7 @@ def _shared_unfit(desc: DenseDesc | VarlenDesc, arch: ArchSku | None) -> Unfit |
     if arch is None:
         return None
     need = flash.shared_bytes(desc.head_dim, desc.dim_v)
-    have = SHARED_PER_BLOCK[arch]
+    have = flash.SHARED_PER_BLOCK[arch]
     if need > have:
         return Unfit(ReasonCode.shape_unsupported,
                      f"head_dim={desc.head_dim}, head_dim_v={desc.dim_v} needs {need} bytes of "

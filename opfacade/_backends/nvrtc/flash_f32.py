@@ -23,16 +23,17 @@ memory (D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..._internal.device import device_arch
 from ..._internal.limits import GRID_YZ_MAX, INT32_MAX, INT64_MAX
 from ..._internal.sku import Workspace
 from ...errors import InvalidArgument, InvalidProblem, LaunchFailed, Unsupported
+from ...types import ArchSku
 from .launch import get_kernel, launch
 
 __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides",
@@ -57,6 +58,11 @@ WIDE_FORWARD_ROWS = WIDE_FORWARD_KEYS = 128
 WIDE_FORWARD_DIMS = ((128, 128),)
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
+# Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
+# compute capabilities table): sm_86, sm_89 and sm_120 stop at 99 KiB, which D = Dv = 128 needs
+# more than; sm_90 and sm_100 give the wide forward its 198 KiB.
+SHARED_PER_BLOCK = {ArchSku.sm80: 163 << 10, ArchSku.sm86: 99 << 10, ArchSku.sm89: 99 << 10,
+                    ArchSku.sm90: 227 << 10, ArchSku.sm100: 227 << 10, ArchSku.sm120: 99 << 10}
 _FLOAT = 4
 _INT32 = 4
 
@@ -363,12 +369,9 @@ def _kernel(name: str, device: int, shared_bytes: int):
     return kernel
 
 
-@functools.cache
 def _shared_per_block(device: int) -> int:
     """The most dynamic shared memory a block on ``device`` may opt in to."""
-    import cupy
-
-    return int(cupy.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
+    return SHARED_PER_BLOCK[device_arch(device)]
 
 
 def _wide_forward(problem: FlashProblem, device: int) -> bool:
