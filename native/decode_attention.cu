@@ -23,6 +23,11 @@
 // [0, capacity]). It sees keys p with p <= pos and, with a window, p >= pos - left; pos < 0
 // sees none (out 0, lse -inf).
 //
+// The merge is launched as a programmatic dependent of the partial kernel (sm_90, decode.py):
+// the partial's CTAs let it launch as soon as they start, so the merge's CTAs are resident when
+// the last partial ends, and each waits (griddepcontrol.wait: the partial grid complete, its
+// writes visible) before it reads a partial. Without the launch attribute both are no-ops.
+//
 // K and V are read once per step: their 16-byte loads carry the
 // evict-first hint (common.cuh), measured on an H100 at 95% of a device copy's bandwidth
 // against 93% without (scripts/decode_variants.py).
@@ -32,6 +37,18 @@
 namespace {
 
 using namespace kv_cache;
+
+__device__ __forceinline__ void let_dependents_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 // Tuning, measured on an H100 (scripts/decode_variants.py, docs/PERF-NOTES.md): 16-byte loads a
 // thread has in flight per batch (two batches alternate), and the blocks per SM the compiler
@@ -707,6 +724,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     const int len = sequence_length(c, seq_lens, s);
     const int n = len - q_len + t >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
     const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
+    wait_for_prerequisite_grid();  // the partials (seq_lens came before the partial kernel)
     const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
 
     // The largest chunk max (a max is the same in any order).
@@ -773,6 +791,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
         int left) {                                                                              \
+        let_dependents_launch();                                                                 \
         partial<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
                          q_len, group, tiles, chunks, scale, left);                              \
     }
@@ -783,6 +802,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
         int left) {                                                                              \
+        let_dependents_launch();                                                                 \
         partial_mma<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,     \
                           q_len, group, tiles, chunks, scale, left);                             \
     }

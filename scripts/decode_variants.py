@@ -4,8 +4,8 @@ as a fraction of a device copy, and host microseconds per prepared step and per 
 change no sum's order, so every variant's output is checked bitwise against the default build's
 (except where a variant picks another tile, which sums in another order).
 
-    python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma]
-                                       [--mma-only]
+    python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
+                                       | --overlap | --overlap-ab] [--mma-only]
 """
 
 from __future__ import annotations
@@ -40,7 +40,13 @@ if "--streaming" in sys.argv:
     VARIANTS = {"per tile (default)": (), "streaming loads": ("-DOPFACADE_STREAMING=1",)}
 # The tensor-core tile at 2 blocks an SM, and the CUDA-core 8-row tiles it replaced for kv heads
 # of 5-16 rows (another tile sums in another order: its bits are not compared).
-PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8}}
+# The merge launched after the partial kernel on the stream, as before programmatic dependent
+# launch (same kernels, same bits).
+PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8},
+           "merge after partial": {"OVERLAP_MERGE": False}}
+OTHER_ORDER = {"cuda-core tiles of 8"}  # variants whose sums run in another order
+if "--overlap" in sys.argv:
+    VARIANTS = {"per tile (default)": (), "merge after partial": (), "overlap again": ()}
 if "--mma" in sys.argv:
     VARIANTS = {"per tile (default)": (), "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
                 "cuda-core tiles of 8": ()}
@@ -128,6 +134,48 @@ def launch_floor() -> dict[str, float]:
     return {"one packed launch": host_us(packed), "one graph replay": host_us(graphed)}
 
 
+def overlap_ab(copy_tbps: float, rounds: int = 25, calls: int = 20) -> dict[str, dict]:
+    """The merge launched while the partial kernel ends (programmatic dependent launch) against
+    the merge after it, interleaved batch by batch so that clocks and neighbours weigh on both
+    alike: each step as the prepared call replays it (a CUDA graph) and as direct launches.
+    Returns % of a copy per case and contestant (median over the rounds)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rows = {}
+    for case in CASES:
+        desc, args, nbytes = case_tensors(*case)
+        plan = DecodeAttentionPlan.select(desc, device=0)
+        contestants, bits = {}, {}
+        for overlap in (True, False):
+            kernels.OVERLAP_MERGE = overlap
+            ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+            step = plan.prepare(args, workspace=ws)
+            step()
+            step()  # the second call builds the graph
+            bits[overlap] = args.out.view(torch.int16).clone()
+            name = "overlap" if overlap else "after"
+            contestants[f"{name} graph"] = step
+            contestants[f"{name} direct"] = step._call._launch_direct
+        kernels.OVERLAP_MERGE = True
+        times = {name: [] for name in contestants}
+        for _ in range(rounds):
+            for name, fn in contestants.items():
+                start.record()
+                for _ in range(calls):
+                    fn()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) / calls)
+        key = f"B{case[0]} S{case[1]} {case[2]}" + (f" pages {case[3]}" if case[3] else "")
+        rows[key] = {name: nbytes / float(np.median(t)) / 1e9 / copy_tbps
+                     for name, t in times.items()}
+        rows[key]["same bits"] = bool(torch.equal(bits[True], bits[False]))
+        print(f"{key:28s} " + "  ".join(f"{name} {value:6.1%}" for name, value in rows[key].items()
+                                        if name != "same bits")
+              + ("" if rows[key]["same bits"] else "  OUTPUT BITS DIFFER"))
+        plan.free()
+    return rows
+
+
 def main() -> None:
     floor = launch_floor()
     print("host floor:", ", ".join(f"{k} {v:.1f} us" for k, v in floor.items()))
@@ -135,9 +183,17 @@ def main() -> None:
     dst = torch.empty_like(src)
     copy_tbps = 2 * src.numel() / gpu_ms(lambda: dst.copy_(src)) / 1e9
     print(f"device copy {copy_tbps:.2f} TB/s")
+    if "--overlap-ab" in sys.argv:
+        rows = overlap_ab(copy_tbps)
+        paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
+        if paths:
+            with open(paths[0], "w") as handle:
+                json.dump(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=rows), handle,
+                          indent=1)
+        return
     results, reference = {}, {}
     original = kernels.get_kernel
-    defaults = {"row_tile": kernels.row_tile}
+    defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
@@ -152,7 +208,7 @@ def main() -> None:
             key = f"B{case[0]} S{case[1]} {case[2]}" + (f" pages {case[3]}" if case[3] else "")
             bits = args.out.view(torch.int16).clone()
             if (key in reference and not torch.equal(reference[key], bits)
-                    and name not in PATCHES):
+                    and name not in OTHER_ORDER):
                 print(f"  {name} {key}: output bits differ from the default build's")
             reference.setdefault(key, bits)
             row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)

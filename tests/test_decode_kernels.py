@@ -46,12 +46,16 @@ def test_every_kernel_compiles_for_sm90(signatures):
 
 
 def _record(monkeypatch) -> list[tuple]:
-    """Launches as (kernel name, grid, block, args, shared bytes), in the order they run."""
+    """Launches as (kernel name, grid, block, args, shared bytes, overlaps the previous
+    kernel), in the order they run, on an sm_90 device."""
+    from opfacade.types import ArchSku
+
     launched = []
 
-    def record(kernel, grid, block, args, stream, device, shared=0):
-        launched.append((kernel, grid, block, args, shared))
+    def record(kernel, grid, block, args, stream, device, shared=0, overlap_previous=False):
+        launched.append((kernel, grid, block, args, shared, overlap_previous))
 
+    monkeypatch.setattr(kernels, "device_arch", lambda device: ArchSku.sm90)
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
     monkeypatch.setattr(kernels, "launch", record)
     monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
@@ -81,13 +85,15 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
     blocks = {"merge": (kernels.merge_threads_for(4),), "partial": (kernels.THREADS,),
               "kv_append": (per_head, min(8, 1024 // per_head))}
-    for name, _, block, args, _ in launched:
+    for name, _, block, args, *_ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
     # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks.
     assert launched[0][1] == (8 * (16 // tile), 4, 5)
     assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
     assert launched[1][1] == (5, 32, 4)
+    # Only the merge launches while the kernel before it (the partial) ends.
+    assert [overlaps for *_, overlaps in launched] == [False, True, False]
     # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
     assert launched[2][1] == (5, 4, 1)
 
@@ -111,7 +117,7 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
                         ctypes.memmove(dst, passed.ctypes.data, size))
     monkeypatch.setattr("cupy.cuda.runtime.streamSynchronize", lambda *a: None)
     call()
-    name, grid, block, args, _ = launched[0]
+    name, grid, block, args, *_ = launched[0]
     assert (name, grid, block) == ("kv_cache_check", (1,), (kernels.CHECK_THREADS,))
     assert_packed_like_declared(name, args, signatures)
 
@@ -254,6 +260,55 @@ def test_a_packed_launch_is_one_driver_call_and_a_failure_is_typed(monkeypatch):
     with pytest.raises(LaunchFailed, match="CUresult 700"):
         packed()
     assert len(calls) == 3  # the failure was retried once
+
+
+def test_an_overlapping_launch_passes_the_programmatic_serialization_attribute(monkeypatch):
+    """overlap_previous launches through cuLaunchKernelEx with cuda.h's CUlaunchConfig: the grid,
+    block, shared bytes and stream as given, and one attribute, programmatic stream
+    serialization (id 6) allowed; the parameters are packed as for a plain launch."""
+    import ctypes
+
+    import numpy as np
+
+    from opfacade._backends.nvrtc import launch as launching
+
+    calls = []
+
+    def driver_ex(config, function, params, extra):
+        raw = (ctypes.c_uint * 7).from_address(config)
+        stream, attributes = (ctypes.c_uint64 * 2).from_address(config + 32)
+        count = ctypes.c_uint.from_address(config + 48).value
+        attribute_id = ctypes.c_int.from_address(attributes).value
+        allowed = ctypes.c_int.from_address(attributes + 8).value
+        pointers = (ctypes.c_void_p * 2).from_address(params)
+        calls.append((function, tuple(raw), stream, count, attribute_id, allowed,
+                      ctypes.c_uint64.from_address(pointers[0]).value,
+                      ctypes.c_int32.from_address(pointers[1]).value))
+        return 0
+
+    def plain(*args):
+        raise AssertionError("an overlapping launch went through cuLaunchKernel")
+
+    monkeypatch.setattr(launching, "_driver_launch_ex", lambda: driver_ex)
+    monkeypatch.setattr(launching, "_driver_launch", lambda: plain)
+    function = type("F", (), {"ptr": 0xF00})()
+    packed = launching.PackedLaunch(function, (3, 2), (64,), (np.uint64(0xABC), np.int32(-7)),
+                                    0x5, 0, 256, overlap_previous=True)
+    packed()
+    assert ctypes.sizeof(launching._LaunchAttribute) == 72
+    assert ctypes.sizeof(launching._LaunchConfig) == 56
+    assert calls == [(0xF00, (3, 2, 1, 64, 1, 1, 256), 0x5, 1, 6, 1, 0xABC, -7)]
+
+
+def test_the_merge_overlaps_the_partial_kernel_from_sm90_only(monkeypatch):
+    from opfacade.types import ArchSku
+
+    for arch, overlaps in ((ArchSku.sm80, False), (ArchSku.sm89, False), (ArchSku.sm90, True),
+                           (ArchSku.sm100, True)):
+        monkeypatch.setattr(kernels, "device_arch", lambda device, arch=arch: arch)
+        assert kernels.overlaps_merge(0) is overlaps
+    monkeypatch.setattr(kernels, "OVERLAP_MERGE", False)
+    assert kernels.overlaps_merge(0) is False
 
 
 def test_a_capacity_past_the_kernels_int_positions_is_unfit():

@@ -2,7 +2,8 @@
 (kv_append and the caches' checked mode), issue 13.
 
 A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
-sequence), then ``decode_merge`` over (sequence, query head, new token). The partials live in
+sequence), then ``decode_merge`` over (sequence, query head, new token), which on sm_90 launches
+while the partial kernel ends and waits in the kernel for its writes. The partials live in
 the workspace, sized for the descriptor's envelope (``workspace_bytes``). Everything the kernels
 read about lengths and pages is device data: a call may be captured and replayed with new
 seq_lens, page tables and batch composition, for any batch up to the envelope's.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..._internal.device import device_arch
 from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
@@ -40,6 +42,9 @@ THREADS = 128  # kThreads
 #                        B8 paged: 256 threads 92.0-92.3, 1024 92.2-92.6
 # The capacity picks, so one plan always sums in one order.
 MERGE_THREADS = ((16, 64), (64, 256), (None, 1024))  # (up to this many chunks, threads)
+# The merge's CTAs launch while the partial kernel's last CTAs run and wait in the kernel for
+# its writes (programmatic dependent launch, sm_90), rather than after it on the stream.
+OVERLAP_MERGE = True
 DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
 TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 # The tensor-core tile (decode_partial_*_16, mma.sync): 16 rows, built for the half types at
@@ -83,11 +88,17 @@ class DecodeCache:
                 np.int32(self.dim), np.int32(self.dim_v))
 
 
-def launcher(function, grid, block, args, stream: int, device: int, shared: int = 0
-             ) -> Callable[[], None]:
+def launcher(function, grid, block, args, stream: int, device: int, shared: int = 0,
+             overlap_previous: bool = False) -> Callable[[], None]:
     """A launch packed once (``PackedLaunch``: one driver call per step, the decode loop's
     host time)."""
-    return PackedLaunch(function, grid, block, args, stream, device, shared)
+    return PackedLaunch(function, grid, block, args, stream, device, shared, overlap_previous)
+
+
+def overlaps_merge(device: int) -> bool:
+    """Whether the merge launches as a programmatic dependent of the partial kernel: sm_90 and
+    newer (griddepcontrol), unless OVERLAP_MERGE is off (the variants script's baseline)."""
+    return OVERLAP_MERGE and device_arch(device).compute_capability >= (9, 0)
 
 
 def steps(launches: Callable[[int], list[Callable[[], None]]], stream: int, device: int
@@ -165,10 +176,12 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     partial_grid = (cache.heads_kv * tiles, n_chunks, sequences)
     merge_grid = (sequences, heads_q, q_len)
     shared = shared_bytes(element, cache.dim, tile)
+    overlap = overlaps_merge(device)
 
     def launches(on: int) -> list[Callable[[], None]]:
         return [launcher(partial, partial_grid, (THREADS,), partial_args, on, device, shared),
-                launcher(merge, merge_grid, (merge_threads,), merge_args, on, device)]
+                launcher(merge, merge_grid, (merge_threads,), merge_args, on, device,
+                         overlap_previous=overlap)]
 
     return steps(launches, stream, device)
 

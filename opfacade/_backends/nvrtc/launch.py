@@ -140,6 +140,39 @@ def _driver_launch():
     return function
 
 
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the kernel may launch before the
+# stream's previous kernel completes (programmatic dependent launch, sm_90+), and must wait for it
+# in the kernel (griddepcontrol.wait) before reading what it wrote.
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("value", ctypes.c_int64 * 8)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attributes", ctypes.POINTER(_LaunchAttribute)), ("count", ctypes.c_uint)]
+
+
+@functools.cache
+def _driver_launch_ex():
+    """libcuda's cuLaunchKernelEx through ctypes, or None where libcuda cannot be opened by name
+    (a launch then goes without its attributes, which only ever allow overlap)."""
+    library = _libcuda()
+    if library is None:
+        return None
+    function = library.cuLaunchKernelEx
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p] * 4
+    return function
+
+
 class PackedLaunch:
     """One kernel launch with its parameters packed once: calling it is a single
     ``cuLaunchKernel`` on the stream it was made for.
@@ -150,19 +183,34 @@ class PackedLaunch:
     launch the same tensors (their contents may change) on the thread that holds the device's
     context current, as a prepared call's caller does. A failed launch is retried once under the
     device's context (a caller that switched devices), then raised as LaunchFailed.
+
+    ``overlap_previous`` launches it as a programmatic dependent of the stream's previous kernel
+    (``cuLaunchKernelEx``; the caller passes it on sm_90+ only): the kernel must wait
+    (griddepcontrol.wait) before it reads what that kernel wrote.
     """
 
-    __slots__ = ("_arguments", "_device", "_launch", "_values", "_params")
+    __slots__ = ("_arguments", "_config", "_device", "_launch", "_values", "_params")
 
     def __init__(self, function, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
-                 stream: int, device: int, shared_mem: int = 0):
+                 stream: int, device: int, shared_mem: int = 0, overlap_previous: bool = False):
         self._values = [_CTYPES[type(arg)](arg.item()) for arg in args]
         self._params = (ctypes.c_void_p * len(args))(
             *[ctypes.addressof(value) for value in self._values])
         grid3, block3 = (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+        self._device, self._config = device, None
+        launch_ex = _driver_launch_ex() if overlap_previous else None
+        if launch_ex is not None:
+            attribute = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attribute.value[0] = 1  # programmaticStreamSerializationAllowed, an int at offset 0
+            self._config = config = _LaunchConfig(
+                (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), shared_mem,
+                int(stream), ctypes.pointer(attribute), 1)
+            self._arguments = (ctypes.addressof(config), int(function.ptr),
+                               ctypes.addressof(self._params), None)
+            self._launch = launch_ex
+            return
         self._arguments = (int(function.ptr), *grid3, *block3, shared_mem, int(stream),
                            ctypes.addressof(self._params), None)
-        self._device = device
         self._launch = _driver_launch() or self._through_bindings
 
     @staticmethod
