@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..._internal.device import device_arch
+from ..._internal.graph_replay import GraphedLaunches
 from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
-from .launch import GraphedLaunches, PackedLaunch, get_kernel, launch
+from .launch import PackedLaunch, get_kernel, launch
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
            "check_call", "chunks", "decode_call", "row_tile", "shared_bytes",

@@ -9,19 +9,19 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from collections.abc import Callable
 
 import numpy as np
 
 from ..._internal.config import with_install_hint
 from ..._internal.device import device_arch
-from ..._internal.log import LOG, timed
+from ..._internal.graph_replay import libcuda
+from ..._internal.log import timed
 from ..._internal.streams import cupy_stream
 from ...errors import BackendUnavailable, LaunchFailed
 from ...types import ElementKind
 from .compiler import compile_cubin
 
-__all__ = ["KERNELS", "GraphedLaunches", "KernelCache", "PackedLaunch", "available",
+__all__ = ["KERNELS", "KernelCache", "PackedLaunch", "available",
            "element_suffix", "get_kernel", "launch", "pointer"]
 
 
@@ -118,19 +118,10 @@ _CTYPES = {np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64, np.int32: ctype
 
 
 @functools.cache
-def _libcuda():
-    """libcuda opened by name, or None (then cuda.bindings' wrappers serve, slower)."""
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-
-
-@functools.cache
 def _driver_launch():
     """libcuda's cuLaunchKernel through ctypes (one foreign call, ~1 µs), or None where libcuda
     cannot be opened by name (cuda.bindings' wrapper then launches, several µs slower)."""
-    library = _libcuda()
+    library = libcuda()
     if library is None:
         return None
     function = library.cuLaunchKernel
@@ -164,7 +155,7 @@ class _LaunchConfig(ctypes.Structure):
 def _driver_launch_ex():
     """libcuda's cuLaunchKernelEx through ctypes, or None where libcuda cannot be opened by name
     (a launch then goes without its attributes, which only ever allow overlap)."""
-    library = _libcuda()
+    library = libcuda()
     if library is None:
         return None
     function = library.cuLaunchKernelEx
@@ -229,81 +220,3 @@ class PackedLaunch:
                 status = self._launch(*self._arguments)
             if status:
                 raise LaunchFailed(f"launch failed on cuda:{self._device}: CUresult {status}")
-
-
-class GraphedLaunches:
-    """A fixed sequence of launches on one stream that replays as one CUDA graph.
-
-    The first call launches directly (a call made once never pays for a graph). The second
-    captures the launches on a private stream and instantiates the graph; from then on a call
-    is one ``cuGraphLaunch`` on the caller's stream, where several launches would each cost the
-    driver's launch time. While the caller's stream is itself being captured (the caller
-    building their own CUDA graph), the launches go in directly, as nodes of that graph.
-    """
-
-    __slots__ = ("_calls", "_capturing", "_device", "_direct", "_exec", "_graph", "_keep",
-                 "_library", "_make", "_stream", "_unavailable")
-
-    def __init__(self, make: Callable[[int], list[Callable[[], None]]], stream: int,
-                 device: int):
-        self._make, self._stream, self._device = make, int(stream), device
-        self._direct = make(self._stream)
-        self._calls, self._exec, self._graph, self._keep = 0, None, None, None
-        self._capturing = ctypes.c_int(0)
-        self._library = _libcuda()
-        self._unavailable = self._library is None
-
-    def _launch_direct(self) -> None:
-        for launch in self._direct:
-            launch()
-
-    def _build(self) -> bool:
-        """Captures the launches into a graph; False (launches stay direct, for good) where the
-        driver refuses, so a graph is only ever a faster way to run the same launches."""
-        import cupy
-
-        runtime = cupy.cuda.runtime
-        try:
-            with cupy.cuda.Device(self._device):
-                private = cupy.cuda.Stream(non_blocking=True)
-                launches = self._make(private.ptr)
-                # Relaxed: nothing another thread or library does meanwhile can invalidate it.
-                runtime.streamBeginCapture(private.ptr, runtime.streamCaptureModeRelaxed)
-                try:
-                    for launch in launches:
-                        launch()
-                finally:
-                    graph = runtime.streamEndCapture(private.ptr)
-                self._graph, self._exec = graph, runtime.graphInstantiate(graph)
-                self._keep = (private, launches)  # what the graph's parameters point at
-        except Exception as error:  # the driver's refusal, whatever its type
-            LOG.debug("decode step not graphed on cuda:%d, launching directly: %s",
-                      self._device, error)
-            self._unavailable = True
-            return False
-        return True
-
-    def __call__(self) -> None:
-        self._calls += 1
-        if self._unavailable or self._calls == 1:
-            self._launch_direct()
-            return
-        library = self._library
-        library.cuStreamIsCapturing(ctypes.c_void_p(self._stream), ctypes.byref(self._capturing))
-        if self._capturing.value or (self._exec is None and not self._build()):
-            self._launch_direct()
-            return
-        if library.cuGraphLaunch(ctypes.c_void_p(self._exec), ctypes.c_void_p(self._stream)):
-            raise LaunchFailed(f"CUDA graph launch failed on cuda:{self._device}")
-
-    def __del__(self) -> None:
-        if self._exec is None:
-            return
-        try:
-            import cupy
-
-            with cupy.cuda.Device(self._device):
-                cupy.cuda.runtime.graphExecDestroy(self._exec)
-                cupy.cuda.runtime.graphDestroy(self._graph)
-        except Exception:  # interpreter shutdown: the driver frees it with the context
-            pass

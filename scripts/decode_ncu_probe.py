@@ -1,0 +1,42 @@
+"""One decode step of ours (partial and merge) and torch SDPA's on the same cache, for Nsight
+Compute: where our partial kernel's KV reads fall short of the peers' ~3.05 TB/s (issue 13).
+Both are warmed first; only the profiled calls run between cudaProfilerStart and Stop.
+
+    ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --section WarpStateStats --csv --page details \
+        python3 scripts/decode_ncu_probe.py [batch seq]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from decode_variants import case_tensors  # this directory is on sys.path when run as a script
+
+from opfacade import DecodeAttentionPlan
+from opfacade._bench.decode_peers import torch_sdpa
+
+
+def main() -> int:
+    batch, seq = (int(x) for x in sys.argv[1:3]) if len(sys.argv) > 2 else (64, 4096)
+    desc, args, _ = case_tensors(batch, seq, "contiguous", 0)
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
+    step = plan.prepare(args, workspace=workspace)
+    peer = torch_sdpa(torch, args.q, args.k_cache, args.v_cache, [seq] * batch, args.seq_lens)
+    for _ in range(3):
+        step._call._launch_direct()
+        peer.call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    step._call._launch_direct()
+    peer.call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profiled B{batch} S{seq}: ours (partial, merge), then torch sdpa", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""GraphedLaunches (opfacade/_internal/graph_replay.py) without a GPU: the first call launches
+directly, the second captures the launches on a private stream and replays the graph on the
+caller's stream, a caller's own capture gets the launches directly, and a refused capture leaves
+them direct for good. The driver and CuPy's runtime are recorded fakes."""
+
+from __future__ import annotations
+
+import pytest
+
+
+class _FakeRuntime:
+    """cupy.cuda.runtime's capture calls, recorded; ``fail_capture`` makes the capture refuse."""
+
+    streamCaptureModeRelaxed = 2
+
+    def __init__(self, fail_capture: bool = False):
+        self.fail_capture, self.calls = fail_capture, []
+
+    def streamBeginCapture(self, stream, mode):
+        self.calls.append("begin")
+        if self.fail_capture:
+            raise RuntimeError("capture refused")
+
+    def streamEndCapture(self, stream):
+        self.calls.append("end")
+        return 0x6A
+
+    def graphInstantiate(self, graph):
+        self.calls.append("instantiate")
+        return 0xE0
+
+    def graphExecDestroy(self, exec_):
+        pass
+
+    def graphDestroy(self, graph):
+        pass
+
+
+class _FakeLibcuda:
+    """libcuda's two entry points GraphedLaunches calls; ``capturing`` says the caller's stream
+    is being captured."""
+
+    def __init__(self, capturing: bool = False):
+        self.capturing, self.replays = capturing, []
+
+    def cuStreamIsCapturing(self, stream, status):
+        status._obj.value = int(self.capturing)
+        return 0
+
+    def cuGraphLaunch(self, exec_, stream):
+        self.replays.append((exec_.value, stream.value))
+        return 0
+
+
+def _graphed(monkeypatch, runtime: _FakeRuntime, libcuda: _FakeLibcuda):
+    import contextlib
+
+    from opfacade._internal import graph_replay
+
+    monkeypatch.setattr(graph_replay, "libcuda", lambda: libcuda)
+    monkeypatch.setattr("cupy.cuda.runtime", runtime, raising=False)
+    monkeypatch.setattr("cupy.cuda.Device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr("cupy.cuda.Stream", lambda non_blocking: type("S", (), {"ptr": 0x77})())
+    direct = []
+
+    def make(stream):
+        return [lambda: direct.append(("partial", stream)),
+                lambda: direct.append(("merge", stream))]
+
+    return graph_replay.GraphedLaunches(make, 0x55, 0), direct
+
+
+def test_a_graphed_step_launches_directly_once_then_replays_one_graph(monkeypatch):
+    pytest.importorskip("cupy")
+    runtime, libcuda = _FakeRuntime(), _FakeLibcuda()
+    step, direct = _graphed(monkeypatch, runtime, libcuda)
+    step()
+    assert direct == [("partial", 0x55), ("merge", 0x55)] and not runtime.calls
+    step()  # captured on the private stream, then replayed on the caller's
+    assert direct[2:] == [("partial", 0x77), ("merge", 0x77)]
+    assert runtime.calls == ["begin", "end", "instantiate"] and libcuda.replays == [(0xE0, 0x55)]
+    step()
+    assert len(direct) == 4 and libcuda.replays == [(0xE0, 0x55)] * 2
+
+
+def test_a_graphed_step_launches_directly_into_a_callers_capture(monkeypatch):
+    pytest.importorskip("cupy")
+    runtime, libcuda = _FakeRuntime(), _FakeLibcuda(capturing=True)
+    step, direct = _graphed(monkeypatch, runtime, libcuda)
+    for _ in range(3):
+        step()
+    assert direct == [("partial", 0x55), ("merge", 0x55)] * 3
+    assert not runtime.calls and not libcuda.replays
+
+
+def test_a_refused_graph_leaves_the_launches_direct_for_good(monkeypatch):
+    pytest.importorskip("cupy")
+    runtime, libcuda = _FakeRuntime(fail_capture=True), _FakeLibcuda()
+    step, direct = _graphed(monkeypatch, runtime, libcuda)
+    for _ in range(3):
+        step()
+    assert runtime.calls == ["begin"]  # tried once
+    assert [where for _, where in direct] == [0x55] * 6 and not libcuda.replays
