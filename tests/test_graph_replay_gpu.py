@@ -1,4 +1,4 @@
-"""cuDNN SDPA calls replayed from CUDA graphs (``GraphedLaunches``, _internal/graph_replay.py) on
+"""cuDNN SDPA and cuBLASLt calls replayed from CUDA graphs (``GraphedLaunches``, graph_replay.py) on
 a real GPU: a prepared call and run()'s memoised launch execute directly once, then replay one
 graph; each replay reads the tensors' current contents and writes the bits a direct execute
 writes, on the caller's stream; a caller's own capture takes the launches directly."""
@@ -96,7 +96,7 @@ def test_runs_on_the_same_tensors_replay_and_a_callers_capture_gets_the_launches
     for call in range(3):
         with torch.cuda.stream(stream):
             _fill(gen, grad_out)
-        plan.run(args, workspace=workspace, stream=stream)
+        plan.run(args, workspace=workspace, stream=stream.cuda_stream)
         stream.synchronize()
         want = expected()
         assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True)), call
@@ -105,7 +105,7 @@ def test_runs_on_the_same_tensors_replay_and_a_callers_capture_gets_the_launches
                for launch, _ in memoised.values())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):  # the memoised call, its stream captured
-        plan.run(args, workspace=workspace, stream=stream)
+        plan.run(args, workspace=workspace, stream=stream.cuda_stream)
     for call in range(2):
         with torch.cuda.stream(stream):
             _fill(gen, grad_out)
@@ -113,3 +113,24 @@ def test_runs_on_the_same_tensors_replay_and_a_callers_capture_gets_the_launches
         stream.synchronize()
         want = expected()
         assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True)), call
+
+
+def test_a_prepared_linear_with_its_epilogue_replays_over_new_contents():
+    from opfacade.ops.linear import LinearArgs, LinearDescriptor, LinearForwardPlan
+
+    desc = LinearDescriptor(m=96, n=80, k=64, element="bf16", activation="gelu_tanh",
+                            weight_layout="nk")
+    plan = LinearForwardPlan.select(desc, device=0)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x, w, b = (torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+               for shape in ((96, 64), (80, 64), (80,)))
+    out = torch.empty(96, 80, device="cuda", dtype=torch.bfloat16)
+    prepared = plan.prepare(LinearArgs(x, w, b, out=out), workspace=_workspace(plan))
+    for call in range(4):
+        _fill(gen, x, w, b)
+        prepared()
+        other = torch.empty_like(out)
+        plan.prepare(LinearArgs(x, w, b, out=other), workspace=_workspace(plan))()  # direct
+        torch.cuda.synchronize()
+        assert torch.equal(out, other), call
+    assert _replays(prepared)._exec is not None
