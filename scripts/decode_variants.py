@@ -5,8 +5,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
 (except where a variant picks another tile, which sums in another order).
 
     python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
-                                       | --overlap | --overlap-ab
-                                       | --prefetch] [--mma-only]
+                                       | --overlap | --overlap-ab]
+                                       [--mma-only]
 """
 
 from __future__ import annotations
@@ -48,19 +48,12 @@ PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if 
 OTHER_ORDER = {"cuda-core tiles of 8"}  # variants whose sums run in another order
 if "--overlap" in sys.argv:
     VARIANTS = {"per tile (default)": (), "merge after partial": (), "overlap again": ()}
-if "--prefetch" in sys.argv:  # V's first passes into L2 ahead of the V loop (q_len 1 tiles)
-    VARIANTS = {"per tile (default)": ()}
-    for passes, at in ((8, 1), (16, 1), (32, 1), (16, 0), (32, 0)):
-        VARIANTS[f"prefetch {passes} at {'start' if at == 0 else 'last K turn'}"] = (
-            f"-DOPFACADE_DECODE_PREFETCH_V={passes}", f"-DOPFACADE_DECODE_PREFETCH_AT={at}")
 if "--mma" in sys.argv:
     VARIANTS = {"per tile (default)": (), "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
                 "cuda-core tiles of 8": ()}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
-if "--prefetch" in sys.argv:  # the cases the CUDA-core tiles run
-    CASES = [case for case in CASES if not case[2][-1].isdigit()]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
