@@ -101,3 +101,16 @@ def test_a_refused_graph_leaves_the_launches_direct_for_good(monkeypatch):
         step()
     assert runtime.calls == ["begin"]  # tried once
     assert [where for _, where in direct] == [0x55] * 6 and not libcuda.replays
+
+
+def test_with_replays_off_every_call_launches_directly(monkeypatch):
+    pytest.importorskip("cupy")
+    from opfacade._internal import graph_replay
+
+    runtime, libcuda = _FakeRuntime(), _FakeLibcuda()
+    step, direct = _graphed(monkeypatch, runtime, libcuda)
+    monkeypatch.setattr(graph_replay, "REPLAY", False)
+    for _ in range(3):
+        step()
+    assert [where for _, where in direct] == [0x55] * 6
+    assert not runtime.calls and not libcuda.replays

@@ -15,7 +15,10 @@ from collections.abc import Callable
 from ..errors import LaunchFailed
 from .log import LOG
 
-__all__ = ["GraphedLaunches", "libcuda"]
+__all__ = ["REPLAY", "GraphedLaunches", "libcuda"]
+
+# Off: every GraphedLaunches launches directly (the A/B baseline of scripts/gpt_replay_ab.py).
+REPLAY = True
 
 
 @functools.cache
@@ -81,7 +84,7 @@ class GraphedLaunches:
 
     def __call__(self) -> None:
         self._calls += 1
-        if self._unavailable or self._calls == 1:
+        if self._unavailable or self._calls == 1 or not REPLAY:
             self._launch_direct()
             return
         library = self._library
