@@ -1,7 +1,7 @@
 """Whether CUDA-graph replays of prepared calls (``graph_replay.REPLAY``) help examples/gpt.py's
 eager training step in the example's own harness: one opfacade model trained in 50-step windows
-with replays on, then off, then torch eager's model, in turn, ``--rounds`` rounds (median and
-spread of tokens/s per contestant).
+with library calls captured at their 2nd, 16th or 256th use, then with none, then torch eager's
+model, in turn, ``--rounds`` rounds (median and spread of tokens/s per contestant).
 
     python3 scripts/gpt_replay_ab.py [out.json] [--rounds N]
 """
@@ -17,6 +17,25 @@ from gpt_profile import example_module  # this directory is on sys.path when run
 
 from opfacade._internal import graph_replay
 
+CAPTURE_ATS = (2, 16, 256)  # the call at which a library call is captured
+
+
+def library_launches() -> list:
+    """Every GraphedLaunches alive (run()'s memoised cuDNN and cuBLASLt calls among them)."""
+    import gc
+
+    return [o for o in gc.get_objects() if type(o) is graph_replay.GraphedLaunches]
+
+
+DEFAULT = graph_replay.LIBRARY_CAPTURE_AT
+
+
+def set_capture_at(calls: int) -> None:
+    """The library calls' capture point, for the launches alive and those made from now on."""
+    graph_replay.LIBRARY_CAPTURE_AT = calls
+    for launch in library_launches():
+        launch._capture_at = calls
+
 
 def main() -> int:
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 7
@@ -25,17 +44,19 @@ def main() -> int:
     data = list(gpt.batches(config, 50, seed=1))
     ours = gpt.Trainer(config, "opfacade", False)
     torch_eager = gpt.Trainer(config, "torch", False)
-    contestants = {"opfacade, replays": (ours, True), "opfacade, direct": (ours, False),
-                   "torch eager": (torch_eager, True)}
+    contestants = {f"opfacade, capture at {n}": (ours, n) for n in CAPTURE_ATS}
+    contestants.update({"opfacade, direct": (ours, None), "torch eager": (torch_eager, None)})
     for trainer in (ours, torch_eager):
         trainer.steps(data[:5])
     runs = {name: [] for name in contestants}
     for _ in range(rounds):
-        for name, (trainer, replay) in contestants.items():
-            graph_replay.REPLAY = replay
+        for name, (trainer, capture_at) in contestants.items():
+            graph_replay.REPLAY = capture_at is not None
+            set_capture_at(capture_at or DEFAULT)
             _, seconds = trainer.timed_steps(data)
             runs[name].append(len(data) * config.batch * config.seq / seconds)
     graph_replay.REPLAY = True
+    set_capture_at(DEFAULT)
     report = {"device": torch.cuda.get_device_name(), "rounds": rounds,
               "tokens_per_s": {n: statistics.median(v) for n, v in runs.items()},
               "spread": {n: [min(v), max(v)] for n, v in runs.items()}, "runs": runs}

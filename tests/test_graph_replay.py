@@ -52,7 +52,7 @@ class _FakeLibcuda:
         return 0
 
 
-def _graphed(monkeypatch, runtime: _FakeRuntime, libcuda: _FakeLibcuda):
+def _graphed(monkeypatch, runtime: _FakeRuntime, libcuda: _FakeLibcuda, capture_at: int = 2):
     import contextlib
 
     from opfacade._internal import graph_replay
@@ -67,7 +67,7 @@ def _graphed(monkeypatch, runtime: _FakeRuntime, libcuda: _FakeLibcuda):
         return [lambda: direct.append(("partial", stream)),
                 lambda: direct.append(("merge", stream))]
 
-    return graph_replay.GraphedLaunches(make, 0x55, 0), direct
+    return graph_replay.GraphedLaunches(make, 0x55, 0, capture_at), direct
 
 
 def test_a_graphed_step_launches_directly_once_then_replays_one_graph(monkeypatch):
@@ -114,3 +114,19 @@ def test_with_replays_off_every_call_launches_directly(monkeypatch):
         step()
     assert [where for _, where in direct] == [0x55] * 6
     assert not runtime.calls and not libcuda.replays
+
+
+def test_a_library_call_is_captured_at_its_library_capture_at_th_call(monkeypatch):
+    pytest.importorskip("cupy")
+    from opfacade._internal import graph_replay
+
+    monkeypatch.setattr(graph_replay, "LIBRARY_CAPTURE_AT", 3)
+    runtime, libcuda = _FakeRuntime(), _FakeLibcuda()
+    _graphed(monkeypatch, runtime, libcuda)  # installs the fakes
+    direct = []
+    step = graph_replay.library_call(lambda on: [lambda: direct.append(on)], 0x55, 0)
+    step()
+    step()
+    assert direct == [0x55, 0x55] and not runtime.calls
+    step()  # the third: captured on the private stream, replayed on the caller's
+    assert direct[2:] == [0x77] and libcuda.replays == [(0xE0, 0x55)]

@@ -14,6 +14,15 @@ from opfacade.ops.sdpa import SdpaArgs, SdpaBackwardArgs, SdpaBackwardDescriptor
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
+
+@pytest.fixture(autouse=True)
+def capture_early(monkeypatch):
+    """Library calls captured at their 2nd call (LIBRARY_CAPTURE_AT counts hundreds), so a few
+    calls reach the replay."""
+    from opfacade._internal import graph_replay
+
+    monkeypatch.setattr(graph_replay, "LIBRARY_CAPTURE_AT", 2)
+
 SHAPE = dict(batch=2, heads_q=8, heads_kv=2, seq_q=200, seq_kv=300, head_dim=64,
              causal="bottom_right", element="bf16")
 

@@ -18,6 +18,7 @@ from opfacade._backends.cudnn import graphs, runtime
 from opfacade._backends.cudnn import sdpa as cudnn_sdpa
 from opfacade._backends.nvrtc import compiler, sdpa_edges
 from opfacade._backends.reference import sdpa as reference
+from opfacade._internal import graph_replay
 from opfacade._internal.graph_replay import GraphedLaunches
 from opfacade._internal.sku import Workspace
 from opfacade._internal.tensors import TensorView, c_strides
@@ -295,6 +296,7 @@ def graph_alone(prepared) -> bool:
     """Whether a prepared call (replayed as a CUDA graph from its second call) launches the
     cuDNN graph's own call and nothing around it."""
     return (isinstance(prepared, GraphedLaunches)
+            and prepared._capture_at == graph_replay.LIBRARY_CAPTURE_AT
             and [launch.__name__ for launch in prepared._direct] == ["run_prepared"])
 
 

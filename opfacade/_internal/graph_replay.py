@@ -15,10 +15,17 @@ from collections.abc import Callable
 from ..errors import LaunchFailed
 from .log import LOG
 
-__all__ = ["REPLAY", "GraphedLaunches", "libcuda"]
+__all__ = ["LIBRARY_CAPTURE_AT", "REPLAY", "GraphedLaunches", "libcuda", "library_call"]
 
 # Off: every GraphedLaunches launches directly (the A/B baseline of scripts/gpt_replay_ab.py).
 REPLAY = True
+# The call at which a library call (a cuDNN graph's execute, a cuBLASLt recipe) is captured. A
+# capture (a stream, the launches under capture, the graph's instantiation) costs the host far
+# more than a replay saves: in examples/gpt.py's eager training, where run()'s launches are
+# re-pointed whenever the allocator hands out new addresses, capturing at the 2nd or the 16th
+# call cost 19% and 11% of the tokens/s that direct launches gave (H100,
+# scripts/gpt_replay_ab.py). A launch used this often has paid for its capture.
+LIBRARY_CAPTURE_AT = 256
 
 
 @functools.cache
@@ -33,21 +40,22 @@ def libcuda():
 class GraphedLaunches:
     """A fixed sequence of launches on one stream that replays as one CUDA graph.
 
-    The first call launches directly (a call made once never pays for a graph). The second
-    captures the launches on a private stream and instantiates the graph; from then on a call
-    is one ``cuGraphLaunch`` on the caller's stream, where several launches would each cost the
-    driver's launch time. While the caller's stream is itself being captured (the caller
-    building their own CUDA graph), the launches go in directly, as nodes of that graph.
+    The calls before the ``capture_at``-th launch directly (a call made once never pays for a
+    graph). That one captures the launches on a private stream and instantiates the graph; from
+    then on a call is one ``cuGraphLaunch`` on the caller's stream, where several launches would
+    each cost the driver's launch time. While the caller's stream is itself being captured (the
+    caller building their own CUDA graph), the launches go in directly, as nodes of that graph.
     """
 
-    __slots__ = ("_calls", "_capturing", "_device", "_direct", "_exec", "_graph", "_keep",
-                 "_library", "_make", "_stream", "_unavailable")
+    __slots__ = ("_calls", "_capture_at", "_capturing", "_device", "_direct", "_exec", "_graph",
+                 "_keep", "_library", "_make", "_stream", "_unavailable")
 
     def __init__(self, make: Callable[[int], list[Callable[[], None]]], stream: int,
-                 device: int):
+                 device: int, capture_at: int = 2):
         self._make, self._stream, self._device = make, int(stream), device
         self._direct = make(self._stream)
         self._calls, self._exec, self._graph, self._keep = 0, None, None, None
+        self._capture_at = capture_at
         self._capturing = ctypes.c_int(0)
         self._library = libcuda()
         self._unavailable = self._library is None
@@ -84,7 +92,7 @@ class GraphedLaunches:
 
     def __call__(self) -> None:
         self._calls += 1
-        if self._unavailable or self._calls == 1 or not REPLAY:
+        if self._unavailable or self._calls < self._capture_at or not REPLAY:
             self._launch_direct()
             return
         library = self._library
@@ -106,3 +114,11 @@ class GraphedLaunches:
                 cupy.cuda.runtime.graphDestroy(self._graph)
         except Exception:  # interpreter shutdown: the driver frees it with the context
             pass
+
+
+def library_call(make: Callable[[int], list[Callable[[], None]]], stream: int, device: int
+                 ) -> GraphedLaunches:
+    """A prepared library call (a cuDNN graph's execute, a cuBLASLt recipe) as GraphedLaunches,
+    captured at its ``LIBRARY_CAPTURE_AT``-th call."""
+    return GraphedLaunches(make, stream, device, LIBRARY_CAPTURE_AT)
+

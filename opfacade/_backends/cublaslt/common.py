@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..._internal.contract import BoundArgs, OpContract
 from ..._internal.device import current_device, device_count, on_device
-from ..._internal.graph_replay import GraphedLaunches
+from ..._internal.graph_replay import library_call
 from ..._internal.limits import Limit, check
 from ..._internal.log import LOG
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
@@ -290,15 +290,15 @@ class LinearCublasLt(SkuImpl[D]):
                  stream: int | None) -> Callable[[], None]:
         """The recipe's launches bound to these tensors, workspace and stream: each GEMM with a
         matmul descriptor of its own, each kernel with its arguments packed. On the current
-        device they replay from a CUDA graph from the second call (``GraphedLaunches``: one
-        cuGraphLaunch, where each cublasLtMatmul costs the host ~7 us on an H100 host)."""
+        device they replay from a CUDA graph once made ``LIBRARY_CAPTURE_AT`` times
+        (``GraphedLaunches``: one cuGraphLaunch, where each cublasLtMatmul costs the host ~7 us
+        on an H100 host)."""
         device = args.device
         recipe = self._recipe(desc, args.views, workspace)
         handle = library.handle(device)
         if current_device() == device:
-            return GraphedLaunches(
-                lambda on: [recipe.bind(handle, args.views, workspace, on)],
-                0 if stream is None else stream, device)
+            return library_call(lambda on: [recipe.bind(handle, args.views, workspace, on)],
+                                0 if stream is None else stream, device)
         run = recipe.bind(handle, args.views, workspace, stream)
 
         def on_its_device() -> None:

@@ -28,7 +28,7 @@ from typing import Generic, TypeVar
 
 from ..._internal.contract import BoundArgs, OpContract
 from ..._internal.device import current_device, on_device
-from ..._internal.graph_replay import GraphedLaunches
+from ..._internal.graph_replay import library_call
 from ..._internal.limits import workspace_limit
 from ..._internal.log import LOG
 from ..._internal.selection import Target
@@ -277,10 +277,11 @@ class _SdpaCudnn(GraphSelection, SkuImpl[P]):
         is this thread's, shared with other plans) and executes the graph's bound call, making
         the graph's device current around it when it is not current here.
 
-        On the current device the call, edges included, replays from a CUDA graph from its
-        second call (``GraphedLaunches``): one cuGraphLaunch on the caller's stream, where
-        cuDNN's execute and the stream bind cost the host 12-14 us on an H100 host. run()'s
-        memo keeps the call, so repeated runs on the same tensors replay too."""
+        On the current device the call, edges included, replays from a CUDA graph once it has
+        been made ``LIBRARY_CAPTURE_AT`` times (``GraphedLaunches``): one cuGraphLaunch on the
+        caller's stream, where cuDNN's execute and the stream bind cost the host 12-14 us on an
+        H100 host. run()'s memo keeps the call, so repeated runs on the same tensors replay
+        too."""
         views = args.views
         device = views["q"].device
         built = self._graph_for_run(desc, device)
@@ -309,7 +310,7 @@ class _SdpaCudnn(GraphSelection, SkuImpl[P]):
 
             return [self._with_edges(desc, views, device, on, run_prepared)]
 
-        return GraphedLaunches(launches, stream, device)
+        return library_call(launches, stream, device)
 
     def _edges(self, desc: P, views: dict, device: int, stream: int
                ) -> tuple[list[Callable[[], None]], list[Callable[[], None]]]:
