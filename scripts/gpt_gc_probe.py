@@ -9,13 +9,12 @@ frozen (gc.freeze()) after warm-up.
 from __future__ import annotations
 
 import gc
-import json
 import statistics
 import sys
 import time
 
 import torch
-from gpt_profile import example_module  # this directory is on sys.path when run as a script
+from gpt_profile import example_module, write_report  # this directory is on sys.path
 
 
 class GcClock:
@@ -91,10 +90,7 @@ def main() -> int:
     gc.collect()
     gc.freeze()
     show("beside the compiled models, heap frozen", windows(gpt, everyone, data, rounds, clock))
-    paths = [arg for arg in sys.argv[1:] if arg.endswith(".json")]
-    if paths:
-        with open(paths[0], "w") as handle:
-            json.dump(report, handle, indent=1)
+    write_report(report)
     return 0
 
 

@@ -8,12 +8,11 @@ model, in turn, ``--rounds`` rounds (median and spread of tokens/s per contestan
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 
 import torch
-from gpt_profile import example_module  # this directory is on sys.path when run as a script
+from gpt_profile import example_module, write_report  # this directory is on sys.path
 
 from opfacade._internal import graph_replay
 
@@ -63,10 +62,7 @@ def main() -> int:
     for name, rate in report["tokens_per_s"].items():
         low, high = report["spread"][name]
         print(f"{name:20s} {rate / 1e3:6.0f}k tokens/s ({low / 1e3:.0f}-{high / 1e3:.0f}k)")
-    paths = [arg for arg in sys.argv[1:] if arg.endswith(".json")]
-    if paths:
-        with open(paths[0], "w") as handle:
-            json.dump(report, handle, indent=1)
+    write_report(report)
     return 0
 
 
