@@ -142,7 +142,7 @@ def overlap_ab(copy_tbps: float, rounds: int = 25, calls: int = 20) -> dict[str,
     alike: each step as the prepared call replays it (a CUDA graph) and as direct launches.
     Returns % of a copy per case and contestant (median over the rounds)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    rows = {}
+    rows, default = {}, kernels.OVERLAP_MERGE
     for case in CASES:
         desc, args, nbytes = case_tensors(*case)
         plan = DecodeAttentionPlan.select(desc, device=0)
@@ -157,7 +157,7 @@ def overlap_ab(copy_tbps: float, rounds: int = 25, calls: int = 20) -> dict[str,
             name = "overlap" if overlap else "after"
             contestants[f"{name} graph"] = step
             contestants[f"{name} direct"] = step._call._launch_direct
-        kernels.OVERLAP_MERGE = True
+        kernels.OVERLAP_MERGE = default
         times = {name: [] for name in contestants}
         for _ in range(rounds):
             for name, fn in contestants.items():

@@ -23,8 +23,9 @@ REPLAY = True
 # capture (a stream, the launches under capture, the graph's instantiation) costs the host far
 # more than a replay saves: in examples/gpt.py's eager training, where run()'s launches are
 # re-pointed whenever the allocator hands out new addresses, capturing at the 2nd or the 16th
-# call cost 19% and 11% of the tokens/s that direct launches gave (H100,
-# scripts/gpt_replay_ab.py). A launch used this often has paid for its capture.
+# call cost 19% and 11% of the tokens/s that direct launches gave in one H100 run, and the 2nd
+# 1% in another (scripts/gpt_replay_ab.py). A launch used this often has paid for its capture;
+# 256 itself has not been timed on a GPU.
 LIBRARY_CAPTURE_AT = 256
 
 
