@@ -3,7 +3,7 @@ eager training step in the example's own harness: one opfacade model trained in 
 with library calls captured at their 2nd, 16th or 256th use, then with none, then torch eager's
 model, in turn, ``--rounds`` rounds (median and spread of tokens/s per contestant).
 
-    python3 scripts/gpt_replay_ab.py [out.json] [--rounds N]
+    python3 scripts/gpt_replay_ab.py [out.json] [--rounds N] [--capture-ats 2,16,256]
 """
 
 from __future__ import annotations
@@ -38,12 +38,14 @@ def set_capture_at(calls: int) -> None:
 
 def main() -> int:
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 7
+    capture_ats = (tuple(int(n) for n in sys.argv[sys.argv.index("--capture-ats") + 1].split(","))
+                   if "--capture-ats" in sys.argv else CAPTURE_ATS)
     gpt = example_module()
     config = gpt.Config()
     data = list(gpt.batches(config, 50, seed=1))
     ours = gpt.Trainer(config, "opfacade", False)
     torch_eager = gpt.Trainer(config, "torch", False)
-    contestants = {f"opfacade, capture at {n}": (ours, n) for n in CAPTURE_ATS}
+    contestants = {f"opfacade, capture at {n}": (ours, n) for n in capture_ats}
     contestants.update({"opfacade, direct": (ours, None), "torch eager": (torch_eager, None)})
     for trainer in (ours, torch_eager):
         trainer.steps(data[:5])

@@ -1,25 +1,20 @@
-"""What every torch op of opfacade shares: the op namespace, the device and grad checks that give
-typed errors where torch would crash or silently fall back, and tensors allocated the way the
-real kernels and torch.compile's fake kernels must agree on."""
+"""What every torch op of opfacade shares: the device and grad checks that give typed errors
+where torch would crash or silently fall back, and tensors allocated the way the real kernels
+and torch.compile's fake kernels must agree on. (How the ops are registered: _define.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from .._internal.tensors import plain_torch_types
 from .._internal.view import ELEMENT_BY_NAME, TORCH_DTYPES
 from ..contracts.sdpa_layouts import dense_strides
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
 from ..types import ElementKind
 
-__all__ = ["NAMESPACE", "absent", "cuda_device", "deterministic_choice", "eager_autograd",
-           "element_of", "empty", "empty_in_layout", "kernel_or_op", "no_grad_wanted",
-           "torch_dtype", "wants_grad"]
-
-# torch.ops.opfacade.<op>: one namespace for every family's ops.
-NAMESPACE = "opfacade"
+__all__ = ["absent", "cuda_device", "deterministic_choice", "element_of", "empty",
+           "empty_in_layout", "no_grad_wanted", "torch_dtype", "wants_grad"]
 
 
 class _CudaDevices(dict):
@@ -147,57 +142,3 @@ def deterministic_choice(deterministic: bool | None) -> bool:
     if deterministic is None:
         return torch.are_deterministic_algorithms_enabled()
     return bool(deterministic)
-
-
-# -- eager calls without the dispatcher ----------------------------------------------------------
-
-_PLAIN_TYPES = plain_torch_types(torch)
-
-
-def _traced(args: tuple) -> bool:
-    """Whether torch is tracing this call (torch.compile, or AOT dispatch handing fake or
-    functional tensors, which are Tensor subclasses): then only the op will do."""
-    if torch.compiler.is_compiling():
-        return True
-    for a in args:  # noqa: SIM110 - a loop, not any() over a generator: every eager call asks
-        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TYPES:
-            return True
-    return False
-
-
-def kernel_or_op(op: Callable, kernel: Callable) -> Callable:
-    """A call of ``op`` (a torch.ops.opfacade op) that runs its kernel directly when torch is not
-    tracing: the dispatcher's Python layers cost more host time than the kernel's launch."""
-    def call(*args):
-        return op(*args) if _traced(args) else kernel(*args)
-
-    return call
-
-
-def eager_autograd(op: Callable, kernel: Callable, setup_context: Callable,
-                   backward: Callable) -> Callable:
-    """A call of ``op`` for the drop-ins: under tracing the op itself (what torch.compile and
-    its fake kernels see); in eager mode an autograd.Function made of the op's own pieces, its
-    kernel, ``setup_context`` and ``backward`` (those given to register_autograd), so the saved
-    tensors and gradients are the op's. On a CPU-only host a trivial custom op with autograd
-    cost 62 us per forward through the dispatcher and 7 us as an autograd.Function."""
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            output = kernel(*args)
-            setup_context(ctx, args, output)
-            # Unused outputs (stats, aux) get None, not zeros allocated for them.
-            ctx.set_materialize_grads(False)
-            return output
-
-        @staticmethod
-        def backward(ctx, *grads):
-            return backward(ctx, *grads)
-
-    Eager.__name__ = Eager.__qualname__ = f"Eager_{getattr(op, '__name__', 'op')}"
-
-    def call(*args):
-        return op(*args) if _traced(args) else Eager.apply(*args)
-
-    return call

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..ops import alibi as functional
-from ._common import absent, cuda_device, eager_autograd, element_of, empty, kernel_or_op
+from ._common import absent, cuda_device, element_of, empty
+from ._define import define_op
 
 __all__ = ["alibi"]
 
@@ -17,11 +18,7 @@ def _alibi_impl(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
     return functional.alibi_forward(scores, slopes)
 
 
-_alibi_op = torch.library.custom_op("opfacade::alibi", _alibi_impl, mutates_args=())
-
-
-@_alibi_op.register_fake
-def _(scores, slopes):
+def _alibi_fake(scores, slopes):
     device = cuda_device("alibi", scores=scores, slopes=slopes)
     return empty(scores.shape, element_of(scores, "scores"), device)
 
@@ -35,19 +32,16 @@ def _alibi_backward_impl(grad_output: torch.Tensor, need_input_grad: bool,
             absent(grad_output, grad_output.dtype) if grad_slopes is None else grad_slopes)
 
 
-_alibi_backward_op = torch.library.custom_op("opfacade::alibi_backward", _alibi_backward_impl,
-                                             mutates_args=())
-_alibi_backward = kernel_or_op(torch.ops.opfacade.alibi_backward, _alibi_backward_impl)
-
-
-@_alibi_backward_op.register_fake
-def _(grad_output, need_input_grad, need_slope_grad):
+def _alibi_backward_fake(grad_output, need_input_grad, need_slope_grad):
     device = cuda_device("alibi_backward", grad_output=grad_output)
     element = element_of(grad_output, "grad_output")
     return (empty(grad_output.shape, element, device) if need_input_grad
             else absent(grad_output, grad_output.dtype),
             empty((grad_output.shape[1],), element.accumulator, device) if need_slope_grad
             else absent(grad_output, grad_output.dtype))
+
+
+_alibi_backward = define_op("alibi_backward", _alibi_backward_impl, _alibi_backward_fake)
 
 
 def _backward(ctx, grad_output):
@@ -59,9 +53,7 @@ def _backward(ctx, grad_output):
     return grad_scores if need_scores else None, grad_slopes if need_slopes else None
 
 
-_alibi_op.register_autograd(_backward)
-_alibi = eager_autograd(torch.ops.opfacade.alibi, _alibi_impl, lambda ctx, inputs, output: None,
-                        _backward)
+_alibi = define_op("alibi", _alibi_impl, _alibi_fake, backward=_backward)
 
 
 def alibi(scores: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:

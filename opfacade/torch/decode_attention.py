@@ -12,6 +12,7 @@ import torch
 
 from ..ops import decode_attention as functional
 from ._common import absent, cuda_device, element_of, empty, no_grad_wanted
+from ._define import define_op
 
 __all__ = ["decode_attention"]
 
@@ -28,17 +29,17 @@ def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out, lse if save_lse else absent(q)
 
 
-_decode_op = torch.library.custom_op("opfacade::decode_attention", _decode_impl, mutates_args=())
-
-
-@_decode_op.register_fake
-def _(q, k_cache, v_cache, seq_lens, page_table, kv_layout, scale, window_left, save_lse):
+def _decode_fake(q, k_cache, v_cache, seq_lens, page_table, kv_layout, scale, window_left,
+                 save_lse):
     device = cuda_device("decode_attention", q=q, k_cache=k_cache, v_cache=v_cache,
                          seq_lens=seq_lens, page_table=page_table)
     element = element_of(q, "q")
     out = empty((*q.shape[:3], v_cache.shape[3]), element, device)
     lse = empty(q.shape[:3], element.accumulator, device) if save_lse else absent(q)
     return out, lse
+
+
+_decode = define_op("decode_attention", _decode_impl, _decode_fake)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -53,7 +54,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     no_grad_wanted("decode_attention", q=q, k_cache=k_cache, v_cache=v_cache)
     arguments = (q, k_cache, v_cache, seq_lens, page_table, kv_layout, scale, window_left,
                  return_lse)
-    # Eager calls skip the dispatcher's Python round trip; compiled ones must see the op.
-    run = torch.ops.opfacade.decode_attention if torch.compiler.is_compiling() else _decode_impl
-    out, lse = run(*arguments)
+    out, lse = _decode(*arguments)
     return (out, lse) if return_lse else out

@@ -12,6 +12,9 @@ from ._common import cuda_device, no_grad_wanted
 __all__ = ["kv_append"]
 
 
+# The one op registered through torch.library.custom_op rather than _define.define_op: it
+# mutates its caches, and custom_op's handling of mutated arguments is what torch.compile's
+# functionalization of it has been tested with.
 @torch.library.custom_op("opfacade::kv_append", mutates_args=("k_cache", "v_cache"))
 def _kv_append_op(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, seq_lens: torch.Tensor,

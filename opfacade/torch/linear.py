@@ -20,13 +20,12 @@ from ._common import (
     absent,
     cuda_device,
     deterministic_choice,
-    eager_autograd,
     element_of,
     empty,
-    kernel_or_op,
     torch_dtype,
     wants_grad,
 )
+from ._define import define_op
 
 __all__ = ["Linear", "linear"]
 
@@ -58,11 +57,7 @@ def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return (out[0], aux) if keep else (out, aux)
 
 
-_linear_op = torch.library.custom_op("opfacade::linear", _linear_impl, mutates_args=())
-
-
-@_linear_op.register_fake
-def _(x, weight, bias, activation, save_aux, deterministic):
+def _linear_fake(x, weight, bias, activation, save_aux, deterministic):
     device = cuda_device("linear", x=x, weight=weight, bias=bias)
     out = empty((x.shape[0], weight.shape[0]), element_of(x, "x"), device)
     return out, _aux(x, weight, activation, zeros=False) if save_aux else absent(x, torch.uint8)
@@ -80,20 +75,17 @@ def _linear_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, weight: torch
     return tuple(absent(x, torch.uint8) if grad is None else grad for grad in grads)
 
 
-_linear_backward_op = torch.library.custom_op("opfacade::linear_backward", _linear_backward_impl,
-                                              mutates_args=())
-_linear_backward = kernel_or_op(torch.ops.opfacade.linear_backward, _linear_backward_impl)
-
-
-@_linear_backward_op.register_fake
-def _(grad_out, x, weight, aux, activation, need_input_grad, need_weight_grad, need_bias_grad,
-      deterministic):
+def _linear_backward_fake(grad_out, x, weight, aux, activation, need_input_grad,
+                          need_weight_grad, need_bias_grad, deterministic):
     device = cuda_device("linear_backward", grad_out=grad_out, x=x, weight=weight, aux=aux)
     element = element_of(x, "x")
     wanted = ((need_input_grad, x.shape), (need_weight_grad, weight.shape),
               (need_bias_grad, (weight.shape[0],)))
     return tuple(empty(shape, element, device) if need else absent(x, torch.uint8)
                  for need, shape in wanted)
+
+
+_linear_backward = define_op("linear_backward", _linear_backward_impl, _linear_backward_fake)
 
 
 def _save_for_backward(ctx, inputs, output) -> None:
@@ -115,8 +107,8 @@ def _backward(ctx, grad_out, _grad_aux):
             grad_b if need_b and ctx.has_bias else None, None, None, None)
 
 
-_linear_op.register_autograd(_backward, setup_context=_save_for_backward)
-_linear = eager_autograd(torch.ops.opfacade.linear, _linear_impl, _save_for_backward, _backward)
+_linear = define_op("linear", _linear_impl, _linear_fake, setup_context=_save_for_backward,
+                    backward=_backward)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

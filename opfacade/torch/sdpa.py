@@ -23,13 +23,12 @@ from ._common import (
     absent,
     cuda_device,
     deterministic_choice,
-    eager_autograd,
     element_of,
     empty,
     empty_in_layout,
-    kernel_or_op,
     wants_grad,
 )
+from ._define import define_op
 
 __all__ = ["sdpa"]
 
@@ -61,12 +60,8 @@ def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     return result if save_stats else (result, absent(q))
 
 
-_sdpa_op = torch.library.custom_op("opfacade::sdpa", _sdpa_impl, mutates_args=())
-
-
-@_sdpa_op.register_fake
-def _(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset, save_stats,
-      deterministic):
+def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,
+               save_stats, deterministic):
     device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
     element = element_of(q, "q")
     out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q), element, device)
@@ -88,20 +83,17 @@ def _sdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     return grads if need_bias_grad else (*grads, absent(q, q.dtype))
 
 
-_sdpa_backward_op = torch.library.custom_op("opfacade::sdpa_backward", _sdpa_backward_impl,
-                                            mutates_args=())
-_sdpa_backward = kernel_or_op(torch.ops.opfacade.sdpa_backward, _sdpa_backward_impl)
-
-
-@_sdpa_backward_op.register_fake
-def _(q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropout_p,
-      dropout_seed, dropout_offset, deterministic):
+def _sdpa_backward_fake(q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale,
+                        dropout_p, dropout_seed, dropout_offset, deterministic):
     device = cuda_device("sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
     element, layout = element_of(q, "q"), _layout(q)
     grads = [empty_in_layout(t.shape, layout, element, device) for t in (q, k, v)]
     grad_bias = (empty(bias.shape, element, device) if need_bias_grad
                  else absent(q, q.dtype))
     return (*grads, grad_bias)
+
+
+_sdpa_backward = define_op("sdpa_backward", _sdpa_backward_impl, _sdpa_backward_fake)
 
 
 def _save_for_backward(ctx, inputs, output) -> None:
@@ -126,8 +118,8 @@ def _backward(ctx, grad_out, _grad_stats):
             None, None, None, None, None, None, None)
 
 
-_sdpa_op.register_autograd(_backward, setup_context=_save_for_backward)
-_sdpa = eager_autograd(torch.ops.opfacade.sdpa, _sdpa_impl, _save_for_backward, _backward)
+_sdpa = define_op("sdpa", _sdpa_impl, _sdpa_fake, setup_context=_save_for_backward,
+                  backward=_backward)
 
 
 def _refuse_ranks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:

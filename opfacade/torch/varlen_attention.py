@@ -15,12 +15,11 @@ from ._common import (
     absent,
     cuda_device,
     deterministic_choice,
-    eager_autograd,
     element_of,
     empty,
-    kernel_or_op,
     wants_grad,
 )
+from ._define import define_op
 
 __all__ = ["varlen_attention"]
 
@@ -48,12 +47,8 @@ def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out, lse if save_lse else absent(q)
 
 
-_varlen_op = torch.library.custom_op("opfacade::varlen_attention", _varlen_impl, mutates_args=())
-
-
-@_varlen_op.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale, causal,
-      window_left, window_right, save_lse, deterministic):
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, scale,
+                 causal, window_left, window_right, save_lse, deterministic):
     device = cuda_device("varlen_attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                          cu_seqlens_kv=cu_seqlens_kv)
     element = element_of(q, "q")
@@ -77,18 +72,16 @@ def _varlen_backward_impl(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tens
         window=_window(window_left, window_right), deterministic=deterministic)
 
 
-_varlen_backward_op = torch.library.custom_op("opfacade::varlen_attention_backward",
-                                              _varlen_backward_impl, mutates_args=())
-_varlen_backward = kernel_or_op(torch.ops.opfacade.varlen_attention_backward,
-                                _varlen_backward_impl)
-
-
-@_varlen_backward_op.register_fake
-def _(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-      scale, causal, window_left, window_right, deterministic):
+def _varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv,
+                          max_seqlen_q, max_seqlen_kv, scale, causal, window_left, window_right,
+                          deterministic):
     device = cuda_device("varlen_attention_backward", grad_out=grad_out, q=q, k=k, v=v)
     element = element_of(q, "q")
     return tuple(empty(t.shape, element, device) for t in (q, k, v))
+
+
+_varlen_backward = define_op("varlen_attention_backward", _varlen_backward_impl,
+                             _varlen_backward_fake)
 
 
 def _save_for_backward(ctx, inputs, output) -> None:
@@ -106,9 +99,8 @@ def _backward(ctx, grad_out, _grad_lse):
     return (*grads, *(None,) * 10)
 
 
-_varlen_op.register_autograd(_backward, setup_context=_save_for_backward)
-_varlen = eager_autograd(torch.ops.opfacade.varlen_attention, _varlen_impl, _save_for_backward,
-                         _backward)
+_varlen = define_op("varlen_attention", _varlen_impl, _varlen_fake,
+                    setup_context=_save_for_backward, backward=_backward)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

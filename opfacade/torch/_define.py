@@ -1,0 +1,123 @@
+"""How this package's torch ops are put in torch's dispatcher, and what the drop-ins call.
+
+``define_op`` registers an op with torch.library's public pieces (a schema inferred from the
+kernel's annotations, ``Library.define``, ``register_fake``) and, instead of
+``torch.library.custom_op``'s Python layers, two kernels of its own: the kernel itself for every
+backend, and an autograd kernel. Compiled graphs call an op through the dispatcher with
+parameters that require grad under no_grad, and the backward ops with plain gradients; there
+custom_op's layers (its autograd kernel re-entering the dispatcher, its backend wrapper's
+aliasing checks and dynamo guards) cost several times the kernel's own host time (see
+docs/PERF-NOTES.md). The autograd kernel here calls the kernel directly when nothing traces the
+call, and otherwise hands it on below autograd, as custom_op does.
+
+What the drop-ins call (``DefinedOp.__call__``) is the op's ``autograd.Function`` in eager mode
+(the dispatcher is never entered) and the op itself while torch traces, so both routes save the
+same tensors and run the same backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .._internal.tensors import plain_torch_types
+from ..errors import Unsupported
+
+__all__ = ["NAMESPACE", "DefinedOp", "define_op", "traced"]
+
+# torch.ops.opfacade.<op>: one namespace for every family's ops.
+NAMESPACE = "opfacade"
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+_PLAIN_TYPES = plain_torch_types(torch)
+# The keys below autograd (torch/_library/autograd.py hands a call on with the same set).
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def traced(args: tuple) -> bool:
+    """Whether torch is tracing this call or a dispatch mode watches it (torch.compile; AOT
+    dispatch handing fake or functional tensors, which are Tensor subclasses; a
+    TorchDispatchMode such as FlopCounterMode): then only the op will do. A loop, not any() over
+    a generator: every eager call asks."""
+    if torch.compiler.is_compiling() or _dispatch_modes():
+        return True
+    for a in args:  # noqa: SIM110 - see above
+        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TYPES:
+            return True
+    return False
+
+
+def _requires_grad(args: tuple) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    for a in args:  # noqa: SIM110 - as in traced()
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
+
+
+class DefinedOp:
+    """A registered op: ``op`` is ``torch.ops.opfacade.<name>.default``; calling this object
+    runs it the way the drop-ins want (see the module's docstring)."""
+
+    __slots__ = ("function", "kernel", "name", "op")
+
+    def __init__(self, name: str, kernel: Callable, op, function: type | None):
+        self.name, self.kernel, self.op, self.function = name, kernel, op, function
+
+    def __call__(self, *args):
+        if traced(args):
+            return self.op(*args)
+        if self.function is not None and _requires_grad(args):
+            return self.function.apply(*args)
+        return self.kernel(*args)
+
+
+def define_op(name: str, kernel: Callable, fake: Callable, *,
+              setup_context: Callable | None = None, backward: Callable | None = None
+              ) -> DefinedOp:
+    """Registers ``opfacade::<name>`` (its schema from ``kernel``'s annotations; no argument is
+    mutated) with ``fake`` as its fake kernel. With ``backward`` (and ``setup_context``, as
+    torch.library.register_autograd takes them) it is differentiable; without, a call that
+    autograd would differentiate raises Unsupported."""
+    _LIBRARY.define(name + torch.library.infer_schema(kernel, mutates_args=()))
+    qualname = f"{NAMESPACE}::{name}"
+    # Every backend: a host tensor reaches the kernel, whose device check names it.
+    _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(qualname, fake, lib=_LIBRARY)
+    op = getattr(getattr(torch.ops, NAMESPACE), name).default
+    function = None if backward is None else _autograd_function(name, kernel, op,
+                                                                setup_context, backward)
+
+    def autograd_kernel(keyset, *args):
+        if _requires_grad(args):
+            if function is None:
+                raise Unsupported(f"{qualname} has no backward, but an input requires grad; "
+                                  f"call it under torch.no_grad() or detach the inputs")
+            return function.apply(*args)
+        if traced(args):
+            return op.redispatch(keyset & _BELOW_AUTOGRAD, *args)
+        return kernel(*args)
+
+    _LIBRARY.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    return DefinedOp(name, kernel, op, function)
+
+
+def _autograd_function(name: str, kernel: Callable, op, setup_context: Callable | None,
+                       backward: Callable) -> type:
+    """The op's autograd.Function: forward runs the kernel (or, under tracing, the op below
+    autograd, through the autograd kernel's no-grad branch) and ``setup_context``."""
+
+    def forward(ctx, *args):
+        output = op(*args) if traced(args) else kernel(*args)
+        if setup_context is not None:
+            setup_context(ctx, args, output)
+        # Unused outputs (stats, aux) get None, not zeros allocated for them.
+        ctx.set_materialize_grads(False)
+        return output
+
+    # Made by type() so that the name reaches the backward node autograd names after it
+    # ("<name>_functionBackward" in a grad_fn), which a class statement's name would not.
+    return type(f"{name}_function", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})

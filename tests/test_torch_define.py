@@ -1,0 +1,134 @@
+"""How opfacade's torch ops are registered (opfacade/torch/_define.py), on the host: a toy op
+(x * factor, with a backward) defined the way every GPU op is, run eagerly, through the
+dispatcher with and without grad, under a dispatch mode, through torch.library.opcheck and
+under torch.compile (aot_eager). The GPU ops' own opcheck and compile tests are in
+tests/test_torch_gpu.py."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from opfacade.errors import Unsupported  # noqa: E402
+from opfacade.torch._define import NAMESPACE, define_op  # noqa: E402
+
+_NAMES = itertools.count()
+
+
+def _scale_kernel(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+def _scale_fake(x, factor):
+    return torch.empty_like(x)
+
+
+def _save(ctx, inputs, output):
+    ctx.factor = inputs[1]
+
+
+def _scale_backward(ctx, grad):
+    return (None if grad is None else grad * ctx.factor), None
+
+
+def _toy(backward=True, kernel=_scale_kernel):
+    """A fresh toy op (a name of its own: the namespace is process-wide)."""
+    name = f"test_scale_{next(_NAMES)}"
+    if backward:
+        return define_op(name, kernel, _scale_fake, setup_context=_save,
+                         backward=_scale_backward)
+    return define_op(name, kernel, _scale_fake)
+
+
+class _Counting:
+    """Stands in for a DefinedOp's op to see whether a call went through the dispatcher."""
+
+    def __init__(self, op):
+        self.op, self.calls = op, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.op(*args)
+
+
+def test_an_eager_call_runs_the_ops_autograd_function_without_the_dispatcher():
+    toy = _toy()
+    toy.op = counting = _Counting(toy.op)
+    x = torch.ones(3, requires_grad=True)
+    y = toy(x, 2.5)
+    assert type(y.grad_fn).__name__.startswith(f"{toy.name}_function")
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.5)) and counting.calls == 0
+    with torch.no_grad():
+        assert toy(x, 2.0).grad_fn is None and counting.calls == 0
+
+
+def test_a_traced_call_goes_through_the_op():
+    toy = _toy()
+    toy.op = counting = _Counting(toy.op)
+
+    class Subclass(torch.Tensor):  # what tracing hands in: fake or functional tensors
+        pass
+
+    toy(torch.ones(3).as_subclass(Subclass), 2.0)
+    assert counting.calls == 1
+
+
+def test_the_dispatcher_runs_the_op_with_its_autograd():
+    toy = _toy()
+    x = torch.arange(4.0, requires_grad=True)
+    y = toy.op(x, 3.0)
+    assert y.requires_grad
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((4,), 3.0))
+    with torch.no_grad():  # a parameter under no_grad, as a compiled forward calls the op
+        out = toy.op(x, 2.0)
+    assert not out.requires_grad and torch.equal(out, x.detach() * 2)
+
+
+def test_a_dispatch_mode_sees_the_op_called_eagerly():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    toy = _toy()
+    with Watch(), torch.no_grad():
+        toy(torch.ones(2), 2.0)
+    assert any(toy.name in name for name in seen), seen
+
+
+def test_an_op_without_backward_refuses_a_gradient_and_runs_without_one():
+    toy = _toy(backward=False)
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(Unsupported, match=f"{NAMESPACE}::{toy.name} has no backward"):
+        toy.op(x, 2.0)
+    with torch.no_grad():
+        assert torch.equal(toy.op(x, 2.0), torch.full((2,), 2.0))
+    assert torch.equal(toy(x.detach(), 2.0), torch.full((2,), 2.0))
+
+
+def test_opcheck_passes_for_an_op_defined_this_way():
+    toy = _toy()
+    torch.library.opcheck(toy.op, (torch.randn(5, requires_grad=True), 1.5))
+    torch.library.opcheck(_toy(backward=False).op, (torch.randn(5), 1.5))
+
+
+def test_compiled_fullgraph_matches_eager_gradients():
+    toy = _toy()
+    x = torch.randn(6, requires_grad=True)
+
+    def model(t):
+        return torch.relu(toy(t, 1.5)).sum()
+
+    model(x).backward()
+    expected, x.grad = x.grad.clone(), None
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    compiled(x).backward()
+    assert torch.equal(x.grad, expected)
