@@ -27,8 +27,9 @@ def twin(name: str, kernel, fake, backward=None, setup_context=None):
     return getattr(torch.ops.twin, name).default
 
 
-def host_us(fn, calls: int = 3000, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the host time per call (no synchronize inside a batch)."""
+def host_us(fn, calls: int = 200, repeats: int = 25) -> float:
+    """Median over ``repeats`` batches of the host time per call (no synchronize inside a
+    batch; a batch short enough never to fill the launch queue, as opfacade bench's host rows)."""
     for _ in range(300):
         fn()
     runs = []
@@ -53,8 +54,9 @@ def main() -> int:
         "sdpa": twin("sdpa", sdpa._sdpa_impl, sdpa._sdpa_fake, sdpa._backward,
                      sdpa._save_for_backward),
     }
-    ours = {"linear": linear._linear.op, "linear_backward": linear._linear_backward.op,
-            "sdpa": sdpa._sdpa.op}
+    defined = {"linear": linear._linear, "linear_backward": linear._linear_backward,
+               "sdpa": sdpa._sdpa}
+    ours = {name: op.op for name, op in defined.items()}
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     x = torch.randn(64, 64, **bf16)
     w = torch.randn(64, 64, **bf16, requires_grad=True)
@@ -82,6 +84,8 @@ def main() -> int:
         with torch.set_grad_enabled(not no_grad):
             row = {"opfacade (define_op)": host_us(lambda n=name, a=args: ours[n](*a)),
                    "custom_op twin": host_us(lambda n=name, a=args: twins[n](*a)),
+                   "kernel called directly":
+                       host_us(lambda n=name, a=args: defined[n].kernel(*a)),
                    "torch": host_us(peer)}
         rows[label] = {key: round(value, 2) for key, value in row.items()}
         print(f"{label}: " + ", ".join(f"{key} {value:.1f} us" for key, value in row.items()),

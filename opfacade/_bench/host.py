@@ -36,6 +36,7 @@ def run(quick: bool = False) -> list[BenchRow]:
         batch=1, heads_q=1, heads_kv=1, seq_q=64, seq_kv=64, head_dim=64, element="bf16"))
     att_args = opfacade.SdpaArgs(q, k, v, torch.empty(1, 1, 64, 64, **bf16))
     att_ws = torch.empty(max(att_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
+    linear_op, sdpa_op = torch.ops.opfacade.linear.default, torch.ops.opfacade.sdpa.default
     us = host_us_interleaved({
         "torch linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
         "linear functional": lambda: opfacade.linear(x, w, b, activation="gelu_tanh"),
@@ -45,6 +46,10 @@ def run(quick: bool = False) -> list[BenchRow]:
         "torch sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
         "sdpa functional": lambda: opfacade.sdpa(q, k, v),
         "sdpa torch op": lambda: oft.sdpa(q, k, v),
+        # Through torch's dispatcher, as a compiled graph calls them.
+        "linear dispatched": lambda: linear_op(x, w, b, "gelu_tanh", False, False),
+        "sdpa dispatched": lambda: sdpa_op(q, k, v, None, False, None, 0.0, None, None, False,
+                                           False),
         "sdpa run": lambda: att_plan.run(att_args),
         "sdpa run ws": lambda: att_plan.run(att_args, workspace=att_ws),
     }, calls=CALLS // 4 if quick else CALLS, rounds=3 if quick else ROUNDS)
@@ -58,6 +63,12 @@ def run(quick: bool = False) -> list[BenchRow]:
              "torch F.scaled_dot_product_attention"),
         _row(f"{attention}, torch op", us, "sdpa torch op", {"torch": "torch sdpa"},
              "torch F.scaled_dot_product_attention"),
+        _row(f"{linear}, torch.ops.opfacade.linear", us, "linear dispatched",
+             {"torch": "torch linear"}, f"through torch's dispatcher, as a compiled graph calls "
+             f"it; {peer}"),
+        _row(f"{attention}, torch.ops.opfacade.sdpa", us, "sdpa dispatched",
+             {"torch": "torch sdpa"}, "through torch's dispatcher, as a compiled graph calls "
+             "it; torch F.scaled_dot_product_attention"),
         _row(f"{linear}, run() without a workspace", us, "linear run",
              {"run() with one": "linear run ws"},
              f"+{us['linear run'] - us['linear run ws']:.1f} us over run() with a workspace "
