@@ -9,13 +9,11 @@ no_grad, as the compiled forward calls it; the kernel called directly).
 
 from __future__ import annotations
 
-import cProfile
-import pstats
 import sys
 import time
 
 import torch
-from gpt_profile import example_module  # this directory is on sys.path
+from gpt_profile import example_module, profiled  # this directory is on sys.path
 
 
 def per_call_us(fn, calls: int = 2000) -> float:
@@ -69,14 +67,7 @@ def main(steps: int) -> int:
             _, seconds = trainer.timed_steps(data)
             print(f"{backend} + torch.compile: {seconds / steps * 1e3:.2f} ms per step")
     op_paths()
-    python = cProfile.Profile()
-    python.enable()
-    trainers["opfacade"].steps(data)
-    torch.cuda.synchronize()
-    python.disable()
-    stats = pstats.Stats(python)
-    stats.sort_stats("tottime").print_stats(35)
-    stats.sort_stats("cumulative").print_stats(45)
+    profiled(lambda: trainers["opfacade"].steps(data), own=35)
     return 0
 
 

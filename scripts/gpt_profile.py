@@ -36,6 +36,23 @@ def write_report(report: dict) -> None:
             json.dump(report, handle, indent=1)
 
 
+def profiled(run, own: int = 30, cumulative: int = 45):
+    """``run()`` under cProfile (stopped after a synchronize), its top functions printed by own
+    and by cumulative time; returns what ``run()`` returned."""
+    import cProfile
+    import pstats
+
+    python = cProfile.Profile()
+    python.enable()
+    result = run()
+    torch.cuda.synchronize()
+    python.disable()
+    stats = pstats.Stats(python)
+    stats.sort_stats("tottime").print_stats(own)
+    stats.sort_stats("cumulative").print_stats(cumulative)
+    return result
+
+
 def main(steps: int) -> int:
     gpt = example_module()
     config = gpt.Config()
@@ -74,18 +91,11 @@ def main(steps: int) -> int:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18,
                                         max_name_column_width=70))
         if backend == "opfacade":
-            import cProfile
-            import pstats
+            def run(step=step):
+                for tokens, targets in data_steps(steps):
+                    step(tokens, targets)
 
-            python = cProfile.Profile()
-            python.enable()
-            for tokens, targets in data_steps(steps):
-                step(tokens, targets)
-            torch.cuda.synchronize()
-            python.disable()
-            stats = pstats.Stats(python)
-            stats.sort_stats("tottime").print_stats(30)
-            stats.sort_stats("cumulative").print_stats(40)
+            profiled(run)
     return 0
 
 
