@@ -74,6 +74,7 @@ def test_a_traced_call_goes_through_the_op():
 
     toy(torch.ones(3).as_subclass(Subclass), 2.0)
     assert counting.calls == 1
+    assert toy.positions == (0,)  # the Tensor arguments are the ones looked at
 
 
 def test_the_dispatcher_runs_the_op_with_its_autograd():
@@ -100,8 +101,11 @@ def test_a_dispatch_mode_sees_the_op_called_eagerly():
 
     toy = _toy()
     with Watch(), torch.no_grad():
-        toy(torch.ones(2), 2.0)
-    assert any(toy.name in name for name in seen), seen
+        toy(torch.ones(2), 2.0)  # the drop-in's route
+    assert sum(toy.name in name for name in seen) == 1, seen
+    with Watch():
+        toy.op(torch.ones(2), 2.0)  # the dispatcher's: the autograd kernel reads the keys
+    assert sum(toy.name in name for name in seen) == 2, seen
 
 
 def test_an_op_without_backward_refuses_a_gradient_and_runs_without_one():

@@ -24,7 +24,7 @@ import torch
 from .._internal.tensors import plain_torch_types
 from ..errors import Unsupported
 
-__all__ = ["NAMESPACE", "DefinedOp", "define_op", "traced"]
+__all__ = ["NAMESPACE", "DefinedOp", "define_op"]
 
 # torch.ops.opfacade.<op>: one namespace for every family's ops.
 NAMESPACE = "opfacade"
@@ -32,27 +32,40 @@ _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 _PLAIN_TYPES = plain_torch_types(torch)
 # The keys below autograd (torch/_library/autograd.py hands a call on with the same set).
 _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
+# In a call's dispatch keys when a fake or functional tensor (a Python subclass) or a
+# TorchDispatchMode is involved (Python), or C++ functionalization is (Functionalize).
+_PYTHON, _FUNCTIONALIZE = torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
-def traced(args: tuple) -> bool:
-    """Whether torch is tracing this call or a dispatch mode watches it (torch.compile; AOT
-    dispatch handing fake or functional tensors, which are Tensor subclasses; a
-    TorchDispatchMode such as FlopCounterMode): then only the op will do. A loop, not any() over
-    a generator: every eager call asks."""
-    if torch.compiler.is_compiling() or _dispatch_modes():
-        return True
-    for a in args:  # noqa: SIM110 - see above
-        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TYPES:
+def _any_requires_grad_in_python(*args) -> bool:
+    for a in args:  # noqa: SIM110 - a loop, not any() over a generator: every call asks
+        if isinstance(a, torch.Tensor) and a.requires_grad:
             return True
     return False
 
 
-def _requires_grad(args: tuple) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    for a in args:  # noqa: SIM110 - as in traced()
-        if isinstance(a, torch.Tensor) and a.requires_grad:
+# torch's C++ check where this torch has it (it is what torch.library's autograd kernels use).
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", _any_requires_grad_in_python)
+
+
+def _tensor_positions(op) -> tuple[int, ...]:
+    """The positions of the op's Tensor and Tensor? arguments, read from its schema once, so a
+    call looks at those alone (checking every argument's type cost 2-4 us a call)."""
+    tensor = torch._C.OptionalType(torch._C.TensorType.get())
+    return tuple(i for i, argument in enumerate(op._schema.arguments)
+                 if argument.type.isSubtypeOf(tensor))
+
+
+def _traced(args: tuple, positions: tuple[int, ...]) -> bool:
+    """Whether torch is tracing this call or a dispatch mode watches it (torch.compile; fake or
+    functional tensors, which are Tensor subclasses; a TorchDispatchMode such as
+    FlopCounterMode): then only the op will do."""
+    if torch.compiler.is_compiling() or _dispatch_modes():
+        return True
+    for i in positions:
+        a = args[i]
+        if a is not None and type(a) not in _PLAIN_TYPES:
             return True
     return False
 
@@ -61,15 +74,17 @@ class DefinedOp:
     """A registered op: ``op`` is ``torch.ops.opfacade.<name>.default``; calling this object
     runs it the way the drop-ins want (see the module's docstring)."""
 
-    __slots__ = ("function", "kernel", "name", "op")
+    __slots__ = ("function", "kernel", "name", "op", "positions")
 
-    def __init__(self, name: str, kernel: Callable, op, function: type | None):
+    def __init__(self, name: str, kernel: Callable, op, function: type | None,
+                 positions: tuple[int, ...]):
         self.name, self.kernel, self.op, self.function = name, kernel, op, function
+        self.positions = positions  # of the Tensor arguments
 
     def __call__(self, *args):
-        if traced(args):
+        if _traced(args, self.positions):
             return self.op(*args)
-        if self.function is not None and _requires_grad(args):
+        if self.function is not None and torch.is_grad_enabled() and _any_requires_grad(*args):
             return self.function.apply(*args)
         return self.kernel(*args)
 
@@ -87,30 +102,31 @@ def define_op(name: str, kernel: Callable, fake: Callable, *,
     _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(qualname, fake, lib=_LIBRARY)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
-    function = None if backward is None else _autograd_function(name, kernel, op,
+    positions = _tensor_positions(op)
+    function = None if backward is None else _autograd_function(name, kernel, op, positions,
                                                                 setup_context, backward)
 
     def autograd_kernel(keyset, *args):
-        if _requires_grad(args):
+        if torch.is_grad_enabled() and _any_requires_grad(*args):
             if function is None:
                 raise Unsupported(f"{qualname} has no backward, but an input requires grad; "
                                   f"call it under torch.no_grad() or detach the inputs")
             return function.apply(*args)
-        if traced(args):
+        if keyset.has(_PYTHON) or keyset.has(_FUNCTIONALIZE):
             return op.redispatch(keyset & _BELOW_AUTOGRAD, *args)
-        return kernel(*args)
+        return kernel(*args)  # a compiled graph's call, or an eager one without grad
 
     _LIBRARY.impl(name, autograd_kernel, "Autograd", with_keyset=True)
-    return DefinedOp(name, kernel, op, function)
+    return DefinedOp(name, kernel, op, function, positions)
 
 
-def _autograd_function(name: str, kernel: Callable, op, setup_context: Callable | None,
-                       backward: Callable) -> type:
+def _autograd_function(name: str, kernel: Callable, op, positions: tuple[int, ...],
+                       setup_context: Callable | None, backward: Callable) -> type:
     """The op's autograd.Function: forward runs the kernel (or, under tracing, the op below
     autograd, through the autograd kernel's no-grad branch) and ``setup_context``."""
 
     def forward(ctx, *args):
-        output = op(*args) if traced(args) else kernel(*args)
+        output = op(*args) if _traced(args, positions) else kernel(*args)
         if setup_context is not None:
             setup_context(ctx, args, output)
         # Unused outputs (stats, aux) get None, not zeros allocated for them.
