@@ -1,0 +1,53 @@
+"""Where a dispatched SDPA call's host time goes (the bench's torch.ops.opfacade.sdpa row, B1 H1
+S64 d64 bf16, plain tensors): the functional form, the op's kernel called directly, the op
+through the dispatcher, and what run()'s memo did meanwhile (a launch stored means a call that
+missed the memo); linear beside it.
+
+    python3 scripts/dispatch_pieces.py [out.json]
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from dispatch_ab import host_us  # this directory is on sys.path
+from gpt_memo_probe import COUNTS, instrument
+from gpt_profile import write_report
+
+import opfacade
+
+
+def main() -> int:
+    instrument()
+    sdpa = importlib.import_module("opfacade.torch.sdpa")
+    linear = importlib.import_module("opfacade.torch.linear")
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
+    x, w = torch.randn(64, 64, **bf16), torch.randn(64, 64, **bf16)
+    s_args = (q, k, v, None, False, None, 0.0, None, None, False, False)
+    l_args = (x, w, None, "gelu_tanh", False, False)
+    cases = {
+        "sdpa functional": lambda: opfacade.sdpa(q, k, v),
+        "sdpa functional, return_stats": lambda: opfacade.sdpa(q, k, v, return_stats=True),
+        "sdpa op kernel directly": lambda: sdpa._sdpa_impl(*s_args),
+        "sdpa op kernel directly, save_stats": lambda: sdpa._sdpa_impl(*s_args[:9], True, False),
+        "sdpa op through the dispatcher": lambda: sdpa._sdpa.op(*s_args),
+        "linear functional": lambda: opfacade.linear(x, w, activation="gelu_tanh"),
+        "linear op kernel directly": lambda: linear._linear_impl(*l_args),
+        "linear op through the dispatcher": lambda: linear._linear.op(*l_args),
+        "torch F.sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+    }
+    rows = {}
+    for name, fn in cases.items():
+        COUNTS.update(dict.fromkeys(COUNTS, 0))
+        us = host_us(fn)
+        rows[name] = {"host_us": round(us, 2), "memo_calls": COUNTS["calls"],
+                      "stored": COUNTS["stored"], "full_checks": COUNTS["full_checks"]}
+        print(f"{us:7.1f} us  {name}  memo: {rows[name]}", flush=True)
+    write_report({"device": torch.cuda.get_device_name(), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
