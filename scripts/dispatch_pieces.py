@@ -1,7 +1,8 @@
 """Where a dispatched SDPA call's host time goes (the bench's torch.ops.opfacade.sdpa row, B1 H1
 S64 d64 bf16, plain tensors): the functional form, the op's kernel called directly, the op
 through the dispatcher, and what run()'s memo did meanwhile (a launch stored means a call that
-missed the memo); linear beside it.
+missed the memo); linear beside it, and kv_append's drop-in (the kernel, directly) against its
+op (a custom_op, through the dispatcher).
 
     python3 scripts/dispatch_pieces.py [out.json]
 """
@@ -16,6 +17,7 @@ from gpt_memo_probe import COUNTS, instrument
 from gpt_profile import write_report
 
 import opfacade
+import opfacade.torch as oft
 
 
 def main() -> int:
@@ -26,6 +28,9 @@ def main() -> int:
     q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
     x, w = torch.randn(64, 64, **bf16), torch.randn(64, 64, **bf16)
     s_args = (q, k, v, None, False, None, 0.0, None, None, False, False)
+    new, cache = torch.randn(4, 1, 2, 64, **bf16), torch.zeros(4, 64, 2, 64, **bf16)
+    lens = torch.full((4,), 9, dtype=torch.int32, device="cuda")
+    kv_args = (new, new, cache, cache.clone(), lens, None, "nhd")
     l_args = (x, w, None, "gelu_tanh", False, False)
     cases = {
         "sdpa functional": lambda: opfacade.sdpa(q, k, v),
@@ -36,6 +41,9 @@ def main() -> int:
         "linear functional": lambda: opfacade.linear(x, w, activation="gelu_tanh"),
         "linear op kernel directly": lambda: linear._linear_impl(*l_args),
         "linear op through the dispatcher": lambda: linear._linear.op(*l_args),
+        "kv_append drop-in": lambda: oft.kv_append(*kv_args[:5]),
+        "kv_append op through the dispatcher":
+            lambda: torch.ops.opfacade.kv_append.default(*kv_args),
         "torch F.sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
     }
     rows = {}

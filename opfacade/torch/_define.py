@@ -72,14 +72,16 @@ def _traced(args: tuple, positions: tuple[int, ...]) -> bool:
 
 class DefinedOp:
     """A registered op: ``op`` is ``torch.ops.opfacade.<name>.default``; calling this object
-    runs it the way the drop-ins want (see the module's docstring)."""
+    runs it the way the drop-ins want (see the module's docstring). ``function`` None: the op
+    has no backward. (kv_append, a custom_op, is wrapped in one too, for its eager route.)"""
 
     __slots__ = ("function", "kernel", "name", "op", "positions")
 
-    def __init__(self, name: str, kernel: Callable, op, function: type | None,
-                 positions: tuple[int, ...]):
+    def __init__(self, name: str, kernel: Callable, op, function: type | None = None,
+                 positions: tuple[int, ...] | None = None):
         self.name, self.kernel, self.op, self.function = name, kernel, op, function
-        self.positions = positions  # of the Tensor arguments
+        # Where the Tensor arguments are.
+        self.positions = _tensor_positions(op) if positions is None else positions
 
     def __call__(self, *args):
         if _traced(args, self.positions):

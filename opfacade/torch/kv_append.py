@@ -8,27 +8,36 @@ import torch
 
 from ..ops import kv_append as functional
 from ._common import cuda_device, no_grad_wanted
+from ._define import DefinedOp
 
 __all__ = ["kv_append"]
 
 
-# The one op registered through torch.library.custom_op rather than _define.define_op: it
-# mutates its caches, and custom_op's handling of mutated arguments is what torch.compile's
-# functionalization of it has been tested with.
-@torch.library.custom_op("opfacade::kv_append", mutates_args=("k_cache", "v_cache"))
-def _kv_append_op(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, seq_lens: torch.Tensor,
-                  page_table: torch.Tensor | None, kv_layout: str) -> None:
+def _kv_append_impl(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, seq_lens: torch.Tensor,
+                    page_table: torch.Tensor | None, kv_layout: str) -> None:
     cuda_device("kv_append", k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache,
                 seq_lens=seq_lens, page_table=page_table)
     functional.kv_append(k_new, v_new, k_cache, v_cache, seq_lens, page_table=page_table,
                          kv_layout=kv_layout)
 
 
+# The one op registered through torch.library.custom_op rather than _define.define_op: it
+# mutates its caches, and custom_op's handling of mutated arguments is what torch.compile's
+# functionalization of it has been tested with.
+_kv_append_op = torch.library.custom_op("opfacade::kv_append", _kv_append_impl,
+                                        mutates_args=("k_cache", "v_cache"))
+
+
 @_kv_append_op.register_fake
 def _(k_new, v_new, k_cache, v_cache, seq_lens, page_table, kv_layout):
     cuda_device("kv_append", k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache,
                 seq_lens=seq_lens, page_table=page_table)
+
+
+# Eager calls skip the dispatcher (custom_op's layers cost more than the launch); traced ones,
+# and those a dispatch mode watches, go through the op.
+_kv_append = DefinedOp("kv_append", _kv_append_impl, torch.ops.opfacade.kv_append.default)
 
 
 def kv_append(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
@@ -40,5 +49,4 @@ def kv_append(k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
     cuda_device("kv_append", k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache,
                 seq_lens=seq_lens, page_table=page_table)
     no_grad_wanted("kv_append", k_new=k_new, v_new=v_new)
-    torch.ops.opfacade.kv_append(k_new, v_new, k_cache, v_cache, seq_lens, page_table,
-                                 kv_layout)
+    _kv_append(k_new, v_new, k_cache, v_cache, seq_lens, page_table, kv_layout)
