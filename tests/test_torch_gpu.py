@@ -320,6 +320,26 @@ def test_reduce_overhead_replays_cuda_graphs():
     assert not counters["inductor"].get("cudagraph_skips"), dict(counters["inductor"])
 
 
+def test_a_compiled_decode_step_matches_eager_bitwise():
+    """kv_append (a mutating custom_op) then decode_attention, compiled whole: the same caches
+    and the same bits as eager (both run the same kernels)."""
+    batch, heads_q, heads_kv, dim, capacity = 2, 8, 2, 64, 128
+
+    def step(q, k_new, v_new, k_cache, v_cache, lens):
+        oft.kv_append(k_new, v_new, k_cache, v_cache, lens)
+        return oft.decode_attention(q, k_cache, v_cache, lens)
+
+    caches = [_randn(batch, capacity, heads_kv, dim, seed=s) for s in (0, 1)]
+    eager_caches = [c.clone() for c in caches]
+    lens = torch.tensor([5, 77], dtype=torch.int32, device=CUDA)
+    q = _randn(batch, 1, heads_q, dim, seed=2)
+    k_new, v_new = _randn(batch, 1, heads_kv, dim, seed=3), _randn(batch, 1, heads_kv, dim, seed=4)
+    expected = step(q, k_new, v_new, *eager_caches, lens)
+    got = torch.compile(step, fullgraph=True)(q, k_new, v_new, *caches, lens)
+    assert torch.equal(got, expected)
+    assert all(torch.equal(c, e) for c, e in zip(caches, eager_caches, strict=True))
+
+
 def test_the_ops_replay_from_a_captured_cuda_graph():
     q, k, v = (_randn(2, 4, 64, 64, seed=s) for s in range(3))
     x, w = _randn(64, 96, seed=3), _randn(80, 96, seed=4)
