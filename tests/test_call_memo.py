@@ -107,6 +107,21 @@ def test_the_same_call_hits_and_a_call_at_other_addresses_misses(path):
     assert not _hits(memo, checked, args, stream=STREAM + 1)
 
 
+def test_a_tensor_passed_in_two_places_hits_after_its_first_check(path):
+    # torch's TensorGuards fails any check in which one object fills two places: without the
+    # memo's distinct guard, sdpa(x, x, x) or kv_append(new, new, ...) was checked every call.
+    memo, checked = _memo(path)
+    x = torch.rand(5, 4)
+    same = _args(x=x, weight=x)  # weight is x itself (5 x 4 both)
+    assert not _hits(memo, checked, same) and _hits(memo, checked, same)
+    assert _hits(memo, checked, _args(x=x, weight=x, bias=same.bias, out=same.out))
+    # The same address through two objects: the guard's count differs, so at most one more
+    # full check (the public path's facts are equal: none), then remembered.
+    other = _args(x=x, weight=x[:], bias=same.bias, out=same.out)
+    memo.launch_for(other, None, STREAM)
+    assert _hits(memo, checked, other) and len(checked.calls) <= 2
+
+
 def test_other_strides_dtype_or_shape_at_the_same_address_miss(path):
     memo, checked = _memo(path)
     storage = torch.rand(40)

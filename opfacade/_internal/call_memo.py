@@ -309,13 +309,39 @@ class ArgumentReader:
     def guard(self, tensors: tuple):
         """The entry's guard for a checked call's torch tensors: None when there are none;
         False when one is not a plain torch tensor (a subclass passed the full checks: launch it,
-        remember nothing)."""
+        remember nothing); a _DistinctGuard when one tensor is passed twice."""
         if not tensors:
             return None
         torch_types = self.torch_types
         if not all(type(t) in torch_types for t in tensors):
             return False
+        distinct = _distinct(tensors)
+        if len(distinct) < len(tensors):
+            return _DistinctGuard(_make_guard(self.guards, distinct), len(distinct))
         return _make_guard(self.guards, tensors)
+
+
+def _distinct(tensors: tuple) -> tuple:
+    """The tensors without repeats of the same object, in order."""
+    seen: set[int] = set()
+    return tuple(t for t in tensors if not (id(t) in seen or seen.add(id(t))))
+
+
+class _DistinctGuard:
+    """A guard over each distinct tensor once. torch's TensorGuards fails a check in which one
+    tensor object fills two places (sdpa(x, x, x), k_new passed as v_new), so such a call would
+    be checked in full every time; the key's addresses already say which places share memory.
+    A call whose objects repeat differently (two views at one address now one object) fails on
+    the count and is checked in full once."""
+
+    __slots__ = ("_count", "_guard")
+
+    def __init__(self, guard, count: int):
+        self._guard, self._count = guard, count
+
+    def check(self, *tensors) -> bool:
+        distinct = _distinct(tensors)
+        return len(distinct) == self._count and self._guard.check(*distinct)
 
 
 # -- the key of an all-torch call -----------------------------------------------------------------
