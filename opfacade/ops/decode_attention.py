@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._internal.memory import OutputAllocator
+from .._internal import operands
 from .._internal.tensors import TensorView, wrap
 from ..contracts.decode_attention import (
     DECODE_ATTENTION,
@@ -60,20 +60,35 @@ def decode_attention(q: Any, k_cache: Any, v_cache: Any, seq_lens: Any, *,
     """Functional form of DecodeAttentionPlan over a contiguous cache, or a paged one when
     ``page_table`` is given: returns (out, lse), lse None unless ``return_lse``. The plan is
     cached for this batch and cache; serving loops keep a plan for their envelope instead."""
+    # The plan by the call's facts (no descriptor built, nothing wrapped, on a repeat call):
+    # the arrays' shapes, q's dtype and device, and every option the descriptor reads.
+    q_facts = operands.facts(q, "q")
+    facts = (q_facts, operands.facts(k_cache, "k_cache")[0], operands.facts(v_cache, "v_cache")[0],
+             None if page_table is None else operands.facts(page_table, "page_table")[0],
+             kv_layout, scale, window_left, return_lse)
+    plan = DecodeAttentionPlan.cached_for(
+        facts, lambda: _descriptor(q, k_cache, v_cache, page_table, kv_layout, scale,
+                                   window_left, return_lse),
+        device=operands.device_of(q_facts))
+    desc, q_shape = plan.descriptor, q_facts[0]
+    out = operands.allocate(q, q_facts, (*q_shape[:3], desc.dim_v), desc.element, stream)
+    lse = (operands.allocate(q, q_facts, tuple(q_shape[:3]), desc.lse_element, stream)
+           if return_lse else None)
+    plan.run(DecodeAttentionArgs(q, k_cache, v_cache, seq_lens, out, page_table, lse),
+             stream=stream)
+    return out, lse
+
+
+def _descriptor(q: Any, k_cache: Any, v_cache: Any, page_table: Any, kv_layout: str,
+                scale: float | None, window_left: int | None, return_lse: bool
+                ) -> DecodeAttentionDescriptor:
+    """The functional form's descriptor (built on a plan-cache miss only)."""
     q_view, k_view, v_view = wrap(q, "q"), wrap(k_cache, "k_cache"), wrap(v_cache, "v_cache")
     if q_view.ndim != 4:
         raise InvalidArgument(f"q must be 4-D [b, q_len, heads_q, head_dim], got shape "
                               f"{q_view.shape}", argument="q")
-    desc = DecodeAttentionDescriptor(
+    return DecodeAttentionDescriptor(
         batch=q_view.shape[0], q_len=q_view.shape[1], heads_q=q_view.shape[2],
         head_dim_v=v_view.shape[3], element=q_view.element, scale=scale,
         window=None if window_left is None else (window_left, None), save_lse=return_lse,
         **cache_fields(k_view, page_table, kv_layout))
-    plan = DecodeAttentionPlan.cached(
-        desc, device="cpu" if q_view.device is None else q_view.device)
-    allocate = OutputAllocator(q_view, stream)
-    out = allocate((*q_view.shape[:3], desc.dim_v), desc.element)
-    lse = allocate(q_view.shape[:3], desc.lse_element) if return_lse else None
-    plan.run(DecodeAttentionArgs(q, k_cache, v_cache, seq_lens, out, page_table, lse),
-             stream=stream)
-    return out, lse
