@@ -114,15 +114,22 @@ def absent(like: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
     return like.new_empty(0, dtype=dtype)
 
 
-def wants_grad(*tensors: torch.Tensor | None) -> bool:
-    """Whether autograd will ask for a gradient of any of these tensors. (A loop, not any()
-    over a generator: every eager call asks, and the generator costs a frame per tensor.)"""
-    if not torch.is_grad_enabled():
-        return False
-    for tensor in tensors:  # noqa: SIM110 - the loop is the point (see above)
-        if tensor is not None and tensor.requires_grad:
+def _any_requires_grad_in_python(*args) -> bool:
+    for a in args:  # noqa: SIM110 - a loop, not any() over a generator: every eager call asks
+        if isinstance(a, torch.Tensor) and a.requires_grad:
             return True
     return False
+
+
+# torch's C++ check where this torch has it (torch.library's autograd kernels use it); it skips
+# what is not a tensor, None among them.
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", _any_requires_grad_in_python)
+
+
+def wants_grad(*args) -> bool:
+    """Whether autograd will ask for a gradient of any tensor among ``args`` (anything else,
+    None among it, is skipped): grad mode on and one of them requires grad."""
+    return torch.is_grad_enabled() and _any_requires_grad(*args)
 
 
 def no_grad_wanted(op: str, **tensors: torch.Tensor | None) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from .._internal.tensors import plain_torch_types
 from ..errors import Unsupported
+from ._common import wants_grad
 
 __all__ = ["NAMESPACE", "DefinedOp", "define_op"]
 
@@ -36,17 +37,6 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 # TorchDispatchMode is involved (Python), or C++ functionalization is (Functionalize).
 _PYTHON, _FUNCTIONALIZE = torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-
-
-def _any_requires_grad_in_python(*args) -> bool:
-    for a in args:  # noqa: SIM110 - a loop, not any() over a generator: every call asks
-        if isinstance(a, torch.Tensor) and a.requires_grad:
-            return True
-    return False
-
-
-# torch's C++ check where this torch has it (it is what torch.library's autograd kernels use).
-_any_requires_grad = getattr(torch._C, "_any_requires_grad", _any_requires_grad_in_python)
 
 
 def _tensor_positions(op) -> tuple[int, ...]:
@@ -86,7 +76,7 @@ class DefinedOp:
     def __call__(self, *args):
         if _traced(args, self.positions):
             return self.op(*args)
-        if self.function is not None and torch.is_grad_enabled() and _any_requires_grad(*args):
+        if self.function is not None and wants_grad(*args):
             return self.function.apply(*args)
         return self.kernel(*args)
 
@@ -109,7 +99,7 @@ def define_op(name: str, kernel: Callable, fake: Callable, *,
                                                                 setup_context, backward)
 
     def autograd_kernel(keyset, *args):
-        if torch.is_grad_enabled() and _any_requires_grad(*args):
+        if wants_grad(*args):
             if function is None:
                 raise Unsupported(f"{qualname} has no backward, but an input requires grad; "
                                   f"call it under torch.no_grad() or detach the inputs")
