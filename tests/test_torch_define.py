@@ -136,3 +136,19 @@ def test_compiled_fullgraph_matches_eager_gradients():
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     compiled(x).backward()
     assert torch.equal(x.grad, expected)
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_wants_grad_is_traceable_under_fullgraph_compile(requires_grad):
+    """The drop-ins (oft.linear, oft.sdpa, oft.varlen_attention) ask wants_grad before they
+    know whether they are traced; its C++ check needs a stand-in Dynamo can trace, or a
+    fullgraph compile of a model using them fails."""
+    from opfacade.torch._common import wants_grad
+
+    def pick(x, bias):
+        return x * 2 if wants_grad(x, bias) else x + 1
+
+    x = torch.randn(4, requires_grad=requires_grad)
+    got = torch.compile(pick, backend="eager", fullgraph=True)(x, None)
+    assert torch.equal(got, pick(x, None))
+    assert torch.equal(got, x * 2 if requires_grad else x + 1)

@@ -4,6 +4,7 @@ and torch.compile's fake kernels must agree on. (How the ops are registered: _de
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -121,9 +122,22 @@ def _any_requires_grad_in_python(*args) -> bool:
     return False
 
 
-# torch's C++ check where this torch has it (torch.library's autograd kernels use it); it skips
-# what is not a tensor, None among them.
-_any_requires_grad = getattr(torch._C, "_any_requires_grad", _any_requires_grad_in_python)
+def _c_check_with_traceable_twin():
+    """torch's C++ check where this torch has it (torch.library's autograd kernels use it; it
+    skips what is not a tensor, None among them). Dynamo cannot trace a C function, and the
+    drop-ins ask under torch.compile too, so the Python loop is registered as its stand-in
+    there; a torch without either gets the loop everywhere."""
+    check = getattr(torch._C, "_any_requires_grad", None)
+    substitute = getattr(torch.compiler, "substitute_in_graph", None)
+    if check is None or substitute is None:
+        return _any_requires_grad_in_python
+    # ValueError: another library registered a stand-in first; keep theirs.
+    with contextlib.suppress(TypeError, ValueError):
+        substitute(check, skip_signature_check=True)(_any_requires_grad_in_python)
+    return check
+
+
+_any_requires_grad = _c_check_with_traceable_twin()
 
 
 def wants_grad(*args) -> bool:
