@@ -4,7 +4,6 @@ and torch.compile's fake kernels must agree on. (How the ops are registered: _de
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -122,28 +121,22 @@ def _any_requires_grad_in_python(*args) -> bool:
     return False
 
 
-def _c_check_with_traceable_twin():
-    """torch's C++ check where this torch has it (torch.library's autograd kernels use it; it
-    skips what is not a tensor, None among them). Dynamo cannot trace a C function, and the
-    drop-ins ask under torch.compile too, so the Python loop is registered as its stand-in
-    there; a torch without either gets the loop everywhere."""
-    check = getattr(torch._C, "_any_requires_grad", None)
-    substitute = getattr(torch.compiler, "substitute_in_graph", None)
-    if check is None or substitute is None:
-        return _any_requires_grad_in_python
-    # ValueError: another library registered a stand-in first; keep theirs.
-    with contextlib.suppress(TypeError, ValueError):
-        substitute(check, skip_signature_check=True)(_any_requires_grad_in_python)
-    return check
-
-
-_any_requires_grad = _c_check_with_traceable_twin()
+# torch's C++ check where this torch has it (torch.library's autograd kernels use it); it skips
+# what is not a tensor, None among them.
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", _any_requires_grad_in_python)
 
 
 def wants_grad(*args) -> bool:
     """Whether autograd will ask for a gradient of any tensor among ``args`` (anything else,
     None among it, is skipped): grad mode on and one of them requires grad."""
-    return torch.is_grad_enabled() and _any_requires_grad(*args)
+    if not torch.is_grad_enabled():
+        return False
+    # Dynamo cannot trace the C++ check, and the drop-ins ask before they know they are traced.
+    # (torch.compiler.substitute_in_graph could register the loop as its stand-in, but calling
+    # it imports torch._dynamo, a second of every import of opfacade.torch.)
+    if torch.compiler.is_compiling():
+        return _any_requires_grad_in_python(*args)
+    return _any_requires_grad(*args)
 
 
 def no_grad_wanted(op: str, **tensors: torch.Tensor | None) -> None:
