@@ -50,46 +50,6 @@ template <> struct Math<bf16_t> {
     }
 };
 
-// ---- Asynchronous copies into shared memory (cp.async, sm_80+) ----
-// A thread's copies complete in groups it commits; copy_wait<n> lets it go on once at most n
-// of its newest groups are still in flight. A thread that reads back only what it copied itself
-// needs no barrier, only its own wait.
-
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void copy_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
-                 "l"(src) : "memory");
-}
-
-// An L2 policy for data read once: its lines are the first evicted (the cp.async twin of
-// load16's .cs hint).
-__device__ __forceinline__ unsigned long long evict_first_policy() {
-    unsigned long long policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    return policy;
-}
-
-// 16 bytes from src, or 16 zero bytes without touching src when !present (src need not be a
-// valid address then), read under `policy`.
-__device__ __forceinline__ void copy_async16_or_zeros(void* dst, const void* src, bool present,
-                                                      unsigned long long policy) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
-                 ::"r"(shared_address(dst)), "l"(src), "r"(present ? 16 : 0), "l"(policy)
-                 : "memory");
-}
-
-__device__ __forceinline__ void copy_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int pending>
-__device__ __forceinline__ void copy_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
-}
-
 // Sixteen bytes of T: the widest single load or store a thread can issue.
 template <typename T> struct alignas(16) Pack {
     static constexpr int N = 16 / sizeof(T);

@@ -67,15 +67,6 @@ template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
 #else
 #define OPFACADE_MIN_BLOCKS(R, PER) ((R) <= 4 && (PER) == 1 ? 5 : 1)
 #endif
-// The CUDA-core tiles stage K and V through shared memory by cp.async: kStageBytes of a CTA's
-// shared memory hold batches of loads in flight, so the loads ahead of the math no longer sit in
-// registers (decode.py's STAGE_BYTES). OPFACADE_DECODE_STAGE_BYTES 0 builds the register
-// pipeline instead (two batches alternating in registers), for the variants script.
-#ifdef OPFACADE_DECODE_STAGE_BYTES
-constexpr int kStageBytes = OPFACADE_DECODE_STAGE_BYTES;
-#else
-constexpr int kStageBytes = 32768;
-#endif
 
 constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
 constexpr int kThreads = 128;
@@ -308,69 +299,16 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         }
     };
 
-    // The staged pipeline: K's batches then V's form one stream of 2 kBatches batches of kUnroll
-    // passes; batch b lands in stage b % kStages, kStages - 1 batches ahead of the math, and
-    // runs on through the softmax into V. Each thread copies its own vectors and reads back
-    // only those, so a thread waits for its own copies and no barrier guards the stages.
-    constexpr int kBatchVecs = kUnroll * L::kPerLane * kThreads;  // a batch's vectors, the CTA's
-    constexpr int kStages = kStageBytes > 0 ? kStageBytes / (16 * kBatchVecs) : 2;
-    static_assert(kStages >= 2, "kStageBytes must hold two batches");
-    constexpr int kBatches = L::kPasses / kUnroll;
-    uint4* stages = reinterpret_cast<uint4*>(row_off + kChunk);
-    [[maybe_unused]] unsigned long long policy = 0;
-    auto issue = [&](int b) {  // batch b, if the stream has it; a group committed either way
-        if (b < 2 * kBatches) {
-            const T* base = b < kBatches ? k_base : v_base;
-            const int pass = (b < kBatches ? b : b - kBatches) * kUnroll;
-            uint4* stage = stages + (b % kStages) * kBatchVecs;
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int j = (pass + u) * L::kGroups + key_group;
-                const T* row = base + (j < keys ? row_off[j] : 0);
-#pragma unroll
-                for (int i = 0; i < L::kPerLane; ++i) {
-                    copy_async16_or_zeros(stage + (u * L::kPerLane + i) * kThreads + tid,
-                                          row + (lane + i * L::kLanes) * L::kVec, j < keys,
-                                          policy);
-                }
-            }
-        }
-        copy_commit();
-    };
-    auto take = [&](uint4 (&raw)[kUnroll][L::kPerLane], int b) {  // batch b, once it landed
-        copy_wait<kStages - 2>();
-        const uint4* stage = stages + (b % kStages) * kBatchVecs;
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-            for (int i = 0; i < L::kPerLane; ++i) {
-                raw[u][i] = stage[(u * L::kPerLane + i) * kThreads + tid];
-            }
-        }
-    };
-
-    uint4 raw_a[kUnroll][L::kPerLane];
-    if constexpr (kStageBytes > 0) {
-        policy = evict_first_policy();
-        for (int b = 0; b < kStages - 1; ++b) issue(b);
-        for (int b = 0; b < kBatches; ++b) {
-            take(raw_a, b);
-            issue(b + kStages - 1);
-            score(raw_a, b * kUnroll);
-        }
-    } else {
-        // The register pipeline: two load batches alternate, one in flight while the other is
-        // computed.
-        uint4 raw_b[kUnroll][L::kPerLane];
-        load(raw_a, k_base, 0);
-        for (int pass = 0; pass < L::kPasses; pass += kBatch) {
-            load(raw_b, k_base, pass + kUnroll);
-            score(raw_a, pass);
-            if (pass + kBatch < L::kPasses) load(raw_a, k_base, pass + kBatch);
-            score(raw_b, pass + kUnroll);
-        }
-        load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
+    // Two load batches alternate, so one is in flight while the other is computed.
+    uint4 raw_a[kUnroll][L::kPerLane], raw_b[kUnroll][L::kPerLane];
+    load(raw_a, k_base, 0);
+    for (int pass = 0; pass < L::kPasses; pass += kBatch) {
+        load(raw_b, k_base, pass + kUnroll);
+        score(raw_a, pass);
+        if (pass + kBatch < L::kPasses) load(raw_a, k_base, pass + kBatch);
+        score(raw_b, pass + kUnroll);
     }
+    load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
     __syncthreads();
 
     // Per row: max and sum over the chunk in a fixed butterfly; scores become exp(s - m).
@@ -423,21 +361,11 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
             }
         }
     };
-    if constexpr (kStageBytes > 0) {
-        for (int b = kBatches; b < 2 * kBatches; ++b) {
-            take(raw_a, b);
-            issue(b + kStages - 1);
-            accumulate(raw_a, (b - kBatches) * kUnroll);
-        }
-        copy_wait<0>();  // (only empty groups are left) before the shared buffer is reused
-    } else {
-        uint4 raw_b[kUnroll][L::kPerLane];
-        for (int pass = 0; pass < L::kPasses; pass += kBatch) {
-            load(raw_b, v_base, pass + kUnroll);
-            accumulate(raw_a, pass);
-            if (pass + kBatch < L::kPasses) load(raw_a, v_base, pass + kBatch);
-            accumulate(raw_b, pass + kUnroll);
-        }
+    for (int pass = 0; pass < L::kPasses; pass += kBatch) {
+        load(raw_b, v_base, pass + kUnroll);
+        accumulate(raw_a, pass);
+        if (pass + kBatch < L::kPasses) load(raw_a, v_base, pass + kBatch);
+        accumulate(raw_b, pass + kUnroll);
     }
     __syncthreads();  // the scores are spent: the shared buffer takes the key groups' sums
 

@@ -172,10 +172,28 @@ __device__ __forceinline__ int query_block_start(int rows) {
 
 // ---------------------------------------------------------------------------------- copies
 
-// shared_address, copy_async16, copy_commit and copy_wait are common.cuh's.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void copy_async16(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)),
+                 "l"(src) : "memory");
+}
+
 __device__ __forceinline__ void copy_async4(float* dst, const float* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(dst)),
                  "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void copy_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most `pending` of this thread's newest copy groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void copy_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
 }
 
 // Rows [first, first + ROWS) of a sequence's (b, h) slice into a ROWS x COLS tile (row stride

@@ -5,7 +5,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
 (except where a variant picks another tile, which sums in another order).
 
     python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
-                                       | --overlap | --overlap-ab | --stages]
+                                       | --overlap | --overlap-ab]
                                        [--mma-only]
 """
 
@@ -51,13 +51,6 @@ if "--overlap" in sys.argv:
 if "--mma" in sys.argv:
     VARIANTS = {"per tile (default)": (), "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
                 "cuda-core tiles of 8": ()}
-# K and V staged through shared memory by cp.async (the default, 32 KiB of stages) against less
-# of it and against the register pipeline it replaced (same sums: same bits).
-if "--stages" in sys.argv:
-    VARIANTS = {"staged 32 KiB (default)": (),
-                "staged 16 KiB": ("-DOPFACADE_DECODE_STAGE_BYTES=16384",),
-                "staged 24 KiB": ("-DOPFACADE_DECODE_STAGE_BYTES=24576",),
-                "register pipeline": ("-DOPFACADE_DECODE_STAGE_BYTES=0",)}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]

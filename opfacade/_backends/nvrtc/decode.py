@@ -55,9 +55,6 @@ TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 MMA_TILE = 16
 MMA_DIMS = (64, 128)
 MMA_WARPS = THREADS // 32
-# The CUDA-core tiles' loads in flight: K and V reach shared memory by cp.async in batches held
-# in this many bytes of it (native/decode_attention.cu's kStageBytes).
-STAGE_BYTES = 32768
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -135,8 +132,7 @@ def row_tile(rows: int, element: ElementKind, dim: int) -> int:
 def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32 and
     each key's row offset [CHUNK] i64, then reused for the key groups' sums [groups][tile][dim]
-    f32 (groups x dim = THREADS x the columns a thread holds), after them the stages of K and V
-    (STAGE_BYTES), which the sums may overwrite too. The tensor-core tile: the row
+    f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: the row
     offsets, each warp's row maxima and sums [warps][tile] f32, Q's fragments (tile x dim
     elements) and the warps' accumulators [warps][tile][dim] f32."""
     if tile == MMA_TILE:  # row offsets [CHUNK] i64; row maxima and sums; Q; sums
@@ -144,7 +140,7 @@ def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
-    return max(4 * CHUNK * tile + 8 * CHUNK + STAGE_BYTES, 4 * groups * tile * dim)
+    return max(4 * CHUNK * tile + 8 * CHUNK, 4 * groups * tile * dim)
 
 
 def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
