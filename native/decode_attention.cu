@@ -71,6 +71,12 @@ template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
 constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
 constexpr int kThreads = 128;
 
+// Where a CUDA-core tile's two buffers of row offsets start in its shared memory (in floats):
+// past both the scores [kChunk][R] and the key groups' sums [groups][R][D] that reuse them
+// (decode.py's shared_bytes).
+template <int D, int R, int GROUPS>
+constexpr int kRowOffsAt = kChunk * R > GROUPS * R * D ? kChunk * R : GROUPS * R * D;
+
 // A row of D elements of T as 16-byte vectors: kLanes consecutive threads share a row, each
 // loading kPerLane vectors; kGroups rows are read by one CTA pass.
 template <typename T, int D>
@@ -149,16 +155,21 @@ struct SplitSum {
     }
 };
 
-// Whether no row of the tile sees a key of this chunk (all its keys lie after the tile's last
-// position, or before its first row's window). Then it writes m = -inf, l = 0 and acc = 0, so
-// the merge reads only values written this run, weighted 0.
+// Whether no row of a tile whose rows sit at positions [first_pos, last_pos] sees a key of the
+// chunk of `keys` keys from k0: all lie after its last position, or before its first row's
+// window.
+__device__ __forceinline__ bool chunk_unseen(int k0, int keys, int first_pos, int last_pos,
+                                             int left) {
+    return k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left);
+}
+
+// The partial of a chunk no row of the tile sees: m = -inf, l = 0 and acc = 0, so the merge
+// reads only values written this run, weighted 0.
 template <int D>
-__device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, int nr, int len,
-                             int keys, int q_len, int group, int chunks, int left,
-                             float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
-    const int k0 = chunk * kChunk, rows = group * q_len;
-    const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
-    if (!(k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left))) return false;
+__device__ void write_unseen(const Cache& c, int s, int g, int chunk, int r0, int nr, int q_len,
+                             int group, int chunks, float* __restrict__ ws_acc,
+                             float* __restrict__ ws_ml) {
+    const int rows = group * q_len;
     for (int e = threadIdx.x; e < nr * D; e += kThreads) {
         const int r = e / D;
         ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + e - r * D] = 0.0f;
@@ -168,6 +179,17 @@ __device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, in
         ws_ml[2 * at] = minus_infinity();
         ws_ml[2 * at + 1] = 0.0f;
     }
+}
+
+// Whether no row of the tile sees a key of this chunk; then it writes the chunk's partial
+// (write_unseen).
+template <int D>
+__device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, int nr, int len,
+                             int keys, int q_len, int group, int chunks, int left,
+                             float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
+    const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
+    if (!chunk_unseen(chunk * kChunk, keys, first_pos, last_pos, left)) return false;
+    write_unseen<D>(c, s, g, chunk, r0, nr, q_len, group, chunks, ws_acc, ws_ml);
     return true;
 }
 
@@ -205,56 +227,43 @@ template <typename T, int D, int R>
 __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                         const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                         float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
-                        float scale, int left) {
+                        float scale, int left, int span) {
     using L = Row<T, D>;
     static_assert(R <= L::kLanes, "a row tile is split among a row's lanes");
     extern __shared__ float shared[];
     // x runs over (kv head, tile) fastest: CTAs resident together read the same keys of every
     // kv head, whole token rows of a token-major cache, rather than one head's slice of many.
-    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
-    const int chunk = blockIdx.y, s = blockIdx.z;
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles, s = blockIdx.z;
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
     const int len = sequence_length(c, seq_lens, s);
-    const int k0 = chunk * kChunk;
-    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
-    const int keys = min(kChunk, len - k0);
+    // This CTA's chunks, one after another: [first, end), those the merge reads (below
+    // ceil(len / kChunk)).
+    const int first = blockIdx.y * span;
+    const int end = min(first + span, (len + kChunk - 1) / kChunk);
+    if (first >= end || nr <= 0) return;
     const int tid = threadIdx.x;
-    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
-                        ws_ml)) {
-        return;
-    }
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
     constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
     constexpr int kUnroll = kUnrollOf<R, L::kPerLane>;
     constexpr int kBatch = 2 * kUnroll;           // passes per loop turn: two load batches
 
-    // The tile's queries, scaled, in registers: this lane's columns of each row.
-    float qr[R][kCols];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int row = r0 + r;
-        const T* q_row = q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
-#pragma unroll
-        for (int i = 0; i < L::kPerLane; ++i) {
-#pragma unroll
-            for (int e = 0; e < L::kVec; ++e) {
-                qr[r][i * L::kVec + e] =
-                    r < nr ? Math<T>::up(q_row[(lane + i * L::kLanes) * L::kVec + e]) * scale
-                           : 0.0f;
-            }
-        }
-    }
-
-    // Each key's row offset, resolved once per chunk while the queries' loads above fly.
-    i64* row_off = reinterpret_cast<i64*>(shared + kChunk * R);
+    // Each key's row offset, resolved once per chunk into one of two buffers past the scores'
+    // and sums' space: the next chunk's are resolved while this one runs, so its first loads
+    // can fly during this chunk's last steps.
+    i64* row_offs = reinterpret_cast<i64*>(shared + kRowOffsAt<D, R, L::kGroups>);
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
-    chunk_rows<D>(c, s, g, k0, keys, row_off);
-    __syncthreads();  // row_off
+    const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
+    auto unseen = [&](int chunk) {
+        return chunk_unseen(chunk * kChunk, min(kChunk, len - chunk * kChunk), first_pos,
+                            last_pos, left);
+    };
+    chunk_rows<D>(c, s, g, first * kChunk, min(kChunk, len - first * kChunk), row_offs);
 
     // kUnroll passes' 16-byte vectors of `base`'s rows, zeros past the chunk's keys (never
     // loaded: their content, NaN included, never meets a weight).
-    auto load = [&](uint4 (&raw)[kUnroll][L::kPerLane], const T* base, int pass) {
+    auto load = [&](uint4 (&raw)[kUnroll][L::kPerLane], const T* base, int pass,
+                    const i64* row_off, int keys) {
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const int j = (pass + u) * L::kGroups + key_group;
@@ -266,129 +275,171 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         }
     };
 
-    // Scores [kChunk][R]: a row group's lanes each dot their columns, then split the sum.
-    float* p = shared;
-    auto score = [&](const uint4 (&raw)[kUnroll][L::kPerLane], int pass) {
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            float dot[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) dot[r] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < L::kPerLane; ++i) {
-                float k_cols[L::kVec];
-                unpack<T>(raw[u][i], k_cols);
-#pragma unroll
-                for (int e = 0; e < L::kVec; ++e) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        dot[r] = fmaf(qr[r][i * L::kVec + e], k_cols[e], dot[r]);
-                    }
-                }
-            }
-            int r = 0;
-            SplitSum<R, L::kLanes / 2>::run(dot, lane, r);
-            if ((lane & (L::kLanes / R - 1)) == 0) {
-                const int j = (pass + u) * L::kGroups + key_group;
-                const int key_pos = k0 + j, pos = len - q_len + (r0 + r) / group;
-                const bool seen = j < keys && r < nr && key_pos <= pos &&
-                                  (left < 0 || key_pos >= pos - left);
-                // Rows past the tile's own get weight 0 (the softmax below skips them).
-                p[j * R + r] = seen ? dot[0] : r < nr ? minus_infinity() : 0.0f;
-            }
-        }
-    };
-
-    // Two load batches alternate, so one is in flight while the other is computed.
     uint4 raw_a[kUnroll][L::kPerLane], raw_b[kUnroll][L::kPerLane];
-    load(raw_a, k_base, 0);
-    for (int pass = 0; pass < L::kPasses; pass += kBatch) {
-        load(raw_b, k_base, pass + kUnroll);
-        score(raw_a, pass);
-        if (pass + kBatch < L::kPasses) load(raw_a, k_base, pass + kBatch);
-        score(raw_b, pass + kUnroll);
-    }
-    load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
-    __syncthreads();
-
-    // Per row: max and sum over the chunk in a fixed butterfly; scores become exp(s - m).
-    const int warp = tid >> 5, warp_lane = tid & 31;
-    for (int r = warp; r < nr; r += kThreads / 32) {
-        float m = minus_infinity();
-        for (int j = warp_lane; j < kChunk; j += 32) m = fmaxf(m, p[j * R + r]);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float base = m == minus_infinity() ? 0.0f : m;
-        float l = 0.0f;
-        for (int j = warp_lane; j < kChunk; j += 32) {
-            const float e = expf(p[j * R + r] - base);
-            p[j * R + r] = e;
-            l += e;
-        }
-        l = warp_sum(l);
-        if (warp_lane == 0) {
-            const i64 at = partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows);
-            ws_ml[2 * at] = m;
-            ws_ml[2 * at + 1] = l;
-        }
-    }
-    __syncthreads();
-
-    // acc[r][col] over this key group's keys, in order.
-    float acc[R][kCols];
+    bool k_loaded = false;  // raw_a holds the chunk's first K batch, loaded during the last one
+    for (int chunk = first; chunk < end; ++chunk) {
+        const int k0 = chunk * kChunk, keys = min(kChunk, len - k0);
+        // The tile's queries, scaled, in registers: this lane's columns of each row. Loaded
+        // again for each chunk (from L1 after the first), so that they hold no registers while
+        // V is summed.
+        float qr[R][kCols];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int e = 0; e < kCols; ++e) acc[r][e] = 0.0f;
-    }
-    auto accumulate = [&](const uint4 (&raw)[kUnroll][L::kPerLane], int pass) {
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int j = (pass + u) * L::kGroups + key_group;
-            float w[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) w[r] = p[j * R + r];
+        for (int r = 0; r < R; ++r) {
+            const int row = r0 + r;
+            const T* q_row =
+                q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
 #pragma unroll
             for (int i = 0; i < L::kPerLane; ++i) {
-                float v_cols[L::kVec];
-                unpack<T>(raw[u][i], v_cols);
 #pragma unroll
                 for (int e = 0; e < L::kVec; ++e) {
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        acc[r][i * L::kVec + e] = fmaf(w[r], v_cols[e], acc[r][i * L::kVec + e]);
-                    }
+                    qr[r][i * L::kVec + e] =
+                        r < nr ? Math<T>::up(q_row[(lane + i * L::kLanes) * L::kVec + e]) * scale
+                               : 0.0f;
                 }
             }
         }
-    };
-    for (int pass = 0; pass < L::kPasses; pass += kBatch) {
-        load(raw_b, v_base, pass + kUnroll);
-        accumulate(raw_a, pass);
-        if (pass + kBatch < L::kPasses) load(raw_a, v_base, pass + kBatch);
-        accumulate(raw_b, pass + kUnroll);
-    }
-    __syncthreads();  // the scores are spent: the shared buffer takes the key groups' sums
+        const i64* row_off = row_offs + ((chunk - first) & 1) * kChunk;
+        const bool next = chunk + 1 < end && !unseen(chunk + 1);
+        if (next) {
+            chunk_rows<D>(c, s, g, k0 + kChunk, min(kChunk, len - k0 - kChunk),
+                          row_offs + ((chunk + 1 - first) & 1) * kChunk);
+        }
+        __syncthreads();  // row_off (and the last chunk's sums are read: the buffer is free)
+        if (unseen(chunk)) {
+            write_unseen<D>(c, s, g, chunk, r0, nr, q_len, group, chunks, ws_acc, ws_ml);
+            continue;
+        }
 
-    // [kGroups][R][D], summed over the key groups in order.
-    float* sums = shared;
+        // Scores [kChunk][R]: a row group's lanes each dot their columns, then split the sum.
+        float* p = shared;
+        auto score = [&](const uint4 (&raw)[kUnroll][L::kPerLane], int pass) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+            for (int u = 0; u < kUnroll; ++u) {
+                float dot[R];
 #pragma unroll
-        for (int i = 0; i < L::kPerLane; ++i) {
+                for (int r = 0; r < R; ++r) dot[r] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < L::kVec; ++e) {
-                sums[(key_group * R + r) * D + (lane + i * L::kLanes) * L::kVec + e] =
-                    acc[r][i * L::kVec + e];
+                for (int i = 0; i < L::kPerLane; ++i) {
+                    float k_cols[L::kVec];
+                    unpack<T>(raw[u][i], k_cols);
+#pragma unroll
+                    for (int e = 0; e < L::kVec; ++e) {
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            dot[r] = fmaf(qr[r][i * L::kVec + e], k_cols[e], dot[r]);
+                        }
+                    }
+                }
+                int r = 0;
+                SplitSum<R, L::kLanes / 2>::run(dot, lane, r);
+                if ((lane & (L::kLanes / R - 1)) == 0) {
+                    const int j = (pass + u) * L::kGroups + key_group;
+                    const int key_pos = k0 + j, pos = len - q_len + (r0 + r) / group;
+                    const bool seen = j < keys && r < nr && key_pos <= pos &&
+                                      (left < 0 || key_pos >= pos - left);
+                    // Rows past the tile's own get weight 0 (the softmax below skips them).
+                    p[j * R + r] = seen ? dot[0] : r < nr ? minus_infinity() : 0.0f;
+                }
+            }
+        };
+
+        // Two load batches alternate, so one is in flight while the other is computed.
+        if (!k_loaded) load(raw_a, k_base, 0, row_off, keys);
+        for (int pass = 0; pass < L::kPasses; pass += kBatch) {
+            load(raw_b, k_base, pass + kUnroll, row_off, keys);
+            score(raw_a, pass);
+            if (pass + kBatch < L::kPasses) load(raw_a, k_base, pass + kBatch, row_off, keys);
+            score(raw_b, pass + kUnroll);
+        }
+        load(raw_a, v_base, 0, row_off, keys);  // V's first batch flies while the softmax runs
+        __syncthreads();
+
+        // Per row: max and sum over the chunk in a fixed butterfly; scores become exp(s - m).
+        const int warp = tid >> 5, warp_lane = tid & 31;
+        for (int r = warp; r < nr; r += kThreads / 32) {
+            float m = minus_infinity();
+            for (int j = warp_lane; j < kChunk; j += 32) m = fmaxf(m, p[j * R + r]);
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float base = m == minus_infinity() ? 0.0f : m;
+            float l = 0.0f;
+            for (int j = warp_lane; j < kChunk; j += 32) {
+                const float e = expf(p[j * R + r] - base);
+                p[j * R + r] = e;
+                l += e;
+            }
+            l = warp_sum(l);
+            if (warp_lane == 0) {
+                const i64 at = partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows);
+                ws_ml[2 * at] = m;
+                ws_ml[2 * at + 1] = l;
             }
         }
-    }
-    __syncthreads();
-    for (int e = tid; e < nr * D; e += kThreads) {
-        const int r = e / D, d = e - r * D;
-        float total = 0.0f;
+        __syncthreads();
+
+        // acc[r][col] over this key group's keys, in order.
+        float acc[R][kCols];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int e = 0; e < kCols; ++e) acc[r][e] = 0.0f;
+        }
+        auto accumulate = [&](const uint4 (&raw)[kUnroll][L::kPerLane], int pass) {
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int j = (pass + u) * L::kGroups + key_group;
+                float w[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) w[r] = p[j * R + r];
+#pragma unroll
+                for (int i = 0; i < L::kPerLane; ++i) {
+                    float v_cols[L::kVec];
+                    unpack<T>(raw[u][i], v_cols);
+#pragma unroll
+                    for (int e = 0; e < L::kVec; ++e) {
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            acc[r][i * L::kVec + e] =
+                                fmaf(w[r], v_cols[e], acc[r][i * L::kVec + e]);
+                        }
+                    }
+                }
+            }
+        };
+        for (int pass = 0; pass < L::kPasses; pass += kBatch) {
+            load(raw_b, v_base, pass + kUnroll, row_off, keys);
+            accumulate(raw_a, pass);
+            if (pass + kBatch < L::kPasses) load(raw_a, v_base, pass + kBatch, row_off, keys);
+            accumulate(raw_b, pass + kUnroll);
+        }
+        // The next chunk's first K batch flies while this chunk's sums are added and written.
+        k_loaded = next;
+        if (next) {
+            load(raw_a, k_base, 0, row_offs + ((chunk + 1 - first) & 1) * kChunk,
+                 min(kChunk, len - k0 - kChunk));
+        }
+        __syncthreads();  // the scores are spent: the shared buffer takes the key groups' sums
+
+        // [kGroups][R][D], summed over the key groups in order.
+        float* sums = shared;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int i = 0; i < L::kPerLane; ++i) {
+#pragma unroll
+                for (int e = 0; e < L::kVec; ++e) {
+                    sums[(key_group * R + r) * D + (lane + i * L::kLanes) * L::kVec + e] =
+                        acc[r][i * L::kVec + e];
+                }
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < nr * D; e += kThreads) {
+            const int r = e / D, d = e - r * D;
+            float total = 0.0f;
 #pragma unroll 8
-        for (int k = 0; k < L::kGroups; ++k) total += sums[(k * R + r) * D + d];
-        ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d] = total;
+            for (int k = 0; k < L::kGroups; ++k) total += sums[(k * R + r) * D + d];
+            ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d] = total;
+        }
     }
 }
 
@@ -790,10 +841,10 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
         decode_partial_##SUFFIX##_##D##_##R(                                                     \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left) {                                                                              \
+        int left, int span) {                                                                    \
         let_dependents_launch();                                                                 \
         partial<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
-                         q_len, group, tiles, chunks, scale, left);                              \
+                         q_len, group, tiles, chunks, scale, left, span);                        \
     }
 
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \

@@ -5,7 +5,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
 (except where a variant picks another tile, which sums in another order).
 
     python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
-                                       | --overlap | --overlap-ab]
+                                       | --overlap | --overlap-ab | --span]
                                        [--mma-only]
 """
 
@@ -44,16 +44,25 @@ if "--streaming" in sys.argv:
 # The merge launched after the partial kernel on the stream, as before programmatic dependent
 # launch (same kernels, same bits).
 PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8},
-           "merge after partial": {"OVERLAP_MERGE": False}}
+           "merge after partial": {"OVERLAP_MERGE": False},
+           "one chunk a CTA": {"MAX_SPAN": 1}, "one chunk a CTA again": {"MAX_SPAN": 1}}
 OTHER_ORDER = {"cuda-core tiles of 8"}  # variants whose sums run in another order
 if "--overlap" in sys.argv:
     VARIANTS = {"per tile (default)": (), "merge after partial": (), "overlap again": ()}
 if "--mma" in sys.argv:
     VARIANTS = {"per tile (default)": (), "mma b2": ("-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2",),
                 "cuda-core tiles of 8": ()}
+# CUDA-core CTAs running several chunks (the default, decode.MAX_SPAN) against one chunk a CTA,
+# each twice, interleaved (same bits).
+if "--span" in sys.argv:
+    VARIANTS = {"spans (default)": (), "one chunk a CTA": (), "spans again": (),
+                "one chunk a CTA again": ()}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
+if "--span" in sys.argv:  # the grids of a few waves, where spans apply, and two of many
+    CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (2, 32768, "contiguous", 0),
+             (4, 16384, "contiguous", 0), (64, 4096, "contiguous", 0), (8, 32768, "paged", 64)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -195,7 +204,8 @@ def main() -> None:
         return
     results, reference = {}, {}
     original = kernels.get_kernel
-    defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE}
+    defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
+                "MAX_SPAN": kernels.MAX_SPAN}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

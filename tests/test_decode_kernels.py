@@ -56,6 +56,9 @@ def _record(monkeypatch) -> list[tuple]:
         launched.append((kernel, grid, block, args, shared, overlap_previous))
 
     monkeypatch.setattr(kernels, "device_arch", lambda device: ArchSku.sm90)
+    # An H100's 132 multiprocessors, five partial CTAs each.
+    monkeypatch.setattr(kernels, "device_sm_count", lambda device: 132)
+    monkeypatch.setattr(kernels, "resident_blocks", lambda function, threads, shared, device: 5)
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
     monkeypatch.setattr(kernels, "launch", record)
     monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
@@ -330,3 +333,27 @@ def test_the_merge_threads_follow_the_capacity_alone():
     assert kernels.merge_threads_for(1) == kernels.merge_threads_for(16) == 64
     assert kernels.merge_threads_for(17) == kernels.merge_threads_for(64) == 256
     assert kernels.merge_threads_for(65) == kernels.merge_threads_for(4096) == 1024
+
+
+def test_spans_turn_a_grid_of_a_few_waves_into_one():
+    assert kernels.span_for(600, 660) == 1
+    assert kernels.span_for(1024, 660) == 2  # B1 S32768, H32/8: 1.55 waves
+    assert kernels.span_for(2048, 660) == 4
+    assert kernels.span_for(8192, 660) == 1  # many waves: their CTAs' starts spread out
+
+
+@pytest.mark.parametrize("batch, chunks_per_cta", [(1, 2), (16, 1)])
+def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, batch,
+                                                     chunks_per_cta):
+    launched = _record(monkeypatch)
+    desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
+                                     element="bf16", cache="contiguous", max_seq=32768)
+    cache = kernels.DecodeCache.of(desc)
+    strides = (32 * 128, 32 * 128, 128)
+    kernels.decode_call(ElementKind.bf16, 0, cache, batch, 32, 1, 0.088, None, 0x1000, strides,
+                        0x2000, 0x3000, 0, 0x5000, 0x6000, strides, None, 0x100000, 7)()
+    name, grid, _, args, *_ = launched[0]
+    assert name == "decode_partial_bf16_128_4"
+    assert_packed_like_declared(name, args, signatures)
+    assert int(args[-1]) == chunks_per_cta
+    assert grid == (8, 128 // chunks_per_cta, batch)

@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._internal.device import device_arch
+from ..._internal.device import device_arch, device_sm_count
 from ..._internal.graph_replay import GraphedLaunches
 from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
-from .launch import PackedLaunch, get_kernel, launch
+from .launch import PackedLaunch, get_kernel, launch, resident_blocks
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
            "check_call", "chunks", "decode_call", "row_tile", "shared_bytes",
-           "workspace_bytes"]
+           "span_for", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
@@ -55,6 +55,13 @@ TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 MMA_TILE = 16
 MMA_DIMS = (64, 128)
 MMA_WARPS = THREADS // 32
+# A CUDA-core partial CTA may run several consecutive chunks of its sequence (its span), loading
+# the next chunk's first keys while it writes the last one's partials. Each chunk's partial is
+# computed exactly as alone, so the span changes no bit and may follow the grid. A grid of a
+# few waves (B1 S32768: 1024 CTAs, 660 resident on an H100) becomes one wave of CTAs with
+# spans, which pays each CTA's start and end once; a grid of many waves stays at one chunk a
+# CTA, its CTAs' starts already spread out. Up to MAX_SPAN chunks a CTA.
+MAX_SPAN = 4
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -130,9 +137,10 @@ def row_tile(rows: int, element: ElementKind, dim: int) -> int:
 
 
 def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
-    """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32 and
-    each key's row offset [CHUNK] i64, then reused for the key groups' sums [groups][tile][dim]
-    f32 (groups x dim = THREADS x the columns a thread holds). The tensor-core tile: the row
+    """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32, then
+    reused for the key groups' sums [groups][tile][dim] f32 (groups x dim = THREADS x the
+    columns a thread holds), and two buffers of each key's row offset [CHUNK] i64 (this chunk's
+    and the next's, for a CTA that runs several). The tensor-core tile: the row
     offsets, each warp's row maxima and sums [warps][tile] f32, Q's fragments (tile x dim
     elements) and the warps' accumulators [warps][tile][dim] f32."""
     if tile == MMA_TILE:  # row offsets [CHUNK] i64; row maxima and sums; Q; sums
@@ -140,7 +148,14 @@ def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
-    return max(4 * CHUNK * tile + 8 * CHUNK, 4 * groups * tile * dim)
+    return 4 * max(CHUNK * tile, groups * tile * dim) + 2 * 8 * CHUNK
+
+
+def span_for(ctas: int, resident: int) -> int:
+    """Chunks per CUDA-core partial CTA for a grid of ``ctas`` one-chunk CTAs on a device holding
+    ``resident`` of them at once: the waves it would take, if at most MAX_SPAN, else 1."""
+    waves = -(-ctas // max(resident, 1))
+    return waves if waves <= MAX_SPAN else 1
 
 
 def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
@@ -167,16 +182,22 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     merge_threads = merge_threads_for(n_chunks)
     merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
     cache_args = cache.args(k, v, table)
+    shared = shared_bytes(element, cache.dim, tile)
     partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
                     np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
+    span = 1  # the tensor-core tile runs one chunk a CTA
+    if tile != MMA_TILE:
+        ctas = cache.heads_kv * tiles * n_chunks * sequences
+        resident = device_sm_count(device) * resident_blocks(partial, THREADS, shared, device)
+        span = span_for(ctas, resident)
+        partial_args = (*partial_args, np.int32(span))
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
                   np.int32(group), np.int32(q_len), np.int32(n_chunks))
-    partial_grid = (cache.heads_kv * tiles, n_chunks, sequences)
+    partial_grid = (cache.heads_kv * tiles, -(-n_chunks // span), sequences)
     merge_grid = (sequences, heads_q, q_len)
-    shared = shared_bytes(element, cache.dim, tile)
     overlap = overlaps_merge(device)
 
     def launches(on: int) -> list[Callable[[], None]]:

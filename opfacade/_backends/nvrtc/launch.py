@@ -22,7 +22,7 @@ from ...types import ElementKind
 from .compiler import compile_cubin
 
 __all__ = ["KERNELS", "KernelCache", "PackedLaunch", "available",
-           "element_suffix", "get_kernel", "launch", "pointer"]
+           "element_suffix", "get_kernel", "launch", "pointer", "resident_blocks"]
 
 
 @functools.cache
@@ -129,6 +129,38 @@ def _driver_launch():
     function.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
                          ctypes.c_void_p]
     return function
+
+
+_RESIDENT: dict[tuple[int, int, int], int] = {}
+
+
+def resident_blocks(function, threads: int, shared_mem: int, device: int) -> int:
+    """How many CTAs of ``function`` (``threads`` each, ``shared_mem`` bytes of dynamic shared
+    memory) one multiprocessor of ``device`` holds at once
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor), asked once per kernel and size."""
+    key = (int(function.ptr), threads, shared_mem)
+    found = _RESIDENT.get(key)
+    if found is not None:
+        return found
+    import cupy
+
+    with cupy.cuda.Device(device):
+        library = libcuda()
+        if library is not None:
+            count = ctypes.c_int()
+            status = library.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(count), ctypes.c_void_p(key[0]), ctypes.c_int(threads),
+                ctypes.c_size_t(shared_mem))
+            count = count.value
+        else:
+            from cuda.bindings import driver
+
+            status, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                driver.CUfunction(key[0]), threads, shared_mem)
+    if int(status):
+        raise LaunchFailed(f"occupancy query failed on cuda:{device}: CUresult {int(status)}")
+    _RESIDENT[key] = int(count)
+    return int(count)
 
 
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the kernel may launch before the
