@@ -45,7 +45,8 @@ if "--streaming" in sys.argv:
 # launch (same kernels, same bits).
 PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8},
            "merge after partial": {"OVERLAP_MERGE": False},
-           "one chunk a CTA": {"MAX_SPAN": 1}, "one chunk a CTA again": {"MAX_SPAN": 1}}
+           "one chunk a CTA": {"MAX_SPAN": 1}, "one chunk a CTA again": {"MAX_SPAN": 1},
+           "kernel before spans": {"MAX_SPAN": 1}, "kernel before spans again": {"MAX_SPAN": 1}}
 OTHER_ORDER = {"cuda-core tiles of 8"}  # variants whose sums run in another order
 if "--overlap" in sys.argv:
     VARIANTS = {"per tile (default)": (), "merge after partial": (), "overlap again": ()}
@@ -54,49 +55,75 @@ if "--mma" in sys.argv:
                 "cuda-core tiles of 8": ()}
 # CUDA-core CTAs running several chunks (the default, decode.MAX_SPAN) against one chunk a CTA,
 # each twice, interleaved (same bits).
+# (A variant's "source=PATH" option compiles that file instead of native/decode_attention.cu,
+# with the same launches: a kernel from before the spans ignores the span parameter.)
 if "--span" in sys.argv:
-    VARIANTS = {"spans (default)": (), "one chunk a CTA": (), "spans again": (),
-                "one chunk a CTA again": ()}
+    BEFORE = "source=.scratch/decode_attention_before_spans.cu"
+    VARIANTS = {"spans (default)": (), "one chunk a CTA": (), "kernel before spans": (BEFORE,),
+                "spans again": (), "one chunk a CTA again": (),
+                "kernel before spans again": (BEFORE,)}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
 if "--span" in sys.argv:  # the grids of a few waves, where spans apply, and two of many
     CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (2, 32768, "contiguous", 0),
-             (4, 16384, "contiguous", 0), (64, 4096, "contiguous", 0), (8, 32768, "paged", 64)]
+             (4, 16384, "contiguous", 0), (64, 4096, "contiguous", 0), (8, 32768, "paged", 64),
+             (256, 1024, "contiguous", 0),
+             # 8-row and f32 tiles: group 8 at d 256 in bf16, f32 at d 128 with groups 4 and 8
+             (16, 8192, "contiguous", 0, {"heads_q": 64, "head_dim": 256}),
+             (1, 32768, "contiguous", 0, {"element": "f32"}),
+             (16, 8192, "contiguous", 0, {"element": "f32"}),
+             (16, 8192, "contiguous", 0, {"element": "f32", "heads_q": 64})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
 
 def modules(options: tuple[str, ...]):
+    from pathlib import Path
+
     import cupy
 
-    cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, extra_options=options).cubin
+    source = next((Path(o[len("source="):]).read_text() for o in options
+                   if o.startswith("source=")), None)
+    options = tuple(o for o in options if not o.startswith("source="))
+    cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, source=source,
+                                   extra_options=options).cubin
     module = cupy.cuda.function.Module()
     module.load(cubin)
     return module
 
 
-def case_tensors(batch, seq, cache, page_size):
+def case_tensors(batch, seq, cache, page_size, overrides=None):
     q_len = int(cache[-1]) if cache[-1].isdigit() else 1  # "contiguous4": q_len 4
     form = "paged" if cache.startswith("paged") else "contiguous"
     fields = dict(batch=batch, heads_q=32, heads_kv=8, head_dim=128, element="bf16", cache=form,
-                  q_len=q_len)
+                  q_len=q_len, **(overrides or {}))
+    hq, hkv, dim = fields["heads_q"], fields["heads_kv"], fields["head_dim"]
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[fields["element"]]
     gen = torch.Generator(device="cuda").manual_seed(0)
     if form == "paged":
         pages = batch * seq // page_size
         fields.update(page_size=page_size, max_pages=seq // page_size)
-        k = torch.rand((pages, page_size, 8, 128), generator=gen, device="cuda").bfloat16()
+        k = torch.rand((pages, page_size, hkv, dim), generator=gen, device="cuda").to(dtype)
         table = torch.randperm(pages, generator=gen, device="cuda").int().view(batch, -1)
     else:
         fields.update(max_seq=seq)
-        k = torch.rand((batch, seq, 8, 128), generator=gen, device="cuda").bfloat16()
+        k = torch.rand((batch, seq, hkv, dim), generator=gen, device="cuda").to(dtype)
         table = None
-    v = torch.rand(k.shape, generator=gen, device="cuda").bfloat16()
-    q = torch.rand((batch, q_len, 32, 128), generator=gen, device="cuda").bfloat16()
+    v = torch.rand(k.shape, generator=gen, device="cuda").to(dtype)
+    q = torch.rand((batch, q_len, hq, dim), generator=gen, device="cuda").to(dtype)
     out = torch.empty_like(q)
     lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
     desc = DecodeAttentionDescriptor(**fields)
-    return desc, DecodeAttentionArgs(q, k, v, lens, out, table), 2 * k.numel() * 2
+    return desc, DecodeAttentionArgs(q, k, v, lens, out, table), 2 * k.numel() * k.element_size()
+
+
+def case_key(case) -> str:
+    batch, seq, cache, page_size, *overrides = case
+    key = f"B{batch} S{seq} {cache}" + (f" pages {page_size}" if page_size else "")
+    for name, value in (overrides[0] if overrides else {}).items():
+        key += f" {name} {value}"
+    return key
 
 
 def gpu_ms(fn, reps=30):
@@ -176,7 +203,7 @@ def overlap_ab(copy_tbps: float, rounds: int = 25, calls: int = 20) -> dict[str,
                 end.record()
                 end.synchronize()
                 times[name].append(start.elapsed_time(end) / calls)
-        key = f"B{case[0]} S{case[1]} {case[2]}" + (f" pages {case[3]}" if case[3] else "")
+        key = case_key(case)
         rows[key] = {name: nbytes / float(np.median(t)) / 1e9 / copy_tbps
                      for name, t in times.items()}
         rows[key]["same bits"] = bool(torch.equal(bits[True], bits[False]))
@@ -217,7 +244,7 @@ def main() -> None:
             ws = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
             step = plan.prepare(args, workspace=ws)
             ms = gpu_ms(step)
-            key = f"B{case[0]} S{case[1]} {case[2]}" + (f" pages {case[3]}" if case[3] else "")
+            key = case_key(case)
             bits = args.out.view(torch.int16).clone()
             if (key in reference and not torch.equal(reference[key], bits)
                     and name not in OTHER_ORDER):
