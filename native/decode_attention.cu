@@ -72,8 +72,8 @@ constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the ba
 constexpr int kThreads = 128;
 
 // Where a CUDA-core tile's two buffers of row offsets start in its shared memory (in floats):
-// past both the scores [kChunk][R] and the key groups' sums [groups][R][D] that reuse them
-// (decode.py's shared_bytes).
+// past both the scores [kChunk][R] and the key groups' sums [groups][R][D] that reuse them;
+// the scaled queries [R][D] follow them (decode.py's shared_bytes).
 template <int D, int R, int GROUPS>
 constexpr int kRowOffsAt = kChunk * R > GROUPS * R * D ? kChunk * R : GROUPS * R * D;
 
@@ -251,6 +251,13 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     // and sums' space: the next chunk's are resolved while this one runs, so its first loads
     // can fly during this chunk's last steps.
     i64* row_offs = reinterpret_cast<i64*>(shared + kRowOffsAt<D, R, L::kGroups>);
+    // The tile's queries, scaled, [R][D] f32 after them; rows past the tile's own are zeros.
+    float* q_scaled = reinterpret_cast<float*>(row_offs + 2 * kChunk);
+    for (int e = tid; e < R * D; e += kThreads) {
+        const int r = e / D, row = r0 + r;
+        const T* q_row = q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
+        q_scaled[e] = r < nr ? Math<T>::up(q_row[e - r * D]) * scale : 0.0f;
+    }
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
     const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
@@ -279,35 +286,29 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     bool k_loaded = false;  // raw_a holds the chunk's first K batch, loaded during the last one
     for (int chunk = first; chunk < end; ++chunk) {
         const int k0 = chunk * kChunk, keys = min(kChunk, len - k0);
-        // The tile's queries, scaled, in registers: this lane's columns of each row. Loaded
-        // again for each chunk (from L1 after the first), so that they hold no registers while
-        // V is summed.
+        // This lane's columns of each query row, read again for each chunk (after the barrier
+        // below, so the compiler cannot keep them in registers while V is summed).
         float qr[R][kCols];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int row = r0 + r;
-            const T* q_row =
-                q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
-#pragma unroll
-            for (int i = 0; i < L::kPerLane; ++i) {
-#pragma unroll
-                for (int e = 0; e < L::kVec; ++e) {
-                    qr[r][i * L::kVec + e] =
-                        r < nr ? Math<T>::up(q_row[(lane + i * L::kLanes) * L::kVec + e]) * scale
-                               : 0.0f;
-                }
-            }
-        }
         const i64* row_off = row_offs + ((chunk - first) & 1) * kChunk;
         const bool next = chunk + 1 < end && !unseen(chunk + 1);
         if (next) {
             chunk_rows<D>(c, s, g, k0 + kChunk, min(kChunk, len - k0 - kChunk),
                           row_offs + ((chunk + 1 - first) & 1) * kChunk);
         }
-        __syncthreads();  // row_off (and the last chunk's sums are read: the buffer is free)
+        __syncthreads();  // row_off and q_scaled (and the last chunk's sums are read)
         if (unseen(chunk)) {
             write_unseen<D>(c, s, g, chunk, r0, nr, q_len, group, chunks, ws_acc, ws_ml);
             continue;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int i = 0; i < L::kPerLane; ++i) {
+#pragma unroll
+                for (int e = 0; e < L::kVec; ++e) {
+                    qr[r][i * L::kVec + e] = q_scaled[r * D + (lane + i * L::kLanes) * L::kVec + e];
+                }
+            }
         }
 
         // Scores [kChunk][R]: a row group's lanes each dot their columns, then split the sum.

@@ -60,8 +60,8 @@ if "--mma" in sys.argv:
 if "--span" in sys.argv:
     BEFORE = "source=.scratch/decode_attention_before_spans.cu"
     VARIANTS = {"spans (default)": (), "one chunk a CTA": (), "kernel before spans": (BEFORE,),
-                "spans again": (), "one chunk a CTA again": (),
-                "kernel before spans again": (BEFORE,)}
+                "spans b4": ("-DOPFACADE_DECODE_MIN_BLOCKS=4",), "spans again": (),
+                "one chunk a CTA again": (), "kernel before spans again": (BEFORE,)}
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]

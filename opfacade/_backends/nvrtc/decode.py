@@ -139,8 +139,9 @@ def row_tile(rows: int, element: ElementKind, dim: int) -> int:
 def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32, then
     reused for the key groups' sums [groups][tile][dim] f32 (groups x dim = THREADS x the
-    columns a thread holds), and two buffers of each key's row offset [CHUNK] i64 (this chunk's
-    and the next's, for a CTA that runs several). The tensor-core tile: the row
+    columns a thread holds), two buffers of each key's row offset [CHUNK] i64 (this chunk's
+    and the next's, for a CTA that runs several) and the scaled queries [tile][dim] f32. The
+    tensor-core tile: the row
     offsets, each warp's row maxima and sums [warps][tile] f32, Q's fragments (tile x dim
     elements) and the warps' accumulators [warps][tile][dim] f32."""
     if tile == MMA_TILE:  # row offsets [CHUNK] i64; row maxima and sums; Q; sums
@@ -148,7 +149,7 @@ def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
-    return 4 * max(CHUNK * tile, groups * tile * dim) + 2 * 8 * CHUNK
+    return 4 * max(CHUNK * tile, groups * tile * dim) + 2 * 8 * CHUNK + 4 * tile * dim
 
 
 def span_for(ctas: int, resident: int) -> int:
