@@ -97,7 +97,8 @@ def case_tensors(batch, seq, cache, page_size, overrides=None):
     q_len = int(cache[-1]) if cache[-1].isdigit() else 1  # "contiguous4": q_len 4
     form = "paged" if cache.startswith("paged") else "contiguous"
     fields = dict(batch=batch, heads_q=32, heads_kv=8, head_dim=128, element="bf16", cache=form,
-                  q_len=q_len, **(overrides or {}))
+                  q_len=q_len)
+    fields.update(overrides or {})
     hq, hkv, dim = fields["heads_q"], fields["heads_kv"], fields["head_dim"]
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[fields["element"]]
     gen = torch.Generator(device="cuda").manual_seed(0)
