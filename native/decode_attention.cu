@@ -54,8 +54,9 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 // thread has in flight per batch (two batches alternate), and the blocks per SM the compiler
 // must fit. A 4-row tile holding one vector per lane fits five blocks an SM (92% of a device
 // copy's bandwidth against 84% at the compiler's own choice of four); 8-row tiles hold twice
-// the accumulators and stream best with batches of two. Neither changes any sum's order, so the
-// results are the same bits whatever they are. OPFACADE_DECODE_UNROLL and
+// the accumulators and stream best with batches of two; held to four blocks an SM, as the
+// compiler chose for them before the spans' loop (docs/DECODE.md). Neither changes any sum's
+// order, so the results are the same bits whatever they are. OPFACADE_DECODE_UNROLL and
 // OPFACADE_DECODE_MIN_BLOCKS override both, for the variants script.
 #ifdef OPFACADE_DECODE_UNROLL
 template <int R, int PER> constexpr int kUnrollOf = OPFACADE_DECODE_UNROLL;
@@ -65,7 +66,7 @@ template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
 #ifdef OPFACADE_DECODE_MIN_BLOCKS
 #define OPFACADE_MIN_BLOCKS(R, PER) OPFACADE_DECODE_MIN_BLOCKS
 #else
-#define OPFACADE_MIN_BLOCKS(R, PER) ((R) <= 4 && (PER) == 1 ? 5 : 1)
+#define OPFACADE_MIN_BLOCKS(R, PER) ((PER) > 1 ? 1 : (R) <= 4 ? 5 : 4)
 #endif
 
 constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
@@ -223,7 +224,10 @@ __device__ __forceinline__ void sequence_bases(const Cache& c, int s, const T*& 
     }
 }
 
-template <typename T, int D, int R>
+// SPANS: the CTA runs `span` consecutive chunks of its sequence (the decode_partial_*_spans
+// kernels, for grids of a few waves: decode.py's span_for); otherwise one chunk, blockIdx.y.
+// Either way each chunk's partial is computed the same way, to the same bits.
+template <typename T, int D, int R, bool SPANS>
 __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                         const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                         float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
@@ -238,8 +242,8 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     const int len = sequence_length(c, seq_lens, s);
     // This CTA's chunks, one after another: [first, end), those the merge reads (below
     // ceil(len / kChunk)).
-    const int first = blockIdx.y * span;
-    const int end = min(first + span, (len + kChunk - 1) / kChunk);
+    const int first = SPANS ? blockIdx.y * span : blockIdx.y;
+    const int end = min(SPANS ? first + span : first + 1, (len + kChunk - 1) / kChunk);
     if (first >= end || nr <= 0) return;
     const int tid = threadIdx.x;
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
@@ -247,17 +251,33 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     constexpr int kUnroll = kUnrollOf<R, L::kPerLane>;
     constexpr int kBatch = 2 * kUnroll;           // passes per loop turn: two load batches
 
-    // Each key's row offset, resolved once per chunk into one of two buffers past the scores'
-    // and sums' space: the next chunk's are resolved while this one runs, so its first loads
-    // can fly during this chunk's last steps.
-    i64* row_offs = reinterpret_cast<i64*>(shared + kRowOffsAt<D, R, L::kGroups>);
-    // The tile's queries, scaled, [R][D] f32 after them; rows past the tile's own are zeros.
-    float* q_scaled = reinterpret_cast<float*>(row_offs + 2 * kChunk);
-    for (int e = tid; e < R * D; e += kThreads) {
-        const int r = e / D, row = r0 + r;
+    // The tile's queries, scaled: this lane's columns of each row, in registers. A CTA of one
+    // chunk loads them here; a CTA of several reads them for each chunk from shared memory
+    // (q_scaled, [R][D] f32), so that they hold no registers while V is summed.
+    float qr[R][kCols];
+    auto query = [&](int r, int d) {  // zeros for rows past the tile's own
+        const int row = r0 + r;
         const T* q_row = q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
-        q_scaled[e] = r < nr ? Math<T>::up(q_row[e - r * D]) * scale : 0.0f;
+        return r < nr ? Math<T>::up(q_row[d]) * scale : 0.0f;
+    };
+    if constexpr (!SPANS) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int i = 0; i < L::kPerLane; ++i) {
+#pragma unroll
+                for (int e = 0; e < L::kVec; ++e) {
+                    qr[r][i * L::kVec + e] = query(r, (lane + i * L::kLanes) * L::kVec + e);
+                }
+            }
+        }
     }
+
+    // Each key's row offset, resolved once per chunk, while the queries' loads above fly, into
+    // one of two buffers past the scores' and sums' space: a CTA of several chunks resolves the
+    // next chunk's while this one runs, so that its first loads fly during this chunk's end.
+    i64* row_offs = reinterpret_cast<i64*>(shared + kRowOffsAt<D, R, L::kGroups>);
+    float* q_scaled = reinterpret_cast<float*>(row_offs + 2 * kChunk);
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
     const int first_pos = len - q_len + r0 / group, last_pos = len - q_len + (r0 + nr - 1) / group;
@@ -283,14 +303,23 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     };
 
     uint4 raw_a[kUnroll][L::kPerLane], raw_b[kUnroll][L::kPerLane];
-    bool k_loaded = false;  // raw_a holds the chunk's first K batch, loaded during the last one
-    for (int chunk = first; chunk < end; ++chunk) {
+    bool k_loaded = false;  // raw_a holds the chunk's first K batch, loaded ahead
+    if constexpr (SPANS) {
+        // The first chunk's first K batch flies while the queries go to shared memory.
+        __syncthreads();  // row_offs
+        if (!unseen(first)) {
+            load(raw_a, k_base, 0, row_offs, min(kChunk, len - first * kChunk));
+            k_loaded = true;
+        }
+        for (int e = tid; e < R * D; e += kThreads) q_scaled[e] = query(e / D, e % D);
+    }
+    // (A trip count the compiler sees is 1 without spans: otherwise the queries, loaded before
+    // the loop, would hold registers through it.)
+    for (int i = 0; i < (SPANS ? end - first : 1); ++i) {
+        const int chunk = first + i;
         const int k0 = chunk * kChunk, keys = min(kChunk, len - k0);
-        // This lane's columns of each query row, read again for each chunk (after the barrier
-        // below, so the compiler cannot keep them in registers while V is summed).
-        float qr[R][kCols];
         const i64* row_off = row_offs + ((chunk - first) & 1) * kChunk;
-        const bool next = chunk + 1 < end && !unseen(chunk + 1);
+        const bool next = SPANS && chunk + 1 < end && !unseen(chunk + 1);
         if (next) {
             chunk_rows<D>(c, s, g, k0 + kChunk, min(kChunk, len - k0 - kChunk),
                           row_offs + ((chunk + 1 - first) & 1) * kChunk);
@@ -300,13 +329,16 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
             write_unseen<D>(c, s, g, chunk, r0, nr, q_len, group, chunks, ws_acc, ws_ml);
             continue;
         }
+        if constexpr (SPANS) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+            for (int r = 0; r < R; ++r) {
 #pragma unroll
-            for (int i = 0; i < L::kPerLane; ++i) {
+                for (int i = 0; i < L::kPerLane; ++i) {
 #pragma unroll
-                for (int e = 0; e < L::kVec; ++e) {
-                    qr[r][i * L::kVec + e] = q_scaled[r * D + (lane + i * L::kLanes) * L::kVec + e];
+                    for (int e = 0; e < L::kVec; ++e) {
+                        qr[r][i * L::kVec + e] =
+                            q_scaled[r * D + (lane + i * L::kLanes) * L::kVec + e];
+                    }
                 }
             }
         }
@@ -842,10 +874,23 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
         decode_partial_##SUFFIX##_##D##_##R(                                                     \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left) {                                                                              \
+        let_dependents_launch();                                                                 \
+        partial<T, D, R, false>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,      \
+                                ws_ml, q_len, group, tiles, chunks, scale, left, 1);             \
+    }
+
+// The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers).
+#define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D)                                                     \
+    extern "C" __global__ void __launch_bounds__(                                                \
+        kThreads, OPFACADE_MIN_BLOCKS(4, (Row<T, D>::kPerLane)))                                 \
+        decode_partial_##SUFFIX##_##D##_4_spans(                                                 \
+        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
+        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
         int left, int span) {                                                                    \
         let_dependents_launch();                                                                 \
-        partial<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
-                         q_len, group, tiles, chunks, scale, left, span);                        \
+        partial<T, D, 4, true>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,       \
+                               ws_ml, q_len, group, tiles, chunks, scale, left, span);           \
     }
 
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
@@ -875,6 +920,9 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     OPFACADE_PARTIAL(SUFFIX, T, 128, 8)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64)                                                        \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 128)                                                       \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256)                                                       \
     OPFACADE_MERGE(SUFFIX, T, 64)                                                                \
     OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
     OPFACADE_MERGE(SUFFIX, T, 1024)

@@ -55,12 +55,17 @@ TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 MMA_TILE = 16
 MMA_DIMS = (64, 128)
 MMA_WARPS = THREADS // 32
-# A CUDA-core partial CTA may run several consecutive chunks of its sequence (its span), loading
-# the next chunk's first keys while it writes the last one's partials. Each chunk's partial is
+# A 4-row partial CTA may run several consecutive chunks of its sequence (its span), loading the
+# next chunk's first keys while it writes the last one's partials. Each chunk's partial is
 # computed exactly as alone, so the span changes no bit and may follow the grid. A grid of a
 # few waves (B1 S32768: 1024 CTAs, 660 resident on an H100) becomes one wave of CTAs with
 # spans, which pays each CTA's start and end once; a grid of many waves stays at one chunk a
-# CTA, its CTAs' starts already spread out. Up to MAX_SPAN chunks a CTA.
+# CTA (the plain kernel, which holds fewer registers), its CTAs' starts already spread out. Up
+# to MAX_SPAN chunks a CTA. H100, scripts/decode_variants.py --span, % of a device copy for
+# the whole step, two interleaved runs (record catalog/probes/decode_spans_H100.json):
+#   B1 S32768 contiguous  spans 74.4 / 76.1, one chunk a CTA 72.1 / 71.0
+#   B1 S32768 paged 16    74.3 / 74.4,       71.0 / 70.2
+#   B4 S16384             85.9 / 85.9,       81.6 / 80.1
 MAX_SPAN = 4
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
@@ -188,11 +193,13 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
                     np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
-    span = 1  # the tensor-core tile runs one chunk a CTA
-    if tile != MMA_TILE:
+    span = 1
+    if tile == TILES[0]:  # the 4-row tiles may run spans of chunks (their *_spans kernels)
         ctas = cache.heads_kv * tiles * n_chunks * sequences
         resident = device_sm_count(device) * resident_blocks(partial, THREADS, shared, device)
         span = span_for(ctas, resident)
+    if span > 1:
+        partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}_spans", device)
         partial_args = (*partial_args, np.int32(span))
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
