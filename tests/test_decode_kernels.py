@@ -33,6 +33,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
                 for r in kernels.TILES}
     partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}" for e in ("f16", "bf16")
                  for d in kernels.MMA_DIMS}
+    partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
+                 for d in kernels.DIMS}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
