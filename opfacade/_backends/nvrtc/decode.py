@@ -62,10 +62,12 @@ MMA_WARPS = THREADS // 32
 # spans, which pays each CTA's start and end once; a grid of many waves stays at one chunk a
 # CTA (the plain kernel, which holds fewer registers), its CTAs' starts already spread out. Up
 # to MAX_SPAN chunks a CTA. H100, scripts/decode_variants.py --span, % of a device copy for
-# the whole step, two interleaved runs (record catalog/probes/decode_spans_H100.json):
-#   B1 S32768 contiguous  spans 74.4 / 76.1, one chunk a CTA 72.1 / 71.0
-#   B1 S32768 paged 16    74.3 / 74.4,       71.0 / 70.2
-#   B4 S16384             85.9 / 85.9,       81.6 / 80.1
+# the whole step, each twice in one run (record catalog/probes/decode_spans_H100.json):
+#                         spans        one chunk a CTA   the kernel before spans
+#   B1 S32768 contiguous  77.2 / 77.3  75.6 / 75.8       75.4 / 73.8
+#   B1 S32768 paged 16    76.1 / 75.8  74.5 / 75.0       74.5 / 74.1
+#   B4 S16384             86.8 / 86.5  83.2 / 83.6       83.4 / 83.0
+#   B64 S4096 (no span)   94.9 / 94.8  94.6 / 94.8       94.2 / 94.3
 MAX_SPAN = 4
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
