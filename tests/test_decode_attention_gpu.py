@@ -240,6 +240,39 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(cache):
         assert torch.equal(out, first_out) and torch.equal(lse, first_lse)
 
 
+@pytest.mark.parametrize("span", [2, 3])
+@pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "hnd", 16),
+                                   Cache("pointers")], ids=lambda c: c.id)
+@pytest.mark.parametrize("window", [None, (300, None)], ids=["full", "window"])
+@pytest.mark.parametrize(("element", "head_dim"), [("bf16", 128), ("f32", 64), ("f16", 256)])
+def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cache, window,
+                                                         element, head_dim):
+    """The 4-row tiles' spans kernels (a CTA over `span` consecutive chunks), forced on a small
+    grid: the same bits as one chunk a CTA, and the reference's values, across lengths that
+    end inside a span, empty sequences, and windows that leave whole chunks of a span
+    unseen."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    desc = _descriptor(cache, element, 2100, 5, heads_q=8, heads_kv=2, head_dim=head_dim,
+                       window=window)
+    problem = make_problem(desc, [2100, 0, 1, 1000, 257], seed=7)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    get_kernel, fetched = kernels.get_kernel, []
+    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
+        fetched.append(name), get_kernel(source, name, device))[1])
+    results = []
+    for chunks_per_cta in (1, span):
+        monkeypatch.setattr(kernels, "span_for", lambda ctas, resident, n=chunks_per_cta: n)
+        args = problem.args()  # new out and lse: the plan's memo builds the launches again
+        plan.run(args)
+        results.append(args)
+        partials = [name for name in fetched if name.startswith("decode_partial")]
+        assert partials[-1].endswith("_spans") == (chunks_per_cta > 1), fetched
+    _check(problem, results[1], plan.precision_guarantee.max_rel_error)
+    assert torch.equal(results[0].out, results[1].out)
+    assert torch.equal(results[0].lse, results[1].lse)
+
+
 def test_runs_repeat_bitwise_over_streams_and_workspaces():
     from opfacade.testing import repeat_runs
 
