@@ -795,11 +795,6 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
 // order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
 // and each slice's loads are independent of one another (several in flight, where one thread
 // walking every chunk would wait on each).
-// Chunks a merge thread holds in registers when its slice has no more: at 64 and 256 threads
-// every capacity decode.py gives them (up to 64 chunks) at Dv <= 128; at 1024 threads four
-// (S32768 at Dv 128: 128 chunks over 32 slices), which fit its 32 registers a thread.
-template <int kMergeThreads> constexpr int kHeldOf = kMergeThreads >= 1024 ? 4 : 8;
-
 template <typename T, int kMergeThreads>
 __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
                       const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
@@ -816,68 +811,33 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     wait_for_prerequisite_grid();  // the partials (seq_lens came before the partial kernel)
     const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
 
+    // The largest chunk max (a max is the same in any order).
+    float m = minus_infinity();
+    for (int k = tid; k < n; k += kMergeThreads) m = fmaxf(m, ml[k * ml_step]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) warp_max[tid >> 5] = m;
+    __syncthreads();
+    for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    const float base = m == minus_infinity() ? 0.0f : m;
+
     const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
     const int slice = tid / width, col = (tid % width) * 4;
     const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
     const i64 acc_step = (i64)rows * dim_v;
-    // The largest chunk max (a max is the same in any order), over this thread's m values and
-    // then the CTA's.
-    auto block_max = [&](float m) {
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if ((tid & 31) == 0) warp_max[tid >> 5] = m;
-        __syncthreads();
-        for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-        return m;
-    };
-    // Chunk k's contribution: acc += w x and l += w l_k with w = exp(m_k - base), in the order
-    // of k, whichever path below loaded them.
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float l = 0.0f, m;
-    auto add = [&](float4 x, float mk, float lk, float base) {
-        const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
-        acc.x = fmaf(x.x, w, acc.x);
-        acc.y = fmaf(x.y, w, acc.y);
-        acc.z = fmaf(x.z, w, acc.z);
-        acc.w = fmaf(x.w, w, acc.w);
-        l = fmaf(lk, w, l);
-    };
-    constexpr int kHeld = kHeldOf<kMergeThreads>;
-    if (n <= kHeld * slices) {
-        // Every slice holds at most kHeld chunks: its partials are loaded once, together with
-        // the m values the max needs, so the max and the sums wait for one round of loads.
-        float4 x[kHeld];
-        float mk[kHeld], lk[kHeld];
-        m = minus_infinity();
-#pragma unroll
-        for (int i = 0; i < kHeld; ++i) {
-            const int k = slice + i * slices;
-            const bool mine = slice < slices && k < n;
-            x[i] = mine ? *reinterpret_cast<const float4*>(acc_row + k * acc_step + col)
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            mk[i] = mine ? ml[k * ml_step] : minus_infinity();
-            lk[i] = mine ? ml[k * ml_step + 1] : 0.0f;
-            m = fmaxf(m, mk[i]);
-        }
-        m = block_max(m);
-        const float base = m == minus_infinity() ? 0.0f : m;
-#pragma unroll
-        for (int i = 0; i < kHeld; ++i) {
-            if (slice < slices && slice + i * slices < n) add(x[i], mk[i], lk[i], base);
-        }
-    } else {
-        m = minus_infinity();
-        for (int k = tid; k < n; k += kMergeThreads) m = fmaxf(m, ml[k * ml_step]);
-        m = block_max(m);
-        const float base = m == minus_infinity() ? 0.0f : m;
-        if (slice < slices) {
-#pragma unroll 8
-            for (int k = slice; k < n; k += slices) {
-                add(*reinterpret_cast<const float4*>(acc_row + k * acc_step + col),
-                    ml[k * ml_step], ml[k * ml_step + 1], base);
-            }
-        }
-    }
+    float l = 0.0f;
     if (slice < slices) {
+#pragma unroll 8
+        for (int k = slice; k < n; k += slices) {
+            const float mk = ml[k * ml_step];
+            const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
+            const float4 x = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
+            acc.x = fmaf(x.x, w, acc.x);
+            acc.y = fmaf(x.y, w, acc.y);
+            acc.z = fmaf(x.z, w, acc.z);
+            acc.w = fmaf(x.w, w, acc.w);
+            l = fmaf(ml[k * ml_step + 1], w, l);
+        }
         slice_acc[tid] = acc;
         slice_l[tid] = l;
     }
@@ -944,11 +904,8 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
                           q_len, group, tiles, chunks, scale, left);                             \
     }
 
-// The 1024-thread merge fits two CTAs an SM (32 registers a thread), as before it held its
-// chunks in registers: under programmatic dependent launch its CTAs wait beside the partial's.
 #define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
-    extern "C" __global__ void __launch_bounds__(THREADS, (THREADS) >= 1024 ? 2 : 1)           \
-        decode_merge_##SUFFIX##_##THREADS(                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
         T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
         const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
         int chunks) {                                                                            \
