@@ -239,38 +239,17 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     // kv head, whole token rows of a token-major cache, rather than one head's slice of many.
     const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles, s = blockIdx.z;
     const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    const int len = sequence_length(c, seq_lens, s);
+    // This CTA's chunks, one after another: [first, end), those the merge reads (below
+    // ceil(len / kChunk)).
     const int first = SPANS ? blockIdx.y * span : blockIdx.y;
+    const int end = min(SPANS ? first + span : first + 1, (len + kChunk - 1) / kChunk);
+    if (first >= end || nr <= 0) return;
     const int tid = threadIdx.x;
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
     constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
     constexpr int kUnroll = kUnrollOf<R, L::kPerLane>;
     constexpr int kBatch = 2 * kUnroll;           // passes per loop turn: two load batches
-
-    // Spans over a contiguous cache: the first K batch of the CTA's first chunk is requested
-    // before the sequence's length arrives, so the CTA's start waits for one round of loads
-    // instead of two. Rows below the capacity are the cache's own memory, and a row past the
-    // length never meets a weight: its score is replaced by -inf whatever its content.
-    uint4 raw_a[kUnroll][L::kPerLane], raw_b[kUnroll][L::kPerLane];
-    const bool k_requested = SPANS && c.kind == 0;
-    if (k_requested) {
-        const T* k_cache = static_cast<const T*>(c.k);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int key = first * kChunk + u * L::kGroups + key_group;
-#pragma unroll
-            for (int i = 0; i < L::kPerLane; ++i) {
-                raw_a[u][i] = key < c.capacity
-                                  ? load16(k_cache + offset(c, s, key, g, c.capacity, D) +
-                                           (lane + i * L::kLanes) * L::kVec)
-                                  : make_uint4(0, 0, 0, 0);
-            }
-        }
-    }
-    const int len = sequence_length(c, seq_lens, s);
-    // This CTA's chunks, one after another: [first, end), those the merge reads (below
-    // ceil(len / kChunk)).
-    const int end = min(SPANS ? first + span : first + 1, (len + kChunk - 1) / kChunk);
-    if (first >= end || nr <= 0) return;
 
     // The tile's queries, scaled: this lane's columns of each row, in registers. A CTA of one
     // chunk loads them here; a CTA of several reads them for each chunk from shared memory
@@ -323,12 +302,13 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         }
     };
 
+    uint4 raw_a[kUnroll][L::kPerLane], raw_b[kUnroll][L::kPerLane];
     bool k_loaded = false;  // raw_a holds the chunk's first K batch, loaded ahead
     if constexpr (SPANS) {
         // The first chunk's first K batch flies while the queries go to shared memory.
         __syncthreads();  // row_offs
         if (!unseen(first)) {
-            if (!k_requested) load(raw_a, k_base, 0, row_offs, min(kChunk, len - first * kChunk));
+            load(raw_a, k_base, 0, row_offs, min(kChunk, len - first * kChunk));
             k_loaded = true;
         }
         for (int e = tid; e < R * D; e += kThreads) q_scaled[e] = query(e / D, e % D);

@@ -5,7 +5,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
 (except where a variant picks another tile, which sums in another order).
 
     python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
-                                       | --overlap | --overlap-ab | --span | --speculate]
+                                       | --overlap | --overlap-ab | --span]
                                        [--mma-only]
 """
 
@@ -65,14 +65,6 @@ if "--span" in sys.argv:
 CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (1, 32768, "contiguous", 0),
          (256, 1024, "contiguous", 0), (8, 32768, "paged", 64), (64, 4096, "contiguous4", 0),
          (64, 4096, "paged4", 16), (64, 4096, "contiguous2", 0), (8, 32768, "contiguous4", 0)]
-# A spans CTA over a contiguous cache requesting its first K batch before the sequence's length
-# arrives (the default) against the kernel before (same sums: same bits).
-if "--speculate" in sys.argv:
-    BEFORE = "source=.scratch/decode_attention_before_speculation.cu"
-    VARIANTS = {"first K early (default)": (), "kernel before": (BEFORE,),
-                "first K early again": (), "kernel before again": (BEFORE,)}
-    CASES = [(1, 32768, "contiguous", 0), (2, 32768, "contiguous", 0),
-             (4, 16384, "contiguous", 0), (1, 32768, "paged", 16), (64, 4096, "contiguous", 0)]
 if "--span" in sys.argv:  # the grids of a few waves, where spans apply, and two of many
     CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (2, 32768, "contiguous", 0),
              (4, 16384, "contiguous", 0), (64, 4096, "contiguous", 0), (8, 32768, "paged", 64),
