@@ -4,12 +4,13 @@ through the dispatcher, and what run()'s memo did meanwhile (a launch stored mea
 missed the memo); linear beside it, and kv_append's drop-in (the kernel, directly) against its
 op (a custom_op, through the dispatcher).
 
-    python3 scripts/dispatch_pieces.py [out.json]
+    python3 scripts/dispatch_pieces.py [out.json] [--reverse]
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 
 import torch
 from dispatch_ab import host_us  # this directory is on sys.path
@@ -18,6 +19,19 @@ from gpt_profile import write_report
 
 import opfacade
 import opfacade.torch as oft
+
+
+def gpu_us(fn, calls: int = 200) -> float:
+    """GPU microseconds per call over ``calls`` back-to-back calls (events around them): where
+    this reaches host_us, the host measure may be the GPU's."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
 
 
 def main() -> int:
@@ -47,11 +61,14 @@ def main() -> int:
         "torch F.sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
     }
     rows = {}
-    for name, fn in cases.items():
+    order = list(cases)[::-1] if "--reverse" in sys.argv else list(cases)
+    for name in order:
+        fn = cases[name]
         COUNTS.update(dict.fromkeys(COUNTS, 0))
         us = host_us(fn)
-        rows[name] = {"host_us": round(us, 2), "memo_calls": COUNTS["calls"],
-                      "stored": COUNTS["stored"], "full_checks": COUNTS["full_checks"]}
+        rows[name] = {"host_us": round(us, 2), "gpu_us": round(gpu_us(fn), 2),
+                      "memo_calls": COUNTS["calls"], "stored": COUNTS["stored"],
+                      "full_checks": COUNTS["full_checks"]}
         print(f"{us:7.1f} us  {name}  memo: {rows[name]}", flush=True)
     write_report({"device": torch.cuda.get_device_name(), "rows": rows})
     return 0
