@@ -148,9 +148,8 @@ def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     reused for the key groups' sums [groups][tile][dim] f32 (groups x dim = THREADS x the
     columns a thread holds), two buffers of each key's row offset [CHUNK] i64 (this chunk's
     and the next's, for a CTA that runs several) and the scaled queries [tile][dim] f32. The
-    tensor-core tile: the row
-    offsets, each warp's row maxima and sums [warps][tile] f32, Q's fragments (tile x dim
-    elements) and the warps' accumulators [warps][tile][dim] f32."""
+    tensor-core tile: the row offsets, each warp's row maxima and sums [warps][tile] f32, Q's
+    fragments (tile x dim elements) and the warps' accumulators [warps][tile][dim] f32."""
     if tile == MMA_TILE:  # row offsets [CHUNK] i64; row maxima and sums; Q; sums
         return 8 * CHUNK + 4 * MMA_WARPS * tile * (2 + dim) + 2 * tile * dim
     vec = 16 // element.itemsize
