@@ -152,3 +152,16 @@ def test_wants_grad_is_traceable_under_fullgraph_compile(requires_grad):
     got = torch.compile(pick, backend="eager", fullgraph=True)(x, None)
     assert torch.equal(got, pick(x, None))
     assert torch.equal(got, x * 2 if requires_grad else x + 1)
+
+
+@pytest.mark.parametrize("through", ["op", "drop-in"])
+def test_functionalized_calls_keep_their_gradients(through):
+    """torch.func.functionalize (the Functionalize key in the call's keyset) with a gradient
+    wanted: the op's autograd.Function runs, and its backward gives the gradient."""
+    toy = _toy()
+    call = toy.op if through == "op" else toy
+    x = torch.randn(5, requires_grad=True)
+    out = torch.func.functionalize(lambda t: call(t, 1.5))(x)
+    out.sum().backward()
+    assert torch.equal(out.detach(), x.detach() * 1.5)
+    assert torch.equal(x.grad, torch.full_like(x, 1.5))
