@@ -51,6 +51,9 @@ class KernelCache:
         self._lock = threading.Lock()
         self._modules: dict[tuple[str, int], object] = {}
         self._functions: dict[tuple[str, str, int], object] = {}
+        # (kernel handle, threads, dynamic shared bytes) -> CTAs a multiprocessor holds. Keyed
+        # by handle, so cleared with the modules: a reloaded kernel may reuse an address.
+        self._resident: dict[tuple[int, int, int], int] = {}
 
     def _module(self, source: str, device: int):
         key = (source, device)
@@ -81,10 +84,40 @@ class KernelCache:
             self._functions[key] = function
         return function
 
+    def resident_blocks(self, function, threads: int, shared_mem: int, device: int) -> int:
+        """How many CTAs of ``function`` (``threads`` each, ``shared_mem`` bytes of dynamic
+        shared memory) one multiprocessor of ``device`` holds at once
+        (cuOccupancyMaxActiveBlocksPerMultiprocessor), asked once per kernel and size."""
+        key = (int(function.ptr), threads, shared_mem)
+        found = self._resident.get(key)
+        if found is not None:
+            return found
+        import cupy
+
+        with cupy.cuda.Device(device):
+            library = libcuda()
+            if library is not None:
+                count = ctypes.c_int()
+                status = library.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    ctypes.byref(count), ctypes.c_void_p(key[0]), ctypes.c_int(threads),
+                    ctypes.c_size_t(shared_mem))
+                count = count.value
+            else:
+                from cuda.bindings import driver
+
+                status, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    driver.CUfunction(key[0]), threads, shared_mem)
+        if int(status):
+            raise LaunchFailed(f"occupancy query failed on cuda:{device}: CUresult "
+                               f"{int(status)}")
+        self._resident[key] = int(count)
+        return int(count)
+
     def clear(self) -> None:
         with self._lock:
             self._modules.clear()
             self._functions.clear()
+            self._resident.clear()
 
 
 KERNELS = KernelCache()
@@ -93,6 +126,11 @@ KERNELS = KernelCache()
 def get_kernel(source: str, name: str, device: int):
     """The CuPy Function for kernel ``name`` of native/<source> on ``device``."""
     return KERNELS.get(source, name, device)
+
+
+def resident_blocks(function, threads: int, shared_mem: int, device: int) -> int:
+    """CTAs of ``function`` one multiprocessor of ``device`` holds at once (KernelCache's)."""
+    return KERNELS.resident_blocks(function, threads, shared_mem, device)
 
 
 def pointer(view) -> np.uint64:
@@ -129,38 +167,6 @@ def _driver_launch():
     function.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
                          ctypes.c_void_p]
     return function
-
-
-_RESIDENT: dict[tuple[int, int, int], int] = {}
-
-
-def resident_blocks(function, threads: int, shared_mem: int, device: int) -> int:
-    """How many CTAs of ``function`` (``threads`` each, ``shared_mem`` bytes of dynamic shared
-    memory) one multiprocessor of ``device`` holds at once
-    (cuOccupancyMaxActiveBlocksPerMultiprocessor), asked once per kernel and size."""
-    key = (int(function.ptr), threads, shared_mem)
-    found = _RESIDENT.get(key)
-    if found is not None:
-        return found
-    import cupy
-
-    with cupy.cuda.Device(device):
-        library = libcuda()
-        if library is not None:
-            count = ctypes.c_int()
-            status = library.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                ctypes.byref(count), ctypes.c_void_p(key[0]), ctypes.c_int(threads),
-                ctypes.c_size_t(shared_mem))
-            count = count.value
-        else:
-            from cuda.bindings import driver
-
-            status, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                driver.CUfunction(key[0]), threads, shared_mem)
-    if int(status):
-        raise LaunchFailed(f"occupancy query failed on cuda:{device}: CUresult {int(status)}")
-    _RESIDENT[key] = int(count)
-    return int(count)
 
 
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the kernel may launch before the
