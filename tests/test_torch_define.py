@@ -165,3 +165,58 @@ def test_functionalized_calls_keep_their_gradients(through):
     out.sum().backward()
     assert torch.equal(out.detach(), x.detach() * 1.5)
     assert torch.equal(x.grad, torch.full_like(x, 1.5))
+
+
+def test_torch_func_transforms_differentiate_the_drop_in():
+    """torch.func.grad and vjp run the op's autograd.Function, which they accept only with
+    forward and setup_context apart. (Through torch.ops they meet the autograd kernel inside
+    the dispatcher, where functorch's custom_function_call has no kernel: torch's own
+    custom_op ops refuse these transforms too.)"""
+    toy = _toy()
+    x = torch.randn(5)
+    grad = torch.func.grad(lambda t: (toy(t, 1.5) * t).sum())(x)
+    torch.testing.assert_close(grad, 3.0 * x, rtol=0, atol=1e-6)
+    out, vjp = torch.func.vjp(lambda t: toy(t, -2.0), x)
+    assert torch.equal(out, x * -2.0)
+    assert torch.equal(vjp(torch.ones(5))[0], torch.full_like(x, -2.0))
+
+
+def _square_with_backward_op():
+    """x * x whose backward calls a second op without a backward of its own, as the GPU ops'
+    backwards call their backward ops."""
+    name = f"test_square_{next(_NAMES)}"
+
+    def backward_kernel(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return grad * x * 2
+
+    backward_op = define_op(name + "_backward", backward_kernel,
+                            lambda grad, x: torch.empty_like(grad))
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return x * x
+
+    def save(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return backward_op(grad, x)
+
+    return define_op(name, kernel, lambda x: torch.empty_like(x), setup_context=save,
+                     backward=backward)
+
+
+def test_a_backward_op_runs_inside_torch_func_and_refuses_a_second_order():
+    """Inside torch.func.grad a backward runs with create_graph, so the backward op's inputs
+    require grad: it runs (first order), and a second-order gradient through it is a typed
+    error, in torch.func and in eager autograd alike, never a gradient that leaves it out."""
+    square = _square_with_backward_op()
+    x = torch.randn(6)
+    assert torch.equal(torch.func.grad(lambda t: square(t).sum())(x), x * 2)
+    with pytest.raises(Unsupported, match="second-order gradients"):
+        torch.func.grad(lambda t: torch.func.grad(lambda u: square(u).sum())(t).sum())(x)
+    leaf = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(square(leaf).sum(), leaf, create_graph=True)
+    assert torch.equal(grad.detach(), x * 2)
+    with pytest.raises(Unsupported, match="second-order gradients"):
+        (grad.sum() + leaf.sum()).backward()

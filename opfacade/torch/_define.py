@@ -12,7 +12,10 @@ call, and otherwise hands it on below autograd, as custom_op does.
 
 What the drop-ins call (``DefinedOp.__call__``) is the op's ``autograd.Function`` in eager mode
 (the dispatcher is never entered) and the op itself while torch traces, so both routes save the
-same tensors and run the same backward.
+same tensors and run the same backward. The Functions take torch.func's form (forward and
+setup_context apart), so torch.func.grad and vjp differentiate the drop-ins; through torch.ops,
+those transforms meet the autograd kernel inside the dispatcher, where torch has no kernel for
+an autograd.Function (torch.library.custom_op ops refuse them the same way).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 # TorchDispatchMode is involved (Python), or C++ functionalization is (Functionalize).
 _PYTHON, _FUNCTIONALIZE = torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+# Whether a torch.func transform (grad, vjp, ...) is running.
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
 def _tensor_positions(op) -> tuple[int, ...]:
@@ -65,20 +70,49 @@ class DefinedOp:
     runs it the way the drop-ins want (see the module's docstring). ``function`` None: the op
     has no backward. (kv_append, a custom_op, is wrapped in one too, for its eager route.)"""
 
-    __slots__ = ("function", "kernel", "name", "op", "positions")
+    __slots__ = ("_for_transforms", "backward", "function", "kernel", "name", "op", "positions",
+                 "setup_context")
 
     def __init__(self, name: str, kernel: Callable, op, function: type | None = None,
-                 positions: tuple[int, ...] | None = None):
+                 positions: tuple[int, ...] | None = None, setup_context: Callable | None = None,
+                 backward: Callable | None = None):
         self.name, self.kernel, self.op, self.function = name, kernel, op, function
+        self.setup_context, self.backward = setup_context, backward
         # Where the Tensor arguments are.
         self.positions = _tensor_positions(op) if positions is None else positions
+        self._for_transforms = None
 
     def __call__(self, *args):
         if _traced(args, self.positions):
             return self.op(*args)
-        if self.function is not None and wants_grad(*args):
-            return self.function.apply(*args)
+        if wants_grad(*args):
+            if self.function is not None and not _transforms_active():
+                return self.function.apply(*args)
+            return self._transformable().apply(*args)
         return self.kernel(*args)
+
+    def _transformable(self) -> type:
+        """The op's Function in torch.func's form, for calls inside a transform (grad, vjp),
+        whose tensors are wrappers without storage: its forward gets them unwrapped.
+
+        An op without a backward (a backward op, called from a backward) gets one too, whose
+        backward raises: a backward run with create_graph, as every torch.func.grad and vjp
+        runs it, calls such an op with tensors that require grad. A first-order gradient
+        never differentiates that call; a second-order one gets a typed error instead of a
+        gradient that silently leaves this op's share out."""
+        if self._for_transforms is None:
+            backward = self.backward
+            if backward is None:
+                qualname = f"{NAMESPACE}::{self.name}"
+
+                def backward(ctx, *grads):
+                    raise Unsupported(f"{qualname} has no backward: second-order gradients "
+                                      f"through it are not supported")
+
+            self._for_transforms = _autograd_function(self.name, self.kernel, self.op,
+                                                      self.positions, self.setup_context,
+                                                      backward, transformable=True)
+        return self._for_transforms
 
 
 def define_op(name: str, kernel: Callable, fake: Callable, *,
@@ -109,23 +143,41 @@ def define_op(name: str, kernel: Callable, fake: Callable, *,
         return kernel(*args)  # a compiled graph's call, or an eager one without grad
 
     _LIBRARY.impl(name, autograd_kernel, "Autograd", with_keyset=True)
-    return DefinedOp(name, kernel, op, function, positions)
+    return DefinedOp(name, kernel, op, function, positions, setup_context, backward)
 
 
 def _autograd_function(name: str, kernel: Callable, op, positions: tuple[int, ...],
-                       setup_context: Callable | None, backward: Callable) -> type:
+                       setup_context: Callable | None, backward: Callable, *,
+                       transformable: bool = False) -> type:
     """The op's autograd.Function: forward runs the kernel (or, under tracing, the op below
-    autograd, through the autograd kernel's no-grad branch) and ``setup_context``."""
+    autograd, through the autograd kernel's no-grad branch), and ``setup_context`` saves what
+    the backward needs.
 
-    def forward(ctx, *args):
-        output = op(*args) if _traced(args, positions) else kernel(*args)
+    ``transformable``: forward and setup_context are separate staticmethods, the form
+    torch.func's transforms require. Function.apply binds such a forward's signature with
+    inspect on every call (about 10 us on a development host), so plain eager calls take the
+    other form, with setup_context called from forward(ctx, ...)."""
+
+    def run(args):
+        return op(*args) if _traced(args, positions) else kernel(*args)
+
+    def save(ctx, inputs, output):
         if setup_context is not None:
-            setup_context(ctx, args, output)
+            setup_context(ctx, inputs, output)
         # Unused outputs (stats, aux) get None, not zeros allocated for them.
         ctx.set_materialize_grads(False)
-        return output
 
+    if transformable:
+        methods = {"forward": staticmethod(lambda *args: run(args)),
+                   "setup_context": staticmethod(save)}
+    else:
+        def forward(ctx, *args):
+            output = run(args)
+            save(ctx, args, output)
+            return output
+
+        methods = {"forward": staticmethod(forward)}
     # Made by type() so that the name reaches the backward node autograd names after it
     # ("<name>_functionBackward" in a grad_fn), which a class statement's name would not.
     return type(f"{name}_function", (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+                {**methods, "backward": staticmethod(backward)})
