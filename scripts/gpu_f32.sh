@@ -9,6 +9,7 @@
 #   VARIANTS="name:MACRO[=VALUE][,MACRO...] ...": also check and time this tree with each
 #   `#define MACRO VALUE` (default 1) prepended to native/flash_f32.cu, in a copy under /tmp;
 #   PYSED_<name>, when set, is a sed script run on that copy's flash_f32.py.
+#   TREES="name:path ...": trees prepared elsewhere (opfacade/ and native/ under path).
 set -u
 stages=${*:-time}
 source "$(dirname "$0")/device_prelude.sh"
@@ -30,6 +31,11 @@ trees="new="
 for spec in ${VARIANTS:-}; do
     variant_tree "${spec%%:*}" "${spec#*:}"
     trees="$trees ${spec%%:*}=/tmp/var_${spec%%:*}:"
+done
+# TREES="name:path ...": also check and time prepared trees (opfacade/ and native/ under path,
+# relative to the checkout), e.g. diagnostic builds made on the development host.
+for spec in ${TREES:-}; do
+    trees="$trees ${spec%%:*}=$PWD/${spec#*:}:"
 done
 in_tree() {  # tree-entry command... -> the command with that tree first on PYTHONPATH
     local entry=$1; shift
