@@ -1,0 +1,115 @@
+// What decode_attention.cu's partial kernels (its CUDA-core tiles and decode_mma.cuh's tensor-core
+// tile) and its merge (decode_merge.cuh) share: the chunk, the workspace's layout, positions, the
+// chunks no row sees, each key's row offset, and the programmatic launch of the merge. The
+// includer defines OPFACADE_STREAMING before this file (kv_cache.cuh's evict-first loads).
+#pragma once
+#include "kv_cache.cuh"
+
+namespace {
+
+using namespace kv_cache;
+
+__device__ __forceinline__ void let_dependents_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
+constexpr int kThreads = 128;
+
+__device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }
+
+// Workspace of the partials: acc [b, Hkv, chunks, rows, Dv] then (m, l) [b, Hkv, chunks, rows, 2],
+// rows = group * q_len, row r = t * group + (h - g * group).
+__device__ __forceinline__ i64 partial_index(int s, int g, int chunk, int r, int heads_kv,
+                                             int chunks, int rows) {
+    return (((i64)s * heads_kv + g) * chunks + chunk) * rows + r;
+}
+
+// Positions (decode_attention.cu's header): new token t of a sequence of len tokens, whose last
+// q_len are the new ones, sits at len - q_len + t; row r of a kv head's rows (r = t * group +
+// the query head's place in its group) belongs to token r / group. Macros, not functions:
+// written as calls, the same arithmetic gave the partial kernels other SASS (other register
+// choices, and 40 more instructions in the tensor-core tile), where moving code between these
+// files changed none.
+#define OPFACADE_TOKEN_POSITION(len, q_len, t) ((len) - (q_len) + (t))
+#define OPFACADE_ROW_POSITION(len, q_len, row, group) \
+    OPFACADE_TOKEN_POSITION(len, q_len, (row) / (group))
+
+// Whether no row of a tile whose rows sit at positions [first_pos, last_pos] sees a key of the
+// chunk of `keys` keys from k0: all lie after its last position, or before its first row's
+// window.
+__device__ __forceinline__ bool chunk_unseen(int k0, int keys, int first_pos, int last_pos,
+                                             int left) {
+    return k0 > last_pos || (left >= 0 && k0 + keys - 1 < first_pos - left);
+}
+
+// The partial of a chunk no row of the tile sees: m = -inf, l = 0 and acc = 0, so the merge
+// reads only values written this run, weighted 0.
+template <int D>
+__device__ void write_unseen(const Cache& c, int s, int g, int chunk, int r0, int nr, int q_len,
+                             int group, int chunks, float* __restrict__ ws_acc,
+                             float* __restrict__ ws_ml) {
+    const int rows = group * q_len;
+    for (int e = threadIdx.x; e < nr * D; e += kThreads) {
+        const int r = e / D;
+        ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + e - r * D] = 0.0f;
+    }
+    if (threadIdx.x < nr) {
+        const i64 at = partial_index(s, g, chunk, r0 + threadIdx.x, c.heads_kv, chunks, rows);
+        ws_ml[2 * at] = minus_infinity();
+        ws_ml[2 * at + 1] = 0.0f;
+    }
+}
+
+// Whether no row of the tile sees a key of this chunk; then it writes the chunk's partial
+// (write_unseen).
+template <int D>
+__device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, int nr, int len,
+                             int keys, int q_len, int group, int chunks, int left,
+                             float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
+    const int first_pos = OPFACADE_ROW_POSITION(len, q_len, r0, group);
+    const int last_pos = OPFACADE_ROW_POSITION(len, q_len, r0 + nr - 1, group);
+    if (!chunk_unseen(chunk * kChunk, keys, first_pos, last_pos, left)) return false;
+    write_unseen<D>(c, s, g, chunk, r0, nr, q_len, group, chunks, ws_acc, ws_ml);
+    return true;
+}
+
+// Each key's row of the chunk, as an element offset from its sequence's K (and V) base, into
+// row_off[0, keys): a paged cache's table lookup and page arithmetic leave the load loops, whose
+// addresses then need no dependent load. The caller syncs before reading it.
+template <int D>
+__device__ __forceinline__ void chunk_rows(const Cache& c, int s, int g, int k0, int keys,
+                                           i64* row_off) {
+#pragma unroll
+    for (int u = 0; u < kChunk / kThreads; ++u) {  // unrolled: the table loads fly together
+        const int j = threadIdx.x + u * kThreads, key = k0 + j;
+        if (j < keys) {
+            row_off[j] = c.kind == 1
+                             ? offset(c, max(page_of(c, s, key), 0), page_slot(c, key), g,
+                                      c.page_size, D)
+                             : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
+        }
+    }
+}
+
+// A sequence's own K and V bases: the tensors, or its entries of a pointer cache.
+template <typename T>
+__device__ __forceinline__ void sequence_bases(const Cache& c, int s, const T*& k_base,
+                                               const T*& v_base) {
+    k_base = static_cast<const T*>(c.k);
+    v_base = static_cast<const T*>(c.v);
+    if (c.kind == 2) {
+        k_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.k)[s]);
+        v_base = reinterpret_cast<const T*>(static_cast<const i64*>(c.v)[s]);
+    }
+}
+
+}  // namespace

@@ -1,0 +1,86 @@
+// The decode merge, for decode_attention.cu, which instantiates it (decode_merge_<T>_<threads>):
+// one CTA per (sequence, query head, new token) merges the sequence's chunk partials into out
+// and lse.
+#pragma once
+#include "decode_common.cuh"
+
+namespace {
+
+// The merge: the block's threads form slices of Dv / 4 threads (a float4 of columns each); slice
+// k adds chunks k, k + slices, ... in turn, then the slices' sums are added in slice order. The
+// order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
+// and each slice's loads are independent of one another (several in flight, where one thread
+// walking every chunk would wait on each).
+template <typename T, int kMergeThreads>
+__device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
+                      const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+                      const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
+                      int chunks) {
+    __shared__ float4 slice_acc[kMergeThreads];
+    __shared__ float slice_l[kMergeThreads];
+    __shared__ float warp_max[kMergeThreads / 32];
+    const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+    const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
+    const int len = sequence_length(c, seq_lens, s);
+    const int n =
+        OPFACADE_TOKEN_POSITION(len, q_len, t) >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
+    const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
+    wait_for_prerequisite_grid();  // the partials (seq_lens came before the partial kernel)
+    const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
+
+    // The largest chunk max (a max is the same in any order).
+    float m = minus_infinity();
+    for (int k = tid; k < n; k += kMergeThreads) m = fmaxf(m, ml[k * ml_step]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) warp_max[tid >> 5] = m;
+    __syncthreads();
+    for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    const float base = m == minus_infinity() ? 0.0f : m;
+
+    const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
+    const int slice = tid / width, col = (tid % width) * 4;
+    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
+    const i64 acc_step = (i64)rows * dim_v;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float l = 0.0f;
+    if (slice < slices) {
+#pragma unroll 8
+        for (int k = slice; k < n; k += slices) {
+            const float mk = ml[k * ml_step];
+            const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
+            const float4 x = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
+            acc.x = fmaf(x.x, w, acc.x);
+            acc.y = fmaf(x.y, w, acc.y);
+            acc.z = fmaf(x.z, w, acc.z);
+            acc.w = fmaf(x.w, w, acc.w);
+            l = fmaf(ml[k * ml_step + 1], w, l);
+        }
+        slice_acc[tid] = acc;
+        slice_l[tid] = l;
+    }
+    __syncthreads();
+    if (tid < width) {
+        acc = slice_acc[tid];
+        l = slice_l[tid];
+        for (int k = 1; k < slices; ++k) {
+            const float4 x = slice_acc[k * width + tid];
+            acc.x += x.x;
+            acc.y += x.y;
+            acc.z += x.z;
+            acc.w += x.w;
+            l += slice_l[k * width + tid];
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        T* row = out + s * o_sb + t * o_st + h * o_sh + col;
+        row[0] = Math<T>::down(acc.x * inv);
+        row[1] = Math<T>::down(acc.y * inv);
+        row[2] = Math<T>::down(acc.z * inv);
+        row[3] = Math<T>::down(acc.w * inv);
+        if (lse != nullptr && tid == 0) {
+            lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] =
+                l > 0.0f ? m + logf(l) : minus_infinity();
+        }
+    }
+}
+
+}  // namespace
