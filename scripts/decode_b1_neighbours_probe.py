@@ -1,0 +1,75 @@
+"""Why the bench's B1 S32768 decode row reads below what the same step reads alone (74.4-74.8%
+of a copy in the bench, 77-80% in scripts/decode_variants.py and decode_burst_probe.py): the
+bench's own problem, our run() and the torch peer (``opfacade._bench.decode_attention``), timed
+by the bench's time_interleaved with different neighbours:
+
+- ``alone``: ours only;
+- ``torch peer``: ours and the torch peer, as the bench row runs them;
+- ``idle neighbour``: ours and a kernel that spins for about the torch peer's time and reads
+  nothing (torch.cuda._sleep): a neighbour that leaves the memory idle;
+- ``copy neighbour``: ours and a device copy of the same bytes: a neighbour that streams as
+  hard as ours.
+
+Each set runs ROUNDS times in turn; with --clocks, nvidia-smi (run by the caller) samples the SM
+clock, and each set's start and end times are printed to line up with it.
+
+    python3 scripts/decode_b1_neighbours_probe.py [out.json]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+from opfacade._bench import decode_attention as bench
+from opfacade._bench.common import time_interleaved
+from opfacade._bench.cudnn_peers import RawCudnn
+
+ROUNDS = 3
+REPS = 20
+
+
+def main() -> int:
+    case = bench.DecodeCase(1, 32768)
+    p = bench.decode_problem(torch, case)
+    notes: list[str] = []
+    run_call, _step = bench._ours(torch, p, notes)
+    peers = bench._peers(torch, RawCudnn(torch), p, notes)
+    peer = peers["torch sdpa"].call
+    moved = bench.kv_bytes(p.lengths)
+    src = torch.empty(moved, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = time_interleaved({"copy": lambda: dst.copy_(src)}, REPS)["copy"]
+    copy_rate = 2 * moved / copy_ms / 1e9
+    peer_ms = time_interleaved({"peer": peer}, REPS)["peer"]
+    # torch.cuda._sleep spins for a number of cycles: about the peer's time at ~1.7 GHz.
+    cycles = int(peer_ms * 1e-3 * 1.7e9)
+    sets = {
+        "alone": {"ours": run_call},
+        "torch peer": {"ours": run_call, "torch sdpa": peer},
+        "idle neighbour": {"ours": run_call, "sleep": lambda: torch.cuda._sleep(cycles)},
+        "copy neighbour": {"ours": run_call, "copy": lambda: dst.copy_(src)},
+    }
+    found: dict[str, list[dict]] = {name: [] for name in sets}
+    for round_ in range(ROUNDS):
+        for name, fns in sets.items():
+            began = time.time()
+            ms = time_interleaved(fns, REPS)
+            found[name].append({"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
+                                "began": began, "ended": time.time()})
+            print(f"round {round_} {name:16} ours {ms['ours']:.4f} ms "
+                  f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy  "
+                  + "  ".join(f"{k} {v:.4f}" for k, v in ms.items() if k != "ours")
+                  + f"  [{began:.2f} - {time.time():.2f}]")
+    record = {"copy_tbps": copy_rate, "peer_ms": peer_ms, "notes": notes, "sets": found}
+    for path in (a for a in sys.argv[1:] if a.endswith(".json")):
+        with open(path, "w") as f:
+            json.dump(record, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
