@@ -206,6 +206,26 @@ def _square_with_backward_op():
                      backward=backward)
 
 
+def test_a_backward_op_of_the_cotangent_alone_runs_inside_torch_func():
+    """A linear op's backward reads only the incoming gradient, which inside torch.func.grad
+    is a wrapper that requires no grad: the backward op still gets plain tensors."""
+    name = f"test_double_{next(_NAMES)}"
+
+    def backward_kernel(grad: torch.Tensor) -> torch.Tensor:
+        return grad.untyped_storage().data_ptr() and grad * 2  # a kernel needs storage
+
+    backward_op = define_op(name + "_backward", backward_kernel, lambda g: torch.empty_like(g))
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    double = define_op(name, kernel, lambda x: torch.empty_like(x),
+                       backward=lambda ctx, grad: backward_op(grad))
+    x = torch.randn(5)
+    weights = torch.randn(5)
+    assert torch.equal(torch.func.grad(lambda t: (double(t) * weights).sum())(x), weights * 2)
+
+
 def test_a_backward_op_runs_inside_torch_func_and_refuses_a_second_order():
     """Inside torch.func.grad a backward runs with create_graph, so the backward op's inputs
     require grad: it runs (first order), and a second-order gradient through it is a typed

@@ -213,6 +213,37 @@ def test_torch_func_grad_gives_autograds_gradients():
         assert torch.equal(got, leaf.grad), f"vjp of {name}"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_torch_func_grad_of_varlen_and_alibi(dtype):
+    """The same through the varlen op (its deterministic backward, cuDNN's in bf16 and the
+    bespoke f32 kernels) and ALiBi, whose backward op sums the slopes' gradient."""
+    cu = torch.tensor([0, 37, 37, 130], dtype=torch.int32, device=CUDA)
+    q, k, v = (_randn(130, heads, 64, dtype=dtype, seed=seed)
+               for heads, seed in ((8, 1), (2, 2), (2, 3)))
+    probe = _randn(130, 8, 64, dtype=torch.float32, seed=4)
+
+    def varlen_loss(q, k, v):
+        out = oft.varlen_attention(q, k, v, cu, cu, max_seqlen_q=93, max_seqlen_kv=93,
+                                   causal="bottom_right", deterministic=True)
+        return (out.float() * probe).sum()
+
+    grads = torch.func.grad(varlen_loss, argnums=(0, 1, 2))(q, k, v)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    varlen_loss(*leaves).backward()
+    for name, got, leaf in zip("qkv", grads, leaves, strict=True):
+        assert torch.equal(got, leaf.grad), f"varlen grad of {name}"
+
+    scores = _randn(2, 4, 16, 24, dtype=torch.float32, seed=5)
+    slopes = torch.rand(4, device=CUDA)
+    weights = _randn(2, 4, 16, 24, dtype=torch.float32, seed=6)
+    grads = torch.func.grad(lambda s, m: (oft.alibi(s, m) * weights).sum(), argnums=(0, 1))(
+        scores, slopes)
+    leaves = [t.detach().requires_grad_() for t in (scores, slopes)]
+    (oft.alibi(*leaves) * weights).sum().backward()
+    for name, got, leaf in zip(("scores", "slopes"), grads, leaves, strict=True):
+        assert torch.equal(got, leaf.grad), f"alibi grad of {name}"
+
+
 def _varlen_reference(q, k, v, cu_q, cu_kv, causal):
     outs = []
     starts_q, starts_kv = cu_q.tolist(), cu_kv.tolist()

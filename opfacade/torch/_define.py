@@ -40,8 +40,21 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 # TorchDispatchMode is involved (Python), or C++ functionalization is (Functionalize).
 _PYTHON, _FUNCTIONALIZE = torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-# Whether a torch.func transform (grad, vjp, ...) is running.
+# torch.func's transforms: whether any runs, and which is innermost.
 _transforms_active = torch._C._are_functorch_transforms_active
+_functorch = torch._C._functorch
+_GRAD_TRANSFORM = _functorch.TransformType.Grad  # grad and vjp alike
+
+
+def _in_grad_transform() -> bool:
+    """Whether the innermost torch.func transform differentiates (grad, vjp). Its tensors are
+    wrappers without storage, which an autograd.Function unwraps. Other transforms
+    (functionalize, vmap) have no rule for an autograd.Function in torch, so their calls go on
+    as outside any transform."""
+    if not _transforms_active():  # the common case, and the cheap check (~70 ns)
+        return False
+    interpreter = _functorch.peek_interpreter_stack()
+    return interpreter is not None and interpreter.key() == _GRAD_TRANSFORM
 
 
 def _tensor_positions(op) -> tuple[int, ...]:
@@ -86,14 +99,17 @@ class DefinedOp:
         if _traced(args, self.positions):
             return self.op(*args)
         if wants_grad(*args):
-            if self.function is not None and not _transforms_active():
+            if self.function is not None and not _in_grad_transform():
                 return self.function.apply(*args)
+            return self._transformable().apply(*args)
+        if _in_grad_transform():  # e.g. a backward op handed a cotangent that needs no grad
             return self._transformable().apply(*args)
         return self.kernel(*args)
 
     def _transformable(self) -> type:
         """The op's Function in torch.func's form, for calls inside a transform (grad, vjp),
-        whose tensors are wrappers without storage: its forward gets them unwrapped.
+        whose tensors are wrappers without storage: its forward gets them unwrapped, whether or
+        not they require grad.
 
         An op without a backward (a backward op, called from a backward) gets one too, whose
         backward raises: a backward run with create_graph, as every torch.func.grad and vjp
