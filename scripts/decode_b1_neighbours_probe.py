@@ -13,7 +13,7 @@ by the bench's time_interleaved with different neighbours:
 Each set runs ROUNDS times in turn; with --clocks, nvidia-smi (run by the caller) samples the SM
 clock, and each set's start and end times are printed to line up with it.
 
-    python3 scripts/decode_b1_neighbours_probe.py [out.json]
+    python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from opfacade._bench import decode_attention as bench
 from opfacade._bench.common import time_interleaved
 from opfacade._bench.cudnn_peers import RawCudnn
 
-ROUNDS = 3
+ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
 REPS = 20
 
 
