@@ -409,6 +409,24 @@ def test_torch_rejections():
     raises(DTypeMismatch, "q", wrap, quantized, "q")
 
 
+def test_torch_func_wrappers_are_unsupported_and_named():
+    """vmap's batched tensors (and grad's wrappers, where an op is reached without its
+    autograd.Function) have no storage to read: Unsupported, naming the transform."""
+    torch = pytest.importorskip("torch")
+    raised = []
+
+    def attempt(t):
+        with pytest.raises(Unsupported) as error:
+            wrap(t, "q")
+        raised.append(str(error.value))
+        return t
+
+    torch.func.vmap(attempt)(torch.randn(4, 3))
+    torch.func.grad(lambda t: attempt(t).sum())(torch.randn(3))
+    assert "q is a wrapper of torch.func's Vmap transform" in raised[0]
+    assert "Grad transform" in raised[1] and "grad and vjp" in raised[1]
+
+
 def test_torch_cpu_outputs_stay_torch():
     torch = pytest.importorskip("torch")
     out = memory.allocate_like((2, 3), E.bf16, None, "torch", 0)

@@ -211,6 +211,9 @@ def test_torch_func_grad_gives_autograds_gradients():
     assert torch.equal(out, linear(x, weight, bias))
     for name, got, leaf in zip(("x", "weight", "bias"), vjp(cotangent), leaves, strict=True):
         assert torch.equal(got, leaf.grad), f"vjp of {name}"
+    # vmap's batched tensors have no storage to hand a kernel: a typed refusal naming vmap.
+    with pytest.raises(Unsupported, match="Vmap transform"):
+        torch.func.vmap(lambda t: oft.sdpa(t, t, t))(q)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -19,7 +19,14 @@ import functools
 
 import numpy as np
 
-from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, LayoutMismatch
+from ..errors import (
+    DeviceMismatch,
+    DTypeMismatch,
+    InvalidArgument,
+    LayoutMismatch,
+    OpFacadeError,
+    Unsupported,
+)
 from ..types import ElementKind
 from .checks import (
     argument_when,
@@ -143,6 +150,21 @@ def _torch_element(dtype) -> ElementKind | None:
     return element
 
 
+def _storageless(torch, tensor, name: str, error: RuntimeError) -> OpFacadeError:
+    """The error for a torch tensor without storage: a torch.func transform's wrapper (vmap's
+    batched tensors; grad's, where the op was reached without its autograd.Function) is
+    Unsupported, naming the transform; any other (fake, functional) is InvalidArgument."""
+    functorch = torch._C._functorch
+    if functorch.is_functorch_wrapped_tensor(tensor):
+        interpreter = functorch.peek_interpreter_stack()
+        transform = "a torch.func transform" if interpreter is None else (
+            f"torch.func's {interpreter.key().name} transform")
+        return Unsupported(f"{name} is a wrapper of {transform}, which opfacade's kernels cannot "
+                           f"read: only torch.func.grad and vjp over opfacade.torch's drop-ins are "
+                           f"supported")
+    return InvalidArgument(f"{name} has no data pointer: {error}", argument=name)
+
+
 def _wrap_torch(tensor, name: str) -> TensorView | None:
     import torch
 
@@ -155,8 +177,7 @@ def _wrap_torch(tensor, name: str) -> TensorView | None:
         try:
             ptr = tensor.data_ptr()
         except RuntimeError as error:  # fake and functional tensors have no storage
-            raise InvalidArgument(f"{name} has no data pointer: {error}",
-                                  argument=name) from None
+            raise _storageless(torch, tensor, name, error) from None
         device = tensor.get_device() if tensor.is_cuda else None
         if type(tensor) not in PLAIN_TORCH_TYPES and type(tensor) in plain_torch_types(torch):
             PLAIN_TORCH_TYPES.add(type(tensor))
