@@ -12,10 +12,11 @@ call, and otherwise hands it on below autograd, as custom_op does.
 
 What the drop-ins call (``DefinedOp.__call__``) is the op's ``autograd.Function`` in eager mode
 (the dispatcher is never entered) and the op itself while torch traces, so both routes save the
-same tensors and run the same backward. The Functions take torch.func's form (forward and
-setup_context apart), so torch.func.grad and vjp differentiate the drop-ins; through torch.ops,
-those transforms meet the autograd kernel inside the dispatcher, where torch has no kernel for
-an autograd.Function (torch.library.custom_op ops refuse them the same way).
+same tensors and run the same backward. Inside torch.func.grad or vjp they call a twin of the
+Function in torch.func's form (forward and setup_context apart), so those transforms
+differentiate the drop-ins; through torch.ops, the transforms meet the autograd kernel inside
+the dispatcher, where torch has no kernel for an autograd.Function (torch.library.custom_op ops
+refuse them the same way).
 """
 
 from __future__ import annotations
