@@ -93,20 +93,11 @@ class KernelCache:
         if found is not None:
             return found
         import cupy
+        from cuda.bindings import driver  # one query per kernel and size: no ctypes fast path
 
         with cupy.cuda.Device(device):
-            library = libcuda()
-            if library is not None:
-                count = ctypes.c_int()
-                status = library.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    ctypes.byref(count), ctypes.c_void_p(key[0]), ctypes.c_int(threads),
-                    ctypes.c_size_t(shared_mem))
-                count = count.value
-            else:
-                from cuda.bindings import driver
-
-                status, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                    driver.CUfunction(key[0]), threads, shared_mem)
+            status, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                driver.CUfunction(key[0]), threads, shared_mem)
         if int(status):
             raise LaunchFailed(f"occupancy query failed on cuda:{device}: CUresult "
                                f"{int(status)}")
