@@ -99,12 +99,10 @@ class DefinedOp:
     def __call__(self, *args):
         if _traced(args, self.positions):
             return self.op(*args)
+        if _in_grad_transform():  # with or without grad (a backward op's cotangent needs none)
+            return self._transformable().apply(*args)
         if wants_grad(*args):
-            if self.function is not None and not _in_grad_transform():
-                return self.function.apply(*args)
-            return self._transformable().apply(*args)
-        if _in_grad_transform():  # e.g. a backward op handed a cotangent that needs no grad
-            return self._transformable().apply(*args)
+            return (self.function or self._transformable()).apply(*args)
         return self.kernel(*args)
 
     def _transformable(self) -> type:
