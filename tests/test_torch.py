@@ -75,6 +75,16 @@ def test_a_required_tensor_given_none_is_an_invalid_argument_naming_it(call, arg
     assert raised.value.argument == argument
 
 
+def test_on_one_gpu_says_no_to_host_tensors_non_tensors_and_none():
+    from opfacade.torch._common import on_one_gpu
+
+    assert not on_one_gpu(HOST)
+    assert not on_one_gpu(torch.nn.Parameter(HOST))
+    assert not on_one_gpu(None)
+    assert not on_one_gpu(HOST.numpy())
+    assert not on_one_gpu(HOST, optional=HOST)
+
+
 def test_linear_loads_an_nn_linear_state_dict():
     reference = torch.nn.Linear(32, 24)
     layer = oft.Linear(32, 24, activation="relu")

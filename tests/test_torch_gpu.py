@@ -542,6 +542,12 @@ def test_bad_input_is_typed():
         oft.sdpa(q.transpose(2, 3), q.transpose(2, 3), q.transpose(2, 3))
     with pytest.raises(DeviceMismatch, match="key"):
         oft.sdpa(q, q.cpu(), q)
+    with pytest.raises(InvalidArgument, match="key must be a torch.Tensor, got None"):
+        oft.sdpa(q, None, q)
+    with pytest.raises(InvalidArgument, match="weight must be a torch.Tensor, got None"):
+        oft.linear(_randn(4, 8), None)
+    with pytest.raises(DeviceMismatch, match="bias"):
+        oft.linear(_randn(4, 8), torch.nn.Parameter(_randn(4, 8)), _randn(4).cpu())
     with pytest.raises(OpFacadeError):  # no GPU SKU serves f64 attention
         oft.sdpa(q.double(), q.double(), q.double())
     with pytest.raises(OpFacadeError):
@@ -553,6 +559,17 @@ def test_bad_input_is_typed():
     lens = torch.ones(2, dtype=torch.int32, device=CUDA)
     with pytest.raises(Unsupported, match="no backward"):
         oft.decode_attention(_randn(2, 1, 4, 32, grad=True), cache, cache, lens)
+
+
+def test_on_one_gpu_takes_plain_cuda_tensors_and_parameters():
+    from opfacade.torch._common import on_one_gpu
+
+    q = _randn(2, 3)
+    assert on_one_gpu(q, torch.nn.Parameter(q.clone()), optional=None)
+    assert on_one_gpu(q, optional=q)
+    assert not on_one_gpu(q, q.cpu())
+    assert not on_one_gpu(q, None)
+    assert not on_one_gpu(q, optional=q.cpu())
 
 
 def test_linear_module_matches_nn_linear():

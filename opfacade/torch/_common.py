@@ -8,13 +8,14 @@ from collections.abc import Sequence
 
 import torch
 
+from .._internal.tensors import plain_torch_types
 from .._internal.view import ELEMENT_BY_NAME, TORCH_DTYPES
 from ..contracts.sdpa_layouts import dense_strides
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
 from ..types import ElementKind
 
 __all__ = ["absent", "cuda_device", "deterministic_choice", "element_of", "empty",
-           "empty_in_layout", "no_grad_wanted", "torch_dtype", "wants_grad"]
+           "empty_in_layout", "no_grad_wanted", "on_one_gpu", "torch_dtype", "wants_grad"]
 
 
 class _CudaDevices(dict):
@@ -33,6 +34,31 @@ _CUDA_DEVICES = _CudaDevices()
 OPTIONAL_TENSORS = frozenset({"bias", "attn_mask", "aux", "page_table"})
 
 
+# torch.Tensor and nn.Parameter: the types whose device reads below are exact (subclasses take
+# the slow way, which asks isinstance and compares torch.device objects).
+_PLAIN_TYPES = plain_torch_types(torch)
+
+
+def on_one_gpu(*tensors: torch.Tensor, optional: torch.Tensor | None = None) -> bool:
+    """Whether every one of ``tensors``, and ``optional`` unless it is None, is a plain tensor
+    on one CUDA device: the drop-ins' common case, asked positionally (cuda_device's keywords
+    build a dict on every call). When it says False (a None among ``tensors`` too), cuda_device
+    names what is off:
+
+        on_one_gpu(x, weight, optional=bias) or cuda_device("linear", x=x, weight=weight, ...)
+    """
+    index = -1
+    for tensor in tensors if optional is None else (*tensors, optional):
+        if type(tensor) not in _PLAIN_TYPES or not tensor.is_cuda:
+            return False
+        found = tensor.get_device()
+        if found != index:
+            if index >= 0:
+                return False
+            index = found
+    return True
+
+
 def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     """The one CUDA device every given tensor (None skipped where OPTIONAL_TENSORS allows it)
     lives on.
@@ -41,14 +67,15 @@ def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
         DeviceMismatch: a tensor on the host or another device, naming it and the first one.
         InvalidArgument: an argument that is not a tensor, or None where one is required.
     """
-    # The common case, read the cheap way: plain tensors on one CUDA device.
+    # The common case, read the cheap way: plain tensors (parameters among them) on one CUDA
+    # device.
     index = -1
     for name, tensor in tensors.items():
         if tensor is None:
             if name in OPTIONAL_TENSORS:
                 continue
             break
-        if type(tensor) is not torch.Tensor or not tensor.is_cuda:
+        if type(tensor) not in _PLAIN_TYPES or not tensor.is_cuda:
             break
         found = tensor.get_device()
         if index < 0:

@@ -22,6 +22,7 @@ from ._common import (
     deterministic_choice,
     element_of,
     empty,
+    on_one_gpu,
     torch_dtype,
     wants_grad,
 )
@@ -49,7 +50,7 @@ def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) ->
 def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  activation: str, save_aux: bool, deterministic: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    cuda_device("linear", x=x, weight=weight, bias=bias)
+    on_one_gpu(x, weight, optional=bias) or cuda_device("linear", x=x, weight=weight, bias=bias)
     aux = _aux(x, weight, activation, zeros=True) if save_aux else absent(x, torch.uint8)
     keep = aux.numel() > 0  # nothing to save without an activation
     out = functional.linear(x, weight, bias, activation=activation, save_aux=keep,
@@ -67,7 +68,8 @@ def _linear_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, weight: torch
                           aux: torch.Tensor | None, activation: str, need_input_grad: bool,
                           need_weight_grad: bool, need_bias_grad: bool, deterministic: bool
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    cuda_device("linear_backward", grad_out=grad_out, x=x, weight=weight, aux=aux)
+    on_one_gpu(grad_out, x, weight, optional=aux) or cuda_device(
+        "linear_backward", grad_out=grad_out, x=x, weight=weight, aux=aux)
     grads = functional.linear_backward(grad_out, x, weight, aux, activation=activation,
                                        need_input_grad=need_input_grad,
                                        need_weight_grad=need_weight_grad,
@@ -117,7 +119,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     layout), bias [N]; the activation is fused into the GEMM's epilogue where cuBLASLt has one
     (see contracts/linear.py). ``deterministic`` None follows
     torch.are_deterministic_algorithms_enabled(). Differentiable in x, weight and bias."""
-    cuda_device("linear", x=x, weight=weight, bias=bias)
+    on_one_gpu(x, weight, optional=bias) or cuda_device("linear", x=x, weight=weight, bias=bias)
     flat = x.ndim == 2
     rows = x if flat else x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
     deterministic = deterministic_choice(deterministic)

@@ -26,6 +26,7 @@ from ._common import (
     element_of,
     empty,
     empty_in_layout,
+    on_one_gpu,
     wants_grad,
 )
 from ._define import define_op
@@ -53,7 +54,7 @@ def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     # it is in the forward's schema so that autograd hands it to the backward.
     # out is the functional form's: dense in output_layout(q), as the fake kernel allocates it
     # (opcheck compares the two); letting it allocate saves reading q's layout twice.
-    cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
+    on_one_gpu(q, k, v, optional=bias) or cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
     result = functional.sdpa(q, k, v, causal=_causal(causal), scale=scale, bias=bias,
                              dropout_p=dropout_p, dropout_seed=dropout_seed,
                              dropout_offset=dropout_offset, return_stats=save_stats)
@@ -75,7 +76,8 @@ def _sdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
                         dropout_p: float, dropout_seed: torch.Tensor | None,
                         dropout_offset: torch.Tensor | None, deterministic: bool
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    cuda_device("sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
+    on_one_gpu(q, k, v, out, grad_out, optional=bias) or cuda_device(
+        "sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
     grads = functional.sdpa_backward(q, k, v, out, grad_out, stats, causal=_causal(causal),
                                      scale=scale, bias=bias, need_bias_grad=need_bias_grad,
                                      dropout_p=dropout_p, dropout_seed=dropout_seed,
@@ -171,8 +173,28 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     torch.are_deterministic_algorithms_enabled()) picks a deterministic backward.
     Differentiable in query, key, value and a float attn_mask.
     """
-    # Every check below runs on every eager call: written as plain comparisons (a loop over
-    # tuples, a helper call or keyword arguments cost host time torch's C++ call does not pay).
+    # The common call (plain CUDA tensors, 4-D, no mask, no dropout) first, with the fewest
+    # reads: every one costs host time that torch's C++ call does not pay. Anything else, and
+    # every error, takes the general route below.
+    if (attn_mask is None and dropout_p == 0.0 and on_one_gpu(query, key, value)
+            and query.ndim == 4 and key.ndim == 4 and value.ndim == 4
+            and (enable_gqa or query.size(1) == key.size(1))):
+        if ((query.requires_grad or key.requires_grad or value.requires_grad)
+                and torch.is_grad_enabled()) or torch.compiler.is_compiling():
+            # Tracing under torch.compile must see the op, gradient or not.
+            return _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, True,
+                         deterministic_choice(deterministic))[0]
+        # Eager inference: the op's kernel without the dispatcher's Python round trip.
+        return functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale)
+    return _sdpa_general(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                         deterministic)
+
+
+def _sdpa_general(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
+                  scale: float | None, enable_gqa: bool, deterministic: bool | None
+                  ) -> torch.Tensor:
+    """sdpa's every other case: unbatched inputs, a mask, dropout, and the typed errors."""
     cuda_device("sdpa", query=query, key=key, value=value, attn_mask=attn_mask)
     unbatched = query.ndim == 3
     if unbatched:
@@ -182,21 +204,6 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if query.shape[1] != key.shape[1] and not enable_gqa:
         raise ShapeMismatch(f"sdpa: query has {query.shape[1]} heads and key {key.shape[1]}; "
                             f"pass enable_gqa=True for grouped-query attention", argument="key")
-    causal = _causal(is_causal)
-    # Without a mask or dropout (the common call), the same choice as at the end of this
-    # function, taken early: one route for both measured 0.4-0.7 us slower on the development
-    # CPU (the mask and dropout preparation, wants_grad's call, five more keywords).
-    if attn_mask is None and dropout_p == 0.0:
-        inference = (not (query.requires_grad or key.requires_grad or value.requires_grad)
-                     or not torch.is_grad_enabled())
-        # Eager inference: the op's kernel without the dispatcher's Python round trip (tracing
-        # under torch.compile must see the op, gradient or not).
-        if inference and not torch.compiler.is_compiling():
-            out = functional.sdpa(query, key, value, causal=causal, scale=scale)
-            return out.squeeze(0) if unbatched else out
-        out, _ = _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, True,
-                       deterministic_choice(deterministic))
-        return out.squeeze(0) if unbatched else out
     if is_causal and attn_mask is not None:
         raise InvalidArgument("sdpa: pass attn_mask or is_causal, not both (as torch requires)",
                               argument="attn_mask")
@@ -212,7 +219,7 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if wants_grad(query, key, value, bias) or torch.compiler.is_compiling():
         out, _ = _sdpa(*arguments, True, deterministic_choice(deterministic))
     else:  # eager inference: the op's kernel without the dispatcher's Python round trip
-        out = functional.sdpa(query, key, value, causal=causal, scale=scale, bias=bias,
-                              dropout_p=float(dropout_p), dropout_seed=seed,
+        out = functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale,
+                              bias=bias, dropout_p=float(dropout_p), dropout_seed=seed,
                               dropout_offset=offset)
     return out.squeeze(0) if unbatched else out
