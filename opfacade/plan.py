@@ -141,15 +141,14 @@ class Plan:
         ``facts``: everything the descriptor and the preference are built from, hashable. A
         functional form's repeat call then costs a tuple's hash instead of the descriptor's
         validation. Unhashable facts (a list among the options) build the descriptor."""
-        def build() -> Plan:
-            return cls.cached(describe(), pref, device=device)
-
         key = (cls.__name__, facts, device)
         try:
             plan = FACTS_CACHE.peek(key)  # hashes the key once
         except TypeError:
-            return build()
-        return plan if plan is not None else FACTS_CACHE.get(key, build)
+            return cls.cached(describe(), pref, device=device)
+        if plan is not None:  # the hot path: no closure made for the miss
+            return plan
+        return FACTS_CACHE.get(key, lambda: cls.cached(describe(), pref, device=device))
 
     @classmethod
     def select_for_training(cls, desc: Descriptor, pref: PlanPreference | dict | None = None, *,
