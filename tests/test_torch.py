@@ -61,6 +61,8 @@ def test_host_tensors_are_a_device_mismatch_naming_the_argument(call, argument):
     (lambda: oft.linear(None, HOST[0, 0]), "x"),
     (lambda: oft.Linear(16, 8)(None), "x"),
     (lambda: oft.sdpa(None, HOST, HOST), "query"),
+    # An odd dropout_p is not read before the tensors are known (hypothesis found it).
+    (lambda: oft.sdpa(None, None, None, None, torch.tensor([])), "query"),
     (lambda: oft.varlen_attention(None, HOST[0], HOST[0], LENS, LENS, max_seqlen_q=4,
                                   max_seqlen_kv=4), "q"),
     (lambda: oft.alibi(None, HOST[0, :, 0, 0]), "scores"),

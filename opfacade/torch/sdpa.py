@@ -175,8 +175,10 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """
     # The common call (plain CUDA tensors, 4-D, no mask, no dropout) first, with the fewest
     # reads: every one costs host time that torch's C++ call does not pay. Anything else, and
-    # every error, takes the general route below.
-    if (attn_mask is None and dropout_p == 0.0 and on_one_gpu(query, key, value)
+    # every error, takes the general route below. (The tensors first: until they are known to
+    # be tensors on the GPU, an argument that is not what torch takes reaches only the typed
+    # checks of the general route.)
+    if (on_one_gpu(query, key, value) and attn_mask is None and dropout_p == 0.0
             and query.ndim == 4 and key.ndim == 4 and value.ndim == 4
             and (enable_gqa or query.size(1) == key.size(1))):
         if ((query.requires_grad or key.requires_grad or value.requires_grad)
