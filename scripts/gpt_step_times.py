@@ -1,5 +1,6 @@
-"""The host side of examples/gpt.py's training loop, opfacade and torch eager in one process
-(after a deterministic opfacade run, as the example's report does): per-step times with a
+"""The host side of examples/gpt.py's training loop, opfacade (with and without deterministic
+SKUs) and torch eager in one process (after a deterministic opfacade run, as the example's
+report does): per-step times with a
 synchronize after every step (does a step's cost drift?), then the loop free-running (the host
 ahead of the GPU) under torch.profiler, its CUDA runtime and driver calls by total host time (a
 cudaStreamSynchronize, cudaFree or blocking copy would show up there), and the GPU kernels by
@@ -40,9 +41,13 @@ def main(steps: int) -> int:
     gpt = example_module()
     config = gpt.Config()
     gpt.train(config, steps=10)
-    for backend in ("opfacade", "torch"):
-        with gpt.deterministic_torch(False):
-            model = gpt.make_model(config, backend, False)
+    # The example's eager models: ours as the example trains it (deterministic SKUs, torch's
+    # deterministic algorithms for the rest of the step), ours without them, and torch's, with
+    # and without torch.use_deterministic_algorithms.
+    for backend, deterministic in (("opfacade", True), ("opfacade", False), ("torch", False),
+                                   ("torch", True)):
+        with gpt.deterministic_torch(deterministic):
+            model = gpt.make_model(config, backend, deterministic)
             optimizer = gpt.make_optimizer(model.parameters())
             loop = (gpt, config, model, optimizer)
             times = _synchronized_steps(*loop, steps)
@@ -55,7 +60,8 @@ def main(steps: int) -> int:
                 _free_running(*loop, steps)
                 torch.cuda.synchronize()
         tail = times[3:]
-        print(f"===== {backend}: ms per step synchronized: first {times[:3]}, median "
+        label = f"{backend}{' deterministic' if deterministic else ''}"
+        print(f"===== {label}: ms per step synchronized: first {times[:3]}, median "
               f"{statistics.median(tail):.2f}, steps 3-12 {statistics.median(tail[:10]):.2f}, "
               f"last 10 {statistics.median(tail[-10:]):.2f}; free-running {free:.2f}")
         averages = prof.key_averages()

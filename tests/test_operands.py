@@ -50,3 +50,37 @@ def test_outputs_have_the_strides_asked_for(like):
     strides = (bshd.stride() if isinstance(bshd, torch.Tensor)
                else tuple(s // 4 for s in bshd.strides))
     assert tuple(bshd.shape) == (2, 3, 4, 5) and strides == (60, 5, 15, 1)
+
+
+def test_outputs_skip_the_deterministic_fill_and_restore_torchs_switch():
+    # Under torch.use_deterministic_algorithms(True) torch fills every empty tensor; outputs
+    # that opfacade's kernels write in full are allocated with that fill switched off, for that
+    # allocation only.
+    from torch.overrides import TorchFunctionMode
+
+    switch = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.empty, torch.empty_strided):
+                switch.append(torch.utils.deterministic.fill_uninitialized_memory)
+            return func(*args, **(kwargs or {}))
+
+    like = torch.zeros(2, 3)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with Watch():
+            out = operands.allocate(like, operands.facts(like, "like"), (4, 6),
+                                    ElementKind.f32, None, (1, 4))
+        assert switch == [False] and torch.utils.deterministic.fill_uninitialized_memory
+        assert out.stride() == (1, 4)
+        with pytest.raises(RuntimeError):  # a failed allocation restores the switch too
+            operands.allocate(like, operands.facts(like, "like"), (-1,), ElementKind.f32, None)
+        assert torch.utils.deterministic.fill_uninitialized_memory
+        torch.use_deterministic_algorithms(False)
+        with Watch():
+            operands.allocate(like, operands.facts(like, "like"), (4,), ElementKind.f32, None)
+        assert switch == [False, True]  # off deterministic mode, nothing is switched
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -439,6 +439,39 @@ def test_deterministic_training_steps_are_bitwise_repeatable_across_streams():
         assert torch.equal(a, b)
 
 
+def test_deterministic_mode_adds_no_fill_of_our_outputs_and_repeats_bitwise():
+    # torch.use_deterministic_algorithms(True) fills every empty tensor; the outputs, saved
+    # tensors, gradients and scratch of our ops are written in full, so none is filled.
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (_randn(2, 4, 128, 64, grad=True, seed=s) for s in range(3))
+    x, w = _randn(64, 96, grad=True, seed=3), _randn(80, 96, grad=True, seed=4)
+    b = _randn(80, grad=True, seed=5)
+    # Given cotangents in the outputs' layouts: torch's own ones_like or contiguous() would
+    # fill under deterministic mode, and this test counts fills.
+    g_out, g_y = _randn(2, 4, 128, 64, seed=6), _randn(64, 80, seed=7)
+
+    def step():
+        out = oft.sdpa(q, k, v, is_causal=True)
+        y = oft.linear(x, w, b, activation="gelu_tanh")
+        return torch.autograd.grad((out, y), (q, k, v, x, w, b), (g_out, g_y))
+
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        first = step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            second = step()
+            torch.cuda.synchronize()
+    finally:
+        torch.use_deterministic_algorithms(before)
+    kernels = [e.key for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    assert not [name for name in kernels if "FillFunctor" in name], kernels
+    for a, c in zip(first, second, strict=True):
+        assert torch.equal(a, c)
+
+
 def test_dropout_follows_torch_manual_seed():
     q = _randn(2, 4, 64, 64, grad=True)
     torch.manual_seed(7)

@@ -23,7 +23,7 @@ from .tensors import dtype_name, numpy_dtype
 from .view import TORCH_DTYPES
 
 __all__ = ["STREAM_SCRATCH", "OutputAllocator", "StreamScratch", "allocate_bytes",
-           "allocate_like", "scratch_bytes"]
+           "allocate_like", "scratch_bytes", "torch_empty"]
 
 
 class _DeviceNames(dict):
@@ -40,6 +40,48 @@ _TORCH_DEVICES = _DeviceNames()
 # CuPy (numpy's dtypes) cannot hold bfloat16 or fp8.
 _CUPY_ELEMENTS = frozenset({ElementKind.f64, ElementKind.f32, ElementKind.tf32, ElementKind.f16,
                             ElementKind.i32, ElementKind.i64, ElementKind.u8})
+
+
+class _DeterministicFill:
+    """torch's switches for the fill of uninitialized memory that
+    ``torch.use_deterministic_algorithms(True)`` adds to every empty tensor
+    (``torch.utils.deterministic.fill_uninitialized_memory``), read from torch once."""
+
+    def __init__(self, torch) -> None:
+        c = torch._C
+        self.algorithms = c._get_deterministic_algorithms
+        self.fills = c._get_deterministic_fill_uninitialized_memory
+        self.set_fills = c._set_deterministic_fill_uninitialized_memory
+
+
+_FILL: list[_DeterministicFill] = []
+
+
+def torch_empty(torch, shape: tuple[int, ...], dtype, device, strides=None):
+    """``torch.empty`` (``torch.empty_strided`` with ``strides``) for memory that opfacade's
+    kernels write in full before anything reads it: an op's output or a run's scratch.
+
+    Under ``torch.use_deterministic_algorithms(True)`` torch fills every empty tensor (NaN,
+    or the largest integer), so that a read of uninitialized memory repeats: a kernel launch
+    and one more pass over the bytes per allocation. Here nothing reads before it is written,
+    so that fill is skipped: switched off around this allocation only. (In examples/gpt.py's
+    deterministic step, 163 fills a step took 0.9 ms of GPU time on an H100.) Another thread's
+    allocation in those few hundred nanoseconds goes unfilled too; the fill is a debugging aid
+    that no op's result depends on."""
+    if not _FILL:
+        _FILL.append(_DeterministicFill(torch))
+    fill = _FILL[0]
+    if not (fill.algorithms() and fill.fills()):  # the usual case: one C call
+        if strides is None:
+            return torch.empty(shape, dtype=dtype, device=device)
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    fill.set_fills(False)
+    try:
+        if strides is None:
+            return torch.empty(shape, dtype=dtype, device=device)
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    finally:
+        fill.set_fills(True)
 
 
 def _on_torch_stream(torch, stream: int, device: int) -> contextlib.AbstractContextManager:
@@ -71,10 +113,10 @@ def allocate_bytes(nbytes: int, device: int, package: str, stream: int,
         # torch's allocator serves the current stream of the device named, whichever device is
         # current: only the stream may need switching.
         if stream_is_current:
-            buffer = torch.empty(nbytes, dtype=torch.uint8, device=_TORCH_DEVICES[device])
+            buffer = torch_empty(torch, nbytes, torch.uint8, _TORCH_DEVICES[device])
             return int(buffer.data_ptr()), buffer
         with _on_torch_stream(torch, stream, device):
-            buffer = torch.empty(nbytes, dtype=torch.uint8, device=_TORCH_DEVICES[device])
+            buffer = torch_empty(torch, nbytes, torch.uint8, _TORCH_DEVICES[device])
         return int(buffer.data_ptr()), buffer
     import cupy
 
@@ -227,7 +269,7 @@ def allocate_like(
         if device is None:
             return torch.empty(shape, dtype=dtype)
         with _on_torch_stream(torch, stream, device):
-            return torch.empty(shape, dtype=dtype, device=_TORCH_DEVICES[device])
+            return torch_empty(torch, shape, dtype, _TORCH_DEVICES[device])
     if device is None:
         import numpy as np
 
@@ -267,6 +309,5 @@ class OutputAllocator:
         if self._torch_device is not None:
             import torch
 
-            return torch.empty(tuple(shape), dtype=TORCH_DTYPES[element],
-                               device=self._torch_device)
+            return torch_empty(torch, tuple(shape), TORCH_DTYPES[element], self._torch_device)
         return allocate_like(shape, element, self.device, self.owner, self.stream)

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from ..types import ElementKind
+from .memory import OutputAllocator, torch_empty
 from .tensors import PLAIN_TORCH_TYPES, c_strides, wrap
 from .view import TORCH_DTYPES
 
@@ -55,11 +56,8 @@ def allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], element: Elem
     OutputAllocator (the stream's pool of like's framework)."""
     if stream is None and is_plain_torch(like_facts):
         torch = sys.modules["torch"]  # like is a torch tensor: torch is imported
-        dtype = TORCH_DTYPES[element]
-        if strides is None:  # C order: no strides to compute on this per-call path
-            return torch.empty(shape, dtype=dtype, device=like.device)
-        return torch.empty_strided(shape, strides, dtype=dtype, device=like.device)
-    from .memory import OutputAllocator
+        # C order (strides None): no strides to compute on this per-call path.
+        return torch_empty(torch, shape, TORCH_DTYPES[element], like.device, strides)
 
     view = wrap(like, "like")
     output = OutputAllocator(view, stream)

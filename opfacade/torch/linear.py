@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from .._internal.memory import torch_empty
 from ..contracts.linear_activations import ACTIVATIONS
 from ..errors import InvalidProblem
 from ..ops import linear as functional
@@ -41,10 +42,14 @@ def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) ->
     layout = ACTIVATIONS[activation].aux
     if layout is None:
         return absent(x, torch.uint8)
-    allocate = torch.zeros if zeros and layout.mask else torch.empty
-    return functional.aux_buffer(
-        layout, element_of(x, "x"), (), x.shape[0], weight.shape[0],
-        lambda shape, kind: allocate(shape, dtype=torch_dtype(kind), device=x.device))
+    if zeros and layout.mask:
+        def allocate(shape, kind):
+            return torch.zeros(shape, dtype=torch_dtype(kind), device=x.device)
+    else:  # the epilogue writes every element of the view returned (torch_empty: no fill)
+        def allocate(shape, kind):
+            return torch_empty(torch, shape, torch_dtype(kind), x.device)
+    return functional.aux_buffer(layout, element_of(x, "x"), (), x.shape[0], weight.shape[0],
+                                 allocate)
 
 
 def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from .._internal.memory import torch_empty
 from ..contracts.sdpa_layouts import output_layout
 from ..errors import DTypeMismatch, InvalidArgument, ShapeMismatch
 from ..ops import sdpa as functional
@@ -112,7 +113,8 @@ def _backward(ctx, grad_out, _grad_stats):
     need_bias_grad = bias is not None and ctx.needs_input_grad[3]
     if grad_out.stride() != out.stride():
         # cuDNN reads dO in O's layout; torch's own SDPA backwards make the same copy.
-        grad_out = torch.empty_like(out).copy_(grad_out)
+        grad_out = torch_empty(torch, out.shape, out.dtype, out.device, out.stride()).copy_(
+            grad_out)
     grad_q, grad_k, grad_v, grad_bias = _sdpa_backward(
         q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropout_p, seed,
         offset, deterministic)
