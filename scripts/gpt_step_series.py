@@ -5,6 +5,7 @@ collector's passes by generation and their time, run()'s memo time and retargets
 graphs captured; eager and under torch.compile, each backend's windows in turn.
 
     python3 scripts/gpt_step_series.py [out.json] [--rounds N] [--modes eager,default]
+        [--deterministic] [--plain]
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def main() -> int:
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 6
     modes = (sys.argv[sys.argv.index("--modes") + 1].split(",") if "--modes" in sys.argv
              else ["eager", "default"])
-    instrument()
+    if "--plain" not in sys.argv:  # --plain: no counting wrappers around run()'s memo
+        instrument()
     gc.callbacks.append(_gc_callback)
     gpt = example_module()
     config = gpt.Config()
@@ -72,6 +74,9 @@ def main() -> int:
     trainers = {f"{backend} {mode}": gpt.Trainer(config, backend, False,
                                                  None if mode == "eager" else mode)
                 for mode in modes for backend in ("opfacade", "torch")}
+    if "--deterministic" in sys.argv:  # the example's own model, and torch's in the same mode
+        for backend in ("opfacade", "torch"):
+            trainers[f"{backend} eager deterministic"] = gpt.Trainer(config, backend, True)
     for trainer in trainers.values():
         trainer.steps(data[:5])
     windows = []
