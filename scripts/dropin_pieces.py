@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from dispatch_pieces import gpu_us  # this directory is on sys.path
 
 import opfacade
 import opfacade.torch as oft
@@ -99,20 +100,6 @@ def memo_counts(paths: dict, calls: int = 300) -> dict[str, dict]:
     graph_replay.GraphedLaunches.__init__ = init
     memory.scratch_bytes = scratch_bytes
     return found
-
-
-def gpu_us(fn, calls: int) -> float:
-    """GPU microseconds per call over ``calls`` back-to-back calls (events around them): where
-    it reaches the host figure, the GPU paces the loop."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-    return round(start.elapsed_time(end) * 1e3 / calls, 2)
 
 
 def torch_profile_of(fn, calls: int = 20, top: int = 30) -> str:
@@ -270,7 +257,7 @@ def main(argv: list[str]) -> int:
                "training": per_call_us(training, TRAIN_CALLS),
                "chains": per_call_us(chains, TRAIN_CALLS // 4),
                "detail": per_call_us(detail, TRAIN_CALLS),
-               "gpu_us": {name: gpu_us(training[name], TRAIN_CALLS) for name in
+               "gpu_us": {name: round(gpu_us(training[name], TRAIN_CALLS), 2) for name in
                           ("torch sdpa fwd+grad", "oft.sdpa fwd+grad",
                            "torch linear+gelu fwd+grad", "oft.linear fwd+grad")}}
     if "--counts" in argv:
