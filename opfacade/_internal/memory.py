@@ -66,10 +66,10 @@ def torch_empty(torch, shape: tuple[int, ...], dtype, device, strides=None):
     and one more pass over the bytes per allocation. Here nothing reads before it is written,
     so that fill is skipped: switched off around this allocation only. (examples/gpt.py's
     deterministic step ran 163 fills, 0.9 ms of GPU time on an H100; 99 of them were of our
-    allocations, and they are gone.) Another thread's
-    allocation in those few hundred nanoseconds goes unfilled too; the fill is a debugging aid
-    that no op's result depends on."""
-    if not _FILL:
+    allocations, and they are gone.) Another thread's allocation in those few hundred
+    nanoseconds goes unfilled too; the fill is a debugging aid that no op's result depends on.
+    """
+    if not _FILL:  # torch's switches, read at the first allocation (torch is imported by then)
         _FILL.append(_DeterministicFill(torch))
     fill = _FILL[0]
     if not (fill.algorithms() and fill.fills()):  # the usual case: one C call
