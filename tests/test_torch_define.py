@@ -65,6 +65,28 @@ def test_an_eager_call_runs_the_ops_autograd_function_without_the_dispatcher():
         assert toy(x, 2.0).grad_fn is None and counting.calls == 0
 
 
+def test_an_eager_call_with_grad_skips_function_apply_python_layer(monkeypatch):
+    # With no torch.func transform active, DefinedOp calls the Function's C apply: Python's
+    # autograd.Function.apply (argument binding, dead-wrapper unwrapping) is not on the path.
+    toy = _toy()
+    entered = []
+    python_apply = torch.autograd.Function.apply.__func__
+
+    def counted(cls, *args, **kwargs):
+        entered.append(cls.__name__)
+        return python_apply(cls, *args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd.Function, "apply", classmethod(counted))
+    x = torch.ones(3, requires_grad=True)
+    y = toy(x, 2.0)
+    assert type(y.grad_fn).__name__.startswith(f"{toy.name}_function") and entered == []
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(grad, torch.full((3,), 2.0))
+    # Inside torch.func.grad, the twin goes through torch's own apply (it needs that layer).
+    torch.func.grad(lambda t: toy(t, 3.0).sum())(torch.ones(3))
+    assert entered
+
+
 def test_a_traced_call_goes_through_the_op():
     toy = _toy()
     toy.op = counting = _Counting(toy.op)
