@@ -72,17 +72,16 @@ def torch_empty(torch, shape: tuple[int, ...], dtype, device, strides=None):
     if not _FILL:  # torch's switches, read at the first allocation (torch is imported by then)
         _FILL.append(_DeterministicFill(torch))
     fill = _FILL[0]
-    if not (fill.algorithms() and fill.fills()):  # the usual case: one C call
-        if strides is None:
-            return torch.empty(shape, dtype=dtype, device=device)
-        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
-    fill.set_fills(False)
+    switched = fill.algorithms() and fill.fills()  # the usual case: False after one C call
+    if switched:
+        fill.set_fills(False)
     try:
         if strides is None:
             return torch.empty(shape, dtype=dtype, device=device)
         return torch.empty_strided(shape, strides, dtype=dtype, device=device)
     finally:
-        fill.set_fills(True)
+        if switched:
+            fill.set_fills(True)
 
 
 def _on_torch_stream(torch, stream: int, device: int) -> contextlib.AbstractContextManager:
