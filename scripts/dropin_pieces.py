@@ -28,6 +28,17 @@ import opfacade.torch as oft
 from opfacade.torch import _common
 
 CALLS, TRAIN_CALLS, BATCHES = 200, 40, 11
+# The summary's ratios, torch's time over ours: (name, group, torch's path, ours).
+RATIOS = (
+    ("oft.sdpa vs torch", "inference", "torch F.sdpa", "oft.sdpa"),
+    ("oft.linear vs torch", "inference", "torch linear+gelu", "oft.linear"),
+    ("oft.sdpa fwd+grad vs torch", "training", "torch sdpa fwd+grad", "oft.sdpa fwd+grad"),
+    ("oft.linear fwd+grad vs torch", "training", "torch linear+gelu fwd+grad",
+     "oft.linear fwd+grad"),
+    ("oft.sdpa x8 chain vs torch", "chains", "torch sdpa x8 fwd+grad", "oft.sdpa x8 fwd+grad"),
+    ("oft.linear x8 chain vs torch", "chains", "torch linear+gelu x8 fwd+grad",
+     "oft.linear x8 fwd+grad"),
+)
 
 
 def per_call_us(paths: dict, calls: int) -> dict[str, float]:
@@ -268,21 +279,8 @@ def main(argv: list[str]) -> int:
         print(f"== {label}: {group}")
         for name, us in results[group].items():
             print(f"  {name:44s} {us}")
-    ratios = {
-        "oft.sdpa vs torch": results["inference"]["torch F.sdpa"]
-        / results["inference"]["oft.sdpa"],
-        "oft.linear vs torch": results["inference"]["torch linear+gelu"]
-        / results["inference"]["oft.linear"],
-        "oft.sdpa fwd+grad vs torch": results["training"]["torch sdpa fwd+grad"]
-        / results["training"]["oft.sdpa fwd+grad"],
-        "oft.linear fwd+grad vs torch": results["training"]["torch linear+gelu fwd+grad"]
-        / results["training"]["oft.linear fwd+grad"],
-        "oft.sdpa x8 chain vs torch": results["chains"]["torch sdpa x8 fwd+grad"]
-        / results["chains"]["oft.sdpa x8 fwd+grad"],
-        "oft.linear x8 chain vs torch": results["chains"]["torch linear+gelu x8 fwd+grad"]
-        / results["chains"]["oft.linear x8 fwd+grad"],
-    }
-    results["ratios"] = {name: round(r, 3) for name, r in ratios.items()}
+    results["ratios"] = {name: round(results[group][peer] / results[group][ours], 3)
+                         for name, group, peer, ours in RATIOS}
     print(f"== {label}: ratios (torch us / ours us)")
     for name, r in results["ratios"].items():
         print(f"  {name:36s} {r:6.3f}x")

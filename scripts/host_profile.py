@@ -6,12 +6,11 @@ functional forms and the torch ops (the bench's host rows), top functions by own
 
 from __future__ import annotations
 
-import cProfile
-import pstats
 import sys
 
 import torch
 import torch.nn.functional as F
+from dropin_pieces import profile_of  # this directory is on sys.path
 
 import opfacade
 import opfacade.torch as oft
@@ -29,17 +28,8 @@ def main(calls: int) -> int:
         "torch linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
     }
     for name, fn in paths.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(calls):
-            fn()
-        profile.disable()
-        torch.cuda.synchronize()
         print(f"===== {name}: {calls} calls")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(22)
+        print(profile_of(fn, calls, top=22))
     return 0
 
 
