@@ -1,4 +1,5 @@
-// Flash attention in true f32: f32 storage, f32 FMA on CUDA cores (no tensor cores, no TF32),
+// Flash attention in true f32: f32 storage, f32 FMA on CUDA cores (no TF32 or other reduced
+// precision anywhere; on sm_90 the forward's scores take f64 products on the FP64 tensor cores),
 // a forward and a deterministic backward, over two layouts that share one address scheme.
 //
 //   dense   q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]   (cu_seqlens null)
@@ -20,8 +21,11 @@
 //   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence) of 128 threads; online
 //                                   softmax over 64-key blocks, skipping blocks the mask removes
 //                                   entirely.
-//   flash_f32_fwd_wide_d128_dv128   the same over 128 rows and 128-key blocks, 256 threads, for
-//                                   GPUs that give a block 198 KiB of shared memory (ForwardShape).
+//   flash_f32_fwd_mma_d<D>_dv<Dv>   the same with Q K^T on sm_90's FP64 tensor cores
+//                                   (dot_rows_dmma): the FMA pipe is left to P V and the softmax.
+//   flash_f32_fwd_wide_d128_dv128   the 64-row forward over 128 rows and 128-key blocks, 256
+//                                   threads, for GPUs other than sm_90 that give a block 198 KiB of
+//                                   shared memory (ForwardShape).
 //   flash_f32_bwd_delta             Delta_i = rowsum(dO_i * O_i) into the workspace; zeroes dQ
 //                                   and the query blocks' turn counters.
 //   flash_f32_bwd_dkdv_d<D>_dv<Dv>  CTA = (64 keys, kv head, sequence); loops over the group's
@@ -35,8 +39,10 @@
 // L2 reductions, but only one CTA adds into a query block at a time, so the sums run in a fixed
 // order and the backward is bitwise reproducible. Waiting on a lower CTA index relies on the GPU
 // starting a grid's CTAs in index order (as deterministic FlashAttention 3 does): the CTA waited
-// on is then running or done. The backward recomputes the scores with the forward's exact
-// operation order, so P = exp(s - lse) sees the forward's bits of s.
+// on is then running or done. The backward recomputes the scores as the FMA forwards take them
+// (dot_rows, whatever its tile), so there P = exp(s - lse) sees the forward's bits of s; after an
+// MMA forward it sees the f32 chain's s against lse from the f64 scores, a few f32 roundings
+// apart (the backward's float64 checks hold the same bound).
 //
 // Shared memory holds row-major tiles padded by 4 floats a row: a float4 read of 16 different
 // rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies
@@ -339,6 +345,83 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R][C], const float* a, con
     }
 }
 
+// The scores on sm_90's FP64 tensor cores (the MMA forwards). An m16n8k16 f64 product runs at
+// the rate of f32 FMA on CUDA cores (66 TFLOP/s each on an H100, scripts/dmma_probe.py), but in
+// one issue slot where FFMA takes 64: Q K^T moves off the FMA pipe, which is left to P V and the
+// softmax. The f32 inputs are exact in f64 and every product and sum of a score is f64, rounded
+// once to f32: at least as accurate as the FFMA chain of dot_rows, but not the same bits.
+constexpr int kScorePass = 32;               // keys a warp's pass covers: four 16 x 8 tiles
+constexpr int kExchangeLd = kScorePass + 2;  // = 2 mod 4: half-warps read rows 8 apart, no
+                                             // bank conflict
+constexpr int kExchangeFloats = 16 * kExchangeLd;  // a warp's tile of 16 rows x one pass
+
+__device__ __forceinline__ void dmma_16x8x16(double (&c)[4], const double (&a)[8],
+                                             const double (&b)[4]) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};\n"
+        : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]),
+          "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+#else
+    __trap();  // the host launches MMA kernels on sm_90 only
+#endif
+}
+
+// s[r][c] = Q[row0 + r] . K[tx + 16 c] over D, in dot_rows's layout (thread (ty, tx), row0 =
+// ty * R), for CTAs whose warp w holds rows 16w..16w+15 (R = 8: half-warp h of it rows 8h..).
+// Warp w multiplies its 16 rows by the keys in passes of 32 (16 f64 accumulators a lane; lane
+// (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, keys 8n + 2t and 8n + 2t + 1 of tile n,
+// the PTX fragment layout) and hands each pass's scores to the lanes that own them through its
+// own exchange tile in shared memory. Operands are read as f32 from the row-major Q and K tiles
+// (row stride D + kPad: the 32 lanes of each load hit 32 banks) and widened to f64.
+template <int R, int C, int D>
+__device__ __forceinline__ void dot_rows_dmma(float (&s)[R][C], const float* q, const float* k,
+                                              float* exchange) {
+    static_assert(R == 8 && C % 2 == 0 && D % 16 == 0, "16-row warps, 32-key passes");
+    constexpr int LD = D + kPad;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int h = lane >> 4, tx = lane & 15;
+    const float* qa = q + ((threadIdx.x >> 5) * 16 + g) * LD + t;
+    float* ex = exchange + (threadIdx.x >> 5) * kExchangeFloats;
+#pragma unroll
+    for (int pass = 0; pass < C / 2; ++pass) {
+        const float* kb = k + (pass * kScorePass + g) * LD + t;
+        double acc[4][4] = {};
+#pragma unroll 2
+        for (int kk = 0; kk < D; kk += 16) {
+            double a[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[2 * i] = qa[kk + 4 * i];
+                a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
+            }
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+                double b[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
+                dmma_16x8x16(acc[n], a, b);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            *reinterpret_cast<float2*>(ex + g * kExchangeLd + 8 * n + 2 * t) =
+                make_float2((float)acc[n][0], (float)acc[n][1]);
+            *reinterpret_cast<float2*>(ex + (g + 8) * kExchangeLd + 8 * n + 2 * t) =
+                make_float2((float)acc[n][2], (float)acc[n][3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            s[r][2 * pass] = ex[(8 * h + r) * kExchangeLd + tx];
+            s[r][2 * pass + 1] = ex[(8 * h + r) * kExchangeLd + 16 + tx];
+        }
+        __syncwarp();  // read before the next pass overwrites it
+    }
+}
+
 // acc[r][n] += sum over k of A[a_row + r][k] * B[k][col n]: A row-major with row stride LDA
 // (P or dS, rows = queries), B a row-major tile of N columns (V, or K for dQ).
 template <int R, int N, int K, int LDA>
@@ -423,7 +506,7 @@ struct ForwardShape {
     static constexpr int THREADS = WIDE ? 256 : 128, CTAS = WIDE ? 1 : ctas_per_sm(D, DV);
 };
 
-template <int D, int DV, bool WIDE>
+template <int D, int DV, bool WIDE, bool MMA>
 struct ForwardTiles {
     typedef ForwardShape<D, DV, WIDE> S;
     // Each thread: R query rows (S::THREADS / 16 threads down the block) by C keys.
@@ -434,7 +517,9 @@ struct ForwardTiles {
                                   ? S::KEYS * (D + kPad)
                                   : S::ROWS * (S::KEYS + kPad);
     static constexpr int V = S::KEYS * (DV + kPad);
-    static constexpr int FLOATS = Q + KP + V;
+    // The MMA forwards' exchange tiles, one a warp (dot_rows_dmma).
+    static constexpr int X = MMA ? S::THREADS / 32 * kExchangeFloats : 0;
+    static constexpr int FLOATS = Q + KP + V + X;
 };
 
 // Folds one key block's scores of a row into its running max m, this thread's share l of the
@@ -526,11 +611,11 @@ __device__ __forceinline__ int2 key_blocks(const Mask& mask, int i0, int i_last,
     return make_int2(j_lo / keys, j_hi >= j_lo ? j_hi / keys : j_lo / keys - 1);
 }
 
-template <int D, int DV, bool WIDE>
+template <int D, int DV, bool WIDE, bool MMA>
 __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<const float>& k,
                                         const Rows<const float>& v, const Rows<float>& out,
                                         const Rows<float>& lse, const Problem& p) {
-    typedef ForwardTiles<D, DV, WIDE> T;
+    typedef ForwardTiles<D, DV, WIDE, MMA> T;
     constexpr int R = T::R, C = T::C, NV = DV / 16, BC = T::S::KEYS;
     constexpr int ROWS = T::S::ROWS, THREADS = T::S::THREADS;
     const int b = blockIdx.y, h = blockIdx.x, hk = h / p.group;
@@ -543,6 +628,7 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
     float* q_tile = shared_tiles<T::FLOATS>();
     float* kp_tile = q_tile + T::Q;
     float* v_tile = kp_tile + T::KP;
+    float* exchange = v_tile + T::V;
 
     float m[R], l[R], acc[R][NV] = {};
 #pragma unroll
@@ -560,7 +646,11 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
         copy_wait<1>();  // Q and K have landed; V may still be in flight
         __syncthreads();
         float s[R][C] = {};
-        dot_rows<R, C, D>(s, q_tile, kp_tile, ty * R, tx);
+        if constexpr (MMA) {
+            dot_rows_dmma<R, C, D>(s, q_tile, kp_tile, exchange);
+        } else {
+            dot_rows<R, C, D>(s, q_tile, kp_tile, ty * R, tx);
+        }
         with_mask(whole_block(mask, i0, i_last, kb * BC, BC), [&](auto masked) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -914,18 +1004,19 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
                    dim_v);
 }
 
-#define FLASH_FORWARD(NAME, D, DV, WIDE)                                                        \
+#define FLASH_FORWARD(NAME, D, DV, WIDE, MMA)                                                   \
     extern "C" __global__ void __launch_bounds__(ForwardShape<D, DV, WIDE>::THREADS,            \
                                                  ForwardShape<D, DV, WIDE>::CTAS)               \
         NAME(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), FLASH_OUT(lse),             \
              FLASH_PROBLEM_PARAMS) {                                                             \
-        forward<D, DV, WIDE>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
+        forward<D, DV, WIDE, MMA>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),       \
                              FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
                              FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
     }
 
 #define FLASH_KERNELS(D, DV)                                                                    \
-    FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false)                                    \
+    FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false, false)                             \
+    FLASH_FORWARD(flash_f32_fwd_mma_d##D##_dv##DV, D, DV, false, true)                          \
     extern "C" __global__ void __launch_bounds__(kDkdvThreads, ctas_per_sm(D, DV))              \
         flash_f32_bwd_dkdv_d##D##_dv##DV(                                                       \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
@@ -941,4 +1032,4 @@ FLASH_KERNELS(96, 96)
 FLASH_KERNELS(128, 128)
 FLASH_KERNELS(128, 64)
 FLASH_KERNELS(64, 128)
-FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true)
+FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true, false)

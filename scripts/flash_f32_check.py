@@ -11,8 +11,8 @@ as ||got - ref|| / ||ref||. It also checks:
 - offsets of garbage (random, decreasing, huge, past the tensors' end) write nothing outside
   the outputs: every output and the workspace sit between guard regions of a sentinel, which
   must survive;
-- the cases with a wide forward (D = Dv = 128, where the GPU gives a block its shared memory)
-  run again on the other forward, as a GPU with less shared memory per block would;
+- the cases of D = Dv = 128 run again on the forwards this GPU does not pick (the wide one, and
+  the 64-row one without the FP64 tensor cores), as other GPUs would;
 and times forward and backward at B=2, H=16, S=4096, D=128 with CUDA events (4*B*H*S^2*D flops
 forward, halved for causal; the backward counted as 2.5 times the forward).
 
@@ -31,6 +31,7 @@ import numpy as np
 
 from opfacade._backends.nvrtc import flash_f32
 from opfacade._backends.nvrtc.flash_f32 import (
+    SHARED_PER_BLOCK,
     FlashProblem,
     FlashStrides,
     backward_call,
@@ -43,6 +44,7 @@ from opfacade._backends.reference import (
     varlen_backward,
     varlen_forward,
 )
+from opfacade.types import ArchSku
 
 # The kernels' error is a few f32 roundings of each dot product (~1e-6 relative, measured
 # worst 6e-7 on an emulator); a tenfold margin still catches any indexing or masking bug,
@@ -317,17 +319,23 @@ def run_garbage(rng: np.random.Generator, stream) -> list[dict]:
     return results
 
 
-def run_narrow(rng: np.random.Generator, stream) -> list[dict]:
-    """The cases that have a wide forward, on the 64-row forward instead."""
-    wide = flash_f32._shared_per_block
-    flash_f32._shared_per_block = lambda device: 99 << 10  # an sm_89 block's
+def run_other_forwards(rng: np.random.Generator, stream) -> list[dict]:
+    """The cases of D = Dv = 128 on the forwards this GPU does not pick: the wide one (an
+    sm_100's choice) and the 64-row one without the FP64 tensor cores (an sm_89's), as the
+    launcher would pick them there."""
+    arch, shared = flash_f32.device_arch, flash_f32._shared_per_block
+    results = []
     try:
-        return [run_case(f"{name} (64-row forward)", case, rng, stream)
-                for name, case in CASES.items()
-                if (case["head_dim"], case.get("head_dim_v", case["head_dim"]))
-                in flash_f32.WIDE_FORWARD_DIMS]
+        for other, label in ((ArchSku.sm100, "wide forward"), (ArchSku.sm89, "64-row forward")):
+            flash_f32.device_arch = lambda device, other=other: other
+            flash_f32._shared_per_block = lambda device, other=other: SHARED_PER_BLOCK[other]
+            results += [run_case(f"{name} ({label})", case, rng, stream)
+                        for name, case in CASES.items()
+                        if (case["head_dim"], case.get("head_dim_v", case["head_dim"]))
+                        in flash_f32.WIDE_FORWARD_DIMS]
     finally:
-        flash_f32._shared_per_block = wide
+        flash_f32.device_arch, flash_f32._shared_per_block = arch, shared
+    return results
 
 
 def elapsed_ms(call, stream, runs: int) -> float:
@@ -395,7 +403,7 @@ def main(argv: list[str]) -> int:
     props = cupy.cuda.runtime.getDeviceProperties(DEVICE)
     report: dict = dict(device=props["name"].decode(), tolerance=TOLERANCE, failures=[])
     stages = (("cases", lambda: [run_case(n, c, rng, stream) for n, c in CASES.items()]),
-              ("narrow", lambda: run_narrow(rng, stream)),
+              ("other forwards", lambda: run_other_forwards(rng, stream)),
               ("garbage", lambda: run_garbage(rng, stream)),
               ("timing", lambda: run_timing(rng, stream)))
     for stage, run in stages:

@@ -49,12 +49,14 @@ def test_every_instantiation_compiles_for_sm90(cubin):
 
 # Shared memory a block may opt in to: an H100's (the wide d128 forward fits) and an RTX 4090's.
 SM90_SHARED, SM89_SHARED = 227 << 10, 99 << 10
+SHARED_ARCH = {SM90_SHARED: ArchSku.sm90, SM89_SHARED: ArchSku.sm89}
 
 
 def _launches(monkeypatch, shared_per_block: int = SM90_SHARED) -> list[tuple]:
-    """Records launches (kernel name, grid, block, args, shared bytes) in place of a GPU whose
-    blocks may have ``shared_per_block`` bytes of shared memory."""
+    """Records launches (kernel name, grid, block, args, shared bytes) in place of an H100
+    (SM90_SHARED) or an RTX 4090 (SM89_SHARED)."""
     launched = []
+    monkeypatch.setattr(flash, "device_arch", lambda device: SHARED_ARCH[shared_per_block])
     monkeypatch.setattr(flash, "_shared_per_block", lambda device: shared_per_block)
     monkeypatch.setattr(flash, "_kernel", lambda name, device, shared: name)
     monkeypatch.setattr(flash, "launch", lambda kernel, grid, block, args, stream, device,
@@ -77,11 +79,11 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
                                                         shared_per_block):
     launched = _launches(monkeypatch, shared_per_block)
     _run_both(flash.FlashProblem(**fields))
-    wide = shared_per_block == SM90_SHARED
+    h100 = shared_per_block == SM90_SHARED  # the scores on the FP64 tensor cores
     assert [name for name, *_ in launched] == [
-        "flash_f32_fwd_wide_d128_dv128" if wide else "flash_f32_fwd_d128_dv128",
+        "flash_f32_fwd_mma_d128_dv128" if h100 else "flash_f32_fwd_d128_dv128",
         "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
-    threads = {"fwd_wide": flash.WIDE_FORWARD_THREADS, "fwd": flash.FORWARD_THREADS,
+    threads = {"fwd_mma": flash.FORWARD_THREADS, "fwd": flash.FORWARD_THREADS,
                "bwd_delta": flash.DELTA_THREADS, "bwd_dkdv": flash.DKDV_THREADS}
     for name, _, block, args, _ in launched:
         kind = re.match(r"flash_f32_(\w+?)(_d\d+_dv\d+)?$", name).group(1)
@@ -89,22 +91,47 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
         assert_packed_like_declared(name, args, signatures)
 
 
-@pytest.mark.parametrize(("shared_per_block", "rows"), [(SM90_SHARED, 128), (SM89_SHARED, 64)],
-                         ids=["sm90", "sm89"])
-def test_forward_arguments_grid_and_shared_memory(monkeypatch, shared_per_block, rows):
-    launched = _launches(monkeypatch, shared_per_block)
+def _on(monkeypatch, arch: ArchSku) -> None:
+    """The launcher sees a GPU of ``arch``."""
+    monkeypatch.setattr(flash, "device_arch", lambda device: arch)
+    monkeypatch.setattr(flash, "_shared_per_block", lambda device: flash.SHARED_PER_BLOCK[arch])
+
+
+@pytest.mark.parametrize(("arch", "rows", "mma"), [(ArchSku.sm90, 64, True),
+                                                   (ArchSku.sm100, 128, False),
+                                                   (ArchSku.sm89, 64, False)],
+                         ids=["sm90", "sm100", "sm89"])
+def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, rows, mma):
+    launched = _launches(monkeypatch)
+    _on(monkeypatch, arch)
     problem = flash.FlashProblem(**VARLEN)
     _run_both(problem)
     name, grid, _, args, shared = launched[0]
+    assert name == "flash_f32_fwd_" + ("mma_" if mma else "wide_" if rows == 128 else "") + (
+        "d128_dv128")
     assert grid == (8, 3, -(-130 // rows))  # heads_q, batch, query blocks (the slowest)
     assert args[0] == ADDRESS["q"] and args[1:4] == (0, 8 * 128, 128)  # varlen [T, H, D]
     assert args[16:20] == (ADDRESS["lse"], 0, 1, 200)  # lse [Hq, Tq]
     problem_args = args[20:]
     assert problem_args == (ADDRESS["cu_q"], ADDRESS["cu_kv"], 4, 130, 300, 200, 500,
                             np.float32(0.125), 2, 64, -1, 1)
-    assert shared == flash._forward_shared(128, 128, wide=rows == 128)
-    # The wide forward's tiles: Q, K (then P) and V, 128 rows of 128 + 4 floats each.
+    assert shared == flash._forward_shared(128, 128, wide=rows == 128, mma=mma)
+    # The tiles: Q, K (then P) and V, rows of 128 + 4 floats (the wide forward's 128 rows and
+    # keys, the others' 64), and the MMA forward's 4 warps' 16 x (32 + 2) exchange tiles.
     assert flash._forward_shared(128, 128, wide=True) == 4 * 3 * 128 * 132 <= SM90_SHARED
+    assert flash._forward_shared(128, 128, mma=True) == 4 * (3 * 64 * 132 + 4 * 16 * 34)
+
+
+def test_the_mma_forward_runs_on_sm90_only(monkeypatch):
+    problem = flash.FlashProblem(**dict(DENSE, head_dim=64, head_dim_v=64))
+    for arch, name in ((ArchSku.sm90, "flash_f32_fwd_mma_d64_dv64"),
+                       (ArchSku.sm80, "flash_f32_fwd_d64_dv64"),
+                       (ArchSku.sm100, "flash_f32_fwd_d64_dv64")):
+        launched = _launches(monkeypatch)
+        _on(monkeypatch, arch)
+        _run_both(problem)
+        assert launched[0][0] == name
+        assert launched[0][4] == flash._forward_shared(64, 64, mma=arch is ArchSku.sm90)
 
 
 def test_backward_grids_workspace_and_delta_layout(monkeypatch):
@@ -146,7 +173,8 @@ def test_empty_extents_launch_only_what_writes_rows(monkeypatch):
 
 def test_two_ctas_share_an_sm_at_head_dim_128():
     # sm_90: 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA.
-    for size in (flash._forward_shared(128, 128), flash._dkdv_shared(128, 128)):
+    for size in (flash._forward_shared(128, 128), flash._forward_shared(128, 128, mma=True),
+                 flash._dkdv_shared(128, 128)):
         assert 2 * (size + 1024) <= 228 * 1024
 
 

@@ -1,11 +1,12 @@
 """Flash attention in true f32 (native/flash_f32.cu): a forward and a deterministic backward over
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
-The math is f32 FMA on CUDA cores (no tensor cores, no TF32); the backward sums in a fixed order
-(dQ's L2 reductions come one key block at a time), so it is bitwise reproducible. Nothing here
-takes a descriptor: a ``FlashProblem`` of plain values says what to compute, ``FlashStrides``
-where the tensors are, and the ``*_call`` functions pack the arguments once and return a call
-that only launches.
+The math is f32 FMA on CUDA cores (no TF32), except the forward's scores on sm_90, whose
+products and sums are f64 on the FP64 tensor cores (MMA_FORWARD_ARCHES). The backward sums in a
+fixed order (dQ's L2 reductions come one key block at a time), so it is bitwise reproducible.
+Nothing here takes a descriptor: a ``FlashProblem`` of plain values says what to compute,
+``FlashStrides`` where the tensors are, and the ``*_call`` functions pack the arguments once and
+return a call that only launches.
 
 What the kernels can index: element offsets in ``i64`` from ``i64`` strides; extents (lengths,
 rows, heads) in ``int``, below 2**31; the grids are (heads, batch, query blocks) for the forward,
@@ -17,8 +18,8 @@ access outside the tensors.
 
 A CTA runs 128 threads (the Delta kernel's 256) and needs up to 108 KiB of dynamic shared
 memory (D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow
-99 KiB a block, which every pair but D = Dv = 128 fits. At D = Dv = 128 a GPU that gives a block
-198 KiB (sm_90) runs a wide forward instead: 128-row blocks of 256 threads.
+99 KiB a block, which every pair but D = Dv = 128 fits. At D = Dv = 128 a GPU other than sm_90
+that gives a block 198 KiB (sm_100) runs a wide forward instead: 128-row blocks of 256 threads.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ FORWARD_ROWS, FORWARD_KEYS = 64, 64
 # The wide forward's blocks, and the (head_dim, head_dim_v) pairs with one (ForwardShape there).
 WIDE_FORWARD_ROWS = WIDE_FORWARD_KEYS = 128
 WIDE_FORWARD_DIMS = ((128, 128),)
+# Where the forwards take their scores on the FP64 tensor cores (the *_mma kernels,
+# dot_rows_dmma): mma.sync's m16n8k16 f64 shape is sm_90's, and only there was it measured. Each
+# warp of such a CTA hands its scores over through 16 rows of 32 + 2 floats of its own.
+MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
+EXCHANGE_FLOATS = 16 * (32 + 2)
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
 # Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
@@ -71,11 +77,13 @@ def _tile(rows: int, cols: int) -> int:
     return rows * (cols + PAD)
 
 
-def _forward_shared(d: int, dv: int, wide: bool = False) -> int:
-    # Q, then K's tile (which P reuses), then V.
+def _forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> int:
+    # Q, then K's tile (which P reuses), then V, then the MMA forwards' exchange tiles.
     rows, keys = (WIDE_FORWARD_ROWS, WIDE_FORWARD_KEYS) if wide else (FORWARD_ROWS, FORWARD_KEYS)
     k_or_p = max(_tile(keys, d), _tile(rows, keys))
-    return _FLOAT * (_tile(rows, d) + k_or_p + _tile(keys, dv))
+    threads = WIDE_FORWARD_THREADS if wide else FORWARD_THREADS
+    exchange = threads // 32 * EXCHANGE_FLOATS if mma else 0
+    return _FLOAT * (_tile(rows, d) + k_or_p + _tile(keys, dv) + exchange)
 
 
 def _dkdv_shared(d: int, dv: int) -> int:
@@ -84,8 +92,8 @@ def _dkdv_shared(d: int, dv: int) -> int:
 
 
 def shared_bytes(d: int, dv: int) -> int:
-    """The most dynamic shared memory the kernels for (d, dv) need (a wide forward runs only
-    where the device allows its more)."""
+    """The most dynamic shared memory the kernels for (d, dv) need (a wide or MMA forward runs
+    only where the device allows its more)."""
     return max(_forward_shared(d, dv), _dkdv_shared(d, dv))
 
 
@@ -94,6 +102,7 @@ def kernel_names() -> list[str]:
     names = ["flash_f32_bwd_delta"]
     for d, dv in HEAD_DIMS:
         names += [f"flash_f32_{kind}_d{d}_dv{dv}" for kind in ("fwd", "bwd_dkdv")]
+    names += [f"flash_f32_fwd_mma_d{d}_dv{dv}" for d, dv in HEAD_DIMS]
     return names + [f"flash_f32_fwd_wide_d{d}_dv{dv}" for d, dv in WIDE_FORWARD_DIMS]
 
 
@@ -374,13 +383,18 @@ def _shared_per_block(device: int) -> int:
     return SHARED_PER_BLOCK[device_arch(device)]
 
 
-def _wide_forward(problem: FlashProblem, device: int) -> bool:
-    """Whether the forward runs its wide kernel: (head_dim, head_dim_v) has one and ``device``
-    gives a block its shared memory."""
+def _forward_kind(problem: FlashProblem, device: int) -> tuple[bool, bool]:
+    """(wide, mma): whether the forward's scores run on the FP64 tensor cores (``device``'s
+    architecture is in MMA_FORWARD_ARCHES and gives a block the exchange tiles), else whether
+    it runs its wide kernel ((head_dim, head_dim_v) has one and ``device`` gives a block its
+    shared memory). The MMA forward has 64-row blocks only: at D = Dv = 128 on an H100 they ran
+    3.31 ms against the wide MMA forward's 3.37 (causal 1.69 against 1.82), two CTAs an SM
+    taking turns at the tensor and the FMA pipes where the wide one's single CTA cannot."""
     dims = (problem.head_dim, problem.head_dim_v)
-    if dims not in WIDE_FORWARD_DIMS:
-        return False
-    return _shared_per_block(device) >= _forward_shared(*dims, wide=True)
+    have = _shared_per_block(device)
+    if device_arch(device) in MMA_FORWARD_ARCHES and have >= _forward_shared(*dims, mma=True):
+        return False, True
+    return dims in WIDE_FORWARD_DIMS and have >= _forward_shared(*dims, wide=True), False
 
 
 def _blocks(length: int, rows: int) -> int:
@@ -416,14 +430,14 @@ def forward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, out
     tensors, vec = _tensors(problem, strides, dict(q=q, k=k, v=v, out=out, lse=lse))
     args = (*tensors["q"], *tensors["k"], *tensors["v"], *tensors["out"], *tensors["lse"],
             *_problem_args(problem, cu_q, cu_kv, vec))
-    wide = _wide_forward(problem, device)
+    wide, mma = _forward_kind(problem, device)
     rows, threads = (WIDE_FORWARD_ROWS, WIDE_FORWARD_THREADS) if wide else (FORWARD_ROWS,
                                                                             FORWARD_THREADS)
     grid = (problem.heads_q, problem.batch, _blocks(problem.max_seqlen_q, rows))
     if grid[2] == 0:
         return lambda: None
-    shared = _forward_shared(problem.head_dim, problem.head_dim_v, wide)
-    kind = "fwd_wide" if wide else "fwd"
+    shared = _forward_shared(problem.head_dim, problem.head_dim_v, wide, mma)
+    kind = "fwd" + ("_wide" if wide else "") + ("_mma" if mma else "")
     kernel = _kernel(f"flash_f32_{kind}_{_suffix(problem)}", device, shared)
 
     def run_forward() -> None:

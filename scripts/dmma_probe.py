@@ -1,0 +1,206 @@
+"""Probe: the FP64 tensor cores (DMMA) of the device, for a true-f32 attention forward whose
+products run in f64 (issue 12). Checks the fragment layouts assumed for mma.sync f64 at
+m8n8k4 and m16n8k16 against NumPy, and times each shape's throughput against an FFMA loop and
+torch's float64 matmul (cuBLAS DGEMM).  python3 scripts/dmma_probe.py [out.json]"""
+
+import json
+import sys
+
+import cupy as cp
+import numpy as np
+
+SOURCE = r"""
+extern "C" __global__ void layout_k16(const double* a, const double* b, double* d) {
+    // A 16x16 row-major, B 16x8 row-major (k x n), D 16x8 row-major.
+    int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    double A[8], B[4], C[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; ++i) {
+        A[2 * i] = a[g * 16 + t + 4 * i];
+        A[2 * i + 1] = a[(g + 8) * 16 + t + 4 * i];
+        B[i] = b[(t + 4 * i) * 8 + g];
+    }
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
+                 : "+d"(C[0]), "+d"(C[1]), "+d"(C[2]), "+d"(C[3])
+                 : "d"(A[0]), "d"(A[1]), "d"(A[2]), "d"(A[3]), "d"(A[4]), "d"(A[5]), "d"(A[6]),
+                   "d"(A[7]), "d"(B[0]), "d"(B[1]), "d"(B[2]), "d"(B[3]));
+    d[g * 8 + 2 * t] = C[0];
+    d[g * 8 + 2 * t + 1] = C[1];
+    d[(g + 8) * 8 + 2 * t] = C[2];
+    d[(g + 8) * 8 + 2 * t + 1] = C[3];
+}
+
+extern "C" __global__ void layout_k4(const double* a, const double* b, double* d) {
+    // A 8x4, B 4x8, D 8x8, row-major.
+    int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    double A = a[g * 4 + t], B = b[t * 8 + g], C0 = 0, C1 = 0;
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};"
+                 : "+d"(C0), "+d"(C1) : "d"(A), "d"(B));
+    d[g * 8 + 2 * t] = C0;
+    d[g * 8 + 2 * t + 1] = C1;
+}
+
+#define CHAINS 8
+extern "C" __global__ void rate_k16(double* out, int iters) {
+    double A[8], B[4], C[CHAINS][4];
+    for (int i = 0; i < 8; ++i) A[i] = 1e-3 * (threadIdx.x + i);
+    for (int i = 0; i < 4; ++i) B[i] = 1e-3 * (threadIdx.x - i);
+    for (int c = 0; c < CHAINS; ++c) for (int i = 0; i < 4; ++i) C[c][i] = 0;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
+                         "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
+                         : "+d"(C[c][0]), "+d"(C[c][1]), "+d"(C[c][2]), "+d"(C[c][3])
+                         : "d"(A[0]), "d"(A[1]), "d"(A[2]), "d"(A[3]), "d"(A[4]), "d"(A[5]),
+                           "d"(A[6]), "d"(A[7]), "d"(B[0]), "d"(B[1]), "d"(B[2]), "d"(B[3]));
+    }
+    double s = 0;
+    for (int c = 0; c < CHAINS; ++c) for (int i = 0; i < 4; ++i) s += C[c][i];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+extern "C" __global__ void rate_k4(double* out, int iters) {
+    double A = 1e-3 * threadIdx.x, B = 1e-3 * (threadIdx.x + 1), C[CHAINS][2];
+    for (int c = 0; c < CHAINS; ++c) C[c][0] = C[c][1] = 0;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c)
+            asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 "
+                         "{%0,%1}, {%2}, {%3}, {%0,%1};"
+                         : "+d"(C[c][0]), "+d"(C[c][1]) : "d"(A), "d"(B));
+    }
+    double s = 0;
+    for (int c = 0; c < CHAINS; ++c) s += C[c][0] + C[c][1];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+
+// F2F f32 -> f64 alone, and beside DMMA: CONV conversions per mma (operands converted from f32
+// registers that change every iteration, so none can be hoisted).
+template <int CONV>
+__device__ void conv_mix(double* out, int iters, bool with_mma) {
+    double C[CHAINS][4];
+    float src[8];
+    for (int i = 0; i < 8; ++i) src[i] = 1e-3f * (threadIdx.x + i);
+    for (int c = 0; c < CHAINS; ++c) for (int i = 0; i < 4; ++i) C[c][i] = 0;
+    double acc = 0;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < CHAINS; ++c) {
+            double a[8], b[4];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) a[i] = i < CONV ? (double)src[i] : 1e-3 * i;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) b[i] = i + 8 < CONV ? (double)src[(i + c) & 7] : 2e-3 * i;
+            if (with_mma) {
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
+                             "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
+                             : "+d"(C[c][0]), "+d"(C[c][1]), "+d"(C[c][2]), "+d"(C[c][3])
+                             : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]),
+                               "d"(a[6]), "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc += a[i];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc += b[i];
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) src[i] = __int_as_float(__float_as_int(src[i]) ^ (it & 1));
+        }
+    }
+    double s = acc;
+    for (int c = 0; c < CHAINS; ++c) for (int i = 0; i < 4; ++i) s += C[c][i];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+extern "C" __global__ void mma_conv0(double* out, int iters) { conv_mix<0>(out, iters, true); }
+extern "C" __global__ void mma_conv6(double* out, int iters) { conv_mix<6>(out, iters, true); }
+extern "C" __global__ void mma_conv12(double* out, int iters) { conv_mix<12>(out, iters, true); }
+
+extern "C" __global__ void rate_ffma(float* out, int iters) {
+    float x[CHAINS], y = 1.0001f * threadIdx.x, z = 0.9999f;
+    for (int c = 0; c < CHAINS; ++c) x[c] = c;
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+#pragma unroll
+            for (int c = 0; c < CHAINS; ++c) x[c] = fmaf(x[c], z, y);
+    }
+    float s = 0;
+    for (int c = 0; c < CHAINS; ++c) s += x[c];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+"""
+
+
+def timed(fn, reps=5):
+    fn()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    best = float("inf")
+    for _ in range(reps):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(start, stop) / 1e3)
+    return best
+
+
+def main():
+    out_path = sys.argv[1] if len(sys.argv) > 1 else None
+    module = cp.RawModule(code=SOURCE, options=("-arch=sm_90",))
+    rng = np.random.default_rng(0)
+    report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode()}
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    for name, (m, k, n) in (("layout_k16", (16, 16, 8)), ("layout_k4", (8, 4, 8))):
+        a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+        d = cp.zeros((m, n))
+        module.get_function(name)((1,), (32,), (cp.asarray(a), cp.asarray(b), d))
+        err = float(np.abs(d.get() - a @ b).max())
+        report[name] = {"max_abs_err_vs_numpy": err, "ok": err < 1e-12}
+    out = cp.zeros(sms * 16 * 128, dtype=cp.float64)
+    iters = 4096
+    for name, flops_per_mma in (("rate_k16", 2 * 16 * 8 * 16), ("rate_k4", 2 * 8 * 8 * 4)):
+        for blocks_per_sm, threads in ((4, 128), (8, 128), (2, 256)):
+            grid = sms * blocks_per_sm
+            fn = module.get_function(name)
+            s = timed(lambda fn=fn, grid=grid, threads=threads: fn((grid,), (threads,),
+                                                                     (out, np.int32(iters))))
+            warps = grid * threads // 32
+            tflops = warps * iters * 8 * flops_per_mma / s / 1e12
+            report[f"{name} {blocks_per_sm}x{threads}"] = round(tflops, 2)
+    # DMMA with 0, 6 or 12 f32 -> f64 conversions of its operands per mma (the MMA forward's
+    # scores convert 6: a quarter of A's 8 and B's 4).
+    for name in ("mma_conv0", "mma_conv6", "mma_conv12"):
+        fn = module.get_function(name)
+        grid = sms * 8
+        s = timed(lambda fn=fn, grid=grid: fn((grid,), (128,), (out, np.int32(iters // 4))))
+        report[name] = round(grid * 4 * (iters // 4) * 8 * 2 * 16 * 8 * 16 / s / 1e12, 2)
+    outf = cp.zeros(sms * 16 * 256, dtype=cp.float32)
+    fn = module.get_function("rate_ffma")
+    grid = sms * 8
+    s = timed(lambda: fn((grid,), (256,), (outf, np.int32(iters))))
+    report["ffma"] = round(grid * 256 * iters * 8 * 8 * 2 / s / 1e12, 2)
+    try:
+        import torch
+        x = torch.randn(8192, 8192, dtype=torch.float64, device="cuda")
+        torch.mm(x, x)
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+        for _ in range(3):
+            torch.mm(x, x)
+        ev[1].record()
+        torch.cuda.synchronize()
+        report["torch dgemm 8192"] = round(3 * 2 * 8192**3 / (ev[0].elapsed_time(ev[1]) / 1e3)
+                                           / 1e12, 2)
+    except Exception as e:  # noqa: BLE001 - a probe: report it
+        report["torch dgemm 8192"] = repr(e)
+    print(json.dumps(report, indent=1))
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
