@@ -376,20 +376,30 @@ __device__ __forceinline__ void dmma_16x8x16(double (&c)[4], const double (&a)[8
 // the PTX fragment layout) and hands each pass's scores to the lanes that own them through its
 // own exchange tile in shared memory. Operands are read as f32 from the row-major Q and K tiles
 // (row stride D + kPad: the 32 lanes of each load hit 32 banks) and widened to f64.
+// How many 32-key passes share each k-step's Q operands (kGroup, all of them below D = 96),
+// and how far the k-steps unroll. H100, B4 H16 S2048 (scripts/f32_time.py, one call): at d64
+// all passes at once, unrolled 4, ran 1.636 ms against 1.748 for one pass at a time, unrolled 2
+// (causal 0.841 against 0.873); at d128 that lost (3.364 against 3.288 ms), as did unrolling 4 or
+// 8 alone (3.435, 3.377).
+template <int C, int D>
+struct DmmaPasses {
+    static constexpr int GROUP = D <= 64 ? C / 2 : 1, UNROLL = D <= 64 ? 4 : 2;
+};
+
 template <int R, int C, int D>
 __device__ __forceinline__ void dot_rows_dmma(float (&s)[R][C], const float* q, const float* k,
                                               float* exchange) {
     static_assert(R == 8 && C % 2 == 0 && D % 16 == 0, "16-row warps, 32-key passes");
-    constexpr int LD = D + kPad;
+    constexpr int LD = D + kPad, G = DmmaPasses<C, D>::GROUP, U = DmmaPasses<C, D>::UNROLL;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int h = lane >> 4, tx = lane & 15;
     const float* qa = q + ((threadIdx.x >> 5) * 16 + g) * LD + t;
     float* ex = exchange + (threadIdx.x >> 5) * kExchangeFloats;
 #pragma unroll
-    for (int pass = 0; pass < C / 2; ++pass) {
-        const float* kb = k + (pass * kScorePass + g) * LD + t;
-        double acc[4][4] = {};
-#pragma unroll 2
+    for (int first = 0; first < C / 2; first += G) {
+        const float* kb = k + (first * kScorePass + g) * LD + t;
+        double acc[G][4][4] = {};
+#pragma unroll U
         for (int kk = 0; kk < D; kk += 16) {
             double a[8];
 #pragma unroll
@@ -398,27 +408,31 @@ __device__ __forceinline__ void dot_rows_dmma(float (&s)[R][C], const float* q, 
                 a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
             }
 #pragma unroll
-            for (int n = 0; n < 4; ++n) {
+            for (int n = 0; n < 4 * G; ++n) {
                 double b[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
-                dmma_16x8x16(acc[n], a, b);
+                dmma_16x8x16(acc[n / 4][n % 4], a, b);
             }
         }
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            *reinterpret_cast<float2*>(ex + g * kExchangeLd + 8 * n + 2 * t) =
-                make_float2((float)acc[n][0], (float)acc[n][1]);
-            *reinterpret_cast<float2*>(ex + (g + 8) * kExchangeLd + 8 * n + 2 * t) =
-                make_float2((float)acc[n][2], (float)acc[n][3]);
-        }
-        __syncwarp();
+        for (int p = 0; p < G; ++p) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            s[r][2 * pass] = ex[(8 * h + r) * kExchangeLd + tx];
-            s[r][2 * pass + 1] = ex[(8 * h + r) * kExchangeLd + 16 + tx];
+            for (int n = 0; n < 4; ++n) {
+                *reinterpret_cast<float2*>(ex + g * kExchangeLd + 8 * n + 2 * t) =
+                    make_float2((float)acc[p][n][0], (float)acc[p][n][1]);
+                *reinterpret_cast<float2*>(ex + (g + 8) * kExchangeLd + 8 * n + 2 * t) =
+                    make_float2((float)acc[p][n][2], (float)acc[p][n][3]);
+            }
+            __syncwarp();
+            const int pass = first + p;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                s[r][2 * pass] = ex[(8 * h + r) * kExchangeLd + tx];
+                s[r][2 * pass + 1] = ex[(8 * h + r) * kExchangeLd + 16 + tx];
+            }
+            __syncwarp();  // read before the next pass overwrites it
         }
-        __syncwarp();  // read before the next pass overwrites it
     }
 }
 

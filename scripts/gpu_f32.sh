@@ -80,6 +80,7 @@ fi
 if wants profile; then
     stage profile
     metrics="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem"
+    [ -n "${PROFILE_EXTRA:-}" ] && metrics="$metrics,$PROFILE_EXTRA"  # more metrics, comma-separated
     timeout 300 ncu --metrics "$metrics" -k "regex:flash_f32_(fwd|bwd_dkdv)" -c ${PROFILE_KERNELS:-12} \
         python3 scripts/f32_time.py /tmp/profile --profile > "$OUT/ncu_f32.txt" 2>&1
     echo "ncu exit $?"
