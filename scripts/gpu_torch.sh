@@ -25,7 +25,7 @@ if wants bench; then
 fi
 if wants example; then
     stage example
-    timeout ${EXAMPLE_TIMEOUT:-400} python3 examples/gpt.py --steps ${EXAMPLE_STEPS:-50} \
+    timeout ${EXAMPLE_TIMEOUT:-400} python3 examples/gpt.py --steps ${EXAMPLE_STEPS:-50} ${EXAMPLE_ARGS:-} \
         --json "$OUT/gpt_example.json" 2>&1 | grep -v Warning | tail -40
 fi
 if wants verify; then
