@@ -33,13 +33,9 @@ __device__ __forceinline__ i64 partial_index(int s, int g, int chunk, int r, int
     return (((i64)s * heads_kv + g) * chunks + chunk) * rows + r;
 }
 
-// Positions (decode_attention.cu's header): new token t of a sequence of len tokens, whose last
-// q_len are the new ones, sits at len - q_len + t; row r of a kv head's rows (r = t * group +
-// the query head's place in its group) belongs to token r / group. Macros, not functions:
-// written as calls, the same arithmetic gave the partial kernels other SASS (other register
-// choices, and 40 more instructions in the tensor-core tile), where moving code between these
-// files changed none.
-#define OPFACADE_TOKEN_POSITION(len, q_len, t) ((len) - (q_len) + (t))
+// Row r of a kv head's rows (r = t * group + the query head's place in its group) belongs to
+// new token r / group (its position: kv_cache.cuh's OPFACADE_TOKEN_POSITION). A macro for the
+// reason given there.
 #define OPFACADE_ROW_POSITION(len, q_len, row, group) \
     OPFACADE_TOKEN_POSITION(len, q_len, (row) / (group))
 

@@ -3,7 +3,7 @@
 //
 //   kv_append_<T>    one CTA per (sequence, new token, group of kv heads), one thread per 16
 //                    bytes of a head's new key and value: threads (vector, head). The token's
-//                    position (seq_lens[s] - q_len + t) and page are one broadcast load each per
+//                    position (OPFACADE_TOKEN_POSITION) and page are one broadcast load each per
 //                    CTA; positions outside the capacity and pages outside the pool are skipped.
 //   kv_cache_check   checked mode: the first sequence whose length, pages or cache addresses
 //                    break the contract's rules (contracts/kv_cache.py).
@@ -33,7 +33,7 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
     // The token's bytes are loaded before its position is known, so the loads overlap.
     const uint4 bytes = load16(is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
                                       : v_new + s * v_sb + t * v_st + g * v_sh + col);
-    const int pos = seq_lens[s] - q_len + t;
+    const int pos = OPFACADE_TOKEN_POSITION(seq_lens[s], q_len, t);
     // Checked mode names these; unchecked runs skip them rather than write elsewhere.
     if (pos < 0 || pos >= c.capacity) return;
     if (c.kind == 2 && sequence_length(c, seq_lens, s) == 0) return;

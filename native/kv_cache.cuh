@@ -17,6 +17,13 @@
 
 #include "common.cuh"
 
+// New token t of a sequence of len tokens, whose last q_len are the new ones, sits at position
+// len - q_len + t: where kv_append writes it and up to where decode_attention's row of it
+// attends. A macro, not a function: written as a call, the same arithmetic gave the decode
+// partial kernels other SASS (other register choices, and 40 more instructions in the
+// tensor-core tile).
+#define OPFACADE_TOKEN_POSITION(len, q_len, t) ((len) - (q_len) + (t))
+
 namespace kv_cache {
 
 struct Cache {
