@@ -369,14 +369,7 @@ __device__ __forceinline__ void dmma_16x8x16(double (&c)[4], const double (&a)[8
 #endif
 }
 
-// s[r][c] = Q[row0 + r] . K[tx + 16 c] over D, in dot_rows's layout (thread (ty, tx), row0 =
-// ty * R), for CTAs whose warp w holds rows 16w..16w+15 (R = 8: half-warp h of it rows 8h..).
-// Warp w multiplies its 16 rows by the keys in passes of 32 (16 f64 accumulators a lane; lane
-// (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, keys 8n + 2t and 8n + 2t + 1 of tile n,
-// the PTX fragment layout) and hands each pass's scores to the lanes that own them through its
-// own exchange tile in shared memory. Operands are read as f32 from the row-major Q and K tiles
-// (row stride D + kPad: the 32 lanes of each load hit 32 banks) and widened to f64.
-// How many 32-key passes share each k-step's Q operands (kGroup, all of them below D = 96),
+// How many 32-key passes share each k-step's Q operands (GROUP: all of them where D <= 64),
 // and how far the k-steps unroll. H100, B4 H16 S2048 (scripts/f32_time.py, one call): at d64
 // all passes at once, unrolled 4, ran 1.636 ms against 1.748 for one pass at a time, unrolled 2
 // (causal 0.841 against 0.873); at d128 that lost (3.364 against 3.288 ms), as did unrolling 4 or
@@ -386,6 +379,13 @@ struct DmmaPasses {
     static constexpr int GROUP = D <= 64 ? C / 2 : 1, UNROLL = D <= 64 ? 4 : 2;
 };
 
+// s[r][c] = Q[row0 + r] . K[tx + 16 c] over D, in dot_rows's layout (thread (ty, tx), row0 =
+// ty * R), for CTAs whose warp w holds rows 16w..16w+15 (R = 8: half-warp h of it rows 8h..).
+// Warp w multiplies its 16 rows by the keys in passes of 32 (16 f64 accumulators a lane; lane
+// (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, keys 8n + 2t and 8n + 2t + 1 of tile n,
+// the PTX fragment layout) and hands each pass's scores to the lanes that own them through its
+// own exchange tile in shared memory. Operands are read as f32 from the row-major Q and K tiles
+// (row stride D + kPad: the 32 lanes of each load hit 32 banks) and widened to f64.
 template <int R, int C, int D>
 __device__ __forceinline__ void dot_rows_dmma(float (&s)[R][C], const float* q, const float* k,
                                               float* exchange) {
