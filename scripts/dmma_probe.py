@@ -117,6 +117,52 @@ extern "C" __global__ void mma_conv0(double* out, int iters) { conv_mix<0>(out, 
 extern "C" __global__ void mma_conv6(double* out, int iters) { conv_mix<6>(out, iters, true); }
 extern "C" __global__ void mma_conv12(double* out, int iters) { conv_mix<12>(out, iters, true); }
 
+
+// m16n8k16 f64 fed from f32 tiles in shared memory, as the MMA forward's scores are (and as a
+// forward with P V on DMMA too would be): per k-step a warp loads and widens its 16 x 16 A
+// fragment, then NT 16 x 8 B fragments, one mma each. Row stride 132 floats (the kernels'
+// D + 4): every load of a fragment element hits 32 banks. ITERS passes over a 64 x 128 tile.
+template <int NT>
+__device__ void smem_fed(double* out, int iters) {
+    extern __shared__ float tiles[];
+    constexpr int LD = 132;
+    float* qt = tiles;               // 64 x 128
+    float* kt = tiles + 64 * LD;     // 64 x 128
+    for (int i = threadIdx.x; i < 2 * 64 * LD; i += blockDim.x) tiles[i] = 1e-3f * (i % 97);
+    __syncthreads();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    const float* qa = qt + ((w & 3) * 16 + g) * LD + t;
+    const float* kb = kt + g * LD + t;
+    double acc[NT][4] = {};
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll 2
+        for (int kk = 0; kk < 128; kk += 16) {
+            double a[8];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[2 * i] = qa[kk + 4 * i];
+                a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                double b[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
+                             "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
+                             : "+d"(acc[n][0]), "+d"(acc[n][1]), "+d"(acc[n][2]), "+d"(acc[n][3])
+                             : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]),
+                               "d"(a[6]), "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+            }
+        }
+    }
+    double sum = 0;
+    for (int n = 0; n < NT; ++n) sum += acc[n][0] + acc[n][1] + acc[n][2] + acc[n][3];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
+}
+extern "C" __global__ void smem_fed4(double* out, int iters) { smem_fed<4>(out, iters); }
+extern "C" __global__ void smem_fed8(double* out, int iters) { smem_fed<8>(out, iters); }
+
 extern "C" __global__ void rate_ffma(float* out, int iters) {
     float x[CHAINS], y = 1.0001f * threadIdx.x, z = 0.9999f;
     for (int c = 0; c < CHAINS; ++c) x[c] = c;
@@ -176,6 +222,19 @@ def main():
         grid = sms * 8
         s = timed(lambda fn=fn, grid=grid: fn((grid,), (128,), (out, np.int32(iters // 4))))
         report[name] = round(grid * 4 * (iters // 4) * 8 * 2 * 16 * 8 * 16 / s / 1e12, 2)
+    # Operands from f32 shared tiles, widened per use (4 or 8 B tiles a k-step: 6 or 5
+    # widenings an mma), two 128-thread CTAs an SM and one of 256 threads.
+    smem, reps = 2 * 64 * 132 * 4, 64
+    for name, tiles in (("smem_fed4", 4), ("smem_fed8", 8)):
+        fn = module.get_function(name)
+        fn.max_dynamic_shared_size_bytes = smem
+        for blocks_per_sm, threads in ((2, 128), (1, 256)):
+            grid = sms * blocks_per_sm
+            s = timed(lambda fn=fn, grid=grid, threads=threads: fn(
+                (grid,), (threads,), (out, np.int32(reps)), shared_mem=smem))
+            mmas = grid * threads // 32 * reps * 8 * tiles
+            report[f"{name} {blocks_per_sm}x{threads}"] = round(
+                mmas * 2 * 16 * 8 * 16 / s / 1e12, 2)
     outf = cp.zeros(sms * 16 * 256, dtype=cp.float32)
     fn = module.get_function("rate_ffma")
     grid = sms * 8
