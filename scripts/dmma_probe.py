@@ -10,6 +10,19 @@ import cupy as cp
 import numpy as np
 
 SOURCE = r"""
+// The two f64 mma shapes, D = A B + C in place (fragment layouts: layout_k16, layout_k4).
+__device__ __forceinline__ void mma16(double (&c)[4], const double (&a)[8], const double (&b)[4]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
+                 : "+d"(c[0]), "+d"(c[1]), "+d"(c[2]), "+d"(c[3])
+                 : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]),
+                   "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+}
+
+__device__ __forceinline__ void mma4(double& c0, double& c1, double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};"
+                 : "+d"(c0), "+d"(c1) : "d"(a), "d"(b));
+}
 extern "C" __global__ void layout_k16(const double* a, const double* b, double* d) {
     // A 16x16 row-major, B 16x8 row-major (k x n), D 16x8 row-major.
     int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
@@ -19,11 +32,7 @@ extern "C" __global__ void layout_k16(const double* a, const double* b, double* 
         A[2 * i + 1] = a[(g + 8) * 16 + t + 4 * i];
         B[i] = b[(t + 4 * i) * 8 + g];
     }
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
-                 : "+d"(C[0]), "+d"(C[1]), "+d"(C[2]), "+d"(C[3])
-                 : "d"(A[0]), "d"(A[1]), "d"(A[2]), "d"(A[3]), "d"(A[4]), "d"(A[5]), "d"(A[6]),
-                   "d"(A[7]), "d"(B[0]), "d"(B[1]), "d"(B[2]), "d"(B[3]));
+    mma16(C, A, B);
     d[g * 8 + 2 * t] = C[0];
     d[g * 8 + 2 * t + 1] = C[1];
     d[(g + 8) * 8 + 2 * t] = C[2];
@@ -34,8 +43,7 @@ extern "C" __global__ void layout_k4(const double* a, const double* b, double* d
     // A 8x4, B 4x8, D 8x8, row-major.
     int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
     double A = a[g * 4 + t], B = b[t * 8 + g], C0 = 0, C1 = 0;
-    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};"
-                 : "+d"(C0), "+d"(C1) : "d"(A), "d"(B));
+    mma4(C0, C1, A, B);
     d[g * 8 + 2 * t] = C0;
     d[g * 8 + 2 * t + 1] = C1;
 }
@@ -49,11 +57,7 @@ extern "C" __global__ void rate_k16(double* out, int iters) {
     for (int it = 0; it < iters; ++it) {
 #pragma unroll
         for (int c = 0; c < CHAINS; ++c)
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
-                         "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
-                         : "+d"(C[c][0]), "+d"(C[c][1]), "+d"(C[c][2]), "+d"(C[c][3])
-                         : "d"(A[0]), "d"(A[1]), "d"(A[2]), "d"(A[3]), "d"(A[4]), "d"(A[5]),
-                           "d"(A[6]), "d"(A[7]), "d"(B[0]), "d"(B[1]), "d"(B[2]), "d"(B[3]));
+            mma16(C[c], A, B);
     }
     double s = 0;
     for (int c = 0; c < CHAINS; ++c) for (int i = 0; i < 4; ++i) s += C[c][i];
@@ -66,9 +70,7 @@ extern "C" __global__ void rate_k4(double* out, int iters) {
     for (int it = 0; it < iters; ++it) {
 #pragma unroll
         for (int c = 0; c < CHAINS; ++c)
-            asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 "
-                         "{%0,%1}, {%2}, {%3}, {%0,%1};"
-                         : "+d"(C[c][0]), "+d"(C[c][1]) : "d"(A), "d"(B));
+            mma4(C[c][0], C[c][1], A, B);
     }
     double s = 0;
     for (int c = 0; c < CHAINS; ++c) s += C[c][0] + C[c][1];
@@ -94,11 +96,7 @@ __device__ void conv_mix(double* out, int iters, bool with_mma) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) b[i] = i + 8 < CONV ? (double)src[(i + c) & 7] : 2e-3 * i;
             if (with_mma) {
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
-                             "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
-                             : "+d"(C[c][0]), "+d"(C[c][1]), "+d"(C[c][2]), "+d"(C[c][3])
-                             : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]),
-                               "d"(a[6]), "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+                mma16(C[c], a, b);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) acc += a[i];
@@ -148,11 +146,7 @@ __device__ void smem_fed(double* out, int iters) {
                 double b[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0,%1,%2,%3}, "
-                             "{%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, {%0,%1,%2,%3};"
-                             : "+d"(acc[n][0]), "+d"(acc[n][1]), "+d"(acc[n][2]), "+d"(acc[n][3])
-                             : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]),
-                               "d"(a[6]), "d"(a[7]), "d"(b[0]), "d"(b[1]), "d"(b[2]), "d"(b[3]));
+                mma16(acc[n], a, b);
             }
         }
     }
