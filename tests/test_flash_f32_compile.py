@@ -49,15 +49,19 @@ def test_every_instantiation_compiles_for_sm90(cubin):
 
 # Shared memory a block may opt in to: an H100's (the wide d128 forward fits) and an RTX 4090's.
 SM90_SHARED, SM89_SHARED = 227 << 10, 99 << 10
-SHARED_ARCH = {SM90_SHARED: ArchSku.sm90, SM89_SHARED: ArchSku.sm89}
 
 
-def _launches(monkeypatch, shared_per_block: int = SM90_SHARED) -> list[tuple]:
-    """Records launches (kernel name, grid, block, args, shared bytes) in place of an H100
-    (SM90_SHARED) or an RTX 4090 (SM89_SHARED)."""
+def test_the_launcher_knows_each_architectures_shared_memory():
+    assert flash.SHARED_PER_BLOCK[ArchSku.sm90] == SM90_SHARED
+    assert flash.SHARED_PER_BLOCK[ArchSku.sm89] == SM89_SHARED
+
+
+def _launches(monkeypatch, arch: ArchSku = ArchSku.sm90) -> list[tuple]:
+    """Records launches (kernel name, grid, block, args, shared bytes) in place of a GPU of
+    ``arch`` (its shared memory a block from flash.SHARED_PER_BLOCK)."""
     launched = []
-    monkeypatch.setattr(flash, "device_arch", lambda device: SHARED_ARCH[shared_per_block])
-    monkeypatch.setattr(flash, "_shared_per_block", lambda device: shared_per_block)
+    monkeypatch.setattr(flash, "device_arch", lambda device: arch)
+    monkeypatch.setattr(flash, "_shared_per_block", lambda device: flash.SHARED_PER_BLOCK[arch])
     monkeypatch.setattr(flash, "_kernel", lambda name, device, shared: name)
     monkeypatch.setattr(flash, "launch", lambda kernel, grid, block, args, stream, device,
                         shared=0: launched.append((kernel, grid, block, args, shared)))
@@ -73,13 +77,12 @@ def _run_both(problem: flash.FlashProblem, strides: flash.FlashStrides | None = 
                         a["dq"], a["dk"], a["dv"], *cu, a["workspace"], strides, 7)()
 
 
-@pytest.mark.parametrize("shared_per_block", [SM90_SHARED, SM89_SHARED], ids=["sm90", "sm89"])
+@pytest.mark.parametrize("arch", [ArchSku.sm90, ArchSku.sm89], ids=["sm90", "sm89"])
 @pytest.mark.parametrize("fields", [VARLEN, DENSE], ids=["varlen", "dense"])
-def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures, fields,
-                                                        shared_per_block):
-    launched = _launches(monkeypatch, shared_per_block)
+def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures, fields, arch):
+    launched = _launches(monkeypatch, arch)
     _run_both(flash.FlashProblem(**fields))
-    h100 = shared_per_block == SM90_SHARED  # the scores on the FP64 tensor cores
+    h100 = arch is ArchSku.sm90  # the scores on the FP64 tensor cores
     assert [name for name, *_ in launched] == [
         "flash_f32_fwd_mma_d128_dv128" if h100 else "flash_f32_fwd_d128_dv128",
         "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
@@ -91,19 +94,12 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
         assert_packed_like_declared(name, args, signatures)
 
 
-def _on(monkeypatch, arch: ArchSku) -> None:
-    """The launcher sees a GPU of ``arch``."""
-    monkeypatch.setattr(flash, "device_arch", lambda device: arch)
-    monkeypatch.setattr(flash, "_shared_per_block", lambda device: flash.SHARED_PER_BLOCK[arch])
-
-
 @pytest.mark.parametrize(("arch", "rows", "mma"), [(ArchSku.sm90, 64, True),
                                                    (ArchSku.sm100, 128, False),
                                                    (ArchSku.sm89, 64, False)],
                          ids=["sm90", "sm100", "sm89"])
 def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, rows, mma):
-    launched = _launches(monkeypatch)
-    _on(monkeypatch, arch)
+    launched = _launches(monkeypatch, arch)
     problem = flash.FlashProblem(**VARLEN)
     _run_both(problem)
     name, grid, _, args, shared = launched[0]
@@ -127,8 +123,7 @@ def test_the_mma_forward_runs_on_sm90_only(monkeypatch):
     for arch, name in ((ArchSku.sm90, "flash_f32_fwd_mma_d64_dv64"),
                        (ArchSku.sm80, "flash_f32_fwd_d64_dv64"),
                        (ArchSku.sm100, "flash_f32_fwd_d64_dv64")):
-        launched = _launches(monkeypatch)
-        _on(monkeypatch, arch)
+        launched = _launches(monkeypatch, arch)
         _run_both(problem)
         assert launched[0][0] == name
         assert launched[0][4] == flash._forward_shared(64, 64, mma=arch is ArchSku.sm90)
