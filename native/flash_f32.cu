@@ -203,9 +203,9 @@ __device__ __forceinline__ void copy_wait() {
 }
 
 // Rows [first, first + ROWS) of a sequence's (b, h) slice into a ROWS x COLS tile (row stride
-// COLS + kPad), as this thread's share of cp.async copies. Rows at or past `len` become zeros:
+// COLS + PAD), as this thread's share of cp.async copies. Rows at or past `len` become zeros:
 // nothing past the sequence is read, and masked scores meet finite values.
-template <int ROWS, int COLS, int THREADS>
+template <int ROWS, int COLS, int THREADS, int PAD = kPad>
 __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& src, int b, int h,
                                           const Span& s, int first, bool vec) {
     constexpr int kChunks = COLS / 4;  // 16-byte copies a row
@@ -217,11 +217,11 @@ __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& 
         constexpr int kStep = THREADS / kChunks;
         const int r0 = threadIdx.x / kChunks, c = (threadIdx.x % kChunks) * 4;
         const float* from = src.at(b, h, s.row0 + first + r0) + c;
-        float* to = tile + r0 * (COLS + kPad) + c;
+        float* to = tile + r0 * (COLS + PAD) + c;
 #pragma unroll
         for (int r = 0; r < ROWS; r += kStep) {
             if (ROWS % kStep != 0 && r0 + r >= ROWS) break;
-            float* dst = to + r * (COLS + kPad);
+            float* dst = to + r * (COLS + PAD);
             if (first + r0 + r < s.len) {
                 copy_async16(dst, from + r * src.tok);
             } else {
@@ -231,7 +231,7 @@ __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& 
     } else if (vec) {
         for (int e = threadIdx.x; e < ROWS * kChunks; e += THREADS) {
             const int r = e / kChunks, c = (e - r * kChunks) * 4;
-            float* dst = tile + r * (COLS + kPad) + c;
+            float* dst = tile + r * (COLS + PAD) + c;
             if (first + r < s.len) {
                 copy_async16(dst, src.at(b, h, s.row0 + first + r) + c);
             } else {
@@ -241,7 +241,7 @@ __device__ __forceinline__ void load_tile(float* tile, const Rows<const float>& 
     } else {
         for (int e = threadIdx.x; e < ROWS * COLS; e += THREADS) {
             const int r = e / COLS, c = e - r * COLS;
-            float* dst = tile + r * (COLS + kPad) + c;
+            float* dst = tile + r * (COLS + PAD) + c;
             if (first + r < s.len) copy_async4(dst, src.at(b, h, s.row0 + first + r) + c);
             else *dst = 0.0f;
         }
@@ -688,6 +688,222 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
     forward_write<R, DV>(m, l, acc, out, lse, b, h, sq, first, tx, p.vec);
 }
 
+// ------------------------------------------------------------- forward, both products on DMMA
+
+// The forward with Q K^T and P V both on sm_90's FP64 tensor cores (flash_f32_fwd_dmma_*): CTA =
+// (64 query rows, head, sequence) of 256 threads. Warp w owns rows 16 (w % 4).. and half
+// w / 4 of each 64-key block for the scores and of Dv for P V, so its f64 output fragment is
+// 16 x Dv/2 (64 registers a lane at Dv = 128). The two warps of a row group exchange their rows'
+// maxima and sums through shared memory and compute the same running max bit for bit. P goes
+// through its own tile (f32, every warp reads all 64 keys of its rows), and K and V have tiles
+// of their own, so the next K streams in under the softmax and P V, the next V under the next
+// scores. Operands are widened from f32 as they are loaded (dot_rows_dmma says why that is
+// exact); P V sums in f64 and the output is divided and rounded once.
+constexpr int kDmmaThreads = 256, kDmmaRows = 64, kDmmaKeys = 64;
+// V's rows are Dv + 8 floats (8 mod 32 banks): the 32 loads of a B fragment (keys t + 4i,
+// column g) then hit 32 banks; Dv + 4 gave two-way conflicts.
+constexpr int kVPad = 8;
+
+template <int D, int DV>
+struct DmmaTiles {
+    static constexpr int Q = kDmmaRows * (D + kPad), K = kDmmaKeys * (D + kPad);
+    static constexpr int V = kDmmaKeys * (DV + kVPad), P = kDmmaRows * (kDmmaKeys + kPad);
+    static constexpr int STATS = 2 * kDmmaRows;  // one value a row from each half of the keys
+    static constexpr int FLOATS = Q + K + V + P + STATS;
+};
+
+template <int D, int DV>
+__device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
+                                             const Rows<const float>& k,
+                                             const Rows<const float>& v, const Rows<float>& out,
+                                             const Rows<float>& lse, const Problem& p) {
+    static_assert(D % 16 == 0 && DV % 16 == 0, "k-steps of 16, output tiles of 8");
+    typedef DmmaTiles<D, DV> T;
+    constexpr int NT = DV / 16;  // a warp's 8-column output tiles: half of Dv
+    constexpr int LQ = D + kPad, LV = DV + kVPad, LP = kDmmaKeys + kPad;
+    const int b = blockIdx.y, h = blockIdx.x, hk = h / p.group;
+    const int i0 = query_block_start(kDmmaRows);
+    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
+    if (i0 >= sq.len) return;
+    const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
+    const Mask mask = make_mask(p, sq.len, skv.len);
+    float* q_tile = shared_tiles<T::FLOATS>();
+    float* k_tile = q_tile + T::Q;
+    float* v_tile = k_tile + T::K;
+    float* p_tile = v_tile + T::V;
+    float* stats = p_tile + T::P;  // [2][64]: each half's row maxima, at the end its row sums
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    const int half = w >> 2, row0 = (w & 3) * 16;  // rows row0 + g and row0 + g + 8
+    const int i_a = i0 + row0 + g, i_b = i_a + 8;
+    const float scale = p.scale * kLog2e;
+
+    double o[NT][4] = {};
+    float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f};
+    const int i_last = min(i0 + kDmmaRows, sq.len) - 1;
+    const int2 blocks = key_blocks(mask, i0, i_last, kDmmaKeys);
+    if (blocks.x <= blocks.y) {
+        load_tile<kDmmaRows, D, kDmmaThreads>(q_tile, q, b, h, sq, i0, p.vec);
+        load_tile<kDmmaKeys, D, kDmmaThreads>(k_tile, k, b, hk, skv, blocks.x * kDmmaKeys, p.vec);
+        copy_commit();
+        load_tile<kDmmaKeys, DV, kDmmaThreads, kVPad>(v_tile, v, b, hk, skv,
+                                                       blocks.x * kDmmaKeys, p.vec);
+        copy_commit();
+    }
+    for (int kb = blocks.x; kb <= blocks.y; ++kb) {
+        const int j0 = kb * kDmmaKeys;
+        copy_wait<1>();  // Q and this K have landed; V may still be in flight
+        __syncthreads();
+        // Scores of rows i_a, i_b against keys j0 + 32 half + 8n + 2t (+1).
+        double acc[4][4] = {};
+        {
+            const float* qa = q_tile + (row0 + g) * LQ + t;
+            const float* kb_ = k_tile + (half * 32 + g) * LQ + t;
+#pragma unroll 2
+            for (int kk = 0; kk < D; kk += 16) {
+                double a[8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    a[2 * i] = qa[kk + 4 * i];
+                    a[2 * i + 1] = qa[8 * LQ + kk + 4 * i];
+                }
+#pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    double bf[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) bf[i] = kb_[n * 8 * LQ + kk + 4 * i];
+                    dmma_16x8x16(acc[n], a, bf);
+                }
+            }
+        }
+        float s[2][8];  // [row a or b][n * 2 + e]
+        const bool whole = whole_block(mask, i0, i_last, j0, kDmmaKeys);
+        const int lo_a = mask.lo(i_a), hi_a = mask.hi(i_a), lo_b = mask.lo(i_b), hi_b = mask.hi(i_b);
+        float block_max[2] = {minus_infinity(), minus_infinity()};
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int j = j0 + half * 32 + 8 * n + 2 * t + e;
+                float sa = (float)acc[n][e] * scale, sb = (float)acc[n][2 + e] * scale;
+                if (!whole) {
+                    sa = j >= lo_a && j <= hi_a ? sa : minus_infinity();
+                    sb = j >= lo_b && j <= hi_b ? sb : minus_infinity();
+                }
+                s[0][2 * n + e] = sa, s[1][2 * n + e] = sb;
+                block_max[0] = fmaxf(block_max[0], sa), block_max[1] = fmaxf(block_max[1], sb);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // over the row's 4 lanes, in a fixed butterfly
+            block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 1));
+            block_max[r] = fmaxf(block_max[r], __shfl_xor_sync(0xffffffffu, block_max[r], 2));
+        }
+        if (t == 0) {
+            stats[half * kDmmaRows + row0 + g] = block_max[0];
+            stats[half * kDmmaRows + row0 + g + 8] = block_max[1];
+        }
+        __syncthreads();  // both halves' maxima are in, and every warp is done with this K
+        if (kb < blocks.y) {
+            load_tile<kDmmaKeys, D, kDmmaThreads>(k_tile, k, b, hk, skv, j0 + kDmmaKeys, p.vec);
+            copy_commit();
+        }
+        double alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + g + 8 * r;
+            const float m_new = fmaxf(m[r], fmaxf(stats[row], stats[kDmmaRows + row]));
+            const float base = m_new == minus_infinity() ? 0.0f : m_new;  // no (-inf) - (-inf)
+            alpha[r] = exp2f(m[r] - base);
+            float sum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                s[r][c] = exp2f(s[r][c] - base);
+                sum += s[r][c];
+            }
+            l[r] = fmaf(l[r], (float)alpha[r], sum);
+            m[r] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            const int col = half * 32 + 8 * n + 2 * t;
+            *reinterpret_cast<float2*>(p_tile + (row0 + g) * LP + col) =
+                make_float2(s[0][2 * n], s[0][2 * n + 1]);
+            *reinterpret_cast<float2*>(p_tile + (row0 + g + 8) * LP + col) =
+                make_float2(s[1][2 * n], s[1][2 * n + 1]);
+        }
+        if (kb < blocks.y) {
+            copy_wait<1>();  // this V has landed; the next K may still be in flight
+        } else {
+            copy_wait<0>();  // no next K: this V is the newest group
+        }
+        __syncthreads();  // P is whole
+        {
+            const float* pa = p_tile + (row0 + g) * LP + t;
+            const float* vb = v_tile + t * LV + half * (DV / 2) + g;
+#pragma unroll 2
+            for (int kk = 0; kk < kDmmaKeys; kk += 16) {
+                double a[8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    a[2 * i] = pa[kk + 4 * i];
+                    a[2 * i + 1] = pa[8 * LP + kk + 4 * i];
+                }
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    double bf[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) bf[i] = vb[(kk + 4 * i) * LV + 8 * n];
+                    dmma_16x8x16(o[n], a, bf);
+                }
+            }
+        }
+        __syncthreads();  // P and V are consumed: the next V may land
+        if (kb < blocks.y) {
+            load_tile<kDmmaKeys, DV, kDmmaThreads, kVPad>(v_tile, v, b, hk, skv, j0 + kDmmaKeys,
+                                                           p.vec);
+            copy_commit();
+        }
+    }
+    // Row sums: this lane's share over the row's 4 lanes, then the two halves in order.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    __syncthreads();  // every warp is past its last read of the maxima
+    if (t == 0) {
+        stats[half * kDmmaRows + row0 + g] = l[0];
+        stats[half * kDmmaRows + row0 + g + 8] = l[1];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + g + 8 * r, i = i0 + row;
+        if (i >= sq.len) continue;
+        const float sum = stats[row] + stats[kDmmaRows + row];
+        const i64 tok = sq.row0 + i;
+        float* out_row = out.at(b, h, tok) + half * (DV / 2) + 2 * t;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float x = sum > 0.0f ? (float)(o[n][2 * r] / sum) : 0.0f;
+            const float y = sum > 0.0f ? (float)(o[n][2 * r + 1] / sum) : 0.0f;
+            if (p.vec) {
+                *reinterpret_cast<float2*>(out_row + 8 * n) = make_float2(x, y);
+            } else {
+                out_row[8 * n] = x, out_row[8 * n + 1] = y;
+            }
+        }
+        // lse in natural log: m counts in base 2.
+        if (half == 0 && t == 0) {
+            *lse.at(b, h, tok) = sum > 0.0f ? fmaf(m[r], kLn2, logf(sum)) : minus_infinity();
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------- backward
 
 // Query block qb's turn counter (head h of sequence b): workspace [B][Hq][query blocks].
@@ -1031,6 +1247,13 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
 #define FLASH_KERNELS(D, DV)                                                                    \
     FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false, false)                             \
     FLASH_FORWARD(flash_f32_fwd_mma_d##D##_dv##DV, D, DV, false, true)                          \
+    extern "C" __global__ void __launch_bounds__(kDmmaThreads, 1) flash_f32_fwd_dmma_d##D##_dv##DV( \
+        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), FLASH_OUT(lse),                  \
+        FLASH_PROBLEM_PARAMS) {                                                                  \
+        forward_dmma<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
+                            FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
+                            FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
+    }                                                                                           \
     extern "C" __global__ void __launch_bounds__(kDkdvThreads, ctas_per_sm(D, DV))              \
         flash_f32_bwd_dkdv_d##D##_dv##DV(                                                       \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \

@@ -62,6 +62,10 @@ WIDE_FORWARD_DIMS = ((128, 128),)
 # warp of such a CTA hands its scores over through 16 rows of 32 + 2 floats of its own.
 MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
 EXCHANGE_FLOATS = 16 * (32 + 2)
+# The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma):
+# 256 threads, 64 rows and 64 keys a block, V's rows padded by 8 floats.
+DMMA_FORWARD = False
+DMMA_THREADS, DMMA_V_PAD = 256, 8
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
 # Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
@@ -86,6 +90,13 @@ def _forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> i
     return _FLOAT * (_tile(rows, d) + k_or_p + _tile(keys, dv) + exchange)
 
 
+def _dmma_forward_shared(d: int, dv: int) -> int:
+    # Q, K, V, P, and one value a row from each half of the keys (DmmaTiles).
+    rows = keys = FORWARD_ROWS
+    return _FLOAT * (_tile(rows, d) + _tile(keys, d) + keys * (dv + DMMA_V_PAD)
+                     + _tile(rows, keys) + 2 * rows)
+
+
 def _dkdv_shared(d: int, dv: int) -> int:
     return _FLOAT * (_tile(DKDV_KEYS, d) + _tile(DKDV_KEYS, dv) + _tile(DKDV_ROWS, d)
                      + _tile(DKDV_ROWS, dv) + _tile(DKDV_ROWS, DKDV_KEYS))
@@ -102,7 +113,8 @@ def kernel_names() -> list[str]:
     names = ["flash_f32_bwd_delta"]
     for d, dv in HEAD_DIMS:
         names += [f"flash_f32_{kind}_d{d}_dv{dv}" for kind in ("fwd", "bwd_dkdv")]
-    names += [f"flash_f32_fwd_mma_d{d}_dv{dv}" for d, dv in HEAD_DIMS]
+    names += [f"flash_f32_fwd_{kind}_d{d}_dv{dv}" for d, dv in HEAD_DIMS
+              for kind in ("mma", "dmma")]
     return names + [f"flash_f32_fwd_wide_d{d}_dv{dv}" for d, dv in WIDE_FORWARD_DIMS]
 
 
@@ -438,6 +450,9 @@ def forward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, out
         return lambda: None
     shared = _forward_shared(problem.head_dim, problem.head_dim_v, wide, mma)
     kind = "fwd" + ("_wide" if wide else "") + ("_mma" if mma else "")
+    if mma and DMMA_FORWARD:
+        kind, threads = "fwd_dmma", DMMA_THREADS
+        shared = _dmma_forward_shared(problem.head_dim, problem.head_dim_v)
     kernel = _kernel(f"flash_f32_{kind}_{_suffix(problem)}", device, shared)
 
     def run_forward() -> None:
