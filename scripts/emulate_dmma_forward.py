@@ -1,6 +1,7 @@
 """CPU emulation of branch exp/dmma-forward's forward_dmma (native/flash_f32.cu), transcribed
 per warp and lane, with mma.sync m16n8k16 f64 done through the PTX fragment layouts that
 scripts/dmma_probe.py verified on an H100. Compares against a float64 softmax attention."""
+
 import numpy as np
 
 ROWS = KEYS = 64
@@ -10,7 +11,9 @@ LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 
 def mma(c_frags, a_frags, b_frags):
     """c_frags[lane][4], a_frags[lane][8], b_frags[lane][4] -> new c_frags (D = A B + C)."""
-    A = np.zeros((16, 16)); B = np.zeros((16, 8)); C = np.zeros((16, 8))
+    A = np.zeros((16, 16))
+    B = np.zeros((16, 8))
+    C = np.zeros((16, 8))
     for lane in range(32):
         g, t = lane >> 2, lane & 3
         for i in range(4):
@@ -54,26 +57,29 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
     len_q, len_kv = Q.shape[0], K.shape[0]
     LQ, LV, LP = D + PAD, DV + VPAD, KEYS + PAD
     f32 = np.float32
-    q_tile = np.zeros(ROWS * LQ, f32); k_tile = np.zeros(KEYS * LQ, f32)
-    v_tile = np.zeros(KEYS * LV, f32); p_tile = np.zeros(ROWS * LP, f32)
+    q_tile = np.zeros(ROWS * LQ, f32)
+    k_tile = np.zeros(KEYS * LQ, f32)
+    v_tile = np.zeros(KEYS * LV, f32)
+    p_tile = np.zeros(ROWS * LP, f32)
     stats = np.zeros(2 * ROWS, f32)
     for r in range(ROWS):
         if i0 + r < len_q:
-            q_tile[r * LQ:r * LQ + D] = Q[i0 + r]
+            q_tile[r * LQ : r * LQ + D] = Q[i0 + r]
 
     def load_kv(j0):
-        k_tile[:] = 0; v_tile[:] = 0
+        k_tile[:] = 0
+        v_tile[:] = 0
         for r in range(KEYS):
             if j0 + r < len_kv:
-                k_tile[r * LQ:r * LQ + D] = K[j0 + r]
-                v_tile[r * LV:r * LV + DV] = V[j0 + r]
+                k_tile[r * LQ : r * LQ + D] = K[j0 + r]
+                v_tile[r * LV : r * LV + DV] = V[j0 + r]
 
     NT = DV // 16
     sc = f32(scale * LOG2E)
     warps = range(8)
-    o = {(w, l): np.zeros((NT, 4)) for w in warps for l in range(32)}
-    m = {(w, l): [f32(-np.inf)] * 2 for w in warps for l in range(32)}
-    lsum = {(w, l): [f32(0)] * 2 for w in warps for l in range(32)}
+    o = {(w, ln): np.zeros((NT, 4)) for w in warps for ln in range(32)}
+    m = {(w, ln): [f32(-np.inf)] * 2 for w in warps for ln in range(32)}
+    lsum = {(w, ln): [f32(0)] * 2 for w in warps for ln in range(32)}
     i_last = min(i0 + ROWS, len_q) - 1
     j_lo, j_hi = mask.lo(i0), mask.hi(i_last)
     bx, by = j_lo // KEYS, (j_hi // KEYS if j_hi >= j_lo else j_lo // KEYS - 1)
@@ -90,8 +96,18 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 for lane in range(32):
                     g, t = lane >> 2, lane & 3
                     qa = (row0 + g) * LQ + t
-                    a.append(sum(([float(q_tile[qa + kk + 4 * i]),
-                                   float(q_tile[qa + 8 * LQ + kk + 4 * i])] for i in range(4)), []))
+                    a.append(
+                        sum(
+                            (
+                                [
+                                    float(q_tile[qa + kk + 4 * i]),
+                                    float(q_tile[qa + 8 * LQ + kk + 4 * i]),
+                                ]
+                                for i in range(4)
+                            ),
+                            [],
+                        )
+                    )
                 for n in range(4):
                     bfr = []
                     for lane in range(32):
@@ -102,13 +118,15 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
             bm = {}
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
-                i_a = i0 + row0 + g; i_b = i_a + 8
+                i_a = i0 + row0 + g
+                i_b = i_a + 8
                 s = [[0] * 8, [0] * 8]
                 bmax = [f32(-np.inf)] * 2
                 for n in range(4):
                     for e in range(2):
                         j = j0 + half * 32 + 8 * n + 2 * t + e
-                        sa = f32(f32(acc[n][lane][e]) * sc); sb = f32(f32(acc[n][lane][2 + e]) * sc)
+                        sa = f32(f32(acc[n][lane][e]) * sc)
+                        sb = f32(f32(acc[n][lane][2 + e]) * sc)
                         if not whole:
                             sa = sa if mask.lo(i_a) <= j <= mask.hi(i_a) else f32(-np.inf)
                             sb = sb if mask.lo(i_b) <= j <= mask.hi(i_b) else f32(-np.inf)
@@ -140,11 +158,16 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                         tot = f32(tot + s[r][c])
                     lsum[(w, lane)][r] = f32(lsum[(w, lane)][r] * f32(alpha[r]) + tot)
                     m[(w, lane)][r] = m_new
-                o[(w, lane)][:, 0:2] *= alpha[0]; o[(w, lane)][:, 2:4] *= alpha[1]
+                o[(w, lane)][:, 0:2] *= alpha[0]
+                o[(w, lane)][:, 2:4] *= alpha[1]
                 for n in range(4):
                     col = half * 32 + 8 * n + 2 * t
-                    p_tile[(row0 + g) * LP + col:(row0 + g) * LP + col + 2] = s[0][2 * n:2 * n + 2]
-                    p_tile[(row0 + g + 8) * LP + col:(row0 + g + 8) * LP + col + 2] = s[1][2 * n:2 * n + 2]
+                    p_tile[(row0 + g) * LP + col : (row0 + g) * LP + col + 2] = s[0][
+                        2 * n : 2 * n + 2
+                    ]
+                    p_tile[(row0 + g + 8) * LP + col : (row0 + g + 8) * LP + col + 2] = s[1][
+                        2 * n : 2 * n + 2
+                    ]
         # sync; P V
         for w in warps:
             half, row0 = w >> 2, (w & 3) * 16
@@ -153,25 +176,40 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 for lane in range(32):
                     g, t = lane >> 2, lane & 3
                     pa = (row0 + g) * LP + t
-                    a.append(sum(([float(p_tile[pa + kk + 4 * i]),
-                                   float(p_tile[pa + 8 * LP + kk + 4 * i])] for i in range(4)), []))
+                    a.append(
+                        sum(
+                            (
+                                [
+                                    float(p_tile[pa + kk + 4 * i]),
+                                    float(p_tile[pa + 8 * LP + kk + 4 * i]),
+                                ]
+                                for i in range(4)
+                            ),
+                            [],
+                        )
+                    )
                 for n in range(NT):
                     bfr = []
                     for lane in range(32):
                         g, t = lane >> 2, lane & 3
                         vb = t * LV + half * (DV // 2) + g
-                        bfr.append([float(v_tile[vb + (kk + 4 * i) * LV + 8 * n]) for i in range(4)])
+                        bfr.append(
+                            [float(v_tile[vb + (kk + 4 * i) * LV + 8 * n]) for i in range(4)]
+                        )
                     cf = [list(o[(w, lane)][n]) for lane in range(32)]
                     res = mma(cf, a, bfr)
                     for lane in range(32):
                         o[(w, lane)][n] = res[lane]
-    out = np.full((ROWS, DV), np.nan); lse = np.full(ROWS, np.nan)
+    out = np.full((ROWS, DV), np.nan)
+    lse = np.full(ROWS, np.nan)
     stats[:] = 0
     for w in warps:
         half, row0 = w >> 2, (w & 3) * 16
         for g in range(8):
             for r in range(2):
-                stats[half * ROWS + row0 + g + 8 * r] = sum(lsum[(w, 4 * g + u)][r] for u in range(4))
+                stats[half * ROWS + row0 + g + 8 * r] = sum(
+                    lsum[(w, 4 * g + u)][r] for u in range(4)
+                )
     for w in warps:
         half, row0 = w >> 2, (w & 3) * 16
         for lane in range(32):
@@ -184,7 +222,8 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 for n in range(NT):
                     for e in range(2):
                         out[row, half * (DV // 2) + 8 * n + 2 * t + e] = (
-                            o[(w, lane)][n][2 * r + e] / tot if tot > 0 else 0.0)
+                            o[(w, lane)][n][2 * r + e] / tot if tot > 0 else 0.0
+                        )
                 if half == 0 and t == 0:
                     lse[row] = m[(w, lane)][r] * LN2 + np.log(tot) if tot > 0 else -np.inf
     return out, lse
@@ -202,27 +241,31 @@ def reference(Q, K, V, scale, mask):
     p = np.where(np.isfinite(s), np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0)
     den = p.sum(axis=1)
     out = np.where(den[:, None] > 0, (p @ Vd) / np.where(den > 0, den, 1)[:, None], 0)
-    lse = np.where(ok & (den > 0), np.log(np.where(den > 0, den, 1)) + np.where(ok, mx[:, 0], 0), -np.inf)
+    lse = np.where(
+        ok & (den > 0), np.log(np.where(den > 0, den, 1)) + np.where(ok, mx[:, 0], 0), -np.inf
+    )
     return out, lse
 
 
 if __name__ == "__main__":
     rng = np.random.default_rng(0)
-    for (lq, lkv, D, DV, causal, left, right) in [(70, 150, 32, 32, 2, -1, -1),
-                                                  (64, 64, 16, 32, 0, -1, -1),
-                                                  (100, 130, 32, 16, 1, 20, -1),
-                                                  (40, 100, 16, 16, 2, 30, 0)]:
+    for lq, lkv, D, DV, causal, left, right in [
+        (70, 150, 32, 32, 2, -1, -1),
+        (64, 64, 16, 32, 0, -1, -1),
+        (100, 130, 32, 16, 1, 20, -1),
+        (40, 100, 16, 16, 2, 30, 0),
+    ]:
         Q = rng.uniform(-1, 1, (lq, D)).astype(np.float32)
         K = rng.uniform(-1, 1, (lkv, D)).astype(np.float32)
         V = rng.uniform(-1, 1, (lkv, DV)).astype(np.float32)
         mask = Mask(lq, lkv, causal, left, right)
-        ref_out, ref_lse = reference(Q, K, V, D ** -0.5, mask)
+        ref_out, ref_lse = reference(Q, K, V, D**-0.5, mask)
         worst = 0.0
         for i0 in range(0, lq, 64):
-            out, lse = forward_cta(Q, K, V, i0, D, DV, D ** -0.5, mask)
+            out, lse = forward_cta(Q, K, V, i0, D, DV, D**-0.5, mask)
             n = min(64, lq - i0)
-            worst = max(worst, np.abs(out[:n] - ref_out[i0:i0 + n]).max())
-            fin = np.isfinite(ref_lse[i0:i0 + n])
-            assert np.array_equal(fin, np.isfinite(lse[:n])), (i0, lse[:n], ref_lse[i0:i0 + n])
-            worst = max(worst, np.abs(lse[:n][fin] - ref_lse[i0:i0 + n][fin]).max(initial=0))
+            worst = max(worst, np.abs(out[:n] - ref_out[i0 : i0 + n]).max())
+            fin = np.isfinite(ref_lse[i0 : i0 + n])
+            assert np.array_equal(fin, np.isfinite(lse[:n])), (i0, lse[:n], ref_lse[i0 : i0 + n])
+            worst = max(worst, np.abs(lse[:n][fin] - ref_lse[i0 : i0 + n][fin]).max(initial=0))
         print(lq, lkv, D, DV, causal, left, right, "worst", worst)
