@@ -236,7 +236,7 @@ def reference(Q, K, V, scale, mask):
         for j in range(K.shape[0]):
             if not (mask.lo(i) <= j <= mask.hi(i)):
                 s[i, j] = -np.inf
-    mx = s.max(axis=1, keepdims=True)
+    mx = s.max(axis=1, keepdims=True, initial=-np.inf)
     ok = np.isfinite(mx[:, 0])
     p = np.where(np.isfinite(s), np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0)
     den = p.sum(axis=1)
@@ -254,6 +254,8 @@ if __name__ == "__main__":
         (64, 64, 16, 32, 0, -1, -1),
         (100, 130, 32, 16, 1, 20, -1),
         (40, 100, 16, 16, 2, 30, 0),
+        (100, 40, 16, 16, 2, -1, -1),  # bottom-right, taller than wide: rows without keys
+        (64, 0, 16, 16, 0, -1, -1),  # no keys at all
     ]:
         Q = rng.uniform(-1, 1, (lq, D)).astype(np.float32)
         K = rng.uniform(-1, 1, (lkv, D)).astype(np.float32)
