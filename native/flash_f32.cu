@@ -699,15 +699,32 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
 // of their own, so the next K streams in under the softmax and P V, the next V under the next
 // scores. Operands are widened from f32 as they are loaded (dot_rows_dmma says why that is
 // exact); P V sums in f64 and the output is divided and rounded once.
+//
+// Operands load as vectors. An mma sums over its 16 k-indices in an order of its own, so which
+// element a lane's fragment slot holds along k is free as long as A and B agree: in Q K^T lane t
+// holds d = 4t..4t+3 of each k-step (one float4 a row of Q or K, where the PTX order, t + 4i,
+// takes four scalar loads), and in P V keys 2t, 2t+1, 2t+8, 2t+9 (two float2 of P). The output
+// columns are permuted the same way: B's column g of 8-column tile n is the warp's column
+// dmma_column(n, g), so a lane's V values of four tiles are one float4.
 constexpr int kDmmaThreads = 256, kDmmaRows = 64, kDmmaKeys = 64;
-// V's rows are Dv + 8 floats (8 mod 32 banks): the 32 loads of a B fragment (keys t + 4i,
-// column g) then hit 32 banks; Dv + 4 gave two-way conflicts.
-constexpr int kVPad = 8;
+// Row pads, each the one that makes its loads conflict-free: Q and K rows are D + 16 floats (16
+// mod 32 banks: rows g and g + 1 of a quarter-warp's float4 loads fill 32 banks), V's Dv + 4
+// (lanes t read rows 2t apart, 8 banks), P's 64 + 8 (rows g 8 banks apart, for the float2
+// loads and stores).
+constexpr int kDmmaQkPad = 16, kVPad = 4, kDmmaPPad = 8;
+
+// Tile n's B column c (c = g) or output column c (c = 2t + e) is this column of the warp's half
+// of Dv: tiles go in chunks of 4 (2 where fewer are left), and lane g holds chunk columns
+// w g .. w g + w - 1, one vector.
+template <int NT>
+__device__ __forceinline__ constexpr int dmma_column(int n, int c) {
+    return 32 * (n / 4) + (NT - n / 4 * 4 >= 4 ? 4 : NT - n / 4 * 4) * c + n % 4;
+}
 
 template <int D, int DV>
 struct DmmaTiles {
-    static constexpr int Q = kDmmaRows * (D + kPad), K = kDmmaKeys * (D + kPad);
-    static constexpr int V = kDmmaKeys * (DV + kVPad), P = kDmmaRows * (kDmmaKeys + kPad);
+    static constexpr int Q = kDmmaRows * (D + kDmmaQkPad), K = kDmmaKeys * (D + kDmmaQkPad);
+    static constexpr int V = kDmmaKeys * (DV + kVPad), P = kDmmaRows * (kDmmaKeys + kDmmaPPad);
     static constexpr int STATS = 2 * kDmmaRows;  // one value a row from each half of the keys
     static constexpr int FLOATS = Q + K + V + P + STATS;
 };
@@ -717,10 +734,10 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
                                              const Rows<const float>& k,
                                              const Rows<const float>& v, const Rows<float>& out,
                                              const Rows<float>& lse, const Problem& p) {
-    static_assert(D % 16 == 0 && DV % 16 == 0, "k-steps of 16, output tiles of 8");
+    static_assert(D % 16 == 0 && DV % 32 == 0, "k-steps of 16, output tiles in pairs");
     typedef DmmaTiles<D, DV> T;
     constexpr int NT = DV / 16;  // a warp's 8-column output tiles: half of Dv
-    constexpr int LQ = D + kPad, LV = DV + kVPad, LP = kDmmaKeys + kPad;
+    constexpr int LQ = D + kDmmaQkPad, LV = DV + kVPad, LP = kDmmaKeys + kDmmaPPad;
     const int b = blockIdx.y, h = blockIdx.x, hk = h / p.group;
     const int i0 = query_block_start(kDmmaRows);
     const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
@@ -742,8 +759,9 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
     const int i_last = min(i0 + kDmmaRows, sq.len) - 1;
     const int2 blocks = key_blocks(mask, i0, i_last, kDmmaKeys);
     if (blocks.x <= blocks.y) {
-        load_tile<kDmmaRows, D, kDmmaThreads>(q_tile, q, b, h, sq, i0, p.vec);
-        load_tile<kDmmaKeys, D, kDmmaThreads>(k_tile, k, b, hk, skv, blocks.x * kDmmaKeys, p.vec);
+        load_tile<kDmmaRows, D, kDmmaThreads, kDmmaQkPad>(q_tile, q, b, h, sq, i0, p.vec);
+        load_tile<kDmmaKeys, D, kDmmaThreads, kDmmaQkPad>(k_tile, k, b, hk, skv,
+                                                          blocks.x * kDmmaKeys, p.vec);
         copy_commit();
         load_tile<kDmmaKeys, DV, kDmmaThreads, kVPad>(v_tile, v, b, hk, skv,
                                                        blocks.x * kDmmaKeys, p.vec);
@@ -756,21 +774,17 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         // Scores of rows i_a, i_b against keys j0 + 32 half + 8n + 2t (+1).
         double acc[4][4] = {};
         {
-            const float* qa = q_tile + (row0 + g) * LQ + t;
-            const float* kb_ = k_tile + (half * 32 + g) * LQ + t;
+            const float* qa = q_tile + (row0 + g) * LQ + 4 * t;
+            const float* kb_ = k_tile + (half * 32 + g) * LQ + 4 * t;
 #pragma unroll 2
             for (int kk = 0; kk < D; kk += 16) {
-                double a[8];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    a[2 * i] = qa[kk + 4 * i];
-                    a[2 * i + 1] = qa[8 * LQ + kk + 4 * i];
-                }
+                const float4 x = *reinterpret_cast<const float4*>(qa + kk);
+                const float4 y = *reinterpret_cast<const float4*>(qa + 8 * LQ + kk);
+                const double a[8] = {x.x, y.x, x.y, y.y, x.z, y.z, x.w, y.w};
 #pragma unroll
                 for (int n = 0; n < 4; ++n) {
-                    double bf[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) bf[i] = kb_[n * 8 * LQ + kk + 4 * i];
+                    const float4 z = *reinterpret_cast<const float4*>(kb_ + n * 8 * LQ + kk);
+                    const double bf[4] = {z.x, z.y, z.z, z.w};
                     dmma_16x8x16(acc[n], a, bf);
                 }
             }
@@ -804,7 +818,8 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         }
         __syncthreads();  // both halves' maxima are in, and every warp is done with this K
         if (kb < blocks.y) {
-            load_tile<kDmmaKeys, D, kDmmaThreads>(k_tile, k, b, hk, skv, j0 + kDmmaKeys, p.vec);
+            load_tile<kDmmaKeys, D, kDmmaThreads, kDmmaQkPad>(k_tile, k, b, hk, skv,
+                                                              j0 + kDmmaKeys, p.vec);
             copy_commit();
         }
         double alpha[2];
@@ -842,21 +857,37 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         }
         __syncthreads();  // P is whole
         {
-            const float* pa = p_tile + (row0 + g) * LP + t;
-            const float* vb = v_tile + t * LV + half * (DV / 2) + g;
+            // Slot t + 4i of a k-step holds key 2t + (i & 1) + 8 (i >> 1).
+            const float* pa = p_tile + (row0 + g) * LP + 2 * t;
+            const float* vb = v_tile + 2 * t * LV + half * (DV / 2);
 #pragma unroll 2
             for (int kk = 0; kk < kDmmaKeys; kk += 16) {
-                double a[8];
+                const float2 x0 = *reinterpret_cast<const float2*>(pa + kk);
+                const float2 x1 = *reinterpret_cast<const float2*>(pa + kk + 8);
+                const float2 y0 = *reinterpret_cast<const float2*>(pa + 8 * LP + kk);
+                const float2 y1 = *reinterpret_cast<const float2*>(pa + 8 * LP + kk + 8);
+                const double a[8] = {x0.x, y0.x, x0.y, y0.y, x1.x, y1.x, x1.y, y1.y};
+                float bv[4][NT];  // [slot i][tile n]: V[key of slot i][dmma_column(n, g)]
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    a[2 * i] = pa[kk + 4 * i];
-                    a[2 * i + 1] = pa[8 * LP + kk + 4 * i];
+                    const float* row = vb + (kk + (i & 1) + 8 * (i >> 1)) * LV;
+#pragma unroll
+                    for (int n = 0; n < NT; n += 4) {
+                        if (NT - n >= 4) {
+                            const float4 z =
+                                *reinterpret_cast<const float4*>(row + dmma_column<NT>(n, g));
+                            bv[i][n] = z.x, bv[i][n + 1] = z.y, bv[i][n + 2] = z.z;
+                            bv[i][n + 3] = z.w;
+                        } else {
+                            const float2 z =
+                                *reinterpret_cast<const float2*>(row + dmma_column<NT>(n, g));
+                            bv[i][n] = z.x, bv[i][n + 1] = z.y;
+                        }
+                    }
                 }
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
-                    double bf[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) bf[i] = vb[(kk + 4 * i) * LV + 8 * n];
+                    const double bf[4] = {bv[0][n], bv[1][n], bv[2][n], bv[3][n]};
                     dmma_16x8x16(o[n], a, bf);
                 }
             }
@@ -886,15 +917,13 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         if (i >= sq.len) continue;
         const float sum = stats[row] + stats[kDmmaRows + row];
         const i64 tok = sq.row0 + i;
-        float* out_row = out.at(b, h, tok) + half * (DV / 2) + 2 * t;
+        float* out_row = out.at(b, h, tok) + half * (DV / 2);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const float x = sum > 0.0f ? (float)(o[n][2 * r] / sum) : 0.0f;
-            const float y = sum > 0.0f ? (float)(o[n][2 * r + 1] / sum) : 0.0f;
-            if (p.vec) {
-                *reinterpret_cast<float2*>(out_row + 8 * n) = make_float2(x, y);
-            } else {
-                out_row[8 * n] = x, out_row[8 * n + 1] = y;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                out_row[dmma_column<NT>(n, 2 * t + e)] =
+                    sum > 0.0f ? (float)(o[n][2 * r + e] / sum) : 0.0f;
             }
         }
         // lse in natural log: m counts in base 2.

@@ -5,7 +5,18 @@ scripts/dmma_probe.py verified on an H100. Compares against a float64 softmax at
 import numpy as np
 
 ROWS = KEYS = 64
-PAD, VPAD = 4, 8
+QK_PAD, VPAD, PPAD = 16, 4, 8
+
+
+def ko(i):
+    """The key a P V fragment slot t + 4i holds, past 2t."""
+    return (i & 1) + 8 * (i >> 1)
+
+
+def column(nt, n, c):
+    """dmma_column<NT>(n, c): tile n's column c within the warp's half of Dv."""
+    w = 4 if nt - n // 4 * 4 >= 4 else nt - n // 4 * 4
+    return 32 * (n // 4) + w * c + n % 4
 LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
 
 
@@ -55,7 +66,7 @@ class Mask:
 def forward_cta(Q, K, V, i0, D, DV, scale, mask):
     """One CTA: Q [len_q, D], K [len_kv, D], V [len_kv, DV] (float32); rows i0..i0+63."""
     len_q, len_kv = Q.shape[0], K.shape[0]
-    LQ, LV, LP = D + PAD, DV + VPAD, KEYS + PAD
+    LQ, LV, LP = D + QK_PAD, DV + VPAD, KEYS + PPAD
     f32 = np.float32
     q_tile = np.zeros(ROWS * LQ, f32)
     k_tile = np.zeros(KEYS * LQ, f32)
@@ -95,13 +106,13 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 a = []
                 for lane in range(32):
                     g, t = lane >> 2, lane & 3
-                    qa = (row0 + g) * LQ + t
+                    qa = (row0 + g) * LQ + 4 * t
                     a.append(
                         sum(
                             (
                                 [
-                                    float(q_tile[qa + kk + 4 * i]),
-                                    float(q_tile[qa + 8 * LQ + kk + 4 * i]),
+                                    float(q_tile[qa + kk + i]),
+                                    float(q_tile[qa + 8 * LQ + kk + i]),
                                 ]
                                 for i in range(4)
                             ),
@@ -112,8 +123,8 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                     bfr = []
                     for lane in range(32):
                         g, t = lane >> 2, lane & 3
-                        kb_ = (half * 32 + g) * LQ + t
-                        bfr.append([float(k_tile[kb_ + n * 8 * LQ + kk + 4 * i]) for i in range(4)])
+                        kb_ = (half * 32 + g) * LQ + 4 * t
+                        bfr.append([float(k_tile[kb_ + n * 8 * LQ + kk + i]) for i in range(4)])
                     acc[n] = mma(acc[n], a, bfr)
             bm = {}
             for lane in range(32):
@@ -175,13 +186,13 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 a = []
                 for lane in range(32):
                     g, t = lane >> 2, lane & 3
-                    pa = (row0 + g) * LP + t
+                    pa = (row0 + g) * LP + 2 * t
                     a.append(
                         sum(
                             (
                                 [
-                                    float(p_tile[pa + kk + 4 * i]),
-                                    float(p_tile[pa + 8 * LP + kk + 4 * i]),
+                                    float(p_tile[pa + kk + ko(i)]),
+                                    float(p_tile[pa + 8 * LP + kk + ko(i)]),
                                 ]
                                 for i in range(4)
                             ),
@@ -192,10 +203,8 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                     bfr = []
                     for lane in range(32):
                         g, t = lane >> 2, lane & 3
-                        vb = t * LV + half * (DV // 2) + g
-                        bfr.append(
-                            [float(v_tile[vb + (kk + 4 * i) * LV + 8 * n]) for i in range(4)]
-                        )
+                        vb = 2 * t * LV + half * (DV // 2) + column(NT, n, g)
+                        bfr.append([float(v_tile[vb + (kk + ko(i)) * LV]) for i in range(4)])
                     cf = [list(o[(w, lane)][n]) for lane in range(32)]
                     res = mma(cf, a, bfr)
                     for lane in range(32):
@@ -221,7 +230,7 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 tot = stats[row] + stats[ROWS + row]
                 for n in range(NT):
                     for e in range(2):
-                        out[row, half * (DV // 2) + 8 * n + 2 * t + e] = (
+                        out[row, half * (DV // 2) + column(NT, n, 2 * t + e)] = (
                             o[(w, lane)][n][2 * r + e] / tot if tot > 0 else 0.0
                         )
                 if half == 0 and t == 0:
@@ -251,11 +260,11 @@ if __name__ == "__main__":
     rng = np.random.default_rng(0)
     for lq, lkv, D, DV, causal, left, right in [
         (70, 150, 32, 32, 2, -1, -1),
-        (64, 64, 16, 32, 0, -1, -1),
-        (100, 130, 32, 16, 1, 20, -1),
-        (40, 100, 16, 16, 2, 30, 0),
-        (100, 40, 16, 16, 2, -1, -1),  # bottom-right, taller than wide: rows without keys
-        (64, 0, 16, 16, 0, -1, -1),  # no keys at all
+        (64, 64, 16, 64, 0, -1, -1),
+        (100, 130, 32, 96, 1, 20, -1),  # Dv 96: a chunk of 2 output tiles after one of 4
+        (40, 100, 16, 32, 2, 30, 0),
+        (100, 40, 16, 32, 2, -1, -1),  # bottom-right, taller than wide: rows without keys
+        (64, 0, 16, 32, 0, -1, -1),  # no keys at all
     ]:
         Q = rng.uniform(-1, 1, (lq, D)).astype(np.float32)
         K = rng.uniform(-1, 1, (lkv, D)).astype(np.float32)
@@ -266,6 +275,7 @@ if __name__ == "__main__":
         for i0 in range(0, lq, 64):
             out, lse = forward_cta(Q, K, V, i0, D, DV, D**-0.5, mask)
             n = min(64, lq - i0)
+            assert not np.isnan(out[:n]).any(), "an output element was not written"
             worst = max(worst, np.abs(out[:n] - ref_out[i0 : i0 + n]).max())
             fin = np.isfinite(ref_lse[i0 : i0 + n])
             assert np.array_equal(fin, np.isfinite(lse[:n])), (i0, lse[:n], ref_lse[i0 : i0 + n])

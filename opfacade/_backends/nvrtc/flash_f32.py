@@ -63,9 +63,9 @@ WIDE_FORWARD_DIMS = ((128, 128),)
 MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
 EXCHANGE_FLOATS = 16 * (32 + 2)
 # The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma):
-# 256 threads, 64 rows and 64 keys a block, V's rows padded by 8 floats.
+# 256 threads, 64 rows and 64 keys a block; rows padded by 16 floats (Q, K), 4 (V), 8 (P).
 DMMA_FORWARD = False
-DMMA_THREADS, DMMA_V_PAD = 256, 8
+DMMA_THREADS, DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 256, 16, 4, 8
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
 # Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
@@ -93,8 +93,8 @@ def _forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> i
 def _dmma_forward_shared(d: int, dv: int) -> int:
     # Q, K, V, P, and one value a row from each half of the keys (DmmaTiles).
     rows = keys = FORWARD_ROWS
-    return _FLOAT * (_tile(rows, d) + _tile(keys, d) + keys * (dv + DMMA_V_PAD)
-                     + _tile(rows, keys) + 2 * rows)
+    return _FLOAT * ((rows + keys) * (d + DMMA_QK_PAD) + keys * (dv + DMMA_V_PAD)
+                     + rows * (keys + DMMA_P_PAD) + 2 * rows)
 
 
 def _dkdv_shared(d: int, dv: int) -> int:
