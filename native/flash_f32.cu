@@ -1276,13 +1276,6 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
 #define FLASH_KERNELS(D, DV)                                                                    \
     FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false, false)                             \
     FLASH_FORWARD(flash_f32_fwd_mma_d##D##_dv##DV, D, DV, false, true)                          \
-    extern "C" __global__ void __launch_bounds__(kDmmaThreads, 1) flash_f32_fwd_dmma_d##D##_dv##DV( \
-        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), FLASH_OUT(lse),                  \
-        FLASH_PROBLEM_PARAMS) {                                                                  \
-        forward_dmma<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
-                            FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
-                            FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
-    }                                                                                           \
     extern "C" __global__ void __launch_bounds__(kDkdvThreads, ctas_per_sm(D, DV))              \
         flash_f32_bwd_dkdv_d##D##_dv##DV(                                                       \
         FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
@@ -1299,3 +1292,16 @@ FLASH_KERNELS(128, 128)
 FLASH_KERNELS(128, 64)
 FLASH_KERNELS(64, 128)
 FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true, false)
+
+// The DMMA forward, for the head dims where it was measured faster (flash_f32.py's
+// DMMA_FORWARD_DIMS).
+#define FLASH_DMMA_FORWARD(D, DV)                                                               \
+    extern "C" __global__ void __launch_bounds__(kDmmaThreads, 1)                               \
+        flash_f32_fwd_dmma_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), \
+                                         FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                \
+        forward_dmma<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
+                            FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
+                            FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
+    }
+
+FLASH_DMMA_FORWARD(128, 128)

@@ -82,11 +82,11 @@ def _run_both(problem: flash.FlashProblem, strides: flash.FlashStrides | None = 
 def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures, fields, arch):
     launched = _launches(monkeypatch, arch)
     _run_both(flash.FlashProblem(**fields))
-    h100 = arch is ArchSku.sm90  # the scores on the FP64 tensor cores
+    h100 = arch is ArchSku.sm90  # both products on the FP64 tensor cores
     assert [name for name, *_ in launched] == [
-        "flash_f32_fwd_mma_d128_dv128" if h100 else "flash_f32_fwd_d128_dv128",
+        "flash_f32_fwd_dmma_d128_dv128" if h100 else "flash_f32_fwd_d128_dv128",
         "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
-    threads = {"fwd_mma": flash.FORWARD_THREADS, "fwd": flash.FORWARD_THREADS,
+    threads = {"fwd_dmma": flash.DMMA_THREADS, "fwd": flash.FORWARD_THREADS,
                "bwd_delta": flash.DELTA_THREADS, "bwd_dkdv": flash.DKDV_THREADS}
     for name, _, block, args, _ in launched:
         kind = re.match(r"flash_f32_(\w+?)(_d\d+_dv\d+)?$", name).group(1)
@@ -94,28 +94,46 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
         assert_packed_like_declared(name, args, signatures)
 
 
-@pytest.mark.parametrize(("arch", "rows", "mma"), [(ArchSku.sm90, 64, True),
-                                                   (ArchSku.sm100, 128, False),
-                                                   (ArchSku.sm89, 64, False)],
+@pytest.mark.parametrize(("arch", "kind", "rows"), [(ArchSku.sm90, "fwd_dmma", 64),
+                                                   (ArchSku.sm100, "fwd_wide", 128),
+                                                   (ArchSku.sm89, "fwd", 64)],
                          ids=["sm90", "sm100", "sm89"])
-def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, rows, mma):
+def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows):
     launched = _launches(monkeypatch, arch)
     problem = flash.FlashProblem(**VARLEN)
     _run_both(problem)
     name, grid, _, args, shared = launched[0]
-    assert name == "flash_f32_fwd_" + ("mma_" if mma else "wide_" if rows == 128 else "") + (
-        "d128_dv128")
+    assert name == f"flash_f32_{kind}_d128_dv128"
     assert grid == (8, 3, -(-130 // rows))  # heads_q, batch, query blocks (the slowest)
     assert args[0] == ADDRESS["q"] and args[1:4] == (0, 8 * 128, 128)  # varlen [T, H, D]
     assert args[16:20] == (ADDRESS["lse"], 0, 1, 200)  # lse [Hq, Tq]
     problem_args = args[20:]
     assert problem_args == (ADDRESS["cu_q"], ADDRESS["cu_kv"], 4, 130, 300, 200, 500,
                             np.float32(0.125), 2, 64, -1, 1)
-    assert shared == flash._forward_shared(128, 128, wide=rows == 128, mma=mma)
+    assert shared == flash._forward_launch(kind, 128, 128)[2]
     # The tiles: Q, K (then P) and V, rows of 128 + 4 floats (the wide forward's 128 rows and
     # keys, the others' 64), and the MMA forward's 4 warps' 16 x (32 + 2) exchange tiles.
     assert flash._forward_shared(128, 128, wide=True) == 4 * 3 * 128 * 132 <= SM90_SHARED
     assert flash._forward_shared(128, 128, mma=True) == 4 * (3 * 64 * 132 + 4 * 16 * 34)
+    # The DMMA forward's: Q and K of 128 + 16 floats a row, V of 128 + 4, P of 64 + 8, and
+    # each half's row maxima (DmmaTiles).
+    assert flash._dmma_forward_shared(128, 128) == 4 * (
+        2 * 64 * 144 + 64 * 132 + 64 * 72 + 2 * 64) <= SM90_SHARED
+
+
+def test_the_dmma_forward_runs_on_sm90_at_its_head_dims_only(monkeypatch):
+    assert flash.DMMA_FORWARD_DIMS == ((128, 128),)
+    for dims, arch, name in (((128, 128), ArchSku.sm90, "fwd_dmma"),
+                             ((128, 64), ArchSku.sm90, "fwd_mma"),
+                             ((64, 128), ArchSku.sm90, "fwd_mma"),
+                             ((128, 128), ArchSku.sm100, "fwd_wide"),
+                             ((128, 128), ArchSku.sm80, "fwd")):
+        problem = flash.FlashProblem(**dict(DENSE, head_dim=dims[0], head_dim_v=dims[1]))
+        launched = _launches(monkeypatch, arch)
+        _run_both(problem)
+        assert launched[0][0] == f"flash_f32_{name}_d{dims[0]}_dv{dims[1]}"
+        assert launched[0][2] == (flash._forward_launch(name, *dims)[1],)
+        assert launched[0][4] == flash._forward_launch(name, *dims)[2]
 
 
 def test_the_mma_forward_runs_on_sm90_only(monkeypatch):

@@ -2,7 +2,8 @@
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
 The math is f32 FMA on CUDA cores (no TF32), except the forward's scores on sm_90, whose
-products and sums are f64 on the FP64 tensor cores (MMA_FORWARD_ARCHES). The backward sums in a
+products and sums are f64 on the FP64 tensor cores (MMA_FORWARD_ARCHES), and at D = Dv = 128
+there its P V too, summed in f64 and rounded once (DMMA_FORWARD_DIMS). The backward sums in a
 fixed order (dQ's L2 reductions come one key block at a time), so it is bitwise reproducible.
 Nothing here takes a descriptor: a ``FlashProblem`` of plain values says what to compute,
 ``FlashStrides`` where the tensors are, and the ``*_call`` functions pack the arguments once and
@@ -20,6 +21,7 @@ A CTA runs 128 threads (the Delta kernel's 256) and needs up to 108 KiB of dynam
 memory (D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow
 99 KiB a block, which every pair but D = Dv = 128 fits. At D = Dv = 128 a GPU other than sm_90
 that gives a block 198 KiB (sm_100) runs a wide forward instead: 128-row blocks of 256 threads.
+On sm_90 the forward at D = Dv = 128 runs 256 threads a CTA in 123.5 KiB.
 """
 
 from __future__ import annotations
@@ -62,9 +64,12 @@ WIDE_FORWARD_DIMS = ((128, 128),)
 # warp of such a CTA hands its scores over through 16 rows of 32 + 2 floats of its own.
 MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
 EXCHANGE_FLOATS = 16 * (32 + 2)
-# The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma):
-# 256 threads, 64 rows and 64 keys a block; rows padded by 16 floats (Q, K), 4 (V), 8 (P).
-DMMA_FORWARD = False
+# The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma),
+# on the MMA forwards' architectures, for the (head_dim, head_dim_v) pairs where it beat the MMA
+# forward on an H100 (B4 H16 S2048, three calls: d128 3.18-3.23 ms against 3.27-3.30, causal
+# 1.64-1.68 against 1.71; at d64 it lost, 1.96 against 1.63). 256 threads, 64 rows and 64 keys
+# a block; rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
+DMMA_FORWARD_DIMS = ((128, 128),)
 DMMA_THREADS, DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 256, 16, 4, 8
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
@@ -113,8 +118,8 @@ def kernel_names() -> list[str]:
     names = ["flash_f32_bwd_delta"]
     for d, dv in HEAD_DIMS:
         names += [f"flash_f32_{kind}_d{d}_dv{dv}" for kind in ("fwd", "bwd_dkdv")]
-    names += [f"flash_f32_fwd_{kind}_d{d}_dv{dv}" for d, dv in HEAD_DIMS
-              for kind in ("mma", "dmma")]
+    names += [f"flash_f32_fwd_mma_d{d}_dv{dv}" for d, dv in HEAD_DIMS]
+    names += [f"flash_f32_fwd_dmma_d{d}_dv{dv}" for d, dv in DMMA_FORWARD_DIMS]
     return names + [f"flash_f32_fwd_wide_d{d}_dv{dv}" for d, dv in WIDE_FORWARD_DIMS]
 
 
@@ -395,18 +400,34 @@ def _shared_per_block(device: int) -> int:
     return SHARED_PER_BLOCK[device_arch(device)]
 
 
-def _forward_kind(problem: FlashProblem, device: int) -> tuple[bool, bool]:
-    """(wide, mma): whether the forward's scores run on the FP64 tensor cores (``device``'s
-    architecture is in MMA_FORWARD_ARCHES and gives a block the exchange tiles), else whether
-    it runs its wide kernel ((head_dim, head_dim_v) has one and ``device`` gives a block its
-    shared memory). The MMA forward has 64-row blocks only: at D = Dv = 128 on an H100 they ran
-    3.31 ms against the wide MMA forward's 3.37 (causal 1.69 against 1.82), two CTAs an SM
-    taking turns at the tensor and the FMA pipes where the wide one's single CTA cannot."""
+def _forward_kind(problem: FlashProblem, device: int) -> str:
+    """The forward kernel ``device`` runs ``problem`` with, by its name's part after flash_f32_:
+    on MMA_FORWARD_ARCHES, "fwd_dmma" (both products on the FP64 tensor cores) where
+    (head_dim, head_dim_v) is in DMMA_FORWARD_DIMS, else "fwd_mma" (the scores there, P V on
+    the FMA pipe); elsewhere "fwd_wide" where the pair has a wide kernel, else "fwd". Each only
+    where ``device`` gives a block its shared memory. The MMA forward has 64-row blocks only:
+    at D = Dv = 128 on an H100 they ran 3.31 ms against the wide MMA forward's 3.37 (causal
+    1.69 against 1.82), two CTAs an SM taking turns at the tensor and the FMA pipes where the
+    wide one's single CTA cannot."""
     dims = (problem.head_dim, problem.head_dim_v)
     have = _shared_per_block(device)
-    if device_arch(device) in MMA_FORWARD_ARCHES and have >= _forward_shared(*dims, mma=True):
-        return False, True
-    return dims in WIDE_FORWARD_DIMS and have >= _forward_shared(*dims, wide=True), False
+    if device_arch(device) in MMA_FORWARD_ARCHES:
+        if dims in DMMA_FORWARD_DIMS and have >= _dmma_forward_shared(*dims):
+            return "fwd_dmma"
+        if have >= _forward_shared(*dims, mma=True):
+            return "fwd_mma"
+    if dims in WIDE_FORWARD_DIMS and have >= _forward_shared(*dims, wide=True):
+        return "fwd_wide"
+    return "fwd"
+
+
+def _forward_launch(kind: str, d: int, dv: int) -> tuple[int, int, int]:
+    """(query rows a block, threads a block, dynamic shared bytes) of forward ``kind``."""
+    if kind == "fwd_dmma":
+        return FORWARD_ROWS, DMMA_THREADS, _dmma_forward_shared(d, dv)
+    if kind == "fwd_wide":
+        return WIDE_FORWARD_ROWS, WIDE_FORWARD_THREADS, _forward_shared(d, dv, wide=True)
+    return FORWARD_ROWS, FORWARD_THREADS, _forward_shared(d, dv, mma=kind == "fwd_mma")
 
 
 def _blocks(length: int, rows: int) -> int:
@@ -442,17 +463,11 @@ def forward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, out
     tensors, vec = _tensors(problem, strides, dict(q=q, k=k, v=v, out=out, lse=lse))
     args = (*tensors["q"], *tensors["k"], *tensors["v"], *tensors["out"], *tensors["lse"],
             *_problem_args(problem, cu_q, cu_kv, vec))
-    wide, mma = _forward_kind(problem, device)
-    rows, threads = (WIDE_FORWARD_ROWS, WIDE_FORWARD_THREADS) if wide else (FORWARD_ROWS,
-                                                                            FORWARD_THREADS)
+    kind = _forward_kind(problem, device)
+    rows, threads, shared = _forward_launch(kind, problem.head_dim, problem.head_dim_v)
     grid = (problem.heads_q, problem.batch, _blocks(problem.max_seqlen_q, rows))
     if grid[2] == 0:
         return lambda: None
-    shared = _forward_shared(problem.head_dim, problem.head_dim_v, wide, mma)
-    kind = "fwd" + ("_wide" if wide else "") + ("_mma" if mma else "")
-    if mma and DMMA_FORWARD:
-        kind, threads = "fwd_dmma", DMMA_THREADS
-        shared = _dmma_forward_shared(problem.head_dim, problem.head_dim_v)
     kernel = _kernel(f"flash_f32_{kind}_{_suffix(problem)}", device, shared)
 
     def run_forward() -> None:
