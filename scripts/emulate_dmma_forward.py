@@ -1,6 +1,11 @@
-"""CPU emulation of branch exp/dmma-forward's forward_dmma (native/flash_f32.cu), transcribed
-per warp and lane, with mma.sync m16n8k16 f64 done through the PTX fragment layouts that
-scripts/dmma_probe.py verified on an H100. Compares against a float64 softmax attention."""
+"""CPU emulation of forward_dmma (native/flash_f32.cu: the f32 forward at d128 on sm_90),
+transcribed per warp and lane, with mma.sync m16n8k16 f64 done through the PTX fragment layouts
+that scripts/dmma_probe.py verified on an H100, and the kernel's operand permutations (which key
+or d each fragment slot holds, which column each output tile's column is). Compares against a
+float64 softmax attention; a change to the kernel's indexing should pass here before a GPU run.
+
+    python3 scripts/emulate_dmma_forward.py
+"""
 
 import numpy as np
 
