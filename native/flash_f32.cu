@@ -691,10 +691,13 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
 // ------------------------------------------------------------- forward, both products on DMMA
 
 // The forward with Q K^T and P V both on sm_90's FP64 tensor cores (flash_f32_fwd_dmma_*): CTA =
-// (64 query rows, head, sequence) of 256 threads. Warp w owns rows 16 (w % 4).. and half
-// w / 4 of each 64-key block for the scores and of Dv for P V, so its f64 output fragment is
-// 16 x Dv/2 (64 registers a lane at Dv = 128). The two warps of a row group exchange their rows'
-// maxima and sums through shared memory and compute the same running max bit for bit. P goes
+// (32 query rows, head, sequence) of 128 threads, two CTAs an SM. Warp w owns rows 16 (w % 2)..
+// and half w / 2 of each 64-key block for the scores and of Dv for P V, so its f64 output
+// fragment is 16 x Dv/2 (64 registers a lane at Dv = 128). The two warps of a row group exchange
+// their rows' maxima and sums through shared memory and compute the same running max bit for
+// bit. Two CTAs an SM, so that one's softmax can run while the other's mma does: on an H100 at
+// d128 they ran 3.13 ms against 3.22 for one CTA of 64 rows and 256 threads (causal 1.61
+// against 1.70), though each K and V block now serves 32 rows instead of 64. P goes
 // through its own tile (f32, every warp reads all 64 keys of its rows), and K and V have tiles
 // of their own, so the next K streams in under the softmax and P V, the next V under the next
 // scores. Operands are widened from f32 as they are loaded (dot_rows_dmma says why that is
@@ -706,7 +709,8 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
 // takes four scalar loads), and in P V keys 2t, 2t+1, 2t+8, 2t+9 (two float2 of P). The output
 // columns are permuted the same way: B's column g of 8-column tile n is the warp's column
 // dmma_column(n, g), so a lane's V values of four tiles are one float4.
-constexpr int kDmmaThreads = 256, kDmmaRows = 64, kDmmaKeys = 64;
+constexpr int kDmmaRows = 32, kDmmaThreads = 128, kDmmaKeys = 64, kDmmaCtas = 2;
+constexpr int kDmmaRowGroups = kDmmaRows / 16;  // the warps of each half
 // Row pads, each the one that makes its loads conflict-free: Q and K rows are D + 16 floats (16
 // mod 32 banks: rows g and g + 1 of a quarter-warp's float4 loads fill 32 banks), V's Dv + 4
 // (lanes t read rows 2t apart, 8 banks), P's 64 + 8 (rows g 8 banks apart, for the float2
@@ -750,7 +754,7 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
     float* p_tile = v_tile + T::V;
     float* stats = p_tile + T::P;  // [2][64]: each half's row maxima, at the end its row sums
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
-    const int half = w >> 2, row0 = (w & 3) * 16;  // rows row0 + g and row0 + g + 8
+    const int half = w / kDmmaRowGroups, row0 = (w % kDmmaRowGroups) * 16;  // rows row0 + g, + 8
     const int i_a = i0 + row0 + g, i_b = i_a + 8;
     const float scale = p.scale * kLog2e;
 
@@ -1296,7 +1300,7 @@ FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true, false)
 // The DMMA forward, for the head dims where it was measured faster (flash_f32.py's
 // DMMA_FORWARD_DIMS).
 #define FLASH_DMMA_FORWARD(D, DV)                                                               \
-    extern "C" __global__ void __launch_bounds__(kDmmaThreads, 1)                               \
+    extern "C" __global__ void __launch_bounds__(kDmmaThreads, kDmmaCtas)                       \
         flash_f32_fwd_dmma_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), \
                                          FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                \
         forward_dmma<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \

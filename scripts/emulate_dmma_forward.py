@@ -9,7 +9,9 @@ float64 softmax attention; a change to the kernel's indexing should pass here be
 
 import numpy as np
 
-ROWS = KEYS = 64
+ROWS = 32  # query rows a CTA (the kernel's kDmmaRows)
+KEYS = 64
+GROUPS = ROWS // 16  # warps a half of the keys (and of Dv): 16 rows each
 QK_PAD, VPAD, PPAD = 16, 4, 8
 
 
@@ -92,7 +94,7 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
 
     NT = DV // 16
     sc = f32(scale * LOG2E)
-    warps = range(8)
+    warps = range(2 * GROUPS)
     o = {(w, ln): np.zeros((NT, 4)) for w in warps for ln in range(32)}
     m = {(w, ln): [f32(-np.inf)] * 2 for w in warps for ln in range(32)}
     lsum = {(w, ln): [f32(0)] * 2 for w in warps for ln in range(32)}
@@ -105,7 +107,7 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
         whole = mask.lo(i_last) <= j0 and mask.hi(i0) >= j0 + KEYS - 1
         s_all = {}
         for w in warps:
-            half, row0 = w >> 2, (w & 3) * 16
+            half, row0 = w // GROUPS, (w % GROUPS) * 16
             acc = [[[0.0] * 4 for _ in range(32)] for _ in range(4)]
             for kk in range(0, D, 16):
                 a = []
@@ -158,7 +160,7 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                     stats[half * ROWS + row0 + g + 8] = red[1]
         # sync; softmax, P
         for w in warps:
-            half, row0 = w >> 2, (w & 3) * 16
+            half, row0 = w // GROUPS, (w % GROUPS) * 16
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
                 s = s_all[(w, lane)]
@@ -186,7 +188,7 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                     ]
         # sync; P V
         for w in warps:
-            half, row0 = w >> 2, (w & 3) * 16
+            half, row0 = w // GROUPS, (w % GROUPS) * 16
             for kk in range(0, KEYS, 16):
                 a = []
                 for lane in range(32):
@@ -218,14 +220,14 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
     lse = np.full(ROWS, np.nan)
     stats[:] = 0
     for w in warps:
-        half, row0 = w >> 2, (w & 3) * 16
+        half, row0 = w // GROUPS, (w % GROUPS) * 16
         for g in range(8):
             for r in range(2):
                 stats[half * ROWS + row0 + g + 8 * r] = sum(
                     lsum[(w, 4 * g + u)][r] for u in range(4)
                 )
     for w in warps:
-        half, row0 = w >> 2, (w & 3) * 16
+        half, row0 = w // GROUPS, (w % GROUPS) * 16
         for lane in range(32):
             g, t = lane >> 2, lane & 3
             for r in range(2):
@@ -277,9 +279,9 @@ if __name__ == "__main__":
         mask = Mask(lq, lkv, causal, left, right)
         ref_out, ref_lse = reference(Q, K, V, D**-0.5, mask)
         worst = 0.0
-        for i0 in range(0, lq, 64):
+        for i0 in range(0, lq, ROWS):
             out, lse = forward_cta(Q, K, V, i0, D, DV, D**-0.5, mask)
-            n = min(64, lq - i0)
+            n = min(ROWS, lq - i0)
             assert not np.isnan(out[:n]).any(), "an output element was not written"
             worst = max(worst, np.abs(out[:n] - ref_out[i0 : i0 + n]).max())
             fin = np.isfinite(ref_lse[i0 : i0 + n])

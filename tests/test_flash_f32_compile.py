@@ -94,7 +94,7 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
         assert_packed_like_declared(name, args, signatures)
 
 
-@pytest.mark.parametrize(("arch", "kind", "rows"), [(ArchSku.sm90, "fwd_dmma", 64),
+@pytest.mark.parametrize(("arch", "kind", "rows"), [(ArchSku.sm90, "fwd_dmma", 32),
                                                    (ArchSku.sm100, "fwd_wide", 128),
                                                    (ArchSku.sm89, "fwd", 64)],
                          ids=["sm90", "sm100", "sm89"])
@@ -115,10 +115,11 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
     # keys, the others' 64), and the MMA forward's 4 warps' 16 x (32 + 2) exchange tiles.
     assert flash._forward_shared(128, 128, wide=True) == 4 * 3 * 128 * 132 <= SM90_SHARED
     assert flash._forward_shared(128, 128, mma=True) == 4 * (3 * 64 * 132 + 4 * 16 * 34)
-    # The DMMA forward's: Q and K of 128 + 16 floats a row, V of 128 + 4, P of 64 + 8, and
-    # each half's row maxima (DmmaTiles).
+    # The DMMA forward's: 32 rows of Q and 64 of K of 128 + 16 floats, 64 rows of V of
+    # 128 + 4, 32 of P of 64 + 8, and each half's row maxima (DmmaTiles); two CTAs an SM.
     assert flash._dmma_forward_shared(128, 128) == 4 * (
-        2 * 64 * 144 + 64 * 132 + 64 * 72 + 2 * 64) <= SM90_SHARED
+        96 * 144 + 64 * 132 + 32 * 72 + 2 * 32)
+    assert 2 * (flash._dmma_forward_shared(128, 128) + 1024) <= 228 * 1024
 
 
 def test_the_dmma_forward_runs_on_sm90_at_its_head_dims_only(monkeypatch):
@@ -191,15 +192,17 @@ def test_two_ctas_share_an_sm_at_head_dim_128():
         assert 2 * (size + 1024) <= 228 * 1024
 
 
-@pytest.mark.parametrize(("length", "total", "blocks", "words"), [
-    ("max_seqlen_q", "total_q", flash.query_blocks, "blocks of 64 rows"),
-    ("max_seqlen_kv", "total_kv", flash.key_blocks, "blocks of 64 keys")], ids=["query", "key"])
-def test_supported_rejects_more_blocks_than_the_grid_holds(length, total, blocks, words):
-    # The forward grid is (heads_q, batch, query blocks) and the dK/dV grid (heads_kv, batch,
-    # key blocks): 65535 blocks of 64 at most in z.
-    fits = flash.FlashProblem(**dict(VARLEN, **{length: 65535 * 64, total: 65535 * 64}))
+@pytest.mark.parametrize(("length", "total", "blocks", "size", "words"), [
+    ("max_seqlen_q", "total_q", flash.query_blocks, 32, "blocks of 32 rows"),
+    ("max_seqlen_kv", "total_kv", flash.key_blocks, 64, "blocks of 64 keys")],
+    ids=["query", "key"])
+def test_supported_rejects_more_blocks_than_the_grid_holds(length, total, blocks, size, words):
+    # The forward grid is (heads_q, batch, query blocks), its blocks of 32 rows at the smallest
+    # (the DMMA forward's), and the dK/dV grid (heads_kv, batch, key blocks): 65535 at most in z.
+    fits = flash.FlashProblem(**dict(VARLEN, **{length: 65535 * size, total: 65535 * size}))
     assert blocks(fits) == 65535 and flash.supported(fits) is None
-    over = flash.FlashProblem(**dict(VARLEN, **{length: 65535 * 64 + 1, total: 65535 * 64 + 1}))
+    over = flash.FlashProblem(**dict(VARLEN, **{length: 65535 * size + 1,
+                                                total: 65535 * size + 1}))
     assert f"65536 {words}" in flash.supported(over)
 
 

@@ -97,8 +97,8 @@ LIMITS: tuple[Limit[flash.FlashProblem], ...] = (
     Limit("batch", "batch", "sequences", "the grids' y and z extents (one CTA row or layer per "
           "sequence)", GRID_YZ_MAX, lambda p: p.batch,
           "flash_f32.py: grids (heads_q, batch, blocks) and (blocks, heads_q, batch)"),
-    Limit("query blocks", f"ceil(max_seqlen_q/{flash.FORWARD_ROWS})",
-          f"blocks of {flash.FORWARD_ROWS} rows",
+    Limit("query blocks", f"ceil(max_seqlen_q/{flash.QUERY_BLOCK_ROWS})",
+          f"blocks of {flash.QUERY_BLOCK_ROWS} rows",
           "the forward grid's z extent (one CTA layer per query block)", GRID_YZ_MAX,
           flash.query_blocks, "flash_f32.py: forward grid (heads_q, batch, query blocks)"),
     Limit("key blocks", f"ceil(max_seqlen_kv/{flash.DKDV_KEYS})",

@@ -21,7 +21,7 @@ A CTA runs 128 threads (the Delta kernel's 256) and needs up to 108 KiB of dynam
 memory (D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow
 99 KiB a block, which every pair but D = Dv = 128 fits. At D = Dv = 128 a GPU other than sm_90
 that gives a block 198 KiB (sm_100) runs a wide forward instead: 128-row blocks of 256 threads.
-On sm_90 the forward at D = Dv = 128 runs 256 threads a CTA in 123.5 KiB.
+On sm_90 the forward at D = Dv = 128 runs 32-row blocks of 128 threads in 96.25 KiB, two an SM.
 """
 
 from __future__ import annotations
@@ -66,11 +66,12 @@ MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
 EXCHANGE_FLOATS = 16 * (32 + 2)
 # The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma),
 # on the MMA forwards' architectures, for the (head_dim, head_dim_v) pairs where it beat the MMA
-# forward on an H100 (B4 H16 S2048, three calls: d128 3.18-3.23 ms against 3.27-3.30, causal
-# 1.64-1.68 against 1.71; at d64 it lost, 1.96 against 1.63). 256 threads, 64 rows and 64 keys
-# a block; rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
+# forward on an H100 (B4 H16 S2048, in CTAs of 64 rows, three calls: d128 3.18-3.23 ms against
+# 3.27-3.30, causal 1.64-1.68 against 1.71; at d64 it lost, 1.96 against 1.63). 128 threads, 32
+# rows and 64 keys a block, two CTAs an SM; rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
 DMMA_FORWARD_DIMS = ((128, 128),)
-DMMA_THREADS, DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 256, 16, 4, 8
+DMMA_ROWS, DMMA_THREADS, DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 32, 128, 16, 4, 8
+QUERY_BLOCK_ROWS = min(FORWARD_ROWS, WIDE_FORWARD_ROWS, DMMA_ROWS)  # the smallest forward block
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
 # Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
@@ -97,7 +98,7 @@ def _forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> i
 
 def _dmma_forward_shared(d: int, dv: int) -> int:
     # Q, K, V, P, and one value a row from each half of the keys (DmmaTiles).
-    rows = keys = FORWARD_ROWS
+    rows, keys = DMMA_ROWS, FORWARD_KEYS
     return _FLOAT * ((rows + keys) * (d + DMMA_QK_PAD) + keys * (dv + DMMA_V_PAD)
                      + rows * (keys + DMMA_P_PAD) + 2 * rows)
 
@@ -269,7 +270,7 @@ def supported(problem: FlashProblem) -> str | None:
                     f"(Delta's one CTA row per head, one CTA row or layer per sequence)")
     if query_blocks(p) > GRID_YZ_MAX:
         return (f"max_seqlen_q={p.max_seqlen_q} makes {query_blocks(p)} blocks of "
-                f"{FORWARD_ROWS} rows, past the forward grid's z extent {GRID_YZ_MAX}")
+                f"{QUERY_BLOCK_ROWS} rows, past the forward grid's z extent {GRID_YZ_MAX}")
     if key_blocks(p) > GRID_YZ_MAX:
         return (f"max_seqlen_kv={p.max_seqlen_kv} makes {key_blocks(p)} blocks of {DKDV_KEYS} "
                 f"keys, past the dK/dV grid's z extent {GRID_YZ_MAX}")
@@ -277,9 +278,10 @@ def supported(problem: FlashProblem) -> str | None:
 
 
 def query_blocks(problem: FlashProblem) -> int:
-    """The 64-row forward's query blocks (the wide one has half as many): its grid is
-    (heads_q, batch, query blocks), the last block first."""
-    return _blocks(problem.max_seqlen_q, FORWARD_ROWS)
+    """The forward grid's query blocks at their most, those of the DMMA forward's 32 rows (the
+    others have 64 or 128): every forward's grid is (heads_q, batch, query blocks), the last
+    block first. The limit holds on any GPU, whichever forward it picks."""
+    return _blocks(problem.max_seqlen_q, QUERY_BLOCK_ROWS)
 
 
 def key_blocks(problem: FlashProblem) -> int:
@@ -424,7 +426,7 @@ def _forward_kind(problem: FlashProblem, device: int) -> str:
 def _forward_launch(kind: str, d: int, dv: int) -> tuple[int, int, int]:
     """(query rows a block, threads a block, dynamic shared bytes) of forward ``kind``."""
     if kind == "fwd_dmma":
-        return FORWARD_ROWS, DMMA_THREADS, _dmma_forward_shared(d, dv)
+        return DMMA_ROWS, DMMA_THREADS, _dmma_forward_shared(d, dv)
     if kind == "fwd_wide":
         return WIDE_FORWARD_ROWS, WIDE_FORWARD_THREADS, _forward_shared(d, dv, wide=True)
     return FORWARD_ROWS, FORWARD_THREADS, _forward_shared(d, dv, mma=kind == "fwd_mma")
