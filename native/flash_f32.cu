@@ -752,7 +752,7 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
     float* k_tile = q_tile + T::Q;
     float* v_tile = k_tile + T::K;
     float* p_tile = v_tile + T::V;
-    float* stats = p_tile + T::P;  // [2][64]: each half's row maxima, at the end its row sums
+    float* stats = p_tile + T::P;  // [2][rows]: each half's row maxima, at the end its row sums
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
     const int half = w / kDmmaRowGroups, row0 = (w % kDmmaRowGroups) * 16;  // rows row0 + g, + 8
     const int i_a = i0 + row0 + g, i_b = i_a + 8;
@@ -795,7 +795,8 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         }
         float s[2][8];  // [row a or b][n * 2 + e]
         const bool whole = whole_block(mask, i0, i_last, j0, kDmmaKeys);
-        const int lo_a = mask.lo(i_a), hi_a = mask.hi(i_a), lo_b = mask.lo(i_b), hi_b = mask.hi(i_b);
+        const int lo_a = mask.lo(i_a), hi_a = mask.hi(i_a);
+        const int lo_b = mask.lo(i_b), hi_b = mask.hi(i_b);
         float block_max[2] = {minus_infinity(), minus_infinity()};
 #pragma unroll
         for (int n = 0; n < 4; ++n) {

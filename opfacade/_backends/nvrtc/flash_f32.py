@@ -67,10 +67,12 @@ EXCHANGE_FLOATS = 16 * (32 + 2)
 # The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma),
 # on the MMA forwards' architectures, for the (head_dim, head_dim_v) pairs where it beat the MMA
 # forward on an H100 (B4 H16 S2048, in CTAs of 64 rows, three calls: d128 3.18-3.23 ms against
-# 3.27-3.30, causal 1.64-1.68 against 1.71; at d64 it lost, 1.96 against 1.63). 128 threads, 32
-# rows and 64 keys a block, two CTAs an SM; rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
+# 3.27-3.30, causal 1.64-1.68 against 1.71; at d64 it lost, 1.96 against 1.63). It runs 32 rows
+# and 64 keys a block in 128 threads, two CTAs an SM (3.13 ms at d128 against 3.22 for 64 rows
+# in 256 threads, causal 1.61 against 1.70); rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
 DMMA_FORWARD_DIMS = ((128, 128),)
-DMMA_ROWS, DMMA_THREADS, DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 32, 128, 16, 4, 8
+DMMA_ROWS, DMMA_KEYS, DMMA_THREADS = 32, 64, 128
+DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 16, 4, 8
 QUERY_BLOCK_ROWS = min(FORWARD_ROWS, WIDE_FORWARD_ROWS, DMMA_ROWS)  # the smallest forward block
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
@@ -98,7 +100,7 @@ def _forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> i
 
 def _dmma_forward_shared(d: int, dv: int) -> int:
     # Q, K, V, P, and one value a row from each half of the keys (DmmaTiles).
-    rows, keys = DMMA_ROWS, FORWARD_KEYS
+    rows, keys = DMMA_ROWS, DMMA_KEYS
     return _FLOAT * ((rows + keys) * (d + DMMA_QK_PAD) + keys * (dv + DMMA_V_PAD)
                      + rows * (keys + DMMA_P_PAD) + 2 * rows)
 
