@@ -1,5 +1,6 @@
 // Flash attention in true f32: f32 storage, f32 FMA on CUDA cores (no TF32 or other reduced
-// precision anywhere; on sm_90 the forward's scores take f64 products on the FP64 tensor cores),
+// precision anywhere; on sm_90 the forward's scores take f64 products on the FP64 tensor cores,
+// and at d128 its P V too),
 // a forward and a deterministic backward, over two layouts that share one address scheme.
 //
 //   dense   q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]   (cu_seqlens null)
@@ -23,6 +24,8 @@
 //                                   entirely.
 //   flash_f32_fwd_mma_d<D>_dv<Dv>   the same with Q K^T on sm_90's FP64 tensor cores
 //                                   (dot_rows_dmma): the FMA pipe is left to P V and the softmax.
+//   flash_f32_fwd_dmma_d128_dv128   Q K^T and P V both on sm_90's FP64 tensor cores, CTAs of 32
+//                                   rows and 128 threads, two an SM (forward_dmma).
 //   flash_f32_fwd_wide_d128_dv128   the 64-row forward over 128 rows and 128-key blocks, 256
 //                                   threads, for GPUs other than sm_90 that give a block 198 KiB of
 //                                   shared memory (ForwardShape).
@@ -174,6 +177,18 @@ __device__ __forceinline__ float* shared_tiles() {
 // only, and the heaviest CTAs of the last heads started at the grid's end.
 __device__ __forceinline__ int query_block_start(int rows) {
     return (gridDim.z - 1 - blockIdx.z) * rows;
+}
+
+// A forward CTA's rows: sequence b, query head h and its kv head hk, first row i0 of query
+// sequence sq (grid (heads, batch, query blocks), as the launcher builds it).
+struct QueryBlock {
+    int b, h, hk, i0;
+    Span sq;
+};
+
+__device__ __forceinline__ QueryBlock query_block(int rows, const Problem& p) {
+    const int b = blockIdx.y, h = blockIdx.x;
+    return {b, h, h / p.group, query_block_start(rows), sequence(p.cu_q, b, p.max_q, p.total_q)};
 }
 
 // ---------------------------------------------------------------------------------- copies
@@ -536,6 +551,32 @@ struct ForwardTiles {
     static constexpr int FLOATS = Q + KP + V + X;
 };
 
+// Moves a row's running max m to m_new (this block's scores included) and turns this thread's
+// scores s of the block into p = exp2(s - m_new), adding them to its share l of the sum; returns
+// alpha, the factor the row's earlier sums p v are to be scaled by, in their type A (f32 in the
+// FMA forwards, f64 in the DMMA forward's fragments). A row without keys so far (m_new = -inf)
+// keeps l = 0 and gets p = 0, never (-inf) - (-inf).
+template <typename A, int C>
+__device__ __forceinline__ A fold_block(float (&s)[C], float& m, float& l, float m_new) {
+    const float base = m_new == minus_infinity() ? 0.0f : m_new;
+    const A alpha = exp2f(m - base);
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        s[c] = exp2f(s[c] - base);
+        sum += s[c];
+    }
+    l = fmaf(l, (float)alpha, sum);
+    m = m_new;
+    return alpha;
+}
+
+// The row's log-sum-exp in natural log from its running max m (base 2) and its sum, -inf for a
+// row without keys.
+__device__ __forceinline__ float row_lse(float m, float sum) {
+    return sum > 0.0f ? fmaf(m, kLn2, logf(sum)) : minus_infinity();
+}
+
 // Folds one key block's scores of a row into its running max m, this thread's share l of the
 // sum and acc = sum p v; s becomes p = exp(s - m). Under MASKED, keys outside the row's mask
 // score -inf and become 0, and a row without keys so far keeps m = -inf and l = 0. A block the
@@ -556,19 +597,9 @@ __device__ __forceinline__ void softmax_step(float (&s)[C], float& m, float& l, 
         }
         block_max = fmaxf(block_max, s[c]);
     }
-    const float m_new = fmaxf(m, half_warp_max(block_max));
-    const float base = m_new == minus_infinity() ? 0.0f : m_new;  // no (-inf) - (-inf) below
-    const float alpha = exp2f(m - base);
-    float sum = 0.0f;
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-        s[c] = exp2f(s[c] - base);
-        sum += s[c];
-    }
-    l = fmaf(l, alpha, sum);
+    const float alpha = fold_block<float>(s, m, l, fmaxf(m, half_warp_max(block_max)));
 #pragma unroll
     for (int n = 0; n < NV; ++n) acc[n] *= alpha;
-    m = m_new;
 }
 
 // Whether every key of block [j0, j0 + keys) is allowed for every row of [i0, i_last]: the
@@ -614,7 +645,7 @@ __device__ __forceinline__ void forward_write(const float (&m)[R], const float (
         store_cols<DV>(out.at(b, h, t), acc[r], tx, vec);
         // lse in natural log: m counts in base 2.
         if (tx == 0) {
-            *lse.at(b, h, t) = sum > 0.0f ? fmaf(m[r], kLn2, logf(sum)) : minus_infinity();
+            *lse.at(b, h, t) = row_lse(m[r], sum);
         }
     }
 }
@@ -632,9 +663,7 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
     typedef ForwardTiles<D, DV, WIDE, MMA> T;
     constexpr int R = T::R, C = T::C, NV = DV / 16, BC = T::S::KEYS;
     constexpr int ROWS = T::S::ROWS, THREADS = T::S::THREADS;
-    const int b = blockIdx.y, h = blockIdx.x, hk = h / p.group;
-    const int i0 = query_block_start(ROWS);
-    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
+    const auto [b, h, hk, i0, sq] = query_block(ROWS, p);
     if (i0 >= sq.len) return;
     const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
     const Mask mask = make_mask(p, sq.len, skv.len);
@@ -742,9 +771,7 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
     typedef DmmaTiles<D, DV> T;
     constexpr int NT = DV / 16;  // a warp's 8-column output tiles: half of Dv
     constexpr int LQ = D + kDmmaQkPad, LV = DV + kVPad, LP = kDmmaKeys + kDmmaPPad;
-    const int b = blockIdx.y, h = blockIdx.x, hk = h / p.group;
-    const int i0 = query_block_start(kDmmaRows);
-    const Span sq = sequence(p.cu_q, b, p.max_q, p.total_q);
+    const auto [b, h, hk, i0, sq] = query_block(kDmmaRows, p);
     if (i0 >= sq.len) return;
     const Span skv = sequence(p.cu_kv, b, p.max_kv, p.total_kv);
     const Mask mask = make_mask(p, sq.len, skv.len);
@@ -832,16 +859,7 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + g + 8 * r;
             const float m_new = fmaxf(m[r], fmaxf(stats[row], stats[kDmmaRows + row]));
-            const float base = m_new == minus_infinity() ? 0.0f : m_new;  // no (-inf) - (-inf)
-            alpha[r] = exp2f(m[r] - base);
-            float sum = 0.0f;
-#pragma unroll
-            for (int c = 0; c < 8; ++c) {
-                s[r][c] = exp2f(s[r][c] - base);
-                sum += s[r][c];
-            }
-            l[r] = fmaf(l[r], (float)alpha[r], sum);
-            m[r] = m_new;
+            alpha[r] = fold_block<double>(s[r], m[r], l[r], m_new);
         }
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -933,7 +951,7 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         }
         // lse in natural log: m counts in base 2.
         if (half == 0 && t == 0) {
-            *lse.at(b, h, tok) = sum > 0.0f ? fmaf(m[r], kLn2, logf(sum)) : minus_infinity();
+            *lse.at(b, h, tok) = row_lse(m[r], sum);
         }
     }
 }
