@@ -20,6 +20,18 @@ def ko(i):
     return (i & 1) + 8 * (i >> 1)
 
 
+def a_fragments(tile, row0, ld, kk, slot_column):
+    """Each lane's A fragment of rows row0 + g and row0 + g + 8 of a row-major tile (row stride
+    ld): slot t + 4i holds column kk + slot_column(t, i), in the PTX register order."""
+    frags = []
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        base = (row0 + g) * ld + kk
+        frags.append([float(tile[base + r * 8 * ld + slot_column(t, i)])
+                      for i in range(4) for r in (0, 1)])
+    return frags
+
+
 def column(nt, n, c):
     """dmma_column<NT>(n, c): tile n's column c within the warp's half of Dv."""
     w = 4 if nt - n // 4 * 4 >= 4 else nt - n // 4 * 4
@@ -110,22 +122,7 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
             half, row0 = w // GROUPS, (w % GROUPS) * 16
             acc = [[[0.0] * 4 for _ in range(32)] for _ in range(4)]
             for kk in range(0, D, 16):
-                a = []
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    qa = (row0 + g) * LQ + 4 * t
-                    a.append(
-                        sum(
-                            (
-                                [
-                                    float(q_tile[qa + kk + i]),
-                                    float(q_tile[qa + 8 * LQ + kk + i]),
-                                ]
-                                for i in range(4)
-                            ),
-                            [],
-                        )
-                    )
+                a = a_fragments(q_tile, row0, LQ, kk, lambda t, i: 4 * t + i)
                 for n in range(4):
                     bfr = []
                     for lane in range(32):
@@ -190,22 +187,7 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
         for w in warps:
             half, row0 = w // GROUPS, (w % GROUPS) * 16
             for kk in range(0, KEYS, 16):
-                a = []
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    pa = (row0 + g) * LP + 2 * t
-                    a.append(
-                        sum(
-                            (
-                                [
-                                    float(p_tile[pa + kk + ko(i)]),
-                                    float(p_tile[pa + 8 * LP + kk + ko(i)]),
-                                ]
-                                for i in range(4)
-                            ),
-                            [],
-                        )
-                    )
+                a = a_fragments(p_tile, row0, LP, kk, lambda t, i: 2 * t + ko(i))
                 for n in range(NT):
                     bfr = []
                     for lane in range(32):

@@ -119,33 +119,25 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
     # 128 + 4, 32 of P of 64 + 8, and each half's row maxima (DmmaTiles); two CTAs an SM.
     assert flash._dmma_forward_shared(128, 128) == 4 * (
         96 * 144 + 64 * 132 + 32 * 72 + 2 * 32)
-    assert 2 * (flash._dmma_forward_shared(128, 128) + 1024) <= 228 * 1024
 
 
-def test_the_dmma_forward_runs_on_sm90_at_its_head_dims_only(monkeypatch):
+def test_each_gpu_and_head_dim_gets_its_forward(monkeypatch):
+    # The DMMA forward on sm_90 at its head dims only, the MMA forward on sm_90 only.
     assert flash.DMMA_FORWARD_DIMS == ((128, 128),)
     for dims, arch, name in (((128, 128), ArchSku.sm90, "fwd_dmma"),
                              ((128, 64), ArchSku.sm90, "fwd_mma"),
                              ((64, 128), ArchSku.sm90, "fwd_mma"),
+                             ((64, 64), ArchSku.sm90, "fwd_mma"),
                              ((128, 128), ArchSku.sm100, "fwd_wide"),
-                             ((128, 128), ArchSku.sm80, "fwd")):
+                             ((64, 64), ArchSku.sm100, "fwd"),
+                             ((128, 128), ArchSku.sm80, "fwd"),
+                             ((64, 64), ArchSku.sm80, "fwd")):
         problem = flash.FlashProblem(**dict(DENSE, head_dim=dims[0], head_dim_v=dims[1]))
         launched = _launches(monkeypatch, arch)
         _run_both(problem)
         assert launched[0][0] == f"flash_f32_{name}_d{dims[0]}_dv{dims[1]}"
         assert launched[0][2] == (flash._forward_launch(name, *dims)[1],)
         assert launched[0][4] == flash._forward_launch(name, *dims)[2]
-
-
-def test_the_mma_forward_runs_on_sm90_only(monkeypatch):
-    problem = flash.FlashProblem(**dict(DENSE, head_dim=64, head_dim_v=64))
-    for arch, name in ((ArchSku.sm90, "flash_f32_fwd_mma_d64_dv64"),
-                       (ArchSku.sm80, "flash_f32_fwd_d64_dv64"),
-                       (ArchSku.sm100, "flash_f32_fwd_d64_dv64")):
-        launched = _launches(monkeypatch, arch)
-        _run_both(problem)
-        assert launched[0][0] == name
-        assert launched[0][4] == flash._forward_shared(64, 64, mma=arch is ArchSku.sm90)
 
 
 def test_backward_grids_workspace_and_delta_layout(monkeypatch):
@@ -188,7 +180,7 @@ def test_empty_extents_launch_only_what_writes_rows(monkeypatch):
 def test_two_ctas_share_an_sm_at_head_dim_128():
     # sm_90: 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA.
     for size in (flash._forward_shared(128, 128), flash._forward_shared(128, 128, mma=True),
-                 flash._dkdv_shared(128, 128)):
+                 flash._dmma_forward_shared(128, 128), flash._dkdv_shared(128, 128)):
         assert 2 * (size + 1024) <= 228 * 1024
 
 
