@@ -1,6 +1,6 @@
 // Flash attention in true f32: f32 storage, f32 FMA on CUDA cores (no TF32 or other reduced
 // precision anywhere; on sm_90 the forward's scores take f64 products on the FP64 tensor cores,
-// and at d128 its P V too),
+// and at D = Dv of 32, 64, 96 and 128 its P V too),
 // a forward and a deterministic backward, over two layouts that share one address scheme.
 //
 //   dense   q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]   (cu_seqlens null)
@@ -24,8 +24,9 @@
 //                                   entirely.
 //   flash_f32_fwd_mma_d<D>_dv<Dv>   the same with Q K^T on sm_90's FP64 tensor cores
 //                                   (dot_rows_dmma): the FMA pipe is left to P V and the softmax.
-//   flash_f32_fwd_dmma_d128_dv128   Q K^T and P V both on sm_90's FP64 tensor cores, CTAs of 32
-//                                   rows and 128 threads, two an SM (forward_dmma).
+//   flash_f32_fwd_dmma_d<D>_dv<D>   Q K^T and P V both on sm_90's FP64 tensor cores, CTAs of 32
+//                                   rows and 128 threads, three an SM at D <= 64, else two
+//                                   (forward_dmma).
 //   flash_f32_fwd_wide_d128_dv128   the 64-row forward over 128 rows and 128-key blocks, 256
 //                                   threads, for GPUs other than sm_90 that give a block 198 KiB of
 //                                   shared memory (ForwardShape).
@@ -720,17 +721,17 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
 // ------------------------------------------------------------- forward, both products on DMMA
 
 // The forward with Q K^T and P V both on sm_90's FP64 tensor cores (flash_f32_fwd_dmma_*): CTA =
-// (32 query rows, head, sequence) of 128 threads, two CTAs an SM. Warp w owns rows 16 (w % 2)..
-// and half w / 2 of each 64-key block for the scores and of Dv for P V, so its f64 output
-// fragment is 16 x Dv/2 (64 registers a lane at Dv = 128). The two warps of a row group exchange
-// their rows' maxima and sums through shared memory and compute the same running max bit for
-// bit. Two CTAs an SM, so that one's softmax can run while the other's mma does: on an H100 at
-// d128 they ran 3.13 ms against 3.22 for one CTA of 64 rows and 256 threads (causal 1.61
-// against 1.70), though each K and V block now serves 32 rows instead of 64. P goes
-// through its own tile (f32, every warp reads all 64 keys of its rows), and K and V have tiles
-// of their own, so the next K streams in under the softmax and P V, the next V under the next
-// scores. Operands are widened from f32 as they are loaded (dot_rows_dmma says why that is
-// exact); P V sums in f64 and the output is divided and rounded once.
+// (32 query rows, head, sequence) of 128 threads, two or three CTAs an SM (dmma_ctas). Warp w
+// owns rows 16 (w % 2).. and half w / 2 of each 64-key block for the scores and of Dv for P V,
+// so its f64 output fragment is 16 x Dv/2 (64 registers a lane at Dv = 128). The two warps of a
+// row group exchange their rows' maxima and sums through shared memory and compute the same
+// running max bit for bit. Several CTAs an SM, so that one's softmax can run while another's
+// mma does: on an H100 at d128 two ran 3.13 ms against 3.22 for one CTA of 64 rows and 256
+// threads (causal 1.61 against 1.70), though each K and V block now serves 32 rows instead of
+// 64. P goes through its own tile (f32, every warp reads all 64 keys of its rows), and K and V
+// have tiles of their own, so the next K streams in under the softmax and P V, the next V under
+// the next scores. Operands are widened from f32 as they are loaded (dot_rows_dmma says why that
+// is exact); P V sums in f64 and the output is divided and rounded once.
 //
 // Operands load as vectors. An mma sums over its 16 k-indices in an order of its own, so which
 // element a lane's fragment slot holds along k is free as long as A and B agree: in Q K^T lane t
@@ -738,7 +739,16 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
 // takes four scalar loads), and in P V keys 2t, 2t+1, 2t+8, 2t+9 (two float2 of P). The output
 // columns are permuted the same way: B's column g of 8-column tile n is the warp's column
 // dmma_column(n, g), so a lane's V values of four tiles are one float4.
-constexpr int kDmmaRows = 32, kDmmaThreads = 128, kDmmaKeys = 64, kDmmaCtas = 2;
+constexpr int kDmmaRows = 32, kDmmaThreads = 128, kDmmaKeys = 64;
+// Measured on an H100 (B4 H16 S2048; flash_f32.py's DMMA_FORWARD_DIMS has the times): at D and
+// Dv <= 64 the registers allow three CTAs an SM (168, with about 100 bytes of spills at d64,
+// and still faster than two), wider pairs fit two. The P V loop runs unrolled 4 (d96 2.58 ms
+// against 2.73 with 2); the Q K^T loop 4 at the wide dims (d128 3.06-3.10 against 3.13-3.16)
+// and 2 at the small ones, where 4 lost.
+constexpr bool dmma_small(int d, int dv) { return d <= 64 && dv <= 64; }
+constexpr int dmma_ctas(int d, int dv) { return dmma_small(d, dv) ? 3 : 2; }
+constexpr int dmma_qk_unroll(int d, int dv) { return dmma_small(d, dv) ? 2 : 4; }
+constexpr int kDmmaPvUnroll = 4;
 constexpr int kDmmaRowGroups = kDmmaRows / 16;  // the warps of each half
 // Row pads, each the one that makes its loads conflict-free: Q and K rows are D + 16 floats (16
 // mod 32 banks: rows g and g + 1 of a quarter-warp's float4 loads fill 32 banks), V's Dv + 4
@@ -807,7 +817,7 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         {
             const float* qa = q_tile + (row0 + g) * LQ + 4 * t;
             const float* kb_ = k_tile + (half * 32 + g) * LQ + 4 * t;
-#pragma unroll 2
+#pragma unroll(dmma_qk_unroll(D, DV))
             for (int kk = 0; kk < D; kk += 16) {
                 const float4 x = *reinterpret_cast<const float4*>(qa + kk);
                 const float4 y = *reinterpret_cast<const float4*>(qa + 8 * LQ + kk);
@@ -883,7 +893,7 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
             // Slot t + 4i of a k-step holds key 2t + (i & 1) + 8 (i >> 1).
             const float* pa = p_tile + (row0 + g) * LP + 2 * t;
             const float* vb = v_tile + 2 * t * LV + half * (DV / 2);
-#pragma unroll 2
+#pragma unroll(kDmmaPvUnroll)
             for (int kk = 0; kk < kDmmaKeys; kk += 16) {
                 const float2 x0 = *reinterpret_cast<const float2*>(pa + kk);
                 const float2 x1 = *reinterpret_cast<const float2*>(pa + kk + 8);
@@ -1319,7 +1329,7 @@ FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true, false)
 // The DMMA forward, for the head dims where it was measured faster (flash_f32.py's
 // DMMA_FORWARD_DIMS).
 #define FLASH_DMMA_FORWARD(D, DV)                                                               \
-    extern "C" __global__ void __launch_bounds__(kDmmaThreads, kDmmaCtas)                       \
+    extern "C" __global__ void __launch_bounds__(kDmmaThreads, dmma_ctas(D, DV))               \
         flash_f32_fwd_dmma_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), \
                                          FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                \
         forward_dmma<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
@@ -1327,4 +1337,7 @@ FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true, false)
                             FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
     }
 
+FLASH_DMMA_FORWARD(32, 32)
+FLASH_DMMA_FORWARD(64, 64)
+FLASH_DMMA_FORWARD(96, 96)
 FLASH_DMMA_FORWARD(128, 128)

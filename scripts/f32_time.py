@@ -28,8 +28,10 @@ import numpy as np
 
 # name: batch, heads, seq, head_dim, causal (dense, Hq = Hkv). The bench's f32 rows.
 CASES = {
+    "d32": (4, 16, 2048, 32, None),
     "d64": (4, 16, 2048, 64, None),
     "d64_causal": (4, 16, 2048, 64, "bottom_right"),
+    "d96": (4, 16, 2048, 96, None),
     "d128": (4, 16, 2048, 128, None),
     "d128_causal": (4, 16, 2048, 128, "bottom_right"),
 }

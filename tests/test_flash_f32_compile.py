@@ -123,11 +123,13 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
 
 def test_each_gpu_and_head_dim_gets_its_forward(monkeypatch):
     # The DMMA forward on sm_90 at its head dims only, the MMA forward on sm_90 only.
-    assert flash.DMMA_FORWARD_DIMS == ((128, 128),)
+    assert flash.DMMA_FORWARD_DIMS == ((32, 32), (64, 64), (96, 96), (128, 128))
     for dims, arch, name in (((128, 128), ArchSku.sm90, "fwd_dmma"),
+                             ((96, 96), ArchSku.sm90, "fwd_dmma"),
+                             ((64, 64), ArchSku.sm90, "fwd_dmma"),
+                             ((32, 32), ArchSku.sm90, "fwd_dmma"),
                              ((128, 64), ArchSku.sm90, "fwd_mma"),
                              ((64, 128), ArchSku.sm90, "fwd_mma"),
-                             ((64, 64), ArchSku.sm90, "fwd_mma"),
                              ((128, 128), ArchSku.sm100, "fwd_wide"),
                              ((64, 64), ArchSku.sm100, "fwd"),
                              ((128, 128), ArchSku.sm80, "fwd"),
@@ -182,6 +184,10 @@ def test_two_ctas_share_an_sm_at_head_dim_128():
     for size in (flash._forward_shared(128, 128), flash._forward_shared(128, 128, mma=True),
                  flash._dmma_forward_shared(128, 128), flash._dkdv_shared(128, 128)):
         assert 2 * (size + 1024) <= 228 * 1024
+    # The DMMA forward asks ptxas for three CTAs an SM at head dims up to 64 (dmma_ctas in
+    # flash_f32.cu): their tiles must fit three times too.
+    for d in (32, 64):
+        assert 3 * (flash._dmma_forward_shared(d, d) + 1024) <= 228 * 1024
 
 
 @pytest.mark.parametrize(("length", "total", "blocks", "size", "words"), [

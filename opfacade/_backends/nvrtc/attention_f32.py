@@ -2,13 +2,13 @@
 ``native/flash_f32.cu``): dense SDPA forward and backward (``sdpa_*.nvrtc.f32``) and packed
 varlen attention forward and backward (``varlen_attention_*.nvrtc.f32``).
 
-f32 inputs and f32 FMA math on CUDA cores, no TF32 (on sm_90 the forward's scores go further:
-f64 products and sums on the FP64 tensor cores, rounded once to f32, and at d 128 its P V too):
-what cuDNN 9.19 does not offer (it refuses an f32 backward, and runs the f32 forward at ~18
-TFLOP/s on an H100). The backward sums in an order fixed by the problem alone (dQ in key-block
-order, each key block's CTA waiting its turn to add): deterministic and bit-stable. Nothing is
-read on the host at run time (varlen offsets stay on the device and are clamped by the kernels),
-so every call may be captured in a CUDA graph.
+f32 inputs and f32 FMA math on CUDA cores, no TF32 (on sm_90 the forward's scores go further: f64
+products and sums on the FP64 tensor cores, rounded once to f32, and at d 32, 64, 96 and 128 its
+P V too): what cuDNN 9.19 does not offer (it refuses an f32 backward, and runs the f32 forward at
+~18 TFLOP/s on an H100). The backward sums in an order fixed by the problem alone (dQ in
+key-block order, each key block's CTA waiting its turn to add): deterministic and bit-stable.
+Nothing is read on the host at run time (varlen offsets stay on the device and are clamped by the
+kernels), so every call may be captured in a CUDA graph.
 """
 
 from __future__ import annotations

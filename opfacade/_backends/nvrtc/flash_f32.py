@@ -2,8 +2,8 @@
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
 The math is f32 FMA on CUDA cores (no TF32), except the forward's scores on sm_90, whose
-products and sums are f64 on the FP64 tensor cores (MMA_FORWARD_ARCHES), and at D = Dv = 128
-there its P V too, summed in f64 and rounded once (DMMA_FORWARD_DIMS). The backward sums in a
+products and sums are f64 on the FP64 tensor cores (MMA_FORWARD_ARCHES), and where D = Dv there
+its P V too, summed in f64 and rounded once (DMMA_FORWARD_DIMS). The backward sums in a
 fixed order (dQ's L2 reductions come one key block at a time), so it is bitwise reproducible.
 Nothing here takes a descriptor: a ``FlashProblem`` of plain values says what to compute,
 ``FlashStrides`` where the tensors are, and the ``*_call`` functions pack the arguments once and
@@ -21,7 +21,8 @@ A CTA runs 128 threads (the Delta kernel's 256) and needs up to 108 KiB of dynam
 memory (D = Dv = 128) and cp.async, so the kernels run on sm_80 and sm_90; sm_86/sm_89 allow
 99 KiB a block, which every pair but D = Dv = 128 fits. At D = Dv = 128 a GPU other than sm_90
 that gives a block 198 KiB (sm_100) runs a wide forward instead: 128-row blocks of 256 threads.
-On sm_90 the forward at D = Dv = 128 runs 32-row blocks of 128 threads in 96.25 KiB, two an SM.
+On sm_90 the forward at D = Dv (32, 64, 96, 128) runs 32-row blocks of 128 threads, at D = 128 in
+96.25 KiB, two an SM, at D <= 64 three an SM.
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
 EXCHANGE_FLOATS = 16 * (32 + 2)
 # The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma),
 # on the MMA forwards' architectures, for the (head_dim, head_dim_v) pairs where it beat the MMA
-# forward on an H100 (B4 H16 S2048, in CTAs of 64 rows, three calls: d128 3.18-3.23 ms against
-# 3.27-3.30, causal 1.64-1.68 against 1.71; at d64 it lost, 1.96 against 1.63). It runs 32 rows
-# and 64 keys a block in 128 threads, two CTAs an SM (3.13 ms at d128 against 3.22 for 64 rows
-# in 256 threads, causal 1.61 against 1.70); rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
-DMMA_FORWARD_DIMS = ((128, 128),)
+# forward on an H100 (B4 H16 S2048, forward ms, one call, scripts/f32_time.py): d32 0.91 against
+# 1.10, d64 1.56 against 1.65, d64 causal 0.80-0.82 against 0.82, d96 2.58 against 2.71, d128
+# 3.06-3.10 against 3.14, d128 causal 1.60-1.62 against 1.62 (where the MMA forward is itself
+# beaten by an earlier form of this one). The pairs of two head dims were not timed and keep the
+# MMA forward. It runs 32 rows and 64 keys a block in 128 threads, three CTAs an SM at head dims
+# up to 64 and two above; rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
+DMMA_FORWARD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128))
 DMMA_ROWS, DMMA_KEYS, DMMA_THREADS = 32, 64, 128
 DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 16, 4, 8
 QUERY_BLOCK_ROWS = min(FORWARD_ROWS, WIDE_FORWARD_ROWS, DMMA_ROWS)  # the smallest forward block
