@@ -722,8 +722,9 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
 
 // The forward with Q K^T and P V both on sm_90's FP64 tensor cores (flash_f32_fwd_dmma_*): CTA =
 // (32 query rows, head, sequence) of 128 threads, two or three CTAs an SM (dmma_ctas). Warp w
-// owns rows 16 (w % 2).. and half w / 2 of each 64-key block for the scores and of Dv for P V,
-// so its f64 output fragment is 16 x Dv/2 (64 registers a lane at Dv = 128). The two warps of a
+// owns rows 16 (w % 2).. and half w / 2 of each 64-key block for the scores and of Dv for P V
+// (at Dv = 128 all 32 rows and quarter w of Dv: dmma_pv_quarters), so its f64 output fragment
+// is 16 x Dv/2 (or 32 x Dv/4; 64 registers a lane at Dv = 128). The two warps of a
 // row group exchange their rows' maxima and sums through shared memory and compute the same
 // running max bit for bit. Several CTAs an SM, so that one's softmax can run while another's
 // mma does: on an H100 at d128 two ran 3.13 ms against 3.22 for one CTA of 64 rows and 256
@@ -749,6 +750,12 @@ constexpr bool dmma_small(int d, int dv) { return d <= 64 && dv <= 64; }
 constexpr int dmma_ctas(int d, int dv) { return dmma_small(d, dv) ? 3 : 2; }
 constexpr int dmma_qk_unroll(int d, int dv) { return dmma_small(d, dv) ? 2 : 4; }
 constexpr int kDmmaPvUnroll = 4;
+// At Dv = 128 each warp's P V covers all 32 rows and a quarter of Dv (dmma_pv_quarters): V's
+// widenings halve (each V value is widened by one warp instead of two) and P's double, 128 a
+// lane and block instead of 160. On an H100 d128 ran 3.068 ms against 3.079 (causal 1.580 against
+// 1.595; at S4096 5.97 against 6.04), the same bits. At d64 it spilled more and lost (1.587
+// against 1.557), so the smaller Dv keep warps of 16 rows and half of Dv.
+constexpr bool dmma_pv_quarters(int dv) { return dv == 128; }
 constexpr int kDmmaRowGroups = kDmmaRows / 16;  // the warps of each half
 // Row pads, each the one that makes its loads conflict-free: Q and K rows are D + 16 floats (16
 // mod 32 banks: rows g and g + 1 of a quarter-warp's float4 loads fill 32 banks), V's Dv + 4
@@ -768,7 +775,8 @@ template <int D, int DV>
 struct DmmaTiles {
     static constexpr int Q = kDmmaRows * (D + kDmmaQkPad), K = kDmmaKeys * (D + kDmmaQkPad);
     static constexpr int V = kDmmaKeys * (DV + kVPad), P = kDmmaRows * (kDmmaKeys + kDmmaPPad);
-    static constexpr int STATS = 2 * kDmmaRows;  // one value a row from each half of the keys
+    // Each half's row maxima (at the end its row sums), then with quarters each row's rescale.
+    static constexpr int STATS = (dmma_pv_quarters(DV) ? 3 : 2) * kDmmaRows;
     static constexpr int FLOATS = Q + K + V + P + STATS;
 };
 
@@ -794,8 +802,12 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
     const int half = w / kDmmaRowGroups, row0 = (w % kDmmaRowGroups) * 16;  // rows row0 + g, + 8
     const int i_a = i0 + row0 + g, i_b = i_a + 8;
     const float scale = p.scale * kLog2e;
+    constexpr bool QUARTERS = dmma_pv_quarters(DV);
+    constexpr int MT = QUARTERS ? 2 : 1;         // 16-row tiles of a warp's P V
+    constexpr int NO = QUARTERS ? DV / 32 : NT;  // its 8-column output tiles
+    float* alphas = stats + 2 * kDmmaRows;  // QUARTERS: each row's rescale for this block
 
-    double o[NT][4] = {};
+    double o[MT][NO][4] = {};
     float m[2] = {minus_infinity(), minus_infinity()}, l[2] = {0.0f, 0.0f};
     const int i_last = min(i0 + kDmmaRows, sq.len) - 1;
     const int2 blocks = key_blocks(mask, i0, i_last, kDmmaKeys);
@@ -871,9 +883,17 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
             const float m_new = fmaxf(m[r], fmaxf(stats[row], stats[kDmmaRows + row]));
             alpha[r] = fold_block<double>(s[r], m[r], l[r], m_new);
         }
+        if constexpr (QUARTERS) {
+            if (half == 0 && t == 0) {
+                alphas[row0 + g] = (float)alpha[0];
+                alphas[row0 + g + 8] = (float)alpha[1];
+            }
+        } else {
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+            for (int n = 0; n < NT; ++n) {
+                o[0][n][0] *= alpha[0], o[0][n][1] *= alpha[0];
+                o[0][n][2] *= alpha[1], o[0][n][3] *= alpha[1];
+            }
         }
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
@@ -891,37 +911,54 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
         __syncthreads();  // P is whole
         {
             // Slot t + 4i of a k-step holds key 2t + (i & 1) + 8 (i >> 1).
-            const float* pa = p_tile + (row0 + g) * LP + 2 * t;
-            const float* vb = v_tile + 2 * t * LV + half * (DV / 2);
+            const float* vb =
+                v_tile + 2 * t * LV + (QUARTERS ? w * (DV / 4) : half * (DV / 2));
+            if constexpr (QUARTERS) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const double al = alphas[16 * mt + g], bl = alphas[16 * mt + g + 8];
+#pragma unroll
+                    for (int n = 0; n < NO; ++n) {
+                        o[mt][n][0] *= al, o[mt][n][1] *= al, o[mt][n][2] *= bl, o[mt][n][3] *= bl;
+                    }
+                }
+            }
 #pragma unroll(kDmmaPvUnroll)
             for (int kk = 0; kk < kDmmaKeys; kk += 16) {
-                const float2 x0 = *reinterpret_cast<const float2*>(pa + kk);
-                const float2 x1 = *reinterpret_cast<const float2*>(pa + kk + 8);
-                const float2 y0 = *reinterpret_cast<const float2*>(pa + 8 * LP + kk);
-                const float2 y1 = *reinterpret_cast<const float2*>(pa + 8 * LP + kk + 8);
-                const double a[8] = {x0.x, y0.x, x0.y, y0.y, x1.x, y1.x, x1.y, y1.y};
-                float bv[4][NT];  // [slot i][tile n]: V[key of slot i][dmma_column(n, g)]
+                double a[MT][8];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const float* pa = p_tile + ((QUARTERS ? 0 : row0) + 16 * mt + g) * LP + 2 * t;
+                    const float2 x0 = *reinterpret_cast<const float2*>(pa + kk);
+                    const float2 x1 = *reinterpret_cast<const float2*>(pa + kk + 8);
+                    const float2 y0 = *reinterpret_cast<const float2*>(pa + 8 * LP + kk);
+                    const float2 y1 = *reinterpret_cast<const float2*>(pa + 8 * LP + kk + 8);
+                    a[mt][0] = x0.x, a[mt][1] = y0.x, a[mt][2] = x0.y, a[mt][3] = y0.y;
+                    a[mt][4] = x1.x, a[mt][5] = y1.x, a[mt][6] = x1.y, a[mt][7] = y1.y;
+                }
+                float bv[4][NO];  // [slot i][tile n]: V[key of slot i][dmma_column(n, g)]
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const float* row = vb + (kk + (i & 1) + 8 * (i >> 1)) * LV;
 #pragma unroll
-                    for (int n = 0; n < NT; n += 4) {
-                        if (NT - n >= 4) {
+                    for (int n = 0; n < NO; n += 4) {
+                        if (NO - n >= 4) {
                             const float4 z =
-                                *reinterpret_cast<const float4*>(row + dmma_column<NT>(n, g));
+                                *reinterpret_cast<const float4*>(row + dmma_column<NO>(n, g));
                             bv[i][n] = z.x, bv[i][n + 1] = z.y, bv[i][n + 2] = z.z;
                             bv[i][n + 3] = z.w;
                         } else {
                             const float2 z =
-                                *reinterpret_cast<const float2*>(row + dmma_column<NT>(n, g));
+                                *reinterpret_cast<const float2*>(row + dmma_column<NO>(n, g));
                             bv[i][n] = z.x, bv[i][n + 1] = z.y;
                         }
                     }
                 }
 #pragma unroll
-                for (int n = 0; n < NT; ++n) {
+                for (int n = 0; n < NO; ++n) {
                     const double bf[4] = {bv[0][n], bv[1][n], bv[2][n], bv[3][n]};
-                    dmma_16x8x16(o[n], a, bf);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) dmma_16x8x16(o[mt][n], a[mt], bf);
                 }
             }
         }
@@ -945,23 +982,35 @@ __device__ __forceinline__ void forward_dmma(const Rows<const float>& q,
     }
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row0 + g + 8 * r, i = i0 + row;
-        if (i >= sq.len) continue;
-        const float sum = stats[row] + stats[kDmmaRows + row];
-        const i64 tok = sq.row0 + i;
-        float* out_row = out.at(b, h, tok) + half * (DV / 2);
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
+        for (int r = 0; r < 2; ++r) {
+            const int row = (QUARTERS ? 0 : row0) + 16 * mt + g + 8 * r, i = i0 + row;
+            if (i >= sq.len) continue;
+            const float sum = stats[row] + stats[kDmmaRows + row];
+            const i64 tok = sq.row0 + i;
+            float* out_row = out.at(b, h, tok) + (QUARTERS ? w * (DV / 4) : half * (DV / 2));
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                out_row[dmma_column<NT>(n, 2 * t + e)] =
-                    sum > 0.0f ? (float)(o[n][2 * r + e] / sum) : 0.0f;
+            for (int n = 0; n < NO; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    out_row[dmma_column<NO>(n, 2 * t + e)] =
+                        sum > 0.0f ? (float)(o[mt][n][2 * r + e] / sum) : 0.0f;
+                }
+            }
+            // lse in natural log: m counts in base 2. Without quarters these are the warp's rows.
+            if (!QUARTERS && half == 0 && t == 0) {
+                *lse.at(b, h, tok) = row_lse(m[r], sum);
             }
         }
-        // lse in natural log: m counts in base 2.
-        if (half == 0 && t == 0) {
-            *lse.at(b, h, tok) = row_lse(m[r], sum);
+    }
+    if constexpr (QUARTERS) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + g + 8 * r, i = i0 + row;
+            if (i < sq.len && half == 0 && t == 0) {
+                *lse.at(b, h, sq.row0 + i) = row_lse(m[r], stats[row] + stats[kDmmaRows + row]);
+            }
         }
     }
 }

@@ -1,4 +1,4 @@
-"""CPU emulation of forward_dmma (native/flash_f32.cu: the f32 forward at d128 on sm_90),
+"""CPU emulation of forward_dmma (native/flash_f32.cu: sm_90's f32 forward where D = Dv),
 transcribed per warp and lane, with mma.sync m16n8k16 f64 done through the PTX fragment layouts
 that scripts/dmma_probe.py verified on an H100, and the kernel's operand permutations (which key
 or d each fragment slot holds, which column each output tile's column is). Compares against a
@@ -13,6 +13,7 @@ ROWS = 32  # query rows a CTA (the kernel's kDmmaRows)
 KEYS = 64
 GROUPS = ROWS // 16  # warps a half of the keys (and of Dv): 16 rows each
 QK_PAD, VPAD, PPAD = 16, 4, 8
+PV_QUARTERS_DV = (128,)  # dmma_pv_quarters: each warp's P V over all rows, a quarter of Dv
 
 
 def ko(i):
@@ -105,9 +106,19 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 v_tile[r * LV : r * LV + DV] = V[j0 + r]
 
     NT = DV // 16
+    quarters = DV in PV_QUARTERS_DV
+    # A warp's P V: MT tiles of 16 rows from pv_row0, NO output tiles of 8 columns from pv_col0.
+    MT, NO = (2, DV // 32) if quarters else (1, NT)
+
+    def pv_place(w):
+        if quarters:
+            return 0, w * (DV // 4)
+        return (w % GROUPS) * 16, (w // GROUPS) * (DV // 2)
+
+    alphas = np.zeros(ROWS, f32)
     sc = f32(scale * LOG2E)
     warps = range(2 * GROUPS)
-    o = {(w, ln): np.zeros((NT, 4)) for w in warps for ln in range(32)}
+    o = {(w, ln): np.zeros((MT, NO, 4)) for w in warps for ln in range(32)}
     m = {(w, ln): [f32(-np.inf)] * 2 for w in warps for ln in range(32)}
     lsum = {(w, ln): [f32(0)] * 2 for w in warps for ln in range(32)}
     i_last = min(i0 + ROWS, len_q) - 1
@@ -173,8 +184,12 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                         tot = f32(tot + s[r][c])
                     lsum[(w, lane)][r] = f32(lsum[(w, lane)][r] * f32(alpha[r]) + tot)
                     m[(w, lane)][r] = m_new
-                o[(w, lane)][:, 0:2] *= alpha[0]
-                o[(w, lane)][:, 2:4] *= alpha[1]
+                if quarters:
+                    if half == 0 and t == 0:
+                        alphas[row0 + g], alphas[row0 + g + 8] = alpha
+                else:
+                    o[(w, lane)][0, :, 0:2] *= alpha[0]
+                    o[(w, lane)][0, :, 2:4] *= alpha[1]
                 for n in range(4):
                     col = half * 32 + 8 * n + 2 * t
                     p_tile[(row0 + g) * LP + col : (row0 + g) * LP + col + 2] = s[0][
@@ -185,19 +200,26 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                     ]
         # sync; P V
         for w in warps:
-            half, row0 = w // GROUPS, (w % GROUPS) * 16
+            pv_row0, pv_col0 = pv_place(w)
+            if quarters:
+                for lane in range(32):
+                    g = lane >> 2
+                    for mt in range(MT):
+                        o[(w, lane)][mt, :, 0:2] *= float(alphas[16 * mt + g])
+                        o[(w, lane)][mt, :, 2:4] *= float(alphas[16 * mt + g + 8])
             for kk in range(0, KEYS, 16):
-                a = a_fragments(p_tile, row0, LP, kk, lambda t, i: 2 * t + ko(i))
-                for n in range(NT):
-                    bfr = []
-                    for lane in range(32):
-                        g, t = lane >> 2, lane & 3
-                        vb = 2 * t * LV + half * (DV // 2) + column(NT, n, g)
-                        bfr.append([float(v_tile[vb + (kk + ko(i)) * LV]) for i in range(4)])
-                    cf = [list(o[(w, lane)][n]) for lane in range(32)]
-                    res = mma(cf, a, bfr)
-                    for lane in range(32):
-                        o[(w, lane)][n] = res[lane]
+                for mt in range(MT):
+                    a = a_fragments(p_tile, pv_row0 + 16 * mt, LP, kk, lambda t, i: 2 * t + ko(i))
+                    for n in range(NO):
+                        bfr = []
+                        for lane in range(32):
+                            g, t = lane >> 2, lane & 3
+                            vb = 2 * t * LV + pv_col0 + column(NO, n, g)
+                            bfr.append([float(v_tile[vb + (kk + ko(i)) * LV]) for i in range(4)])
+                        cf = [list(o[(w, lane)][mt, n]) for lane in range(32)]
+                        res = mma(cf, a, bfr)
+                        for lane in range(32):
+                            o[(w, lane)][mt, n] = res[lane]
     out = np.full((ROWS, DV), np.nan)
     lse = np.full(ROWS, np.nan)
     stats[:] = 0
@@ -210,18 +232,25 @@ def forward_cta(Q, K, V, i0, D, DV, scale, mask):
                 )
     for w in warps:
         half, row0 = w // GROUPS, (w % GROUPS) * 16
+        pv_row0, pv_col0 = pv_place(w)
         for lane in range(32):
             g, t = lane >> 2, lane & 3
+            for mt in range(MT):
+                for r in range(2):
+                    row = pv_row0 + 16 * mt + g + 8 * r
+                    if i0 + row >= len_q:
+                        continue
+                    tot = stats[row] + stats[ROWS + row]
+                    for n in range(NO):
+                        for e in range(2):
+                            out[row, pv_col0 + column(NO, n, 2 * t + e)] = (
+                                o[(w, lane)][mt, n][2 * r + e] / tot if tot > 0 else 0.0
+                            )
             for r in range(2):
                 row = row0 + g + 8 * r
                 if i0 + row >= len_q:
                     continue
                 tot = stats[row] + stats[ROWS + row]
-                for n in range(NT):
-                    for e in range(2):
-                        out[row, half * (DV // 2) + column(NT, n, 2 * t + e)] = (
-                            o[(w, lane)][n][2 * r + e] / tot if tot > 0 else 0.0
-                        )
                 if half == 0 and t == 0:
                     lse[row] = m[(w, lane)][r] * LN2 + np.log(tot) if tot > 0 else -np.inf
     return out, lse
@@ -250,6 +279,7 @@ if __name__ == "__main__":
     for lq, lkv, D, DV, causal, left, right in [
         (70, 150, 32, 32, 2, -1, -1),
         (64, 64, 16, 64, 0, -1, -1),
+        (70, 90, 32, 128, 2, -1, -1),  # Dv 128: P V in quarters of Dv
         (100, 130, 32, 96, 1, 20, -1),  # Dv 96: a chunk of 2 output tiles after one of 4
         (40, 100, 16, 32, 2, 30, 0),
         (100, 40, 16, 32, 2, -1, -1),  # bottom-right, taller than wide: rows without keys

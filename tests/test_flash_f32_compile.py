@@ -116,9 +116,11 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
     assert flash._forward_shared(128, 128, wide=True) == 4 * 3 * 128 * 132 <= SM90_SHARED
     assert flash._forward_shared(128, 128, mma=True) == 4 * (3 * 64 * 132 + 4 * 16 * 34)
     # The DMMA forward's: 32 rows of Q and 64 of K of 128 + 16 floats, 64 rows of V of
-    # 128 + 4, 32 of P of 64 + 8, and each half's row maxima (DmmaTiles); two CTAs an SM.
+    # 128 + 4, 32 of P of 64 + 8, each half's row maxima and, its P V in quarters of Dv, each
+    # row's rescale (DmmaTiles); at Dv = 64 no rescales.
     assert flash._dmma_forward_shared(128, 128) == 4 * (
-        96 * 144 + 64 * 132 + 32 * 72 + 2 * 32)
+        96 * 144 + 64 * 132 + 32 * 72 + 3 * 32)
+    assert flash._dmma_forward_shared(64, 64) == 4 * (96 * 80 + 64 * 68 + 32 * 72 + 2 * 32)
 
 
 def test_each_gpu_and_head_dim_gets_its_forward(monkeypatch):

@@ -76,6 +76,7 @@ EXCHANGE_FLOATS = 16 * (32 + 2)
 DMMA_FORWARD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128))
 DMMA_ROWS, DMMA_KEYS, DMMA_THREADS = 32, 64, 128
 DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 16, 4, 8
+DMMA_PV_QUARTERS_DV = (128,)  # Dv where each warp's P V takes all rows and a quarter of Dv
 QUERY_BLOCK_ROWS = min(FORWARD_ROWS, WIDE_FORWARD_ROWS, DMMA_ROWS)  # the smallest forward block
 DKDV_KEYS, DKDV_ROWS = 64, 32
 DELTA_ROWS = 64
@@ -102,10 +103,12 @@ def _forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> i
 
 
 def _dmma_forward_shared(d: int, dv: int) -> int:
-    # Q, K, V, P, and one value a row from each half of the keys (DmmaTiles).
+    # Q, K, V, P, one value a row from each half of the keys, and where P V runs in quarters of
+    # Dv (dmma_pv_quarters) each row's rescale (DmmaTiles).
     rows, keys = DMMA_ROWS, DMMA_KEYS
+    stats = 3 if dv in DMMA_PV_QUARTERS_DV else 2
     return _FLOAT * ((rows + keys) * (d + DMMA_QK_PAD) + keys * (dv + DMMA_V_PAD)
-                     + rows * (keys + DMMA_P_PAD) + 2 * rows)
+                     + rows * (keys + DMMA_P_PAD) + stats * rows)
 
 
 def _dkdv_shared(d: int, dv: int) -> int:
