@@ -328,7 +328,7 @@ def run_other_forwards(rng: np.random.Generator, stream) -> list[dict]:
     """The cases of D = Dv = 128 on the forwards an H100 does not pick there: the wide one (an
     sm_100's choice), the 64-row one without the FP64 tensor cores (an sm_89's), both as the
     launcher would pick them there, and the MMA forward (scores only on the FP64 tensor
-    cores, an H100's at the other head dims)."""
+    cores, an H100's where D and Dv differ)."""
     arch, shared, dmma = (flash_f32.device_arch, flash_f32._shared_per_block,
                           flash_f32.DMMA_FORWARD_DIMS)
     results = []
