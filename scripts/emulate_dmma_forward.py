@@ -1,4 +1,4 @@
-"""CPU emulation of forward_dmma (native/flash_f32.cu: sm_90's f32 forward where D = Dv),
+"""CPU emulation of forward_dmma (native/flash_f32_dmma.cuh: sm_90's f32 forward where D = Dv),
 transcribed per warp and lane, with mma.sync m16n8k16 f64 done through the PTX fragment layouts
 that scripts/dmma_probe.py verified on an H100, and the kernel's operand permutations (which key
 or d each fragment slot holds, which column each output tile's column is). Compares against a

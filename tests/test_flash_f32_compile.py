@@ -187,7 +187,7 @@ def test_two_ctas_share_an_sm_at_head_dim_128():
                  flash._dmma_forward_shared(128, 128), flash._dkdv_shared(128, 128)):
         assert 2 * (size + 1024) <= 228 * 1024
     # The DMMA forward asks ptxas for three CTAs an SM at head dims up to 64 (dmma_ctas in
-    # flash_f32.cu): their tiles must fit three times too.
+    # flash_f32_dmma.cuh): their tiles must fit three times too.
     for d in (32, 64):
         assert 3 * (flash._dmma_forward_shared(d, d) + 1024) <= 228 * 1024
 

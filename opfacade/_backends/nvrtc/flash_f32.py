@@ -52,9 +52,10 @@ WIDE_FORWARD_THREADS = 256
 HEAD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (128, 64), (64, 128))
 CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `causal` codes
 
-# The kernels' blocks and shared-memory tiles (native/flash_f32.cu, kFwdRows ... kPad): every
-# tile is row-major with PAD floats added to each row. A kernel launched with less shared
-# memory than its tiles need stops (__trap) rather than corrupt memory.
+# The kernels' blocks and shared-memory tiles (native/flash_f32.cu and its two headers: kPad,
+# ForwardShape, DmmaTiles, DkdvTiles): every tile is row-major with PAD floats added to each
+# row. A kernel launched with less shared memory than its tiles need stops (__trap) rather than
+# corrupt memory.
 PAD = 4
 FORWARD_ROWS, FORWARD_KEYS = 64, 64
 # The wide forward's blocks, and the (head_dim, head_dim_v) pairs with one (ForwardShape there).
