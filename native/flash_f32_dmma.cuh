@@ -51,9 +51,9 @@ constexpr int kDmmaRowGroups = kDmmaRows / 16;  // the warps of each half
 // loads and stores).
 constexpr int kDmmaQkPad = 16, kVPad = 4, kDmmaPPad = 8;
 
-// Tile n's B column c (c = g) or output column c (c = 2t + e) is this column of the warp's half
-// of Dv: tiles go in chunks of 4 (2 where fewer are left), and lane g holds chunk columns
-// w g .. w g + w - 1, one vector.
+// Tile n's B column c (c = g) or output column c (c = 2t + e) is this column of the warp's part
+// of Dv (a half, or a quarter at Dv = 128): tiles go in chunks of 4 (2 where fewer are left),
+// and lane g holds chunk columns w g .. w g + w - 1, one vector.
 template <int NT>
 __device__ __forceinline__ constexpr int dmma_column(int n, int c) {
     return 32 * (n / 4) + (NT - n / 4 * 4 >= 4 ? 4 : NT - n / 4 * 4) * c + n % 4;
