@@ -56,6 +56,7 @@
 //
 // NVRTC builds without fast math: exp2f, logf and the divisions here are the precise ones.
 #include "flash_f32_common.cuh"
+#include "flash_f32_products.cuh"
 #include "flash_f32_dmma.cuh"
 
 namespace {

@@ -2,7 +2,7 @@
 // (flash_f32_fwd_dmma_*, instantiated by flash_f32.cu, whose header states what every kernel
 // computes).
 #pragma once
-#include "flash_f32_common.cuh"
+#include "flash_f32_products.cuh"
 
 namespace {
 
