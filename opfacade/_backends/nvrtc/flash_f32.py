@@ -38,6 +38,26 @@ from ..._internal.limits import GRID_YZ_MAX, INT32_MAX, INT64_MAX
 from ..._internal.sku import Workspace
 from ...errors import InvalidArgument, InvalidProblem, LaunchFailed, Unsupported
 from ...types import ArchSku
+from .flash_f32_tiles import (
+    DELTA_ROWS,
+    DELTA_THREADS,
+    DKDV_KEYS,
+    DKDV_ROWS,
+    DKDV_THREADS,
+    DMMA_ROWS,
+    DMMA_THREADS,
+    FORWARD_ROWS,
+    FORWARD_THREADS,
+    QUERY_BLOCK_ROWS,
+    SHARED_PER_BLOCK,
+    WIDE_FORWARD_ROWS,
+    WIDE_FORWARD_THREADS,
+    shared_bytes,
+)
+from .flash_f32_tiles import FLOAT_BYTES as _FLOAT
+from .flash_f32_tiles import dkdv_shared as _dkdv_shared
+from .flash_f32_tiles import dmma_forward_shared as _dmma_forward_shared
+from .flash_f32_tiles import forward_shared as _forward_shared
 from .launch import get_kernel, launch
 
 __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides",
@@ -45,82 +65,24 @@ __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides"
            "key_blocks", "query_blocks", "shared_bytes", "supported"]
 
 SOURCE = "flash_f32.cu"
-# Threads a CTA (kFwdThreads, kDkdvThreads, kDeltaThreads).
-FORWARD_THREADS, DKDV_THREADS, DELTA_THREADS = 128, 128, 256
-WIDE_FORWARD_THREADS = 256
 # (head_dim, head_dim_v) pairs with kernels: FLASH_KERNELS(D, DV) in native/flash_f32.cu.
 HEAD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (128, 64), (64, 128))
 CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `causal` codes
 
-# The kernels' blocks and shared-memory tiles (native/flash_f32.cu and its two headers: kPad,
-# ForwardShape, DmmaTiles, DkdvTiles): every tile is row-major with PAD floats added to each
-# row. A kernel launched with less shared memory than its tiles need stops (__trap) rather than
-# corrupt memory.
-PAD = 4
-FORWARD_ROWS, FORWARD_KEYS = 64, 64
-# The wide forward's blocks, and the (head_dim, head_dim_v) pairs with one (ForwardShape there).
-WIDE_FORWARD_ROWS = WIDE_FORWARD_KEYS = 128
+# The (head_dim, head_dim_v) pairs with a wide forward (ForwardShape there).
 WIDE_FORWARD_DIMS = ((128, 128),)
 # Where the forwards take their scores on the FP64 tensor cores (the *_mma kernels,
-# dot_rows_dmma): mma.sync's m16n8k16 f64 shape is sm_90's, and only there was it measured. Each
-# warp of such a CTA hands its scores over through 16 rows of 32 + 2 floats of its own.
+# dot_rows_dmma): mma.sync's m16n8k16 f64 shape is sm_90's, and only there was it measured.
 MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
-EXCHANGE_FLOATS = 16 * (32 + 2)
 # The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma),
 # on the MMA forwards' architectures, for the (head_dim, head_dim_v) pairs where it beat the MMA
 # forward on an H100 (B4 H16 S2048, forward ms, one call, scripts/f32_time.py): d32 0.91 against
 # 1.10, d64 1.56 against 1.65, d64 causal 0.80-0.82 against 0.82, d96 2.58 against 2.71, d128
 # 3.06-3.10 against 3.14, d128 causal 1.60-1.62 against 1.62 (where the MMA forward is itself
 # beaten by an earlier form of this one). The pairs of two head dims were not timed and keep the
-# MMA forward. It runs 32 rows and 64 keys a block in 128 threads, three CTAs an SM at head dims
-# up to 64 and two above; rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
+# MMA forward.
 DMMA_FORWARD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128))
-DMMA_ROWS, DMMA_KEYS, DMMA_THREADS = 32, 64, 128
-DMMA_QK_PAD, DMMA_V_PAD, DMMA_P_PAD = 16, 4, 8
-DMMA_PV_QUARTERS_DV = (128,)  # Dv where each warp's P V takes all rows and a quarter of Dv
-QUERY_BLOCK_ROWS = min(FORWARD_ROWS, WIDE_FORWARD_ROWS, DMMA_ROWS)  # the smallest forward block
-DKDV_KEYS, DKDV_ROWS = 64, 32
-DELTA_ROWS = 64
-# Dynamic shared memory one block may opt into, per architecture (CUDA programming guide,
-# compute capabilities table): sm_86, sm_89 and sm_120 stop at 99 KiB, which D = Dv = 128 needs
-# more than; sm_90 and sm_100 give the wide forward its 198 KiB.
-SHARED_PER_BLOCK = {ArchSku.sm80: 163 << 10, ArchSku.sm86: 99 << 10, ArchSku.sm89: 99 << 10,
-                    ArchSku.sm90: 227 << 10, ArchSku.sm100: 227 << 10, ArchSku.sm120: 99 << 10}
-_FLOAT = 4
 _INT32 = 4
-
-
-def _tile(rows: int, cols: int) -> int:
-    return rows * (cols + PAD)
-
-
-def _forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> int:
-    # Q, then K's tile (which P reuses), then V, then the MMA forwards' exchange tiles.
-    rows, keys = (WIDE_FORWARD_ROWS, WIDE_FORWARD_KEYS) if wide else (FORWARD_ROWS, FORWARD_KEYS)
-    k_or_p = max(_tile(keys, d), _tile(rows, keys))
-    threads = WIDE_FORWARD_THREADS if wide else FORWARD_THREADS
-    exchange = threads // 32 * EXCHANGE_FLOATS if mma else 0
-    return _FLOAT * (_tile(rows, d) + k_or_p + _tile(keys, dv) + exchange)
-
-
-def _dmma_forward_shared(d: int, dv: int) -> int:
-    # Q, K, V, P, one value a row from each half of the keys, and where P V runs in quarters of
-    # Dv (dmma_pv_quarters) each row's rescale (DmmaTiles).
-    rows, keys = DMMA_ROWS, DMMA_KEYS
-    stats = 3 if dv in DMMA_PV_QUARTERS_DV else 2
-    return _FLOAT * ((rows + keys) * (d + DMMA_QK_PAD) + keys * (dv + DMMA_V_PAD)
-                     + rows * (keys + DMMA_P_PAD) + stats * rows)
-
-
-def _dkdv_shared(d: int, dv: int) -> int:
-    return _FLOAT * (_tile(DKDV_KEYS, d) + _tile(DKDV_KEYS, dv) + _tile(DKDV_ROWS, d)
-                     + _tile(DKDV_ROWS, dv) + _tile(DKDV_ROWS, DKDV_KEYS))
-
-
-def shared_bytes(d: int, dv: int) -> int:
-    """The most dynamic shared memory the kernels for (d, dv) need (a wide or MMA forward runs
-    only where the device allows its more)."""
-    return max(_forward_shared(d, dv), _dkdv_shared(d, dv))
 
 
 def kernel_names() -> list[str]:
@@ -536,7 +498,7 @@ def backward_call(problem: FlashProblem, device: int, q: int, k: int, v: int, ou
                       (*inputs, *t["dq"], *t["dk"], *t["dv"], turns, *common), shared))
 
     def run_backward() -> None:
-        for kernel, grid, block, args, shared_bytes in steps:
-            launch(kernel, grid, block, args, stream, device, shared_bytes)
+        for kernel, grid, block, args, shared in steps:
+            launch(kernel, grid, block, args, stream, device, shared)
 
     return run_backward
