@@ -10,6 +10,7 @@
 #   `#define MACRO VALUE` (default 1) prepended to native/flash_f32.cu, in a copy under /tmp;
 #   PYSED_<name>, when set, is a sed script run on that copy's flash_f32.py.
 #   TREES="name:path ...": trees prepared elsewhere (opfacade/ and native/ under path).
+#   SANITIZE_TREE=/tmp/var_<name>: run the sanitize stage on that variant's tree instead.
 set -u
 stages=${*:-time}
 source "$(dirname "$0")/device_prelude.sh"
@@ -65,7 +66,8 @@ fi
 if wants sanitize; then
     stage sanitize
     for tool in memcheck racecheck; do
-        timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 python3 \
+        PYTHONPATH=${SANITIZE_TREE:+$SANITIZE_TREE:}$PYTHONPATH timeout 240 \
+            compute-sanitizer --tool $tool --error-exitcode 9 python3 \
             tests/sanitize_attention_f32.py > "$OUT/sanitize_f32_$tool.log" 2>&1
         echo "sanitize_attention_f32 $tool exit $?"; grep -v "^=========     " \
             "$OUT/sanitize_f32_$tool.log" | tail -4
