@@ -26,7 +26,8 @@ import sys
 
 import numpy as np
 
-# name: batch, heads, seq, head_dim, causal (dense, Hq = Hkv). The bench's f32 rows.
+# name: batch, heads, seq, head_dim, causal[, head_dim_v] (dense, Hq = Hkv). The bench's f32
+# rows, and other head dims.
 CASES = {
     "d32": (4, 16, 2048, 32, None),
     "d64": (4, 16, 2048, 64, None),
@@ -34,12 +35,15 @@ CASES = {
     "d96": (4, 16, 2048, 96, None),
     "d128": (4, 16, 2048, 128, None),
     "d128_causal": (4, 16, 2048, 128, "bottom_right"),
+    "d128_dv64": (4, 16, 2048, 128, None, 64),
+    "d64_dv128": (4, 16, 2048, 64, None, 128),
 }
 
 
-def flops(batch: int, heads: int, seq: int, dim: int, causal: str | None) -> float:
+def flops(batch: int, heads: int, seq: int, dim: int, causal: str | None,
+          dim_v: int | None = None) -> float:
     """The forward's unmasked FLOPs (the backward is counted as 2.5 times this)."""
-    full = 4.0 * batch * heads * seq * seq * dim
+    full = 2.0 * batch * heads * seq * seq * (dim + (dim if dim_v is None else dim_v))
     return full / 2 if causal else full
 
 
@@ -52,14 +56,16 @@ def run(prefix: str, profile: bool) -> None:
     stream = cupy.cuda.Stream(non_blocking=True)
     results, saved = {}, {}
     chosen = os.environ.get("F32_CASES", "").split() or list(CASES)
-    for name, (b, h, s, d, causal) in ((name, CASES[name]) for name in chosen):
-        problem = f.FlashProblem(batch=b, heads_q=h, heads_kv=h, head_dim=d, head_dim_v=d,
+    for name in chosen:
+        b, h, s, d, causal, *rest = CASES[name]
+        dv_ = rest[0] if rest else d
+        problem = f.FlashProblem(batch=b, heads_q=h, heads_kv=h, head_dim=d, head_dim_v=dv_,
                                  max_seqlen_q=s, max_seqlen_kv=s, total_q=b * s, total_kv=b * s,
                                  varlen=False, scale=d ** -0.5, causal=causal)
-        shape = (b, h, s, d)
-        q, k, v, dout = (cupy.asarray(rng.uniform(-1, 1, shape).astype(np.float32))
-                         for _ in range(4))
-        out, dq, dk, dv = (cupy.empty(shape, np.float32) for _ in range(4))
+        shape, shape_v = (b, h, s, d), (b, h, s, dv_)
+        q, k, v, dout = (cupy.asarray(rng.uniform(-1, 1, x).astype(np.float32))
+                         for x in (shape, shape, shape_v, shape_v))
+        out, dq, dk, dv = (cupy.empty(x, np.float32) for x in (shape_v, shape, shape, shape_v))
         lse = cupy.empty((b, h, s), np.float32)
         workspace = cupy.empty(f.backward_workspace_bytes(problem), np.uint8)
         strides = f.FlashStrides.contiguous(problem)
@@ -88,7 +94,7 @@ def run(prefix: str, profile: bool) -> None:
                 end.synchronize()
                 times.append(cupy.cuda.get_elapsed_time(start, end) / 3)
             ms = float(np.median(times))
-            row[label] = dict(ms=ms, tflops=weight * flops(b, h, s, d, causal) / ms / 1e9)
+            row[label] = dict(ms=ms, tflops=weight * flops(b, h, s, d, causal, dv_) / ms / 1e9)
         results[name] = row
         print(f"{name:12s} forward {row['forward']['ms']:8.3f} ms {row['forward']['tflops']:5.1f}"
               f" TFLOP/s   backward {row['backward']['ms']:8.3f} ms "

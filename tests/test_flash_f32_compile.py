@@ -125,13 +125,13 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
 
 def test_each_gpu_and_head_dim_gets_its_forward(monkeypatch):
     # The DMMA forward on sm_90 at its head dims only, the MMA forward on sm_90 only.
-    assert flash.DMMA_FORWARD_DIMS == ((32, 32), (64, 64), (96, 96), (128, 128))
+    assert flash.DMMA_FORWARD_DIMS == flash.HEAD_DIMS
     for dims, arch, name in (((128, 128), ArchSku.sm90, "fwd_dmma"),
                              ((96, 96), ArchSku.sm90, "fwd_dmma"),
                              ((64, 64), ArchSku.sm90, "fwd_dmma"),
                              ((32, 32), ArchSku.sm90, "fwd_dmma"),
-                             ((128, 64), ArchSku.sm90, "fwd_mma"),
-                             ((64, 128), ArchSku.sm90, "fwd_mma"),
+                             ((128, 64), ArchSku.sm90, "fwd_dmma"),
+                             ((64, 128), ArchSku.sm90, "fwd_dmma"),
                              ((128, 128), ArchSku.sm100, "fwd_wide"),
                              ((64, 64), ArchSku.sm100, "fwd"),
                              ((128, 128), ArchSku.sm80, "fwd"),

@@ -81,7 +81,7 @@ MMA_FORWARD_ARCHES = frozenset({ArchSku.sm90})
 # 3.06-3.10 against 3.14, d128 causal 1.60-1.62 against 1.62 (where the MMA forward is itself
 # beaten by an earlier form of this one). The pairs of two head dims were not timed and keep the
 # MMA forward.
-DMMA_FORWARD_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128))
+DMMA_FORWARD_DIMS = HEAD_DIMS  # EXPERIMENT (exp/dmma-mixed-dims): the two mixed pairs too
 _INT32 = 4
 
 
