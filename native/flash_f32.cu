@@ -379,6 +379,58 @@ struct DqTurn {
 // One query block's contribution to a key block's dV and dK, and its dS K into dQ in this key
 // block's turn (the tiles of Q and dO are in shared memory). Loads the next step's dO, then Q,
 // as soon as their tiles are free.
+// EXPERIMENT (exp/dkdv-dmma, OPFACADE_DKDV_DMMA, sm_90 only): the backward's S = Q K^T and
+// dP = dO V^T on the FP64 tensor cores, leaving the FMA pipe to dV, dK and dQ. Warp w multiplies
+// rows 16 (w % 2).. of the 32-row tile by keys 32 (w / 2).. (lane (g, t) holds rows g and g + 8,
+// keys 8n + 2t and 8n + 2t + 1 of tile n, the PTX layout; k-slot t + 4i holds column kk + t + 4i,
+// scalar loads without bank conflicts at row stride D + kPad), rounds each sum once to f32 and
+// hands the tile to dot_rows's owners (thread (ty, tx): rows ty R.., keys tx + 16c) through
+// `tile` (rows of kDkdvKeys + kPad floats), which must be free; it is free again on return.
+template <int R, int C, int D>
+__device__ __forceinline__ void scores_dmma(float (&s)[R][C], const float* a_tile,
+                                            const float* b_tile, float* tile) {
+    static_assert(kDkdvRows == 32 && kDkdvKeys == 64 && kDkdvThreads == 128 && C == 4,
+                  "four warps over a 32 x 64 tile");
+    constexpr int LD = D + kPad, LS = kDkdvKeys + kPad;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    const int row0 = (w % 2) * 16, key0 = (w / 2) * 32;
+    const float* qa = a_tile + (row0 + g) * LD + t;
+    const float* kb = b_tile + (key0 + g) * LD + t;
+    double acc[4][4] = {};
+#pragma unroll 2
+    for (int kk = 0; kk < D; kk += 16) {
+        double a[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            a[2 * i] = qa[kk + 4 * i];
+            a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
+        }
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            double b[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
+            dmma_16x8x16(acc[n], a, b);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+        const int col = key0 + 8 * n + 2 * t;
+        *reinterpret_cast<float2*>(tile + (row0 + g) * LS + col) =
+            make_float2((float)acc[n][0], (float)acc[n][1]);
+        *reinterpret_cast<float2*>(tile + (row0 + g + 8) * LS + col) =
+            make_float2((float)acc[n][2], (float)acc[n][3]);
+    }
+    __syncthreads();
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) s[r][c] = tile[(ty * R + r) * LS + tx + 16 * c];
+    }
+    __syncthreads();
+}
+
 template <int D, int DV>
 __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 16],
                                           float (&dv)[DkdvTiles<D, DV>::RK][DV / 16],
@@ -395,8 +447,13 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 
     float* do_tile = q_tile + T::Q;
     float* ps_tile = do_tile + T::DO;
     float s[R][C] = {}, dp[R][C] = {};
+#ifdef OPFACADE_DKDV_DMMA
+    scores_dmma<R, C, D>(s, q_tile, k_tile, ps_tile);  // ps_tile is free until P is stored
+    scores_dmma<R, C, DV>(dp, do_tile, v_tile, ps_tile);
+#else
     dot_rows<R, C, D>(s, q_tile, k_tile, ty * R, tx);
     dot_rows<R, C, DV>(dp, do_tile, v_tile, ty * R, tx);
+#endif
     with_mask(whole_block(mask, i0, min(i0 + kDkdvRows, sq.len) - 1, j0, kDkdvKeys),
               [&](auto masked) {
                   probabilities<decltype(masked)::value, R, C>(s, dp, mask, in.lse, in.delta, b, h,
