@@ -79,6 +79,8 @@ CASES = {
                                         head_dim=128, causal="bottom_right", window=(64, -1)),
     "dense_d128_dv64": dict(batch=2, heads_q=4, heads_kv=2, seq_q=150, seq_kv=150,
                             head_dim=128, head_dim_v=64, causal="top_left"),
+    "dense_d64_dv128": dict(batch=2, heads_q=4, heads_kv=2, seq_q=133, seq_kv=171,
+                            head_dim=64, head_dim_v=128, causal="bottom_right"),
     "dense_d32_causal_br": dict(batch=2, heads_q=4, heads_kv=2, seq_q=110, seq_kv=170,
                                 head_dim=32, causal="bottom_right"),
     "dense_d96_gqa": dict(batch=2, heads_q=6, heads_kv=2, seq_q=131, seq_kv=131, head_dim=96),
