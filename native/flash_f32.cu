@@ -36,6 +36,8 @@
 //                                   query heads, then 32-row query blocks, in a fixed order,
 //                                   writes dK and dV for its key rows (zeros included) and adds
 //                                   each query block's dS K into dQ in its turn.
+//   flash_f32_bwd_dkdv_mma_d<D>_dv<Dv>  the same with S = Q K^T and dP = dO V^T on sm_90's FP64
+//                                   tensor cores (scores_dmma).
 // dQ sums over key blocks, which different CTAs hold. Rather than recompute the scores in a
 // kernel of its own, each CTA adds its share into dQ in key-block order: query block i's turn
 // counter holds one past the last key block that added into it, and CTA j waits (spinning on an
@@ -43,10 +45,9 @@
 // L2 reductions, but only one CTA adds into a query block at a time, so the sums run in a fixed
 // order and the backward is bitwise reproducible. Waiting on a lower CTA index relies on the GPU
 // starting a grid's CTAs in index order (as deterministic FlashAttention 3 does): the CTA waited
-// on is then running or done. The backward recomputes the scores as the FMA forwards take them
-// (dot_rows, whatever its tile), so there P = exp(s - lse) sees the forward's bits of s; after an
-// MMA forward it sees the f32 chain's s against lse from the f64 scores, a few f32 roundings
-// apart (the backward's float64 checks hold the same bound).
+// on is then running or done. The backward recomputes the scores as the forward on the same GPU
+// takes them: f64 sums rounded once on sm_90 (its order of the products may differ from the DMMA
+// forward's, so a score may sit one f32 rounding apart), the f32 chain of dot_rows elsewhere.
 //
 // Shared memory holds row-major tiles padded by 4 floats a row: a float4 read of 16 different
 // rows at one column then spreads over all 32 banks. Tiles arrive by cp.async (16-byte copies
@@ -379,59 +380,7 @@ struct DqTurn {
 // One query block's contribution to a key block's dV and dK, and its dS K into dQ in this key
 // block's turn (the tiles of Q and dO are in shared memory). Loads the next step's dO, then Q,
 // as soon as their tiles are free.
-// EXPERIMENT (exp/dkdv-dmma, OPFACADE_DKDV_DMMA, sm_90 only): the backward's S = Q K^T and
-// dP = dO V^T on the FP64 tensor cores, leaving the FMA pipe to dV, dK and dQ. Warp w multiplies
-// rows 16 (w % 2).. of the 32-row tile by keys 32 (w / 2).. (lane (g, t) holds rows g and g + 8,
-// keys 8n + 2t and 8n + 2t + 1 of tile n, the PTX layout; k-slot t + 4i holds column kk + t + 4i,
-// scalar loads without bank conflicts at row stride D + kPad), rounds each sum once to f32 and
-// hands the tile to dot_rows's owners (thread (ty, tx): rows ty R.., keys tx + 16c) through
-// `tile` (rows of kDkdvKeys + kPad floats), which must be free; it is free again on return.
-template <int R, int C, int D>
-__device__ __forceinline__ void scores_dmma(float (&s)[R][C], const float* a_tile,
-                                            const float* b_tile, float* tile) {
-    static_assert(kDkdvRows == 32 && kDkdvKeys == 64 && kDkdvThreads == 128 && C == 4,
-                  "four warps over a 32 x 64 tile");
-    constexpr int LD = D + kPad, LS = kDkdvKeys + kPad;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
-    const int row0 = (w % 2) * 16, key0 = (w / 2) * 32;
-    const float* qa = a_tile + (row0 + g) * LD + t;
-    const float* kb = b_tile + (key0 + g) * LD + t;
-    double acc[4][4] = {};
-#pragma unroll 2
-    for (int kk = 0; kk < D; kk += 16) {
-        double a[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            a[2 * i] = qa[kk + 4 * i];
-            a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
-        }
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            double b[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
-            dmma_16x8x16(acc[n], a, b);
-        }
-    }
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-        const int col = key0 + 8 * n + 2 * t;
-        *reinterpret_cast<float2*>(tile + (row0 + g) * LS + col) =
-            make_float2((float)acc[n][0], (float)acc[n][1]);
-        *reinterpret_cast<float2*>(tile + (row0 + g + 8) * LS + col) =
-            make_float2((float)acc[n][2], (float)acc[n][3]);
-    }
-    __syncthreads();
-    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) s[r][c] = tile[(ty * R + r) * LS + tx + 16 * c];
-    }
-    __syncthreads();
-}
-
-template <int D, int DV>
+template <int D, int DV, bool MMA>
 __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 16],
                                           float (&dv)[DkdvTiles<D, DV>::RK][DV / 16],
                                           const BackwardInputs& in, const Problem& p,
@@ -447,13 +396,13 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 
     float* do_tile = q_tile + T::Q;
     float* ps_tile = do_tile + T::DO;
     float s[R][C] = {}, dp[R][C] = {};
-#ifdef OPFACADE_DKDV_DMMA
-    scores_dmma<R, C, D>(s, q_tile, k_tile, ps_tile);  // ps_tile is free until P is stored
-    scores_dmma<R, C, DV>(dp, do_tile, v_tile, ps_tile);
-#else
-    dot_rows<R, C, D>(s, q_tile, k_tile, ty * R, tx);
-    dot_rows<R, C, DV>(dp, do_tile, v_tile, ty * R, tx);
-#endif
+    if constexpr (MMA) {
+        scores_dmma<R, C, D>(s, q_tile, k_tile, ps_tile);  // ps_tile is free until P is stored
+        scores_dmma<R, C, DV>(dp, do_tile, v_tile, ps_tile);
+    } else {
+        dot_rows<R, C, D>(s, q_tile, k_tile, ty * R, tx);
+        dot_rows<R, C, DV>(dp, do_tile, v_tile, ty * R, tx);
+    }
     with_mask(whole_block(mask, i0, min(i0 + kDkdvRows, sq.len) - 1, j0, kDkdvKeys),
               [&](auto masked) {
                   probabilities<decltype(masked)::value, R, C>(s, dp, mask, in.lse, in.delta, b, h,
@@ -499,7 +448,7 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[DkdvTiles<D, DV>::RK][D / 
 // last blocks are the ones every later key block sees too, so key block j's first step waits
 // only on key block j - 1's first step. In the other order, its first step waited on key block
 // 0's (2j + 1)-th, and a CTA of two steps sat through most of key block 0's sixty-four.
-template <int D, int DV>
+template <int D, int DV, bool MMA>
 __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Rows<float>& dk,
                                               const Rows<float>& dv, const Rows<float>& dq,
                                               int* turns, const Problem& p) {
@@ -542,7 +491,7 @@ __device__ __forceinline__ void backward_dkdv(const BackwardInputs& in, const Ro
         // Passing the last step's turn here rather than after a barrier of its own saves one
         // of a step's six; the next key block needs it no sooner than at the end of its step.
         if (threadIdx.x == 0 && added != nullptr) pass_turn(added, kb + 1);
-        dkdv_step<D, DV>(dk_acc, dv_acc, in, p, mask, sq, b, h, qb * kDkdvRows, j0, tiles,
+        dkdv_step<D, DV, MMA>(dk_acc, dv_acc, in, p, mask, sq, b, h, qb * kDkdvRows, j0, tiles,
                          next_h, next_i0, turn);
         added = turn.turn;
     }
@@ -601,17 +550,21 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
                              FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
     }
 
+#define FLASH_DKDV(NAME, D, DV, MMA)                                                            \
+    extern "C" __global__ void __launch_bounds__(kDkdvThreads, ctas_per_sm(D, DV))              \
+        NAME(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse),              \
+             FLASH_IN(delta), FLASH_OUT(dq), FLASH_OUT(dk), FLASH_OUT(dv), int* turns,          \
+             FLASH_PROBLEM_PARAMS) {                                                             \
+        backward_dkdv<D, DV, MMA>(FLASH_BACKWARD_INPUTS, FLASH_ROWS(float, dk),                  \
+                                  FLASH_ROWS(float, dv), FLASH_ROWS(float, dq), turns,          \
+                                  FLASH_PROBLEM);                                                \
+    }
+
 #define FLASH_KERNELS(D, DV)                                                                    \
     FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false, false)                             \
     FLASH_FORWARD(flash_f32_fwd_mma_d##D##_dv##DV, D, DV, false, true)                          \
-    extern "C" __global__ void __launch_bounds__(kDkdvThreads, ctas_per_sm(D, DV))              \
-        flash_f32_bwd_dkdv_d##D##_dv##DV(                                                       \
-        FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_IN(dout), FLASH_IN(lse), FLASH_IN(delta),  \
-        FLASH_OUT(dq), FLASH_OUT(dk), FLASH_OUT(dv), int* turns, FLASH_PROBLEM_PARAMS) {        \
-        backward_dkdv<D, DV>(FLASH_BACKWARD_INPUTS, FLASH_ROWS(float, dk),                       \
-                             FLASH_ROWS(float, dv), FLASH_ROWS(float, dq), turns,               \
-                             FLASH_PROBLEM);                                                     \
-    }
+    FLASH_DKDV(flash_f32_bwd_dkdv_d##D##_dv##DV, D, DV, false)                                  \
+    FLASH_DKDV(flash_f32_bwd_dkdv_mma_d##D##_dv##DV, D, DV, true)
 
 FLASH_KERNELS(32, 32)
 FLASH_KERNELS(64, 64)
@@ -621,8 +574,7 @@ FLASH_KERNELS(128, 64)
 FLASH_KERNELS(64, 128)
 FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true, false)
 
-// The DMMA forward, for the head dims where it was measured faster (flash_f32.py's
-// DMMA_FORWARD_DIMS).
+// The DMMA forward, at every head-dim pair (flash_f32.py's DMMA_FORWARD_DIMS).
 #define FLASH_DMMA_FORWARD(D, DV)                                                               \
     extern "C" __global__ void __launch_bounds__(kDmmaThreads, dmma_ctas(D, DV))               \
         flash_f32_fwd_dmma_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), \
@@ -636,5 +588,5 @@ FLASH_DMMA_FORWARD(32, 32)
 FLASH_DMMA_FORWARD(64, 64)
 FLASH_DMMA_FORWARD(96, 96)
 FLASH_DMMA_FORWARD(128, 128)
-FLASH_DMMA_FORWARD(128, 64)  // EXPERIMENT (exp/dmma-mixed-dims)
+FLASH_DMMA_FORWARD(128, 64)
 FLASH_DMMA_FORWARD(64, 128)

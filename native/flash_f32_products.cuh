@@ -193,6 +193,60 @@ __device__ __forceinline__ void dot_rows_dmma(float (&s)[R][C], const float* q, 
     }
 }
 
+// The backward's S = Q K^T and dP = dO V^T (the dK/dV CTA's 32 x 64 tile) on sm_90's FP64
+// tensor cores, for its *_mma kernels: the FMA pipe is left to dV, dK and dQ, and each score is
+// an f64 sum of exact products rounded once to f32, as the DMMA forward takes it. Warp w
+// multiplies rows 16 (w % 2).. by keys 32 (w / 2).. (lane (g, t) holds rows g and g + 8, keys
+// 8n + 2t and 8n + 2t + 1 of tile n, the PTX layout; k-slot t + 4i holds column kk + t + 4i:
+// scalar loads without bank conflicts at row stride D + kPad), then hands the tile to dot_rows's
+// owners (thread (ty, tx): rows ty R.., keys tx + 16c) through `tile` (rows of kDkdvKeys + kPad
+// floats), which must be free; it is free again on return. scripts/emulate_dkdv_scores.py
+// transcribes the indexing.
+template <int R, int C, int D>
+__device__ __forceinline__ void scores_dmma(float (&s)[R][C], const float* a_tile,
+                                            const float* b_tile, float* tile) {
+    static_assert(kDkdvRows == 32 && kDkdvKeys == 64 && kDkdvThreads == 128 && C == 4,
+                  "four warps over a 32 x 64 tile");
+    constexpr int LD = D + kPad, LS = kDkdvKeys + kPad;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, w = threadIdx.x >> 5;
+    const int row0 = (w % 2) * 16, key0 = (w / 2) * 32;
+    const float* qa = a_tile + (row0 + g) * LD + t;
+    const float* kb = b_tile + (key0 + g) * LD + t;
+    double acc[4][4] = {};
+#pragma unroll 2
+    for (int kk = 0; kk < D; kk += 16) {
+        double a[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            a[2 * i] = qa[kk + 4 * i];
+            a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
+        }
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+            double b[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
+            dmma_16x8x16(acc[n], a, b);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+        const int col = key0 + 8 * n + 2 * t;
+        *reinterpret_cast<float2*>(tile + (row0 + g) * LS + col) =
+            make_float2((float)acc[n][0], (float)acc[n][1]);
+        *reinterpret_cast<float2*>(tile + (row0 + g + 8) * LS + col) =
+            make_float2((float)acc[n][2], (float)acc[n][3]);
+    }
+    __syncthreads();
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) s[r][c] = tile[(ty * R + r) * LS + tx + 16 * c];
+    }
+    __syncthreads();
+}
+
 // acc[r][n] += sum over k of A[a_row + r][k] * B[k][col n]: A row-major with row stride LDA
 // (P or dS, rows = queries), B a row-major tile of N columns (V, or K for dQ).
 template <int R, int N, int K, int LDA>

@@ -1,4 +1,4 @@
-"""CPU emulation of scores_dmma (native/flash_f32.cu, branch exp/dkdv-dmma): the backward's
+"""CPU emulation of scores_dmma (native/flash_f32_products.cuh): the backward's
 S = Q K^T of one 32 x 64 tile on the FP64 tensor cores, per warp and lane, through the PTX
 fragment layouts (emulate_dmma_forward.mma), then read back in dot_rows's layout (thread
 (ty, tx): rows 4 ty.., keys tx + 16c). Checks the indexing against float64.

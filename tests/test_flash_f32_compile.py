@@ -85,9 +85,11 @@ def test_packed_arguments_match_each_kernels_parameters(monkeypatch, signatures,
     h100 = arch is ArchSku.sm90  # both products on the FP64 tensor cores
     assert [name for name, *_ in launched] == [
         "flash_f32_fwd_dmma_d128_dv128" if h100 else "flash_f32_fwd_d128_dv128",
-        "flash_f32_bwd_delta", "flash_f32_bwd_dkdv_d128_dv128"]
+        "flash_f32_bwd_delta",
+        "flash_f32_bwd_dkdv_mma_d128_dv128" if h100 else "flash_f32_bwd_dkdv_d128_dv128"]
     threads = {"fwd_dmma": flash.DMMA_THREADS, "fwd": flash.FORWARD_THREADS,
-               "bwd_delta": flash.DELTA_THREADS, "bwd_dkdv": flash.DKDV_THREADS}
+               "bwd_delta": flash.DELTA_THREADS, "bwd_dkdv": flash.DKDV_THREADS,
+               "bwd_dkdv_mma": flash.DKDV_THREADS}
     for name, _, block, args, _ in launched:
         kind = re.match(r"flash_f32_(\w+?)(_d\d+_dv\d+)?$", name).group(1)
         assert block == (threads[kind],)
@@ -123,8 +125,9 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
     assert flash._dmma_forward_shared(64, 64) == 4 * (96 * 80 + 64 * 68 + 32 * 72 + 2 * 32)
 
 
-def test_each_gpu_and_head_dim_gets_its_forward(monkeypatch):
-    # The DMMA forward on sm_90 at its head dims only, the MMA forward on sm_90 only.
+def test_each_gpu_and_head_dim_gets_its_kernels(monkeypatch):
+    # The DMMA forward on sm_90 at every head-dim pair; the backward's scores on the FP64 tensor
+    # cores on sm_90 only, with the FMA form's block and shared memory.
     assert flash.DMMA_FORWARD_DIMS == flash.HEAD_DIMS
     for dims, arch, name in (((128, 128), ArchSku.sm90, "fwd_dmma"),
                              ((96, 96), ArchSku.sm90, "fwd_dmma"),
@@ -142,6 +145,9 @@ def test_each_gpu_and_head_dim_gets_its_forward(monkeypatch):
         assert launched[0][0] == f"flash_f32_{name}_d{dims[0]}_dv{dims[1]}"
         assert launched[0][2] == (flash._forward_launch(name, *dims)[1],)
         assert launched[0][4] == flash._forward_launch(name, *dims)[2]
+        dkdv = "bwd_dkdv_mma" if arch is ArchSku.sm90 else "bwd_dkdv"
+        assert launched[-1][0] == f"flash_f32_{dkdv}_d{dims[0]}_dv{dims[1]}"
+        assert launched[-1][2:5:2] == ((flash.DKDV_THREADS,), flash._dkdv_shared(*dims))
 
 
 def test_backward_grids_workspace_and_delta_layout(monkeypatch):
@@ -178,7 +184,7 @@ def test_an_odd_stride_turns_the_vector_copies_off(monkeypatch):
 def test_empty_extents_launch_only_what_writes_rows(monkeypatch):
     launched = _launches(monkeypatch)
     _run_both(flash.FlashProblem(**dict(VARLEN, max_seqlen_q=0, total_q=0)))
-    assert [name for name, *_ in launched] == ["flash_f32_bwd_dkdv_d128_dv128"]
+    assert [name for name, *_ in launched] == ["flash_f32_bwd_dkdv_mma_d128_dv128"]
 
 
 def test_two_ctas_share_an_sm_at_head_dim_128():

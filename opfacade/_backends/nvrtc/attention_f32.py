@@ -2,9 +2,9 @@
 ``native/flash_f32.cu``): dense SDPA forward and backward (``sdpa_*.nvrtc.f32``) and packed
 varlen attention forward and backward (``varlen_attention_*.nvrtc.f32``).
 
-f32 inputs and f32 FMA math on CUDA cores, no TF32 (on sm_90 the forward's scores go further: f64
-products and sums on the FP64 tensor cores, rounded once to f32, and at d 32, 64, 96 and 128 its
-P V too): what cuDNN 9.19 does not offer (it refuses an f32 backward, and runs the f32 forward at
+f32 inputs and f32 FMA math on CUDA cores, no TF32 (on sm_90 the forward's Q K^T and P V and the
+backward's S = Q K^T and dP = dO V^T go further: f64 products and sums on the FP64 tensor cores,
+each sum rounded once to f32): what cuDNN 9.19 does not offer (it refuses an f32 backward, and runs the f32 forward at
 ~18 TFLOP/s on an H100). The backward sums in an order fixed by the problem alone (dQ in
 key-block order, each key block's CTA waiting its turn to add): deterministic and bit-stable.
 Nothing is read on the host at run time (varlen offsets stay on the device and are clamped by the
@@ -38,7 +38,7 @@ from .varlen_checks import checked
 __all__ = ["SDPA_SKUS", "VARLEN_SKUS"]
 
 # ||out - ref|| <= bound ||mag|| + ||ufl|| (catalog/PRECISION.md). Products and sums of D and of
-# the keys in f32, and exp/log in libdevice's full precision: a few f32 roundings of the
+# the keys in f32 (or in f64, rounded once, on sm_90's FP64 tensor cores), and exp/log in libdevice's full precision: a few f32 roundings of the
 # magnitude, widened by softmax's conditioning where scores are large. Measured worst on an H100
 # over every sample and distribution (2026-11-23): forward 2.7e-7, backward 1.8e-6 (both on the
 # "large" inputs); the bounds keep ~10-20x of room for longer sequences and other GPUs.
