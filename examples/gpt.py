@@ -124,12 +124,19 @@ def loss_of(model, tokens, targets):
 
 @contextlib.contextmanager
 def deterministic_torch(on: bool):
+    """torch's deterministic algorithms, without its fill of every new tensor: the fills make
+    reads of memory nothing wrote reproducible, and no op here reads such memory (two runs give
+    the same bits without them, as the GPU tests check), while each costs a kernel. The ninth
+    session counted 64 a step of the deterministic model, all from torch's own ops."""
     before = torch.are_deterministic_algorithms_enabled()
+    fills = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(on)
+    torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before)
+        torch.utils.deterministic.fill_uninitialized_memory = fills
 
 
 def make_model(config: Config, backend: str, deterministic: bool | None, seed: int = 0,
