@@ -126,6 +126,27 @@ __device__ __forceinline__ void dmma_16x8x16(double (&c)[4], const double (&a)[8
 #endif
 }
 
+// One k-step (columns kk.. kk + 15) of a warp's 16 rows against N 8-key tiles: A's rows g and
+// g + 8 from `qa` (row stride LD), B's key g of tile n from `kb` + 8 n LD, k-slot t + 4i at
+// column kk + 4i (both pointers already offset by t), the PTX fragment order.
+template <int N, int LD>
+__device__ __forceinline__ void dmma_k_step(double (&acc)[N][4], const float* qa,
+                                            const float* kb, int kk) {
+    double a[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        a[2 * i] = qa[kk + 4 * i];
+        a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
+    }
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        double b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
+        dmma_16x8x16(acc[n], a, b);
+    }
+}
+
 // How many 32-key passes share each k-step's Q operands (GROUP: all of them where D <= 64),
 // and how far the k-steps unroll. H100, B4 H16 S2048 (scripts/f32_time.py, one call): at d64
 // all passes at once, unrolled 4, ran 1.636 ms against 1.748 for one pass at a time, unrolled 2
@@ -155,31 +176,17 @@ __device__ __forceinline__ void dot_rows_dmma(float (&s)[R][C], const float* q, 
 #pragma unroll
     for (int first = 0; first < C / 2; first += G) {
         const float* kb = k + (first * kScorePass + g) * LD + t;
-        double acc[G][4][4] = {};
+        double acc[4 * G][4] = {};
 #pragma unroll U
-        for (int kk = 0; kk < D; kk += 16) {
-            double a[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[2 * i] = qa[kk + 4 * i];
-                a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
-            }
-#pragma unroll
-            for (int n = 0; n < 4 * G; ++n) {
-                double b[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
-                dmma_16x8x16(acc[n / 4][n % 4], a, b);
-            }
-        }
+        for (int kk = 0; kk < D; kk += 16) dmma_k_step<4 * G, LD>(acc, qa, kb, kk);
 #pragma unroll
         for (int p = 0; p < G; ++p) {
 #pragma unroll
             for (int n = 0; n < 4; ++n) {
                 *reinterpret_cast<float2*>(ex + g * kExchangeLd + 8 * n + 2 * t) =
-                    make_float2((float)acc[p][n][0], (float)acc[p][n][1]);
+                    make_float2((float)acc[4 * p + n][0], (float)acc[4 * p + n][1]);
                 *reinterpret_cast<float2*>(ex + (g + 8) * kExchangeLd + 8 * n + 2 * t) =
-                    make_float2((float)acc[p][n][2], (float)acc[p][n][3]);
+                    make_float2((float)acc[4 * p + n][2], (float)acc[4 * p + n][3]);
             }
             __syncwarp();
             const int pass = first + p;
@@ -214,21 +221,7 @@ __device__ __forceinline__ void scores_dmma(float (&s)[R][C], const float* a_til
     const float* kb = b_tile + (key0 + g) * LD + t;
     double acc[4][4] = {};
 #pragma unroll 2
-    for (int kk = 0; kk < D; kk += 16) {
-        double a[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            a[2 * i] = qa[kk + 4 * i];
-            a[2 * i + 1] = qa[8 * LD + kk + 4 * i];
-        }
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            double b[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
-            dmma_16x8x16(acc[n], a, b);
-        }
-    }
+    for (int kk = 0; kk < D; kk += 16) dmma_k_step<4, LD>(acc, qa, kb, kk);
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
         const int col = key0 + 8 * n + 2 * t;
