@@ -4,9 +4,9 @@ varlen attention forward and backward (``varlen_attention_*.nvrtc.f32``).
 
 f32 inputs and f32 FMA math on CUDA cores, no TF32 (on sm_90 the forward's Q K^T and P V and the
 backward's S = Q K^T and dP = dO V^T go further: f64 products and sums on the FP64 tensor cores,
-each sum rounded once to f32): what cuDNN 9.19 does not offer (it refuses an f32 backward, and runs the f32 forward at
-~18 TFLOP/s on an H100). The backward sums in an order fixed by the problem alone (dQ in
-key-block order, each key block's CTA waiting its turn to add): deterministic and bit-stable.
+each sum rounded once to f32): what cuDNN 9.19 does not offer (it refuses an f32 backward, and runs
+the f32 forward at ~18 TFLOP/s on an H100). The backward sums in an order fixed by the problem alone
+(dQ in key-block order, each key block's CTA waiting its turn to add): deterministic and bit-stable.
 Nothing is read on the host at run time (varlen offsets stay on the device and are clamped by the
 kernels), so every call may be captured in a CUDA graph.
 """
@@ -37,11 +37,13 @@ from .varlen_checks import checked
 
 __all__ = ["SDPA_SKUS", "VARLEN_SKUS"]
 
-# ||out - ref|| <= bound ||mag|| + ||ufl|| (catalog/PRECISION.md). Products and sums of D and of
-# the keys in f32 (or in f64, rounded once, on sm_90's FP64 tensor cores), and exp/log in libdevice's full precision: a few f32 roundings of the
-# magnitude, widened by softmax's conditioning where scores are large. Measured worst on an H100
-# over every sample and distribution (2026-11-23): forward 2.7e-7, backward 1.8e-6 (both on the
-# "large" inputs); the bounds keep ~10-20x of room for longer sequences and other GPUs.
+# ||out - ref|| <= bound ||mag|| + ||ufl|| (catalog/PRECISION.md). Products and sums of D and of the
+# keys in f32 (or in f64, rounded once, on sm_90's FP64 tensor cores), and exp/log in libdevice's
+# full precision: a few f32 roundings of the magnitude, widened by softmax's conditioning where
+# scores are large. Measured worst on an H100 over every sample and distribution (2026-11-23):
+# forward 2.7e-7, backward 1.8e-6 (both on the "large" inputs); with sm_90's f64 products
+# (2026-11-27) forward 8.5e-8, backward 5.0e-7 (varlen 8.0e-7). The bounds keep ~10-20x of room
+# for longer sequences and other GPUs.
 FORWARD_BOUND = 5e-6
 BACKWARD_BOUND = 2e-5
 ARCH = ArchSku.sm80  # cp.async and up to 108 KiB of shared memory per block (flash_f32.py)
@@ -197,10 +199,12 @@ def _dense_strides(args: BoundArgs, names: dict[str, str]) -> flash.FlashStrides
 class SdpaForwardF32(_FlashSku, SkuImpl[SdpaDescriptor]):
     def __init__(self):
         self.sku = _sku(SDPA_FORWARD, _ANY_STRIDES,
-                        "Flash-style forward in true f32 (CUDA-core FMA, no TF32): online "
-                        "softmax over 64-key blocks (128 at d 128 on GPUs that give a block 198 "
-                        "KiB of shared memory, sm_90: other rounding, as reproducible); causal "
-                        "and windows; GQA.", FORWARD_BOUND)
+                        "Flash-style forward in true f32, no TF32: online softmax over 64-key "
+                        "blocks; on sm_90 Q K^T and P V are f64 products and sums on the FP64 "
+                        "tensor cores (each rounded once to f32), elsewhere CUDA-core FMA (128-"
+                        "key blocks at d 128 on GPUs that give a block 198 KiB of shared memory)"
+                        "; so the bits depend on the GPU, each reproducible; causal and windows; "
+                        "GQA.", FORWARD_BOUND)
 
     _capacity = staticmethod(_dense_problem)
 
@@ -233,7 +237,8 @@ class SdpaBackwardF32(_FlashSku, SkuImpl[SdpaBackwardDescriptor]):
         self.sku = _sku(SDPA_BACKWARD, _ANY_STRIDES,
                         "Deterministic flash-style backward in true f32: Delta, then dK/dV per "
                         "key block (the GQA group's heads in order), adding dQ in key-block "
-                        "order, one key block at a time.", BACKWARD_BOUND)
+                        "order, one key block at a time; on sm_90 the recomputed S and dP are "
+                        "f64 sums on the FP64 tensor cores, rounded once.", BACKWARD_BOUND)
 
     _capacity = staticmethod(_dense_problem)
 
@@ -289,7 +294,7 @@ class VarlenForwardF32(_FlashSku, SkuImpl[VarlenAttentionDescriptor]):
                         "packed [T,H,D], token and head strides free, d-contiguous; lse [Hq,Tq]",
                         "Flash-style forward in true f32 over packed sequences (offsets read "
                         "and clamped on the device); causal top-left/bottom-right, windows, GQA; "
-                        "key blocks as sdpa_forward.nvrtc.f32's.",
+                        "key blocks and products as sdpa_forward.nvrtc.f32's.",
                         FORWARD_BOUND)
 
     _capacity = staticmethod(_varlen_capacity)
@@ -320,7 +325,7 @@ class VarlenBackwardF32(_FlashSku, SkuImpl[VarlenAttentionBackwardDescriptor]):
                         "packed [T,H,D], token and head strides free, d-contiguous; lse [Hq,Tq]",
                         "Deterministic flash-style backward in true f32 over packed sequences: "
                         "Delta, dK/dV per key block adding dQ in key-block order, one key block "
-                        "at a time.",
+                        "at a time; products as sdpa_backward.nvrtc.f32's.",
                         BACKWARD_BOUND)
 
     _capacity = staticmethod(_varlen_capacity)
