@@ -22,8 +22,6 @@
 //   flash_f32_fwd_d<D>_dv<Dv>       CTA = (64 query rows, head, sequence) of 128 threads; online
 //                                   softmax over 64-key blocks, skipping blocks the mask removes
 //                                   entirely.
-//   flash_f32_fwd_mma_d<D>_dv<Dv>   the same with Q K^T on sm_90's FP64 tensor cores
-//                                   (dot_rows_dmma): the FMA pipe is left to P V and the softmax.
 //   flash_f32_fwd_dmma_d<D>_dv<D>   Q K^T and P V both on sm_90's FP64 tensor cores, CTAs of 32
 //                                   rows and 128 threads, three an SM at D <= 64, else two
 //                                   (forward_dmma, in flash_f32_dmma.cuh).
@@ -80,7 +78,7 @@ struct ForwardShape {
     static constexpr int THREADS = WIDE ? 256 : 128, CTAS = WIDE ? 1 : ctas_per_sm(D, DV);
 };
 
-template <int D, int DV, bool WIDE, bool MMA>
+template <int D, int DV, bool WIDE>
 struct ForwardTiles {
     typedef ForwardShape<D, DV, WIDE> S;
     // Each thread: R query rows (S::THREADS / 16 threads down the block) by C keys.
@@ -91,9 +89,7 @@ struct ForwardTiles {
                                   ? S::KEYS * (D + kPad)
                                   : S::ROWS * (S::KEYS + kPad);
     static constexpr int V = S::KEYS * (DV + kPad);
-    // The MMA forwards' exchange tiles, one a warp (dot_rows_dmma).
-    static constexpr int X = MMA ? S::THREADS / 32 * kExchangeFloats : 0;
-    static constexpr int FLOATS = Q + KP + V + X;
+    static constexpr int FLOATS = Q + KP + V;
 };
 
 // Folds one key block's scores of a row into its running max m, this thread's share l of the
@@ -144,11 +140,11 @@ __device__ __forceinline__ void forward_write(const float (&m)[R], const float (
     }
 }
 
-template <int D, int DV, bool WIDE, bool MMA>
+template <int D, int DV, bool WIDE>
 __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<const float>& k,
                                         const Rows<const float>& v, const Rows<float>& out,
                                         const Rows<float>& lse, const Problem& p) {
-    typedef ForwardTiles<D, DV, WIDE, MMA> T;
+    typedef ForwardTiles<D, DV, WIDE> T;
     constexpr int R = T::R, C = T::C, NV = DV / 16, BC = T::S::KEYS;
     constexpr int ROWS = T::S::ROWS, THREADS = T::S::THREADS;
     const auto [b, h, hk, i0, sq] = query_block(ROWS, p);
@@ -159,7 +155,6 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
     float* q_tile = shared_tiles<T::FLOATS>();
     float* kp_tile = q_tile + T::Q;
     float* v_tile = kp_tile + T::KP;
-    float* exchange = v_tile + T::V;
 
     float m[R], l[R], acc[R][NV] = {};
 #pragma unroll
@@ -177,11 +172,7 @@ __device__ __forceinline__ void forward(const Rows<const float>& q, const Rows<c
         copy_wait<1>();  // Q and K have landed; V may still be in flight
         __syncthreads();
         float s[R][C] = {};
-        if constexpr (MMA) {
-            dot_rows_dmma<R, C, D>(s, q_tile, kp_tile, exchange);
-        } else {
-            dot_rows<R, C, D>(s, q_tile, kp_tile, ty * R, tx);
-        }
+        dot_rows<R, C, D>(s, q_tile, kp_tile, ty * R, tx);
         with_mask(whole_block(mask, i0, i_last, kb * BC, BC), [&](auto masked) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -540,14 +531,23 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
                    dim_v);
 }
 
-#define FLASH_FORWARD(NAME, D, DV, WIDE, MMA)                                                   \
+#define FLASH_FORWARD(NAME, D, DV, WIDE)                                                        \
     extern "C" __global__ void __launch_bounds__(ForwardShape<D, DV, WIDE>::THREADS,            \
                                                  ForwardShape<D, DV, WIDE>::CTAS)               \
         NAME(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), FLASH_OUT(lse),             \
              FLASH_PROBLEM_PARAMS) {                                                             \
-        forward<D, DV, WIDE, MMA>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),       \
+        forward<D, DV, WIDE>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
                              FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
                              FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
+    }
+
+#define FLASH_DMMA_FORWARD(D, DV)                                                               \
+    extern "C" __global__ void __launch_bounds__(kDmmaThreads, dmma_ctas(D, DV))               \
+        flash_f32_fwd_dmma_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), \
+                                         FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                \
+        forward_dmma<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
+                            FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
+                            FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
     }
 
 #define FLASH_DKDV(NAME, D, DV, MMA)                                                            \
@@ -560,9 +560,11 @@ extern "C" __global__ void __launch_bounds__(kDeltaThreads) flash_f32_bwd_delta(
                                   FLASH_PROBLEM);                                                \
     }
 
+// Every (head_dim, head_dim_v) pair gets the FMA forward and backward (any GPU) and the DMMA
+// forward and the backward with its scores on the FP64 tensor cores (sm_90).
 #define FLASH_KERNELS(D, DV)                                                                    \
-    FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false, false)                             \
-    FLASH_FORWARD(flash_f32_fwd_mma_d##D##_dv##DV, D, DV, false, true)                          \
+    FLASH_FORWARD(flash_f32_fwd_d##D##_dv##DV, D, DV, false)                                    \
+    FLASH_DMMA_FORWARD(D, DV)                                                                   \
     FLASH_DKDV(flash_f32_bwd_dkdv_d##D##_dv##DV, D, DV, false)                                  \
     FLASH_DKDV(flash_f32_bwd_dkdv_mma_d##D##_dv##DV, D, DV, true)
 
@@ -572,21 +574,4 @@ FLASH_KERNELS(96, 96)
 FLASH_KERNELS(128, 128)
 FLASH_KERNELS(128, 64)
 FLASH_KERNELS(64, 128)
-FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true, false)
-
-// The DMMA forward, at every head-dim pair (flash_f32.py's DMMA_FORWARD_DIMS).
-#define FLASH_DMMA_FORWARD(D, DV)                                                               \
-    extern "C" __global__ void __launch_bounds__(kDmmaThreads, dmma_ctas(D, DV))               \
-        flash_f32_fwd_dmma_d##D##_dv##DV(FLASH_IN(q), FLASH_IN(k), FLASH_IN(v), FLASH_OUT(out), \
-                                         FLASH_OUT(lse), FLASH_PROBLEM_PARAMS) {                \
-        forward_dmma<D, DV>(FLASH_ROWS(const float, q), FLASH_ROWS(const float, k),            \
-                            FLASH_ROWS(const float, v), FLASH_ROWS(float, out),                \
-                            FLASH_ROWS(float, lse), FLASH_PROBLEM);                            \
-    }
-
-FLASH_DMMA_FORWARD(32, 32)
-FLASH_DMMA_FORWARD(64, 64)
-FLASH_DMMA_FORWARD(96, 96)
-FLASH_DMMA_FORWARD(128, 128)
-FLASH_DMMA_FORWARD(128, 64)
-FLASH_DMMA_FORWARD(64, 128)
+FLASH_FORWARD(flash_f32_fwd_wide_d128_dv128, 128, 128, true)

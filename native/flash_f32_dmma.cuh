@@ -19,7 +19,7 @@ namespace {
 // threads (causal 1.61 against 1.70), though each K and V block now serves 32 rows instead of
 // 64. P goes through its own tile (f32, every warp reads all 64 keys of its rows), and K and V
 // have tiles of their own, so the next K streams in under the softmax and P V, the next V under
-// the next scores. Operands are widened from f32 as they are loaded (dot_rows_dmma says why that
+// the next scores. Operands are widened from f32 as they are loaded (dmma_16x8x16 says why that
 // is exact); P V sums in f64 and the output is divided and rounded once.
 //
 // Operands load as vectors. An mma sums over its 16 k-indices in an order of its own, so which
@@ -29,7 +29,7 @@ namespace {
 // columns are permuted the same way: B's column g of 8-column tile n is the warp's column
 // dmma_column(n, g), so a lane's V values of four tiles are one float4.
 constexpr int kDmmaRows = 32, kDmmaThreads = 128, kDmmaKeys = 64;
-// Measured on an H100 (B4 H16 S2048; flash_f32.py's DMMA_FORWARD_DIMS has the times): at D and
+// Measured on an H100 (B4 H16 S2048; flash_f32.py's MMA_ARCHES has the times): at D and
 // Dv <= 64 the registers allow three CTAs an SM (168, with about 100 bytes of spills at d64,
 // and still faster than two), wider pairs fit two. The P V loop runs unrolled 4 (d96 2.58 ms
 // against 2.73 with 2); the Q K^T loop 4 at the wide dims (d128 3.06-3.10 against 3.13-3.16)

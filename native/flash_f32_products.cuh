@@ -1,5 +1,5 @@
 // The true-f32 flash kernels' tile products: on CUDA cores (f32 FMA) and, for sm_90, on the
-// FP64 tensor cores (dmma_16x8x16, dot_rows_dmma). Used by flash_f32.cu and flash_f32_dmma.cuh.
+// FP64 tensor cores (dmma_16x8x16). Used by flash_f32.cu and flash_f32_dmma.cuh.
 #pragma once
 #include "flash_f32_common.cuh"
 
@@ -102,16 +102,11 @@ __device__ __forceinline__ void dot_rows(float (&acc)[R][C], const float* a, con
     }
 }
 
-// The scores on sm_90's FP64 tensor cores (the MMA forwards). An m16n8k16 f64 product runs at
-// the rate of f32 FMA on CUDA cores (66 TFLOP/s each on an H100, scripts/dmma_probe.py), but in
-// one issue slot where FFMA takes 64: Q K^T moves off the FMA pipe, which is left to P V and the
-// softmax. The f32 inputs are exact in f64 and every product and sum of a score is f64, rounded
-// once to f32: at least as accurate as the FFMA chain of dot_rows, but not the same bits.
-constexpr int kScorePass = 32;               // keys a warp's pass covers: four 16 x 8 tiles
-constexpr int kExchangeLd = kScorePass + 2;  // = 2 mod 4: half-warps read rows 8 apart, no
-                                             // bank conflict
-constexpr int kExchangeFloats = 16 * kExchangeLd;  // a warp's tile of 16 rows x one pass
-
+// Products on sm_90's FP64 tensor cores (the DMMA forward, the backward's *_mma kernels). An
+// m16n8k16 f64 product runs at the rate of f32 FMA on CUDA cores (66 TFLOP/s each on an H100,
+// scripts/dmma_probe.py), but in one issue slot where FFMA takes 64. The f32 inputs are exact in
+// f64 and every product and sum is f64, rounded once to f32: at least as accurate as the FFMA
+// chains, but not the same bits.
 __device__ __forceinline__ void dmma_16x8x16(double (&c)[4], const double (&a)[8],
                                              const double (&b)[4]) {
 #if __CUDA_ARCH__ >= 900
@@ -144,59 +139,6 @@ __device__ __forceinline__ void dmma_k_step(double (&acc)[N][4], const float* qa
 #pragma unroll
         for (int i = 0; i < 4; ++i) b[i] = kb[n * 8 * LD + kk + 4 * i];
         dmma_16x8x16(acc[n], a, b);
-    }
-}
-
-// How many 32-key passes share each k-step's Q operands (GROUP: all of them where D <= 64),
-// and how far the k-steps unroll. H100, B4 H16 S2048 (scripts/f32_time.py, one call): at d64
-// all passes at once, unrolled 4, ran 1.636 ms against 1.748 for one pass at a time, unrolled 2
-// (causal 0.841 against 0.873); at d128 that lost (3.364 against 3.288 ms), as did unrolling 4 or
-// 8 alone (3.435, 3.377).
-template <int C, int D>
-struct DmmaPasses {
-    static constexpr int GROUP = D <= 64 ? C / 2 : 1, UNROLL = D <= 64 ? 4 : 2;
-};
-
-// s[r][c] = Q[row0 + r] . K[tx + 16 c] over D, in dot_rows's layout (thread (ty, tx), row0 =
-// ty * R), for CTAs whose warp w holds rows 16w..16w+15 (R = 8: half-warp h of it rows 8h..).
-// Warp w multiplies its 16 rows by the keys in passes of 32 (16 f64 accumulators a lane; lane
-// (g, t) = (lane / 4, lane % 4) holds rows g and g + 8, keys 8n + 2t and 8n + 2t + 1 of tile n,
-// the PTX fragment layout) and hands each pass's scores to the lanes that own them through its
-// own exchange tile in shared memory. Operands are read as f32 from the row-major Q and K tiles
-// (row stride D + kPad: the 32 lanes of each load hit 32 banks) and widened to f64.
-template <int R, int C, int D>
-__device__ __forceinline__ void dot_rows_dmma(float (&s)[R][C], const float* q, const float* k,
-                                              float* exchange) {
-    static_assert(R == 8 && C % 2 == 0 && D % 16 == 0, "16-row warps, 32-key passes");
-    constexpr int LD = D + kPad, G = DmmaPasses<C, D>::GROUP, U = DmmaPasses<C, D>::UNROLL;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int h = lane >> 4, tx = lane & 15;
-    const float* qa = q + ((threadIdx.x >> 5) * 16 + g) * LD + t;
-    float* ex = exchange + (threadIdx.x >> 5) * kExchangeFloats;
-#pragma unroll
-    for (int first = 0; first < C / 2; first += G) {
-        const float* kb = k + (first * kScorePass + g) * LD + t;
-        double acc[4 * G][4] = {};
-#pragma unroll U
-        for (int kk = 0; kk < D; kk += 16) dmma_k_step<4 * G, LD>(acc, qa, kb, kk);
-#pragma unroll
-        for (int p = 0; p < G; ++p) {
-#pragma unroll
-            for (int n = 0; n < 4; ++n) {
-                *reinterpret_cast<float2*>(ex + g * kExchangeLd + 8 * n + 2 * t) =
-                    make_float2((float)acc[4 * p + n][0], (float)acc[4 * p + n][1]);
-                *reinterpret_cast<float2*>(ex + (g + 8) * kExchangeLd + 8 * n + 2 * t) =
-                    make_float2((float)acc[4 * p + n][2], (float)acc[4 * p + n][3]);
-            }
-            __syncwarp();
-            const int pass = first + p;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                s[r][2 * pass] = ex[(8 * h + r) * kExchangeLd + tx];
-                s[r][2 * pass + 1] = ex[(8 * h + r) * kExchangeLd + 16 + tx];
-            }
-            __syncwarp();  // read before the next pass overwrites it
-        }
     }
 }
 

@@ -327,26 +327,21 @@ def run_garbage(rng: np.random.Generator, stream) -> list[dict]:
 
 
 def run_other_forwards(rng: np.random.Generator, stream) -> list[dict]:
-    """The cases of D = Dv = 128 on the forwards an H100 does not pick there: the wide one (an
-    sm_100's choice), the 64-row one without the FP64 tensor cores (an sm_89's), both as the
-    launcher would pick them there, and the MMA forward (scores only on the FP64 tensor
-    cores, an H100's where D and Dv differ)."""
-    arch, shared, dmma = (flash_f32.device_arch, flash_f32._shared_per_block,
-                          flash_f32.DMMA_FORWARD_DIMS)
+    """The cases of D = Dv = 128 on the kernels an H100 does not pick: the wide forward (an
+    sm_100's choice) and the 64-row forward without the FP64 tensor cores (an sm_89's), each
+    with the FMA backward, as the launcher would pick them there."""
+    arch, shared = flash_f32.device_arch, flash_f32._shared_per_block
     results = []
     try:
-        for other, label in ((ArchSku.sm100, "wide forward"), (ArchSku.sm89, "64-row forward"),
-                             (ArchSku.sm90, "MMA forward")):
+        for other, label in ((ArchSku.sm100, "wide forward"), (ArchSku.sm89, "64-row forward")):
             flash_f32.device_arch = lambda device, other=other: other
             flash_f32._shared_per_block = lambda device, other=other: SHARED_PER_BLOCK[other]
-            flash_f32.DMMA_FORWARD_DIMS = ()
             results += [run_case(f"{name} ({label})", case, rng, stream)
                         for name, case in CASES.items()
                         if (case["head_dim"], case.get("head_dim_v", case["head_dim"]))
                         in flash_f32.WIDE_FORWARD_DIMS]
     finally:
         flash_f32.device_arch, flash_f32._shared_per_block = arch, shared
-        flash_f32.DMMA_FORWARD_DIMS = dmma
     return results
 
 

@@ -114,9 +114,9 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
                             np.float32(0.125), 2, 64, -1, 1)
     assert shared == flash._forward_launch(kind, 128, 128)[2]
     # The tiles: Q, K (then P) and V, rows of 128 + 4 floats (the wide forward's 128 rows and
-    # keys, the others' 64), and the MMA forward's 4 warps' 16 x (32 + 2) exchange tiles.
+    # keys, the 64-row forward's 64).
     assert flash._forward_shared(128, 128, wide=True) == 4 * 3 * 128 * 132 <= SM90_SHARED
-    assert flash._forward_shared(128, 128, mma=True) == 4 * (3 * 64 * 132 + 4 * 16 * 34)
+    assert flash._forward_shared(128, 128) == 4 * 3 * 64 * 132
     # The DMMA forward's: 32 rows of Q and 64 of K of 128 + 16 floats, 64 rows of V of
     # 128 + 4, 32 of P of 64 + 8, each half's row maxima and, its P V in quarters of Dv, each
     # row's rescale (DmmaTiles); at Dv = 64 no rescales.
@@ -128,7 +128,6 @@ def test_forward_arguments_grid_and_shared_memory(monkeypatch, arch, kind, rows)
 def test_each_gpu_and_head_dim_gets_its_kernels(monkeypatch):
     # The DMMA forward on sm_90 at every head-dim pair; the backward's scores on the FP64 tensor
     # cores on sm_90 only, with the FMA form's block and shared memory.
-    assert flash.DMMA_FORWARD_DIMS == flash.HEAD_DIMS
     for dims, arch, name in (((128, 128), ArchSku.sm90, "fwd_dmma"),
                              ((96, 96), ArchSku.sm90, "fwd_dmma"),
                              ((64, 64), ArchSku.sm90, "fwd_dmma"),
@@ -189,8 +188,8 @@ def test_empty_extents_launch_only_what_writes_rows(monkeypatch):
 
 def test_two_ctas_share_an_sm_at_head_dim_128():
     # sm_90: 228 KiB of shared memory per SM, 1 KiB of it reserved per CTA.
-    for size in (flash._forward_shared(128, 128), flash._forward_shared(128, 128, mma=True),
-                 flash._dmma_forward_shared(128, 128), flash._dkdv_shared(128, 128)):
+    for size in (flash._forward_shared(128, 128), flash._dmma_forward_shared(128, 128),
+                 flash._dkdv_shared(128, 128)):
         assert 2 * (size + 1024) <= 228 * 1024
     # The DMMA forward asks ptxas for three CTAs an SM at head dims up to 64 (dmma_ctas in
     # flash_f32_dmma.cuh): their tiles must fit three times too.

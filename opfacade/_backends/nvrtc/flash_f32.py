@@ -2,8 +2,8 @@
 dense [B, H, S, D] or packed varlen [T, H, D] tensors, as plain launches for a plan to wire.
 
 The math is f32 FMA on CUDA cores (no TF32), except on sm_90 (MMA_ARCHES): there the forward's
-Q K^T and P V (DMMA_FORWARD_DIMS) and the backward's S = Q K^T and dP = dO V^T are products and
-sums in f64 on the FP64 tensor cores, each sum rounded once to f32. The backward sums dK, dV and
+Q K^T and P V and the backward's S = Q K^T and dP = dO V^T are products and sums in f64 on the
+FP64 tensor cores, each sum rounded once to f32. The backward sums dK, dV and
 dQ in a fixed order (dQ's L2 reductions come one key block at a time), so it is bitwise
 reproducible.
 Nothing here takes a descriptor: a ``FlashProblem`` of plain values says what to compute,
@@ -72,19 +72,16 @@ CAUSAL_MODES = {None: 0, "top_left": 1, "bottom_right": 2}  # the kernels' `caus
 
 # The (head_dim, head_dim_v) pairs with a wide forward (ForwardShape there).
 WIDE_FORWARD_DIMS = ((128, 128),)
-# Where the kernels take products on the FP64 tensor cores (the forwards' *_mma and *_dmma
-# kernels, the backward's bwd_dkdv_mma): mma.sync's m16n8k16 f64 shape is sm_90's, and only
-# there was it measured. The backward's S and dP there, against the FMA chain (H100, B4 H16 S2048,
-# dK/dV + Delta ms, scripts/f32_time.py, one call): d64 4.56 against 5.12, causal 2.24 against
-# 2.57; d128 8.69 against 9.60, causal 4.43 against 4.82; d64/dv128 6.36 against 7.13.
+# Where the kernels take products on the FP64 tensor cores (the forward's fwd_dmma kernels, the
+# backward's bwd_dkdv_mma): mma.sync's m16n8k16 f64 shape is sm_90's, and only there was it
+# measured. On an H100 (B4 H16 S2048, scripts/f32_time.py, each in one call) the DMMA forward beat
+# the forward with only its scores there (dropped since, docs/PERF-NOTES.md) at every pair, in
+# ms: d32 0.91 against 1.10, d64 1.56 against 1.65, d64 causal 0.80-0.82 against 0.82, d96 2.58
+# against 2.71, d128 3.06-3.10 against 3.14, d128 causal 1.60-1.62 against 1.62, d128/dv64 2.38
+# against 2.55, d64/dv128 2.38 against 2.65. The backward's S and dP there, against the FMA
+# chain (dK/dV + Delta ms): d64 4.56 against 5.12, causal 2.24 against 2.57; d128 8.69 against
+# 9.60, causal 4.43 against 4.82; d64/dv128 6.36 against 7.13.
 MMA_ARCHES = frozenset({ArchSku.sm90})
-# The forward with both products on the FP64 tensor cores (flash_f32_fwd_dmma_*, forward_dmma),
-# on MMA_ARCHES, for the (head_dim, head_dim_v) pairs where it beat the MMA forward on an H100
-# (B4 H16 S2048, forward ms, one call, scripts/f32_time.py): d32 0.91 against 1.10, d64 1.56
-# against 1.65, d64 causal 0.80-0.82 against 0.82, d96 2.58 against 2.71, d128 3.06-3.10 against
-# 3.14, d128 causal 1.60-1.62 against 1.62 (where the MMA forward is itself beaten by an earlier
-# form of this one), d128/dv64 2.38 against 2.55, d64/dv128 2.38 against 2.65: every pair.
-DMMA_FORWARD_DIMS = HEAD_DIMS
 _INT32 = 4
 
 
@@ -92,10 +89,8 @@ def kernel_names() -> list[str]:
     """Every kernel in native/flash_f32.cu."""
     names = ["flash_f32_bwd_delta"]
     for d, dv in HEAD_DIMS:
-        names += [f"flash_f32_{kind}_d{d}_dv{dv}" for kind in ("fwd", "bwd_dkdv")]
-    names += [f"flash_f32_{kind}_d{d}_dv{dv}" for d, dv in HEAD_DIMS
-              for kind in ("fwd_mma", "bwd_dkdv_mma")]
-    names += [f"flash_f32_fwd_dmma_d{d}_dv{dv}" for d, dv in DMMA_FORWARD_DIMS]
+        names += [f"flash_f32_{kind}_d{d}_dv{dv}"
+                  for kind in ("fwd", "fwd_dmma", "bwd_dkdv", "bwd_dkdv_mma")]
     return names + [f"flash_f32_fwd_wide_d{d}_dv{dv}" for d, dv in WIDE_FORWARD_DIMS]
 
 
@@ -379,20 +374,13 @@ def _shared_per_block(device: int) -> int:
 
 def _forward_kind(problem: FlashProblem, device: int) -> str:
     """The forward kernel ``device`` runs ``problem`` with, by its name's part after flash_f32_:
-    on MMA_ARCHES, "fwd_dmma" (both products on the FP64 tensor cores) where
-    (head_dim, head_dim_v) is in DMMA_FORWARD_DIMS, else "fwd_mma" (the scores there, P V on
-    the FMA pipe); elsewhere "fwd_wide" where the pair has a wide kernel, else "fwd". Each only
-    where ``device`` gives a block its shared memory. The MMA forward has 64-row blocks only:
-    at D = Dv = 128 on an H100 they ran 3.31 ms against the wide MMA forward's 3.37 (causal
-    1.69 against 1.82), two CTAs an SM taking turns at the tensor and the FMA pipes where the
-    wide one's single CTA cannot."""
+    on MMA_ARCHES "fwd_dmma" (both products on the FP64 tensor cores), elsewhere "fwd_wide"
+    where the pair has a wide kernel, else "fwd". Each only where ``device`` gives a block its
+    shared memory."""
     dims = (problem.head_dim, problem.head_dim_v)
     have = _shared_per_block(device)
-    if device_arch(device) in MMA_ARCHES:
-        if dims in DMMA_FORWARD_DIMS and have >= _dmma_forward_shared(*dims):
-            return "fwd_dmma"
-        if have >= _forward_shared(*dims, mma=True):
-            return "fwd_mma"
+    if device_arch(device) in MMA_ARCHES and have >= _dmma_forward_shared(*dims):
+        return "fwd_dmma"
     if dims in WIDE_FORWARD_DIMS and have >= _forward_shared(*dims, wide=True):
         return "fwd_wide"
     return "fwd"
@@ -404,7 +392,7 @@ def _forward_launch(kind: str, d: int, dv: int) -> tuple[int, int, int]:
         return DMMA_ROWS, DMMA_THREADS, _dmma_forward_shared(d, dv)
     if kind == "fwd_wide":
         return WIDE_FORWARD_ROWS, WIDE_FORWARD_THREADS, _forward_shared(d, dv, wide=True)
-    return FORWARD_ROWS, FORWARD_THREADS, _forward_shared(d, dv, mma=kind == "fwd_mma")
+    return FORWARD_ROWS, FORWARD_THREADS, _forward_shared(d, dv)
 
 
 def _blocks(length: int, rows: int) -> int:

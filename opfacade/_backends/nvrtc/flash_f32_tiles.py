@@ -16,8 +16,6 @@ WIDE_FORWARD_THREADS = 256
 PAD = 4
 FORWARD_ROWS, FORWARD_KEYS = 64, 64
 WIDE_FORWARD_ROWS = WIDE_FORWARD_KEYS = 128  # the wide forward's blocks
-# Each warp of an MMA forward's CTA hands its scores over through 16 rows of 32 + 2 floats.
-EXCHANGE_FLOATS = 16 * (32 + 2)
 # The DMMA forward runs 32 rows and 64 keys a block in 128 threads (three CTAs an SM at head dims
 # up to 64, two above), rows padded by 16 floats (Q, K), 4 (V) and 8 (P).
 DMMA_ROWS, DMMA_KEYS, DMMA_THREADS = 32, 64, 128
@@ -38,13 +36,11 @@ def tile(rows: int, cols: int) -> int:
     return rows * (cols + PAD)
 
 
-def forward_shared(d: int, dv: int, wide: bool = False, mma: bool = False) -> int:
-    # Q, then K's tile (which P reuses), then V, then the MMA forwards' exchange tiles.
+def forward_shared(d: int, dv: int, wide: bool = False) -> int:
+    # Q, then K's tile (which P reuses), then V.
     rows, keys = (WIDE_FORWARD_ROWS, WIDE_FORWARD_KEYS) if wide else (FORWARD_ROWS, FORWARD_KEYS)
     k_or_p = max(tile(keys, d), tile(rows, keys))
-    threads = WIDE_FORWARD_THREADS if wide else FORWARD_THREADS
-    exchange = threads // 32 * EXCHANGE_FLOATS if mma else 0
-    return FLOAT_BYTES * (tile(rows, d) + k_or_p + tile(keys, dv) + exchange)
+    return FLOAT_BYTES * (tile(rows, d) + k_or_p + tile(keys, dv))
 
 
 def dmma_forward_shared(d: int, dv: int) -> int:
@@ -62,6 +58,6 @@ def dkdv_shared(d: int, dv: int) -> int:
 
 
 def shared_bytes(d: int, dv: int) -> int:
-    """The most dynamic shared memory the kernels for (d, dv) need (a wide or MMA forward runs
-    only where the device allows its more)."""
+    """The most dynamic shared memory the FMA kernels for (d, dv) need (the wide and DMMA
+    forwards run only where the device allows theirs)."""
     return max(forward_shared(d, dv), dkdv_shared(d, dv))
