@@ -1,5 +1,5 @@
 // The true-f32 flash kernels' tile products: on CUDA cores (f32 FMA) and, for sm_90, on the
-// FP64 tensor cores (dmma_16x8x16). Used by flash_f32.cu and flash_f32_dmma.cuh.
+// FP64 tensor cores (dmma_16x8x16). Used by the forward and backward headers beside it.
 #pragma once
 #include "flash_f32_common.cuh"
 

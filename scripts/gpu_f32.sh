@@ -5,7 +5,8 @@
 # profiles under ncu.
 #   bash scripts/gpu_f32.sh [stages...]   stages: check time sanitize tests profile stalls
 #   (stalls: ncu's per-SASS-instruction stall samples of one forward and one dK/dV launch,
-#   STALL_CASE (default d128), as CSV under $OUT)
+#   STALL_CASE (default d128), with the pipes' utilisation (scripts/ncu_pipes.py), in
+#   $OUT/ncu_stalls.tar.gz)
 #   VARIANTS="name:MACRO[=VALUE][,MACRO...] ...": also check and time this tree with each
 #   `#define MACRO VALUE` (default 1) prepended to native/flash_f32.cu, in a copy under /tmp;
 #   PYSED_<name>, when set, is a sed script run on that copy's flash_f32.py.
@@ -91,14 +92,24 @@ if wants profile; then
 fi
 if wants stalls; then
     stage stalls
+    # With the pipes' utilisation (ComputeWorkloadAnalysis, InstructionStats) and the memory
+    # sections, so the raw page says which pipe (FP64/DMMA, FMA, ALU, LSU) or memory level bounds
+    # the kernel beside where its warps stall.
     F32_CASES=${STALL_CASE:-d128} timeout 300 ncu --section SourceCounters --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section InstructionStats --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section Occupancy \
         --import-source no -k "regex:flash_f32_(fwd|bwd_dkdv)" -c 2 -f -o /tmp/stalls \
         python3 scripts/f32_time.py /tmp/profile --profile > "$OUT/ncu_stalls.log" 2>&1
     echo "ncu exit $?"; tail -3 "$OUT/ncu_stalls.log"
-    ncu --import /tmp/stalls.ncu-rep --page details > "$OUT/ncu_stalls_details.txt" 2>&1
+    # The pages go back as one archive: a call returns at most 8 files.
+    mkdir -p /tmp/stalls_pages
+    ncu --import /tmp/stalls.ncu-rep --page details > /tmp/stalls_pages/details.txt 2>&1
+    ncu --import /tmp/stalls.ncu-rep --page raw --csv > /tmp/stalls_pages/raw.csv 2>&1
+    python3 scripts/ncu_pipes.py /tmp/stalls_pages/raw.csv | tee /tmp/stalls_pages/pipes.txt \
+        | grep -E "###|avg|inst_executed.sum|ratio" | grep -v -E " 0\.0[0-9]* " | head -60
     ncu --import /tmp/stalls.ncu-rep --page source --csv --print-source sass \
-        > "$OUT/ncu_stalls_sass.csv" 2>&1
-    echo "source page exit $? ($(wc -l < "$OUT/ncu_stalls_sass.csv") lines)"
-    head -c 600 "$OUT/ncu_stalls_sass.csv"; echo
+        > /tmp/stalls_pages/sass.csv 2>&1
+    echo "source page exit $? ($(wc -l < /tmp/stalls_pages/sass.csv) lines)"
+    tar -czf "$OUT/ncu_stalls.tar.gz" -C /tmp stalls_pages
 fi
 stage done

@@ -1,9 +1,9 @@
 """The true-f32 flash kernels' blocks, threads and shared-memory tiles, as the host mirrors them
-from native/ (kPad and ForwardShape in flash_f32_common.cuh and flash_f32.cu, DmmaTiles in
-flash_f32_dmma.cuh, DkdvTiles in flash_f32.cu), and the shared memory each kernel needs. Every
-tile is row-major with PAD floats added to each row. A kernel launched with less shared memory
-than its tiles need stops (__trap) rather than corrupt memory, so a fact that drifts from its
-kernel fails loudly; ``tests/test_flash_f32_compile.py`` pins the sizes.
+from native/ (kPad in flash_f32_common.cuh, ForwardShape in flash_f32_forward.cuh, DmmaTiles in
+flash_f32_dmma.cuh, DkdvTiles in flash_f32_backward.cuh), and the shared memory each kernel
+needs. Every tile is row-major with PAD floats added to each row. A kernel launched with less
+shared memory than its tiles need stops (__trap) rather than corrupt memory, so a fact that
+drifts from its kernel fails loudly; ``tests/test_flash_f32_compile.py`` pins the sizes.
 """
 
 from __future__ import annotations
