@@ -128,8 +128,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.ndim == 2
     rows = x if flat else x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
     deterministic = deterministic_choice(deterministic)
-    if wants_grad(x, weight, bias) or torch.compiler.is_compiling():
-        out, _ = _linear(rows, weight, bias, activation, activation != "none", deterministic)
+    grad = wants_grad(x, weight, bias)
+    if grad or torch.compiler.is_compiling():
+        # Tracing must see the op, gradient or not; the activation's aux (a write of N values a
+        # row) is saved only where a backward will read it. torch.compile guards grad mode and
+        # requires_grad, so a graph compiled for inference writes none.
+        out, _ = _linear(rows, weight, bias, activation, grad and activation != "none",
+                         deterministic)
     else:  # eager inference: the op's kernel without the dispatcher's Python round trip
         out = functional.linear(rows, weight, bias, activation=activation,
                                 deterministic=deterministic)

@@ -183,10 +183,12 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if (on_one_gpu(query, key, value) and attn_mask is None and dropout_p == 0.0
             and query.ndim == 4 and key.ndim == 4 and value.ndim == 4
             and (enable_gqa or query.size(1) == key.size(1))):
-        if ((query.requires_grad or key.requires_grad or value.requires_grad)
-                and torch.is_grad_enabled()) or torch.compiler.is_compiling():
-            # Tracing under torch.compile must see the op, gradient or not.
-            return _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, True,
+        grad = ((query.requires_grad or key.requires_grad or value.requires_grad)
+                and torch.is_grad_enabled())
+        if grad or torch.compiler.is_compiling():
+            # Tracing under torch.compile must see the op, gradient or not; the stats are saved
+            # only for a backward (torch.compile guards grad mode and requires_grad).
+            return _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, grad,
                          deterministic_choice(deterministic))[0]
         # Eager inference: the op's kernel without the dispatcher's Python round trip.
         return functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale)
@@ -220,8 +222,9 @@ def _sdpa_general(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         seed = torch.randint(_SEED_BOUND, (1,), dtype=torch.int64, device=query.device)
         offset = torch.zeros(1, dtype=torch.int64, device=query.device)
     arguments = (query, key, value, bias, is_causal, scale, float(dropout_p), seed, offset)
-    if wants_grad(query, key, value, bias) or torch.compiler.is_compiling():
-        out, _ = _sdpa(*arguments, True, deterministic_choice(deterministic))
+    grad = wants_grad(query, key, value, bias)
+    if grad or torch.compiler.is_compiling():
+        out, _ = _sdpa(*arguments, grad, deterministic_choice(deterministic))
     else:  # eager inference: the op's kernel without the dispatcher's Python round trip
         out = functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale,
                               bias=bias, dropout_p=float(dropout_p), dropout_seed=seed,
