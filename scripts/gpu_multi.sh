@@ -7,6 +7,10 @@
 # suite: the whole test suite, its families split over the two GPUs (CUDA_VISIBLE_DEVICES), both
 #        halves at once, so that it fits one call; each family is its own pytest. HALF0 and HALF1
 #        name each GPU's parts: families, "others", or "others:K/N" (every Nth other file from K).
+#        Timed on 2x H200 (fourteenth session, calls 3 and 4): all "others" files 520+ s;
+#        others:0/2 73 s and others:1/2 341 s (test_example_gpt_gpu's half, as the device
+#        lists the files); sdpa 77 s, varlen_attention 63 s, decode_attention 63 s, alibi 59 s,
+#        linear 19 s, kv_append 5 s. The default halves are about 360 s and 350 s.
 set -u
 stages=${*:-multi ddp}
 source "$(dirname "$0")/device_prelude.sh"
@@ -40,12 +44,13 @@ if wants suite; then
             left=$(( ${SUITE_BUDGET:-540} - SECONDS + start ))  # the call's limit is 600 s
             echo "--- cuda:$gpu $family ($left s left)"
             (( left > 10 )) || continue
+            # -rfE: the failures' and errors' names reach the summary, which the tail keeps.
             CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m pytest -q -p no:cacheprovider \
-                -rs $files 2>&1 | quiet | tail -${SUITE_TAIL:-8}
+                -p no:warnings -rfE $files 2>&1 | quiet | tail -${SUITE_TAIL:-8}
         done > "$OUT/suite_gpu$gpu.log" 2>&1
     }
-    half 0 ${HALF0:-others linear alibi kv_append} &
-    half 1 ${HALF1:-sdpa varlen_attention decode_attention} &
+    half 0 ${HALF0:-others:0/2 sdpa varlen_attention decode_attention linear alibi} &
+    half 1 ${HALF1:-others:1/2 kv_append} &
     wait
     cat "$OUT/suite_gpu0.log" "$OUT/suite_gpu1.log"
 fi
