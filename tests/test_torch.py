@@ -1,7 +1,8 @@
 """opfacade.torch without a GPU: every family has its ops with the schemas the GPU tests drive,
 the Linear module is nn.Linear's drop-in, and host tensors are a typed error before anything
 runs. Fake kernels, autograd, opcheck and torch.compile need CUDA tensors (a CPU-only torch
-aborts on fake CUDA tensors' device guards), so they run in tests/test_torch_gpu.py."""
+aborts on fake CUDA tensors' device guards once autograd records them), so they run in
+tests/test_torch_gpu.py; only a graph traced for inference is read here."""
 
 from __future__ import annotations
 
@@ -96,3 +97,36 @@ def test_linear_loads_an_nn_linear_state_dict():
     copy = oft.Linear.from_torch(torch.nn.Linear(32, 24, bias=False), activation="silu")
     assert copy.bias is None and copy.activation == "silu"
     assert "activation='silu'" in repr(copy)
+
+
+def test_a_graph_compiled_for_inference_asks_for_no_aux_or_stats():
+    # Under no_grad, torch.compile's graph of the drop-ins asks linear for no GELU aux
+    # (save_aux, argument 4) and sdpa for no softmax stats (save_stats, argument 9), which only
+    # a backward reads: an inference graph writes only its outputs. Dynamo traces fake CUDA
+    # tensors here, which needs no GPU under no_grad; tests/test_torch_gpu.py runs compiled
+    # graphs in both modes.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def step(x, weight, bias):
+        h = oft.linear(x, weight, bias, activation="gelu_tanh")
+        q = h.reshape(2, 8, 4, 16).transpose(1, 2)  # [B, H, S, D] over bshd rows, no copy
+        return oft.sdpa(q, q, q, is_causal=True), oft.linear(x, weight, None)
+
+    calls: dict[str, list[tuple]] = {}
+
+    def record(graph_module, example_inputs):
+        for node in graph_module.graph.nodes:
+            if node.op == "call_function" and str(node.target).startswith("opfacade."):
+                calls.setdefault(str(node.target), []).append(node.args)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    with FakeTensorMode(), torch.no_grad():
+        cuda = dict(device="cuda", dtype=torch.bfloat16)
+        x, weight, bias = torch.empty(16, 64, **cuda), torch.empty(64, 64, **cuda), torch.empty(
+            64, **cuda)
+        torch.compile(step, backend=record, fullgraph=True)(x, weight, bias)
+    torch._dynamo.reset()
+    linears, attentions = calls["opfacade.linear.default"], calls["opfacade.sdpa.default"]
+    assert [(args[3], args[4]) for args in linears] == [("gelu_tanh", False), ("none", False)]
+    assert len(attentions) == 1 and attentions[0][9] is False

@@ -367,38 +367,6 @@ def test_torch_compile_fullgraph_matches_eager():
         assert _error(g, e.double()) < 2e-2
 
 
-def _compiled_op_calls(model, x, grad: bool) -> dict[str, list[tuple]]:
-    """The opfacade ops a torch.compile graph of ``model`` calls, with their arguments, traced
-    in grad mode ``grad`` (a backend that only records dynamo's graph)."""
-    calls: dict[str, list[tuple]] = {}
-
-    def record(graph_module, example_inputs):
-        for node in graph_module.graph.nodes:
-            if node.op == "call_function" and str(node.target).startswith("opfacade."):
-                calls.setdefault(str(node.target), []).append(node.args)
-        return graph_module.forward
-
-    torch._dynamo.reset()
-    with torch.set_grad_enabled(grad):
-        torch.compile(model, backend=record, fullgraph=True)(x)
-    return calls
-
-
-def test_a_graph_compiled_for_inference_saves_nothing_for_a_backward():
-    # Under no_grad the drop-ins ask for no GELU aux (linear's save_aux, argument 4) and no
-    # softmax stats (sdpa's save_stats, argument 9): an inference graph writes only its outputs.
-    # In grad mode they ask for both, as the backward reads them.
-    model = Block()
-    x = _randn(2, 128, 256)
-    for grad in (False, True):
-        calls = _compiled_op_calls(model, x, grad)
-        linears, attentions = calls["opfacade.linear.default"], calls["opfacade.sdpa.default"]
-        assert len(linears) == 4 and len(attentions) == 1
-        saves_aux = {args[3]: args[4] for args in linears}  # by activation
-        assert saves_aux == {"none": False, "gelu_tanh": grad}
-        assert attentions[0][9] is grad
-
-
 def test_reduce_overhead_replays_cuda_graphs():
     from torch._dynamo.utils import counters
 
