@@ -99,34 +99,49 @@ def test_linear_loads_an_nn_linear_state_dict():
     assert "activation='silu'" in repr(copy)
 
 
-def test_a_graph_compiled_for_inference_asks_for_no_aux_or_stats():
-    # Under no_grad, torch.compile's graph of the drop-ins asks linear for no GELU aux
-    # (save_aux, argument 4) and sdpa for no softmax stats (save_stats, argument 9), which only
-    # a backward reads: an inference graph writes only its outputs. Dynamo traces fake CUDA
-    # tensors here, which needs no GPU under no_grad; tests/test_torch_gpu.py runs compiled
-    # graphs in both modes.
+def test_every_drop_in_traces_into_one_inference_graph_that_saves_nothing_for_a_backward():
+    # torch.compile(fullgraph=True) traces one inference step through every family's drop-in:
+    # no graph break, and each family's forward op in dynamo's graph (a family added to the
+    # registry without one fails here). Under no_grad, linear asks for no GELU aux (save_aux,
+    # argument 4), sdpa for no softmax stats (save_stats, 9) and varlen_attention for no LSE
+    # (save_lse, 11): only a backward reads them. Dynamo traces fake CUDA tensors here, which
+    # needs no GPU under no_grad; tests/test_torch_gpu.py runs compiled graphs in both modes.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    def step(x, weight, bias):
+    def step(x, weight, bias, scores, slopes, packed, cu_seqlens, k_cache, v_cache, lens,
+             k_new, v_new, q_new):
         h = oft.linear(x, weight, bias, activation="gelu_tanh")
         q = h.reshape(2, 8, 4, 16).transpose(1, 2)  # [B, H, S, D] over bshd rows, no copy
-        return oft.sdpa(q, q, q, is_causal=True), oft.linear(x, weight, None)
+        oft.kv_append(k_new, v_new, k_cache, v_cache, lens)
+        return (oft.sdpa(q, q, q, is_causal=True), oft.linear(x, weight, None),
+                oft.alibi(scores, slopes),
+                oft.varlen_attention(packed, packed, packed, cu_seqlens, cu_seqlens,
+                                     max_seqlen_q=6, max_seqlen_kv=6, causal=True),
+                oft.decode_attention(q_new, k_cache, v_cache, lens))
 
     calls: dict[str, list[tuple]] = {}
 
     def record(graph_module, example_inputs):
         for node in graph_module.graph.nodes:
             if node.op == "call_function" and str(node.target).startswith("opfacade."):
-                calls.setdefault(str(node.target), []).append(node.args)
+                calls.setdefault(str(node.target).split(".")[1], []).append(node.args)
         return graph_module.forward
 
     torch._dynamo.reset()
     with FakeTensorMode(), torch.no_grad():
-        cuda = dict(device="cuda", dtype=torch.bfloat16)
-        x, weight, bias = torch.empty(16, 64, **cuda), torch.empty(64, 64, **cuda), torch.empty(
-            64, **cuda)
-        torch.compile(step, backend=record, fullgraph=True)(x, weight, bias)
+        bf16 = dict(device="cuda", dtype=torch.bfloat16)
+        lengths = dict(device="cuda", dtype=torch.int32)
+        caches = [torch.empty(2, 32, 2, 64, **bf16) for _ in range(2)]
+        news = [torch.empty(2, 1, 2, 64, **bf16) for _ in range(2)]
+        outs = torch.compile(step, backend=record, fullgraph=True)(
+            torch.empty(16, 64, **bf16), torch.empty(64, 64, **bf16), torch.empty(64, **bf16),
+            torch.empty(2, 4, 16, 16, **bf16), torch.empty(4, device="cuda"),
+            torch.empty(10, 4, 64, **bf16), torch.empty(3, **lengths), *caches,
+            torch.empty(2, **lengths), *news, torch.empty(2, 1, 8, 64, **bf16))
+        shapes = [tuple(out.shape) for out in outs]
     torch._dynamo.reset()
-    linears, attentions = calls["opfacade.linear.default"], calls["opfacade.sdpa.default"]
-    assert [(args[3], args[4]) for args in linears] == [("gelu_tanh", False), ("none", False)]
-    assert len(attentions) == 1 and attentions[0][9] is False
+    assert set(calls) == {op for ops in TORCH_OPS.values() for op in ops[:1]}
+    assert [(args[3], args[4]) for args in calls["linear"]] == [("gelu_tanh", False),
+                                                                ("none", False)]
+    assert calls["sdpa"][0][9] is False and calls["varlen_attention"][0][11] is False
+    assert shapes == [(2, 4, 8, 16), (16, 64), (2, 4, 16, 16), (10, 4, 64), (2, 1, 8, 64)]
