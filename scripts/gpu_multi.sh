@@ -44,9 +44,11 @@ if wants suite; then
             left=$(( ${SUITE_BUDGET:-540} - SECONDS + start ))  # the call's limit is 600 s
             echo "--- cuda:$gpu $family ($left s left)"
             (( left > 10 )) || continue
-            # -rfE: the failures' and errors' names reach the summary, which the tail keeps.
+            # -rfE: the failures' and errors' names reach the summary, which the tail keeps
+            # (-rs alone had replaced pytest's default fE); the whole log goes back too.
             CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m pytest -q -p no:cacheprovider \
-                -p no:warnings -rfE $files 2>&1 | quiet | tail -${SUITE_TAIL:-8}
+                -p no:warnings -rfE $files 2>&1 | tee -a "$OUT/suite_gpu${gpu}_full.log" \
+                | quiet | tail -${SUITE_TAIL:-8}
         done > "$OUT/suite_gpu$gpu.log" 2>&1
     }
     half 0 ${HALF0:-others:0/2 sdpa varlen_attention decode_attention linear alibi} &

@@ -22,14 +22,14 @@ if wants tests; then
     # PARTS="others alibi" narrows the run to those parts (one call stays under ten minutes).
     parts=${PARTS:-others $families}
     if [[ " $parts " == *" others "* ]]; then
-        timeout 420 python3 -m pytest -q -p no:cacheprovider -rs $others 2>&1 | tee "$OUT/pytest.log" | quiet | tail -6
+        timeout 420 python3 -m pytest -q -p no:cacheprovider -rfEs $others 2>&1 | tee "$OUT/pytest.log" | quiet | tail -6
     fi
     for family in $families; do
         [[ " $parts " == *" $family "* ]] || continue
         files=$(ls tests/test_${family}*.py 2>/dev/null | tr '\n' ' ')
         [ -n "$files" ] || continue
         echo "--- $family"
-        timeout 300 python3 -m pytest -q -p no:cacheprovider -rs $files 2>&1 | tee -a "$OUT/pytest.log" | quiet | tail -25
+        timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs $files 2>&1 | tee -a "$OUT/pytest.log" | quiet | tail -25
     done
 fi
 
