@@ -102,9 +102,9 @@ def test_linear_loads_an_nn_linear_state_dict():
 def test_every_drop_in_traces_into_one_inference_graph_that_saves_nothing_for_a_backward():
     # torch.compile(fullgraph=True) traces one inference step through every family's drop-in:
     # no graph break, and each family's forward op in dynamo's graph (a family added to the
-    # registry without one fails here). Under no_grad, linear asks for no GELU aux (save_aux,
-    # argument 4), sdpa for no softmax stats (save_stats, 9) and varlen_attention for no LSE
-    # (save_lse, 11): only a backward reads them. Dynamo traces fake CUDA tensors here, which
+    # registry without one fails here). Under no_grad, linear asks for no GELU aux (save_aux),
+    # sdpa for no softmax stats (save_stats) and varlen_attention for no LSE (save_lse): only a
+    # backward reads them. Dynamo traces fake CUDA tensors here, which
     # needs no GPU under no_grad; tests/test_torch_gpu.py runs compiled graphs in both modes.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -119,12 +119,14 @@ def test_every_drop_in_traces_into_one_inference_graph_that_saves_nothing_for_a_
                                      max_seqlen_q=6, max_seqlen_kv=6, causal=True),
                 oft.decode_attention(q_new, k_cache, v_cache, lens))
 
-    calls: dict[str, list[tuple]] = {}
+    calls: dict[str, list[dict]] = {}  # each op's calls, their arguments by schema name
 
     def record(graph_module, example_inputs):
         for node in graph_module.graph.nodes:
             if node.op == "call_function" and str(node.target).startswith("opfacade."):
-                calls.setdefault(str(node.target).split(".")[1], []).append(node.args)
+                names = [a.name for a in node.target._schema.arguments]
+                calls.setdefault(str(node.target).split(".")[1], []).append(
+                    dict(zip(names, node.args, strict=True)))
         return graph_module.forward
 
     torch._dynamo.reset()
@@ -141,7 +143,8 @@ def test_every_drop_in_traces_into_one_inference_graph_that_saves_nothing_for_a_
         shapes = [tuple(out.shape) for out in outs]
     torch._dynamo.reset()
     assert set(calls) == {op for ops in TORCH_OPS.values() for op in ops[:1]}
-    assert [(args[3], args[4]) for args in calls["linear"]] == [("gelu_tanh", False),
-                                                                ("none", False)]
-    assert calls["sdpa"][0][9] is False and calls["varlen_attention"][0][11] is False
+    assert [(call["activation"], call["save_aux"]) for call in calls["linear"]] == [
+        ("gelu_tanh", False), ("none", False)]
+    assert calls["sdpa"][0]["save_stats"] is False
+    assert calls["varlen_attention"][0]["save_lse"] is False
     assert shapes == [(2, 4, 8, 16), (16, 64), (2, 4, 16, 16), (10, 4, 64), (2, 1, 8, 64)]
