@@ -9,7 +9,9 @@ Each cache is an object owned by the module that fills it:
   ``_backends/cublaslt``;
 - compiled NVRTC kernels loaded on each device: ``_backends/nvrtc`` (cubins also persist on disk
   in ``$OPFACADE_CACHE_DIR``, which clearing leaves alone: they are checked on load);
-- stream objects wrapping raw handles for CuPy and torch: ``_internal/streams.py``.
+- stream objects wrapping raw handles for CuPy and torch: ``_internal/streams.py``;
+- outside the core, caches that register with ``on_clear`` (opfacade.torch's inference ops'
+  guarded calls).
 
 ``plan.free()`` releases what one plan holds; ``clear_caches()`` drops everything (tests call it
 between cases that must not share state). Plans already handed out keep working: what they need
@@ -23,12 +25,22 @@ checked on load, so clearing is never needed for correctness.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ._backends import cublaslt, cudnn, nvrtc
 
-__all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches"]
+__all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches", "on_clear"]
+
+# The clear() of caches kept outside the core modules (opfacade.torch's guarded calls), which
+# register themselves when they are made: the core never imports them.
+_REGISTERED: list[Callable[[], None]] = []
+
+
+def on_clear(clear: Callable[[], None]) -> None:
+    """Has ``clear_caches()`` call ``clear`` too."""
+    _REGISTERED.append(clear)
 
 
 def clear_caches() -> None:
@@ -45,6 +57,8 @@ def clear_caches() -> None:
     STREAM_SCRATCH.clear()
     for backend in (cudnn, cublaslt, nvrtc):
         backend.clear_caches()
+    for clear in _REGISTERED:
+        clear()
 
 
 @dataclass(frozen=True)

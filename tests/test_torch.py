@@ -11,17 +11,20 @@ import pytest
 torch = pytest.importorskip("torch")
 import opfacade.torch as oft  # noqa: E402
 from opfacade._registry import FAMILIES  # noqa: E402
-from opfacade.errors import DeviceMismatch, InvalidArgument  # noqa: E402
+from opfacade.errors import DeviceMismatch, InvalidArgument, Unsupported  # noqa: E402
 
-# Each family's torch ops; a family added to the registry table without torch ops fails here.
+# Each family's torch ops (the forward first); a family added to the registry table without
+# torch ops fails here.
 TORCH_OPS = {
     "alibi": ("alibi", "alibi_backward"),
-    "linear": ("linear", "linear_backward"),
-    "sdpa": ("sdpa", "sdpa_backward"),
+    "linear": ("linear", "linear_backward", "linear_inference"),
+    "sdpa": ("sdpa", "sdpa_backward", "sdpa_inference"),
     "varlen_attention": ("varlen_attention", "varlen_attention_backward"),
     "decode_attention": ("decode_attention",),
     "kv_append": ("kv_append",),
 }
+# The op a graph compiled for inference calls, where a family has one beside its forward.
+INFERENCE_OPS = {"linear": "linear_inference", "sdpa": "sdpa_inference"}
 
 
 def test_every_family_has_its_torch_ops():
@@ -51,6 +54,9 @@ LENS = torch.ones(2, dtype=torch.int32)
     (lambda: oft.kv_append(HOST, HOST, HOST, HOST, LENS), "k_new"),
     (lambda: torch.ops.opfacade.linear(HOST[0, 0], HOST[0, 0], None, "none", False, False),
      "x"),
+    (lambda: torch.ops.opfacade.linear_inference(HOST[0, 0], HOST[0, 0], None, "none", False),
+     "x"),
+    (lambda: torch.ops.opfacade.sdpa_inference(HOST, HOST, HOST, False, None), "q"),
 ])
 def test_host_tensors_are_a_device_mismatch_naming_the_argument(call, argument):
     with pytest.raises(DeviceMismatch, match="must be a CUDA tensor") as raised:
@@ -78,6 +84,28 @@ def test_a_required_tensor_given_none_is_an_invalid_argument_naming_it(call, arg
     assert raised.value.argument == argument
 
 
+@pytest.mark.parametrize("call,shape", [
+    (lambda x, y: torch.ops.opfacade.sdpa_inference(x, y, y, False, None), (2, 4, 8, 16)),
+    (lambda x, y: torch.ops.opfacade.linear_inference(y, x, None, "relu", False), (8, 16)),
+])
+def test_an_inference_op_refuses_a_call_that_wants_a_gradient(call, shape):
+    # Its autograd key falls through, so autograd would record nothing: a typed error instead
+    # of an output without a gradient. Under no_grad the same call goes on (to the device
+    # check, here).
+    y = torch.ones(shape)
+    x = y.clone().requires_grad_()
+    with pytest.raises(Unsupported, match="input requires grad; opfacade::"):
+        call(x, y)
+    with torch.no_grad(), pytest.raises(DeviceMismatch):
+        call(x, y)
+    # The fake kernel refuses it too, so a graph traced with grad does not get past it.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), pytest.raises(Unsupported, match="input requires grad"):
+        y = torch.empty(shape, device="cuda")
+        call(y.clone().requires_grad_(), y)
+
+
 def test_on_one_gpu_says_no_to_host_tensors_non_tensors_and_none():
     from opfacade.torch._common import on_one_gpu
 
@@ -102,8 +130,8 @@ def test_linear_loads_an_nn_linear_state_dict():
 def test_every_drop_in_traces_into_one_inference_graph_that_saves_nothing_for_a_backward():
     # torch.compile(fullgraph=True) traces one inference step through every family's drop-in:
     # no graph break, and each family's forward op in dynamo's graph (a family added to the
-    # registry without one fails here). Under no_grad, linear asks for no GELU aux (save_aux),
-    # sdpa for no softmax stats (save_stats) and varlen_attention for no LSE (save_lse): only a
+    # registry without one fails here). Under no_grad, linear and sdpa call their inference ops
+    # (no GELU aux, no softmax stats) and varlen_attention asks for no LSE (save_lse): only a
     # backward reads them. Dynamo traces fake CUDA tensors here, which
     # needs no GPU under no_grad; tests/test_torch_gpu.py runs compiled graphs in both modes.
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -142,9 +170,11 @@ def test_every_drop_in_traces_into_one_inference_graph_that_saves_nothing_for_a_
             torch.empty(2, **lengths), *news, torch.empty(2, 1, 8, 64, **bf16))
         shapes = [tuple(out.shape) for out in outs]
     torch._dynamo.reset()
-    assert set(calls) == {op for ops in TORCH_OPS.values() for op in ops[:1]}
-    assert [(call["activation"], call["save_aux"]) for call in calls["linear"]] == [
-        ("gelu_tanh", False), ("none", False)]
-    assert calls["sdpa"][0]["save_stats"] is False
+    assert set(calls) == {INFERENCE_OPS.get(family, ops[0])
+                          for family, ops in TORCH_OPS.items()}
+    # The inference ops have no output a backward reads; the other forwards are asked for none.
+    assert [(call["activation"], call["bias"] is None) for call in calls["linear_inference"]
+            ] == [("gelu_tanh", False), ("none", True)]
+    assert calls["sdpa_inference"][0]["causal"] is True
     assert calls["varlen_attention"][0]["save_lse"] is False
     assert shapes == [(2, 4, 8, 16), (16, 64), (2, 4, 16, 16), (10, 4, 64), (2, 1, 8, 64)]

@@ -90,6 +90,12 @@ def _opcheck_case(name):
     if name == "alibi":
         scores = _randn(2, 4, 16, 24, dtype=torch.float32, grad=True)
         return torch.ops.opfacade.alibi, (scores, torch.rand(4, device=CUDA, requires_grad=True))
+    if name == "linear_inference":
+        x, w, b = _randn(64, 96), _randn(80, 96), _randn(80)
+        return torch.ops.opfacade.linear_inference, (x, w, b, "gelu_tanh", True)
+    if name == "sdpa_inference":
+        q, k, v = _randn(2, 8, 64, 64), _randn(2, 2, 64, 64), _randn(2, 2, 64, 64)
+        return torch.ops.opfacade.sdpa_inference, (q, k, v, True, None)
     cache = _randn(4, 256, 2, 64)
     lens = torch.tensor([1, 2, 100, 256], dtype=torch.int32, device=CUDA)
     if name == "decode":
@@ -101,13 +107,43 @@ def _opcheck_case(name):
 
 
 OPCHECK = [*(f"linear-{a}" for a in ("none", "relu", "gelu_tanh", "gelu_erf", "silu")),
-           "sdpa-gqa-causal", "sdpa-bias", "varlen", "alibi", "decode", "kv_append"]
+           "sdpa-gqa-causal", "sdpa-bias", "varlen", "alibi", "decode", "kv_append",
+           "linear_inference", "sdpa_inference"]
 
 
 @pytest.mark.parametrize("name", OPCHECK)
 def test_opcheck(name):
     op, args = _opcheck_case(name)
     torch.library.opcheck(op, args)
+
+
+def test_the_inference_ops_give_the_training_ops_bits_on_guard_hits_and_misses():
+    # Each call after a tensor's facts change misses the inference op's guarded memo and selects
+    # again; the repeats hit it. Every one must give the training op's output, bit for bit and
+    # in the same strides, with a parameter that requires grad under no_grad (a compiled
+    # inference graph's call).
+    ops = torch.ops.opfacade
+    bhsd = [_randn(2, 8, 64, 64, seed=0), *(_randn(2, 2, 64, 64, seed=s) for s in (1, 2))]
+    bshd = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in bhsd]
+    longer = [_randn(2, 8, 96, 64, seed=3), *(_randn(2, 2, 96, 64, seed=s) for s in (4, 5))]
+    with torch.no_grad():
+        for q, k, v in (bhsd, bshd, longer, bhsd):
+            for causal, scale in ((True, None), (False, 0.1)):
+                for _ in range(2):
+                    got = ops.sdpa_inference(q, k, v, causal, scale)
+                    want = ops.sdpa(q, k, v, None, causal, scale, 0.0, None, None, False,
+                                    False)[0]
+                    assert torch.equal(got, want) and got.stride() == want.stride()
+        weight = torch.nn.Parameter(_randn(80, 96, seed=6))
+        for x, bias in ((_randn(64, 96, seed=7), _randn(80, seed=8)), (_randn(32, 96, seed=9),
+                                                                      None)):
+            for activation in ("none", "gelu_tanh", "relu"):
+                for _ in range(2):
+                    got = ops.linear_inference(x, weight, bias, activation, False)
+                    want = ops.linear(x, weight, bias, activation, False, False)[0]
+                    assert torch.equal(got, want)
+    with pytest.raises(Unsupported, match="requires grad"):
+        ops.linear_inference(x, weight, None, "none", False)
 
 
 # -- gradients against torch's float64 ----------------------------------------------------------

@@ -37,6 +37,8 @@ def run(quick: bool = False) -> list[BenchRow]:
     att_args = opfacade.SdpaArgs(q, k, v, torch.empty(1, 1, 64, 64, **bf16))
     att_ws = torch.empty(max(att_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
     linear_op, sdpa_op = torch.ops.opfacade.linear.default, torch.ops.opfacade.sdpa.default
+    linear_inference = torch.ops.opfacade.linear_inference.default
+    sdpa_inference = torch.ops.opfacade.sdpa_inference.default
     us = host_us_interleaved({
         "torch linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
         "linear functional": lambda: opfacade.linear(x, w, b, activation="gelu_tanh"),
@@ -46,7 +48,10 @@ def run(quick: bool = False) -> list[BenchRow]:
         "torch sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
         "sdpa functional": lambda: opfacade.sdpa(q, k, v),
         "sdpa torch op": lambda: oft.sdpa(q, k, v),
-        # Through torch's dispatcher, as a compiled graph calls them.
+        # Through torch's dispatcher, as compiled graphs call them: the inference ops in a
+        # graph compiled under no_grad, the training ops' forwards in one compiled with grad.
+        "linear inference dispatched": lambda: linear_inference(x, w, b, "gelu_tanh", False),
+        "sdpa inference dispatched": lambda: sdpa_inference(q, k, v, False, None),
         "linear dispatched": lambda: linear_op(x, w, b, "gelu_tanh", False, False),
         "sdpa dispatched": lambda: sdpa_op(q, k, v, None, False, None, 0.0, None, None, False,
                                            False),
@@ -63,12 +68,19 @@ def run(quick: bool = False) -> list[BenchRow]:
              "torch F.scaled_dot_product_attention"),
         _row(f"{attention}, torch op", us, "sdpa torch op", {"torch": "torch sdpa"},
              "torch F.scaled_dot_product_attention"),
+        _row(f"{linear}, torch.ops.opfacade.linear_inference", us, "linear inference dispatched",
+             {"torch": "torch linear"}, f"through torch's dispatcher, as a graph compiled for "
+             f"inference calls it; {peer}"),
+        _row(f"{attention}, torch.ops.opfacade.sdpa_inference", us, "sdpa inference dispatched",
+             {"torch": "torch sdpa"}, "through torch's dispatcher, as a graph compiled for "
+             "inference calls it; torch F.scaled_dot_product_attention"),
         _row(f"{linear}, torch.ops.opfacade.linear", us, "linear dispatched",
-             {"torch": "torch linear"}, f"through torch's dispatcher, as a compiled graph calls "
-             f"it; {peer}"),
+             {"torch": "torch linear"}, f"the training op (no aux) through torch's dispatcher, "
+             f"as a graph compiled for training calls its forward; {peer}"),
         _row(f"{attention}, torch.ops.opfacade.sdpa", us, "sdpa dispatched",
-             {"torch": "torch sdpa"}, "through torch's dispatcher, as a compiled graph calls "
-             "it; torch F.scaled_dot_product_attention"),
+             {"torch": "torch sdpa"}, "the training op (no stats) through torch's dispatcher, "
+             "as a graph compiled for training calls its forward; torch "
+             "F.scaled_dot_product_attention"),
         _row(f"{linear}, run() without a workspace", us, "linear run",
              {"run() with one": "linear run ws"},
              f"+{us['linear run'] - us['linear run ws']:.1f} us over run() with a workspace "

@@ -33,6 +33,7 @@ __all__ = [
     "LinearBackwardArgs",
     "LinearForwardPlan",
     "LinearBackwardPlan",
+    "forward_plan",
     "linear",
     "linear_backward",
 ]
@@ -90,6 +91,29 @@ def aux_buffer(layout: AuxLayout, element: ElementKind, lead: tuple, m: int, n: 
     return allocate((*lead, m, stride), layout.element(element))[..., :columns]
 
 
+def _forward_plan(x: Any, weight: Any, x_facts: tuple, weight_layout: str, tf32: bool,
+                  activation: str, has_bias: bool, has_residual: bool, save_aux: bool,
+                  deterministic: bool) -> LinearForwardPlan:
+    # The descriptor reads the shapes and the element (strides are run()'s to check).
+    facts = (x_facts[0], x_facts[2], operands.facts(weight, "weight")[0], weight_layout, tf32,
+             activation, not has_bias, not has_residual, save_aux, deterministic)
+    return LinearForwardPlan.cached_for(
+        facts, lambda: LinearDescriptor(**_problem(wrap(x, "x"), wrap(weight, "weight"),
+                                                   weight_layout),
+                                        tf32=tf32, activation=activation, bias=has_bias,
+                                        residual=has_residual, save_aux=save_aux),
+        {"deterministic": deterministic}, device=operands.device_of(x_facts))
+
+
+def forward_plan(x: Any, weight: Any, *, bias: bool = False, activation: str = "none",
+                 save_aux: bool = False, deterministic: bool = False) -> LinearForwardPlan:
+    """The plan ``linear(x, weight, bias, activation=..., save_aux=..., deterministic=...)``
+    runs (``bias``: whether one is given), from the same cache: for callers that keep it
+    (opfacade.torch's ops) and allocate the outputs themselves."""
+    return _forward_plan(x, weight, operands.facts(x, "x"), "nk", False, activation, bias,
+                         False, save_aux, deterministic)
+
+
 def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
            residual: Any = None, weight_layout: str = "nk", tf32: bool = False,
            save_aux: bool = False, out: Any = None, aux: Any = None, stream: Any = None,
@@ -102,16 +126,8 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
     ``deterministic`` selects under PlanPreference(deterministic=True).
     """
     x_facts = operands.facts(x, "x")
-    # The descriptor reads the shapes and the element (strides are run()'s to check).
-    facts = (x_facts[0], x_facts[2], operands.facts(weight, "weight")[0], weight_layout, tf32,
-             activation, bias is None, residual is None, save_aux, deterministic)
-    plan = LinearForwardPlan.cached_for(
-        facts, lambda: LinearDescriptor(**_problem(wrap(x, "x"), wrap(weight, "weight"),
-                                                   weight_layout),
-                                        tf32=tf32, activation=activation,
-                                        bias=bias is not None, residual=residual is not None,
-                                        save_aux=save_aux),
-        {"deterministic": deterministic}, device=operands.device_of(x_facts))
+    plan = _forward_plan(x, weight, x_facts, weight_layout, tf32, activation, bias is not None,
+                         residual is not None, save_aux, deterministic)
     desc = plan.descriptor
 
     def allocate(shape: tuple[int, ...], element: ElementKind) -> Any:

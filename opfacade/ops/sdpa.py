@@ -42,6 +42,7 @@ __all__ = [
     "SdpaBackwardArgs",
     "SdpaForwardPlan",
     "SdpaBackwardPlan",
+    "forward_plan",
     "sdpa",
     "sdpa_backward",
 ]
@@ -188,6 +189,27 @@ def _dropout_tensors(dropout: Any, dropout_p: float, dropout_seed: Any, dropout_
     return dropout.seed, dropout.offset
 
 
+def _forward_plan(q: Any, k: Any, v: Any, bias: Any, options: tuple, return_stats: bool
+                  ) -> tuple[SdpaForwardPlan, tuple]:
+    """The cached forward plan of a call (``options`` as ``_facts`` takes them), and q's facts."""
+    facts = _facts(q, k, v, bias, options)
+    q_facts = facts[0]
+    plan = SdpaForwardPlan.cached_for(
+        (facts, return_stats),
+        lambda: SdpaDescriptor(**_problem(*_wrapped(q, k, v), bias, options),
+                               save_stats=return_stats),
+        device=operands.device_of(q_facts))
+    return plan, q_facts
+
+
+def forward_plan(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
+                 scale: float | None = None, return_stats: bool = False) -> SdpaForwardPlan:
+    """The plan ``sdpa(q, k, v, causal=..., scale=..., return_stats=...)`` runs, from the same
+    cache: for callers that keep it (opfacade.torch's ops) and allocate the outputs themselves."""
+    return _forward_plan(q, k, v, None, (causal, None, scale, False, 0.0, False),
+                         return_stats)[0]
+
+
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
               window: tuple[int | None, int | None] | None = None, scale: float | None = None,
               bias: Any = None, alibi: bool = False, dropout_p: float = 0.0,
@@ -208,13 +230,7 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
         dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                  dropout_offset, forward=True)
     options = (causal, window, scale, alibi, dropout_p, seq_len_q is not None)
-    facts = _facts(q, k, v, bias, options)
-    q_facts = facts[0]
-    plan = SdpaForwardPlan.cached_for(
-        (facts, return_stats),
-        lambda: SdpaDescriptor(**_problem(*_wrapped(q, k, v), bias, options),
-                               save_stats=return_stats),
-        device=operands.device_of(q_facts))
+    plan, q_facts = _forward_plan(q, k, v, bias, options, return_stats)
     desc = plan.descriptor
     if out is None:
         out = operands.allocate(q, q_facts, desc.o_shape, desc.element, stream, desc.o_strides)

@@ -11,12 +11,18 @@ unless handed torch tensors.
 
 The ops (namespace ``opfacade``), one module per family:
 
-    linear            linear, linear_backward           Linear, linear
-    sdpa              sdpa, sdpa_backward               sdpa
+    linear            linear, linear_backward,          Linear, linear
+                      linear_inference
+    sdpa              sdpa, sdpa_backward,              sdpa
+                      sdpa_inference
     varlen_attention  varlen_attention, ..._backward    varlen_attention
     alibi             alibi, alibi_backward             alibi
     decode_attention  decode_attention (no backward)    decode_attention
     kv_append         kv_append (mutates the caches)    kv_append
+
+The ``*_inference`` ops serve calls that want no gradient (a graph compiled under no_grad calls
+them): out alone, fewer arguments, no autograd kernel, and a repeat call's plan found by torch's
+tensor guard (``_guarded.py``); a call that wants a gradient is refused (Unsupported).
 
 Every op runs on CUDA tensors only (a host tensor is a DeviceMismatch); plans come from the
 process-wide plan cache, one per device, so the same code runs on each rank of

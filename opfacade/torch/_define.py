@@ -29,7 +29,7 @@ from .._internal.tensors import plain_torch_types
 from ..errors import Unsupported
 from ._common import wants_grad
 
-__all__ = ["NAMESPACE", "DefinedOp", "define_op"]
+__all__ = ["NAMESPACE", "DefinedOp", "define_inference_op", "define_op"]
 
 # torch.ops.opfacade.<op>: one namespace for every family's ops.
 NAMESPACE = "opfacade"
@@ -175,6 +175,35 @@ def define_op(name: str, kernel: Callable, fake: Callable, *,
 
     _LIBRARY.impl(name, autograd_kernel, "Autograd", with_keyset=True)
     return DefinedOp(name, kernel, op, function, positions, setup_context, backward)
+
+
+def define_inference_op(name: str, kernel: Callable, fake: Callable, *, training_op: str):
+    """Registers ``opfacade::<name>``, an op without a backward for calls that want no gradient
+    (a graph compiled under no_grad), and returns it (``torch.ops.opfacade.<name>.default``).
+    ``training_op`` names the differentiable op that serves the same calls.
+
+    Its Autograd key falls through to the kernel in C++: no Python autograd kernel, one crossing
+    from the dispatcher into Python a call (define_op's ops cross twice). Without that kernel
+    autograd would give an output that silently has no gradient, so the real and the fake
+    kernel both refuse a call that wants one (Unsupported); the drop-ins call the training op
+    then. (A development host: a 5-argument op 9.0 us a call this way, 10.3 us with a Python
+    autograd kernel; docs/PERF-NOTES.md.)"""
+    qualname = f"{NAMESPACE}::{name}"
+
+    def refusing(function: Callable) -> Callable:
+        def call(*args):
+            if wants_grad(*args):
+                raise Unsupported(f"{qualname} is for calls that want no gradient, but an "
+                                  f"input requires grad; {NAMESPACE}::{training_op} has a "
+                                  f"backward")
+            return function(*args)
+        return call
+
+    _LIBRARY.define(name + torch.library.infer_schema(kernel, mutates_args=()))
+    _LIBRARY.impl(name, refusing(kernel), "CompositeExplicitAutograd")
+    torch.library.register_fake(qualname, refusing(fake), lib=_LIBRARY)
+    _LIBRARY.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    return getattr(getattr(torch.ops, NAMESPACE), name).default
 
 
 def _autograd_function(name: str, kernel: Callable, op, positions: tuple[int, ...],

@@ -14,9 +14,11 @@ import math
 import torch
 
 from .._internal.memory import torch_empty
+from .._internal.view import c_strides
 from ..contracts.linear_activations import ACTIVATIONS
 from ..errors import InvalidProblem
 from ..ops import linear as functional
+from ..ops.linear import LinearArgs
 from ._common import (
     absent,
     cuda_device,
@@ -27,7 +29,8 @@ from ._common import (
     torch_dtype,
     wants_grad,
 )
-from ._define import define_op
+from ._define import define_inference_op, define_op
+from ._guarded import GuardedCalls, Selected
 
 __all__ = ["Linear", "linear"]
 
@@ -55,12 +58,37 @@ def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) ->
 def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  activation: str, save_aux: bool, deterministic: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    if not save_aux:
+        return _forward("linear", x, weight, bias, activation, deterministic, None), absent(
+            x, torch.uint8)
     on_one_gpu(x, weight, optional=bias) or cuda_device("linear", x=x, weight=weight, bias=bias)
-    aux = _aux(x, weight, activation, zeros=True) if save_aux else absent(x, torch.uint8)
+    aux = _aux(x, weight, activation, zeros=True)
     keep = aux.numel() > 0  # nothing to save without an activation
-    out = functional.linear(x, weight, bias, activation=activation, save_aux=keep,
-                            aux=aux if keep else None, deterministic=deterministic)
-    return (out[0], aux) if keep else (out, aux)
+    return _forward("linear", x, weight, bias, activation, deterministic,
+                    aux if keep else None), aux
+
+
+# The forward's calls, remembered by torch's guard of x, weight, bias (_guarded.py).
+_CALLS = GuardedCalls()
+
+
+def _forward(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             activation: str, deterministic: bool, aux: torch.Tensor | None) -> torch.Tensor:
+    """out of the functional form's plan (saving into ``aux`` unless None), found on a repeat
+    call by a guard check instead of the tensors' facts."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    options = (activation, deterministic, bias is None, aux is None)
+    selected = _CALLS.find(tensors, options)
+    if selected is None:
+        on_one_gpu(x, weight, optional=bias) or cuda_device(op, x=x, weight=weight, bias=bias)
+        plan = functional.forward_plan(x, weight, bias=bias is not None, activation=activation,
+                                       save_aux=aux is not None, deterministic=deterministic)
+        shape = plan.descriptor.out_shape
+        selected = Selected(plan, shape, c_strides(shape), x.dtype, x.device)
+        _CALLS.remember(tensors, options, selected)
+    out = selected.empty()
+    selected.plan.run(LinearArgs(x, weight, bias, None, out, aux))
+    return out
 
 
 def _linear_fake(x, weight, bias, activation, save_aux, deterministic):
@@ -118,6 +146,23 @@ _linear = define_op("linear", _linear_impl, _linear_fake, setup_context=_save_fo
                     backward=_backward)
 
 
+# -- the inference op: what a graph compiled under no_grad calls ---------------------------------
+
+def _linear_inference_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                           activation: str, deterministic: bool) -> torch.Tensor:
+    # linear with out alone (no aux): one output crosses the dispatcher where linear's two do.
+    return _forward("linear_inference", x, weight, bias, activation, deterministic, None)
+
+
+def _linear_inference_fake(x, weight, bias, activation, deterministic):
+    device = cuda_device("linear_inference", x=x, weight=weight, bias=bias)
+    return empty((x.shape[0], weight.shape[0]), element_of(x, "x"), device)
+
+
+_linear_inference = define_inference_op("linear_inference", _linear_inference_impl,
+                                        _linear_inference_fake, training_op="linear")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            activation: str = "none", deterministic: bool | None = None) -> torch.Tensor:
     """``act(F.linear(x, weight, bias))`` through cuBLASLt: x [..., K], weight [N, K] (nn.Linear's
@@ -128,16 +173,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     flat = x.ndim == 2
     rows = x if flat else x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x
     deterministic = deterministic_choice(deterministic)
-    grad = wants_grad(x, weight, bias)
-    if grad or torch.compiler.is_compiling():
-        # Tracing must see the op, gradient or not; the activation's aux (a write of N values a
-        # row) is saved only where a backward will read it. torch.compile guards grad mode and
-        # requires_grad, so a graph compiled for inference writes none.
-        out, _ = _linear(rows, weight, bias, activation, grad and activation != "none",
-                         deterministic)
-    else:  # eager inference: the op's kernel without the dispatcher's Python round trip
-        out = functional.linear(rows, weight, bias, activation=activation,
-                                deterministic=deterministic)
+    if wants_grad(x, weight, bias):
+        # The activation's aux (a write of N values a row) is saved for the backward.
+        out, _ = _linear(rows, weight, bias, activation, activation != "none", deterministic)
+    elif torch.compiler.is_compiling():
+        # Tracing must see an op; torch.compile guards grad mode and requires_grad, so a graph
+        # compiled for inference calls the inference op (no aux) and one compiled for training
+        # the op above.
+        out = _linear_inference(rows, weight, bias, activation, deterministic)
+    else:  # eager inference: the inference op's kernel, without the dispatcher's crossing
+        out = _linear_inference_impl(rows, weight, bias, activation, deterministic)
     return out if flat else out.reshape(*x.shape[:-1], weight.shape[0])
 
 

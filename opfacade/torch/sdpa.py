@@ -20,6 +20,7 @@ from .._internal.memory import torch_empty
 from ..contracts.sdpa_layouts import output_layout
 from ..errors import DTypeMismatch, InvalidArgument, ShapeMismatch
 from ..ops import sdpa as functional
+from ..ops.sdpa import SdpaArgs
 from ._common import (
     absent,
     cuda_device,
@@ -28,9 +29,11 @@ from ._common import (
     empty,
     empty_in_layout,
     on_one_gpu,
+    torch_dtype,
     wants_grad,
 )
-from ._define import define_op
+from ._define import define_inference_op, define_op
+from ._guarded import GuardedCalls, Selected
 
 __all__ = ["sdpa"]
 
@@ -55,11 +58,44 @@ def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     # it is in the forward's schema so that autograd hands it to the backward.
     # out is the functional form's: dense in output_layout(q), as the fake kernel allocates it
     # (opcheck compares the two); letting it allocate saves reading q's layout twice.
+    if bias is None and dropout_p == 0.0 and dropout_seed is None and dropout_offset is None:
+        out, stats = _common_forward("sdpa", q, k, v, causal, scale, save_stats)
+        return out, absent(q) if stats is None else stats
     on_one_gpu(q, k, v, optional=bias) or cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
     result = functional.sdpa(q, k, v, causal=_causal(causal), scale=scale, bias=bias,
                              dropout_p=dropout_p, dropout_seed=dropout_seed,
                              dropout_offset=dropout_offset, return_stats=save_stats)
     return result if save_stats else (result, absent(q))
+
+
+# The common case's calls (no bias, no dropout: every call of the inference op), remembered by
+# torch's guard of q, k, v (_guarded.py).
+_COMMON_CALLS = GuardedCalls()
+
+
+def _common_forward(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    scale: float | None, save_stats: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """out (and the stats when ``save_stats``, else None) of sdpa without bias or dropout: the
+    functional form's plan, found on a repeat call by a guard check instead of the tensors'
+    facts."""
+    options = (causal, scale, save_stats)
+    selected = _COMMON_CALLS.find((q, k, v), options)
+    if selected is None:
+        on_one_gpu(q, k, v) or cuda_device(op, q=q, k=k, v=v)
+        plan = functional.forward_plan(q, k, v, causal=_causal(causal), scale=scale,
+                                       return_stats=save_stats)
+        desc = plan.descriptor
+        stats = (desc.stats_shape, torch_dtype(desc.stats_element)) if save_stats else None
+        selected = Selected(plan, desc.o_shape, desc.o_strides, q.dtype, q.device, stats)
+        _COMMON_CALLS.remember((q, k, v), options, selected)
+    out = selected.empty()
+    if selected.extra is None:
+        selected.plan.run(SdpaArgs(q, k, v, out))
+        return out, None
+    stats = torch_empty(torch, *selected.extra, selected.device)
+    selected.plan.run(SdpaArgs(q, k, v, out, stats))
+    return out, stats
 
 
 def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,
@@ -126,6 +162,24 @@ _sdpa = define_op("sdpa", _sdpa_impl, _sdpa_fake, setup_context=_save_for_backwa
                   backward=_backward)
 
 
+# -- the inference op: what a graph compiled under no_grad calls ---------------------------------
+
+def _sdpa_inference_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                         scale: float | None) -> torch.Tensor:
+    # sdpa's common case (no mask, no dropout) with out alone: five arguments and one output
+    # cross the dispatcher where sdpa's eleven and two do.
+    return _common_forward("sdpa_inference", q, k, v, causal, scale, False)[0]
+
+
+def _sdpa_inference_fake(q, k, v, causal, scale):
+    device = cuda_device("sdpa_inference", q=q, k=k, v=v)
+    return empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q), element_of(q, "q"), device)
+
+
+_sdpa_inference = define_inference_op("sdpa_inference", _sdpa_inference_impl,
+                                      _sdpa_inference_fake, training_op="sdpa")
+
+
 def _refuse_ranks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
     for tensor, name in ((query, "query"), (key, "key"), (value, "value")):
         if tensor.ndim != 4:
@@ -183,15 +237,17 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if (on_one_gpu(query, key, value) and attn_mask is None and dropout_p == 0.0
             and query.ndim == 4 and key.ndim == 4 and value.ndim == 4
             and (enable_gqa or query.size(1) == key.size(1))):
-        grad = ((query.requires_grad or key.requires_grad or value.requires_grad)
-                and torch.is_grad_enabled())
-        if grad or torch.compiler.is_compiling():
-            # Tracing under torch.compile must see the op, gradient or not; the stats are saved
-            # only for a backward (torch.compile guards grad mode and requires_grad).
-            return _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, grad,
+        if ((query.requires_grad or key.requires_grad or value.requires_grad)
+                and torch.is_grad_enabled()):
+            return _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, True,
                          deterministic_choice(deterministic))[0]
-        # Eager inference: the op's kernel without the dispatcher's Python round trip.
-        return functional.sdpa(query, key, value, causal=_causal(is_causal), scale=scale)
+        if torch.compiler.is_compiling():
+            # Tracing must see an op; torch.compile guards grad mode and requires_grad, so a
+            # graph compiled for inference calls the inference op (no stats) and one compiled
+            # for training the op above.
+            return _sdpa_inference(query, key, value, is_causal, scale)
+        # Eager inference: the inference op's kernel, without the dispatcher's crossing.
+        return _sdpa_inference_impl(query, key, value, is_causal, scale)
     return _sdpa_general(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                          deterministic)
 
