@@ -10,8 +10,8 @@ Each cache is an object owned by the module that fills it:
 - compiled NVRTC kernels loaded on each device: ``_backends/nvrtc`` (cubins also persist on disk
   in ``$OPFACADE_CACHE_DIR``, which clearing leaves alone: they are checked on load);
 - stream objects wrapping raw handles for CuPy and torch: ``_internal/streams.py``;
-- outside the core, caches that register with ``on_clear`` (opfacade.torch's inference ops'
-  guarded calls).
+- the sdpa and linear forms' plans of repeat torch calls, by tensor guard:
+  ``_internal/guarded.py``.
 
 ``plan.free()`` releases what one plan holds; ``clear_caches()`` drops everything (tests call it
 between cases that must not share state). Plans already handed out keep working: what they need
@@ -25,28 +25,18 @@ checked on load, so clearing is never needed for correctness.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ._backends import cublaslt, cudnn, nvrtc
 
-__all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches", "on_clear"]
-
-# The clear() of caches kept outside the core modules (opfacade.torch's guarded calls), which
-# register themselves when they are made: the core never imports them.
-_REGISTERED: list[Callable[[], None]] = []
-
-
-def on_clear(clear: Callable[[], None]) -> None:
-    """Has ``clear_caches()`` call ``clear`` too."""
-    _REGISTERED.append(clear)
+__all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches"]
 
 
 def clear_caches() -> None:
     """Drops every in-process cache: plans, cuDNN graphs, cuBLASLt recipes, loaded kernels,
     stream objects, the streams' scratch blocks (after the devices finish their work)."""
-    from ._internal import streams
+    from ._internal import guarded, streams
     from ._internal.memory import STREAM_SCRATCH
     from .plan import FACTS_CACHE, PLAN_CACHE
 
@@ -57,8 +47,7 @@ def clear_caches() -> None:
     STREAM_SCRATCH.clear()
     for backend in (cudnn, cublaslt, nvrtc):
         backend.clear_caches()
-    for clear in _REGISTERED:
-        clear()
+    guarded.clear_all()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from gpt_profile import write_report
 
 import opfacade
 import opfacade.torch as oft
+from opfacade.ops import linear as flinear
+from opfacade.ops import sdpa as fsdpa
 from opfacade.ops.linear import LinearArgs
 from opfacade.ops.sdpa import SdpaArgs
 
@@ -36,8 +38,8 @@ def main() -> int:
     l_train = ops.linear.default
     s_inf(q, k, v, False, None)
     l_inf(x, w, b, "gelu_tanh", False)
-    s_sel = sdpa._COMMON_CALLS.find((q, k, v), (False, None, False))
-    l_sel = linear._CALLS.find((x, w, b), ("gelu_tanh", False, False, True))
+    s_sel = fsdpa._TORCH_CALLS.find((q, k, v), (None, None, False))
+    l_sel = flinear._TORCH_CALLS.find((x, w, b), ("gelu_tanh", False, False, True))
     s_out, l_out = s_sel.empty(), l_sel.empty()
     s_args, l_args = SdpaArgs(q, k, v, s_out), LinearArgs(x, w, b, None, l_out)
 
@@ -54,8 +56,8 @@ def main() -> int:
         "oft.sdpa": lambda: oft.sdpa(q, k, v),
         "sdpa training op kernel": lambda: sdpa._sdpa_impl(q, k, v, None, False, None, 0.0,
                                                            None, None, False, False),
-        "sdpa piece: guarded find": lambda: sdpa._COMMON_CALLS.find((q, k, v),
-                                                                    (False, None, False)),
+        "sdpa piece: guarded find": lambda: fsdpa._TORCH_CALLS.find((q, k, v),
+                                                                    (None, None, False)),
         "sdpa piece: empty out": s_sel.empty,
         "sdpa piece: SdpaArgs": lambda: SdpaArgs(q, k, v, s_out),
         "sdpa piece: run, fixed out": lambda: s_sel.plan.run(s_args),

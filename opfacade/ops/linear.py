@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._internal import operands
-from .._internal.tensors import TensorView, wrap
+from .._internal.guarded import GuardedCalls, Selected
+from .._internal.tensors import PLAIN_TORCH_TYPES, TensorView, c_strides, wrap
 from ..contracts.linear import (
     LINEAR_BACKWARD,
     LINEAR_FORWARD,
@@ -33,9 +34,9 @@ __all__ = [
     "LinearBackwardArgs",
     "LinearForwardPlan",
     "LinearBackwardPlan",
-    "forward_plan",
     "linear",
     "linear_backward",
+    "torch_forward",
 ]
 
 LinearForwardPlan = plan_class(LINEAR_FORWARD.name)
@@ -105,13 +106,32 @@ def _forward_plan(x: Any, weight: Any, x_facts: tuple, weight_layout: str, tf32:
         {"deterministic": deterministic}, device=operands.device_of(x_facts))
 
 
-def forward_plan(x: Any, weight: Any, *, bias: bool = False, activation: str = "none",
-                 save_aux: bool = False, deterministic: bool = False) -> LinearForwardPlan:
-    """The plan ``linear(x, weight, bias, activation=..., save_aux=..., deterministic=...)``
-    runs (``bias``: whether one is given), from the same cache: for callers that keep it
-    (opfacade.torch's ops) and allocate the outputs themselves."""
-    return _forward_plan(x, weight, operands.facts(x, "x"), "nk", False, activation, bias,
-                         False, save_aux, deterministic)
+# linear's calls of plain torch tensors (the "nk" weight, no residual or TF32; out, aux and the
+# stream left to the call), by tensor guard: _internal/guarded.py.
+_TORCH_CALLS = GuardedCalls()
+
+
+def torch_forward(x: Any, weight: Any, bias: Any, activation: str, deterministic: bool,
+                  aux: Any = None, refuse: Callable[[Any, Any, Any], Any] | None = None) -> Any:
+    """out of ``linear(x, weight, bias, activation=..., deterministic=...)`` for plain torch
+    tensors (``_internal/operands.PLAIN_TORCH_TYPES``), saving into ``aux`` unless None, the
+    plan of a repeat call found by a guard check of x, weight (and bias). ``refuse(x, weight,
+    bias)``, when given, runs before a call that misses selects (opfacade.torch's ops: their
+    device check)."""
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    options = (activation, deterministic, bias is None, aux is None)
+    selected = _TORCH_CALLS.find(tensors, options)
+    if selected is None:
+        if refuse is not None:
+            refuse(x, weight, bias)
+        plan = _forward_plan(x, weight, operands.facts(x, "x"), "nk", False, activation,
+                             bias is not None, False, aux is not None, deterministic)
+        shape = plan.descriptor.out_shape
+        selected = Selected(plan, shape, c_strides(shape), x.dtype, x.device)
+        _TORCH_CALLS.remember(tensors, options, selected)
+    out = selected.empty()
+    selected.plan.run(LinearArgs(x, weight, bias, None, out, aux))
+    return out
 
 
 def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
@@ -125,6 +145,11 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
     into). Arguments are LinearDescriptor's and LinearArgs';
     ``deterministic`` selects under PlanPreference(deterministic=True).
     """
+    if (type(x) in PLAIN_TORCH_TYPES and type(weight) in PLAIN_TORCH_TYPES
+            and (bias is None or type(bias) in PLAIN_TORCH_TYPES) and residual is None
+            and weight_layout == "nk" and not tf32 and not save_aux and out is None
+            and aux is None and stream is None):
+        return torch_forward(x, weight, bias, activation, deterministic)
     x_facts = operands.facts(x, "x")
     plan = _forward_plan(x, weight, x_facts, weight_layout, tf32, activation, bias is not None,
                          residual is not None, save_aux, deterministic)

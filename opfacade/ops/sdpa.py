@@ -8,13 +8,18 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .._internal import operands
-from .._internal.tensors import TensorView, wrap
+from .._internal.guarded import GuardedCalls, Selected
+from .._internal.memory import torch_empty
+from .._internal.tensors import PLAIN_TORCH_TYPES, TensorView, wrap
+from .._internal.view import TORCH_DTYPES
 from ..contracts.sdpa import (
     SDPA_BACKWARD,
     SDPA_FORWARD,
@@ -42,9 +47,9 @@ __all__ = [
     "SdpaBackwardArgs",
     "SdpaForwardPlan",
     "SdpaBackwardPlan",
-    "forward_plan",
     "sdpa",
     "sdpa_backward",
+    "torch_forward",
 ]
 
 SdpaForwardPlan = plan_class(SDPA_FORWARD.name)
@@ -202,12 +207,37 @@ def _forward_plan(q: Any, k: Any, v: Any, bias: Any, options: tuple, return_stat
     return plan, q_facts
 
 
-def forward_plan(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
-                 scale: float | None = None, return_stats: bool = False) -> SdpaForwardPlan:
-    """The plan ``sdpa(q, k, v, causal=..., scale=..., return_stats=...)`` runs, from the same
-    cache: for callers that keep it (opfacade.torch's ops) and allocate the outputs themselves."""
-    return _forward_plan(q, k, v, None, (causal, None, scale, False, 0.0, False),
-                         return_stats)[0]
+# sdpa's common calls of plain torch tensors (no bias, window, ALiBi, dropout or padding; out
+# and the stream left to the call), by tensor guard: _internal/guarded.py.
+_TORCH_CALLS = GuardedCalls()
+
+
+def torch_forward(q: Any, k: Any, v: Any, causal: bool | str | None, scale: float | None,
+                  return_stats: bool, refuse: Callable[[Any, Any, Any], Any] | None = None
+                  ) -> tuple[Any, Any]:
+    """``(out, stats or None)`` of ``sdpa(q, k, v, causal=..., scale=..., return_stats=...)``
+    for plain torch tensors (``_internal/operands.PLAIN_TORCH_TYPES``), the plan of a repeat call
+    found by a guard check of q, k, v. ``refuse(q, k, v)``, when given, runs before a call that
+    misses selects (opfacade.torch's ops: their device check)."""
+    options = (causal, scale, return_stats)
+    selected = _TORCH_CALLS.find((q, k, v), options)
+    if selected is None:
+        if refuse is not None:
+            refuse(q, k, v)
+        plan = _forward_plan(q, k, v, None, (causal, None, scale, False, 0.0, False),
+                             return_stats)[0]
+        desc = plan.descriptor
+        stats = ((desc.stats_shape, TORCH_DTYPES[desc.stats_element]) if return_stats
+                 else None)
+        selected = Selected(plan, desc.o_shape, desc.o_strides, q.dtype, q.device, stats)
+        _TORCH_CALLS.remember((q, k, v), options, selected)
+    out = selected.empty()
+    if selected.extra is None:
+        selected.plan.run(SdpaArgs(q, k, v, out))
+        return out, None
+    stats = torch_empty(sys.modules["torch"], *selected.extra, selected.device)
+    selected.plan.run(SdpaArgs(q, k, v, out, stats))
+    return out, stats
 
 
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
@@ -225,6 +255,13 @@ def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
     of ``dropout_seed``/``dropout_offset``, which are only read). Uses the process-wide plan
     cache.
     """
+    if (type(q) in PLAIN_TORCH_TYPES and type(k) in PLAIN_TORCH_TYPES
+            and type(v) in PLAIN_TORCH_TYPES and bias is None and window is None and not alibi
+            and dropout_p == 0.0 and dropout is None and dropout_seed is None
+            and dropout_offset is None and seq_len_q is None and seq_len_kv is None
+            and out is None and stream is None):
+        out, stats = torch_forward(q, k, v, causal, scale, return_stats)
+        return (out, stats) if return_stats else out
     counter = draw = None
     if dropout is not None:
         dropout_seed, counter = _dropout_tensors(dropout, dropout_p, dropout_seed,

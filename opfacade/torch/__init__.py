@@ -22,7 +22,7 @@ The ops (namespace ``opfacade``), one module per family:
 
 The ``*_inference`` ops serve calls that want no gradient (a graph compiled under no_grad calls
 them): out alone, fewer arguments, no autograd kernel, and a repeat call's plan found by torch's
-tensor guard (``_guarded.py``); a call that wants a gradient is refused (Unsupported).
+tensor guard (``_internal/guarded.py``); a call that wants a gradient is refused (Unsupported).
 
 Every op runs on CUDA tensors only (a host tensor is a DeviceMismatch); plans come from the
 process-wide plan cache, one per device, so the same code runs on each rank of

@@ -14,11 +14,9 @@ import math
 import torch
 
 from .._internal.memory import torch_empty
-from .._internal.view import c_strides
 from ..contracts.linear_activations import ACTIVATIONS
 from ..errors import InvalidProblem
 from ..ops import linear as functional
-from ..ops.linear import LinearArgs
 from ._common import (
     absent,
     cuda_device,
@@ -30,7 +28,6 @@ from ._common import (
     wants_grad,
 )
 from ._define import define_inference_op, define_op
-from ._guarded import GuardedCalls, Selected
 
 __all__ = ["Linear", "linear"]
 
@@ -68,27 +65,22 @@ def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                     aux if keep else None), aux
 
 
-# The forward's calls, remembered by torch's guard of x, weight, bias (_guarded.py).
-_CALLS = GuardedCalls()
-
-
 def _forward(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
              activation: str, deterministic: bool, aux: torch.Tensor | None) -> torch.Tensor:
     """out of the functional form's plan (saving into ``aux`` unless None), found on a repeat
-    call by a guard check instead of the tensors' facts."""
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    options = (activation, deterministic, bias is None, aux is None)
-    selected = _CALLS.find(tensors, options)
-    if selected is None:
+    call by a guard check (functional.torch_forward); a call that misses is checked for plain
+    tensors on one GPU first."""
+    return functional.torch_forward(x, weight, bias, activation, deterministic, aux,
+                                    _ON_GPU[op])
+
+
+def _on_gpu(op: str):
+    def refuse(x, weight, bias):
         on_one_gpu(x, weight, optional=bias) or cuda_device(op, x=x, weight=weight, bias=bias)
-        plan = functional.forward_plan(x, weight, bias=bias is not None, activation=activation,
-                                       save_aux=aux is not None, deterministic=deterministic)
-        shape = plan.descriptor.out_shape
-        selected = Selected(plan, shape, c_strides(shape), x.dtype, x.device)
-        _CALLS.remember(tensors, options, selected)
-    out = selected.empty()
-    selected.plan.run(LinearArgs(x, weight, bias, None, out, aux))
-    return out
+    return refuse
+
+
+_ON_GPU = {op: _on_gpu(op) for op in ("linear", "linear_inference")}
 
 
 def _linear_fake(x, weight, bias, activation, save_aux, deterministic):

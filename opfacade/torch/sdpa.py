@@ -20,7 +20,6 @@ from .._internal.memory import torch_empty
 from ..contracts.sdpa_layouts import output_layout
 from ..errors import DTypeMismatch, InvalidArgument, ShapeMismatch
 from ..ops import sdpa as functional
-from ..ops.sdpa import SdpaArgs
 from ._common import (
     absent,
     cuda_device,
@@ -29,11 +28,9 @@ from ._common import (
     empty,
     empty_in_layout,
     on_one_gpu,
-    torch_dtype,
     wants_grad,
 )
 from ._define import define_inference_op, define_op
-from ._guarded import GuardedCalls, Selected
 
 __all__ = ["sdpa"]
 
@@ -68,34 +65,22 @@ def _sdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Te
     return result if save_stats else (result, absent(q))
 
 
-# The common case's calls (no bias, no dropout: every call of the inference op), remembered by
-# torch's guard of q, k, v (_guarded.py).
-_COMMON_CALLS = GuardedCalls()
-
-
 def _common_forward(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                     scale: float | None, save_stats: bool
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """out (and the stats when ``save_stats``, else None) of sdpa without bias or dropout: the
-    functional form's plan, found on a repeat call by a guard check instead of the tensors'
-    facts."""
-    options = (causal, scale, save_stats)
-    selected = _COMMON_CALLS.find((q, k, v), options)
-    if selected is None:
+    """out (and the stats when ``save_stats``, else None) of sdpa without bias or dropout, the
+    plan found on a repeat call by a guard check (functional.torch_forward); a call that misses
+    is checked for plain tensors on one GPU first."""
+    return functional.torch_forward(q, k, v, _causal(causal), scale, save_stats, _ON_GPU[op])
+
+
+def _on_gpu(op: str):
+    def refuse(q, k, v):
         on_one_gpu(q, k, v) or cuda_device(op, q=q, k=k, v=v)
-        plan = functional.forward_plan(q, k, v, causal=_causal(causal), scale=scale,
-                                       return_stats=save_stats)
-        desc = plan.descriptor
-        stats = (desc.stats_shape, torch_dtype(desc.stats_element)) if save_stats else None
-        selected = Selected(plan, desc.o_shape, desc.o_strides, q.dtype, q.device, stats)
-        _COMMON_CALLS.remember((q, k, v), options, selected)
-    out = selected.empty()
-    if selected.extra is None:
-        selected.plan.run(SdpaArgs(q, k, v, out))
-        return out, None
-    stats = torch_empty(torch, *selected.extra, selected.device)
-    selected.plan.run(SdpaArgs(q, k, v, out, stats))
-    return out, stats
+    return refuse
+
+
+_ON_GPU = {op: _on_gpu(op) for op in ("sdpa", "sdpa_inference")}
 
 
 def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,

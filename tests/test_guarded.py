@@ -1,4 +1,4 @@
-"""The inference ops' memo of what a call selected (opfacade/torch/_guarded.py), on host tensors:
+"""The memo of what a torch call selected (opfacade/_internal/guarded.py), on host tensors:
 a repeat call with tensors of the same facts finds the entry, any changed fact misses, and what
 would never hit is never stored."""
 
@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import opfacade  # noqa: E402
-from opfacade.torch._guarded import GuardedCalls, Selected  # noqa: E402
+from opfacade._internal.guarded import GuardedCalls, Selected  # noqa: E402
 
 
 class _Plan:
@@ -78,3 +78,40 @@ def test_clear_caches_empties_it():
     calls.remember(_tensors(), (), _selected())
     opfacade.clear_caches()
     assert len(calls) == 0
+
+
+def test_the_functional_forms_repeat_calls_find_their_plan_by_guard_and_give_the_same_bits():
+    # Host torch tensors run the float64 reference: a repeat call of the same facts takes the
+    # guarded path, a call with other facts (a transposed layout, a bias, other options) selects
+    # again, and every one gives what a fresh selection gives.
+    from opfacade.ops import linear as linear_form
+    from opfacade.ops import sdpa as sdpa_form
+
+    opfacade.clear_caches()
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=generator) for _ in range(3))
+    # A process's first call meets torch through the full path (operands.PLAIN_TORCH_TYPES).
+    first = opfacade.sdpa(q, k, v, causal=True)
+    assert len(sdpa_form._TORCH_CALLS) <= 1
+    again = opfacade.sdpa(q.clone(), k.clone(), v.clone(), causal=True)
+    assert torch.equal(first, again) and len(sdpa_form._TORCH_CALLS) == 1
+    assert torch.equal(opfacade.sdpa(q, k, v, causal=True), first)
+    bshd = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    out, stats = opfacade.sdpa(*bshd, causal=True, return_stats=True)
+    assert torch.equal(out, first) and tuple(stats.shape) == (1, 2, 8, 1)
+    assert len(sdpa_form._TORCH_CALLS) == 2
+    opfacade.clear_caches()
+    assert torch.equal(opfacade.sdpa(*bshd, causal=True), first)
+
+    x, w, b = (torch.randn(*shape, generator=generator) for shape in ((6, 16), (12, 16), (12,)))
+    opfacade.clear_caches()
+    with_bias = opfacade.linear(x, w, b, activation="relu")
+    assert torch.equal(opfacade.linear(x, w, b, activation="relu"), with_bias)
+    without = opfacade.linear(x, w, activation="relu")
+    assert len(linear_form._TORCH_CALLS) == 2
+    # The full path (an out given) gives the same bits.
+    assert torch.equal(opfacade.linear(x, w, b, activation="relu", out=torch.empty(6, 12)),
+                       with_bias)
+    assert torch.equal(opfacade.linear(x, w, activation="relu", out=torch.empty(6, 12)),
+                       without)
+    assert torch.equal(opfacade.sdpa(q, k, v, causal=True, out=torch.empty(1, 2, 8, 16)), first)
