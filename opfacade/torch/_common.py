@@ -4,7 +4,7 @@ and torch.compile's fake kernels must agree on. (How the ops are registered: _de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -14,7 +14,7 @@ from ..contracts.sdpa_layouts import dense_strides
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
 from ..types import ElementKind
 
-__all__ = ["absent", "cuda_device", "deterministic_choice", "element_of", "empty",
+__all__ = ["absent", "cuda_device", "deterministic_choice", "device_check", "element_of", "empty",
            "empty_in_layout", "no_grad_wanted", "on_one_gpu", "torch_dtype", "wants_grad"]
 
 
@@ -106,6 +106,14 @@ def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
     if device is None:
         raise InvalidArgument(f"{op}: no tensor given", argument="inputs")
     return device
+
+
+def device_check(op: str, *names: str) -> Callable[..., torch.device]:
+    """cuda_device for tensors given positionally, named ``names``: what a guarded call runs when
+    it misses (functional.torch_forward's ``refuse``), so its speed does not matter."""
+    def check(*tensors: torch.Tensor | None) -> torch.device:
+        return cuda_device(op, **dict(zip(names, tensors, strict=True)))
+    return check
 
 
 def element_of(tensor: torch.Tensor, name: str) -> ElementKind:

@@ -21,6 +21,7 @@ from ._common import (
     absent,
     cuda_device,
     deterministic_choice,
+    device_check,
     element_of,
     empty,
     on_one_gpu,
@@ -74,13 +75,8 @@ def _forward(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                                     _ON_GPU[op])
 
 
-def _on_gpu(op: str):
-    def refuse(x, weight, bias):
-        on_one_gpu(x, weight, optional=bias) or cuda_device(op, x=x, weight=weight, bias=bias)
-    return refuse
-
-
-_ON_GPU = {op: _on_gpu(op) for op in ("linear", "linear_inference")}
+# Each op's device check for a call that misses, naming the op in its errors.
+_ON_GPU = {op: device_check(op, "x", "weight", "bias") for op in ("linear", "linear_inference")}
 
 
 def _linear_fake(x, weight, bias, activation, save_aux, deterministic):

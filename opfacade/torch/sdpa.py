@@ -24,6 +24,7 @@ from ._common import (
     absent,
     cuda_device,
     deterministic_choice,
+    device_check,
     element_of,
     empty,
     empty_in_layout,
@@ -74,13 +75,8 @@ def _common_forward(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     return functional.torch_forward(q, k, v, _causal(causal), scale, save_stats, _ON_GPU[op])
 
 
-def _on_gpu(op: str):
-    def refuse(q, k, v):
-        on_one_gpu(q, k, v) or cuda_device(op, q=q, k=k, v=v)
-    return refuse
-
-
-_ON_GPU = {op: _on_gpu(op) for op in ("sdpa", "sdpa_inference")}
+# Each op's device check for a call that misses, naming the op in its errors.
+_ON_GPU = {op: device_check(op, "q", "k", "v") for op in ("sdpa", "sdpa_inference")}
 
 
 def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,
