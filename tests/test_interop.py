@@ -788,8 +788,9 @@ def test_the_module_functions_read_the_process_devices(monkeypatch):
     raises(InvalidArgument, "device", device.check_ordinal, 2)
 
 
-def test_cupys_runtime_is_the_default(monkeypatch):
+def test_cupys_runtime_where_libcuda_does_not_open(monkeypatch):
     cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(device, "driver_runtime", lambda: None)  # tests/test_driver.py: with it
     monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 1)
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 1 / 0)
     devices = Devices()

@@ -2,7 +2,10 @@
 an empty on-disk cache (the cold build) and then with the cache the first process left (cuDNN
 plans deserialized, cubins loaded). Each process is a fresh interpreter; the time runs from the
 first call to the synchronized gradients, after imports and inputs (and, reported beside it,
-from before ``import torch``).
+from before ``import torch``). Among the imports is one torch makes lazily: its first backward
+handed a gradient tensor (``out.backward(grad)``, as here) imports torch.fx's symbolic shapes and
+sympy, 0.23-0.35 s on an H100 whichever SDPA made ``out``; a training step's ``loss.backward()``
+never does.
 
 Python's bytecode cache is warmed first, in a process of its own: a first call imports a large
 part of torch lazily (torch's first backward imports sympy through torch.fx's symbolic shapes;
@@ -43,6 +46,10 @@ if not peer:
     import opfacade.torch as oft
     from opfacade._backends.cudnn import plan_store
 shape = tuple(json.loads(sys.argv[1]))
+# torch's own lazy import at the first backward handed a gradient tensor (sympy, through
+# torch.fx's symbolic shapes: 0.23-0.35 s of either contestant's first call on an H100,
+# scripts/warm_pieces_probe.py): an import like the others, made before the clock starts.
+import torch.fx.experimental.symbolic_shapes
 generator = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
            .requires_grad_() for _ in range(3))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from ..errors import BackendUnavailable, InvalidArgument
 from ..types import ArchSku
 from .config import with_install_hint
+from .driver import driver_runtime
 from .log import LOG
 
 __all__ = [
@@ -23,7 +24,13 @@ __all__ = [
 ]
 
 
-def _cupy_runtime():
+def _default_runtime():
+    """The driver's answers through ctypes (driver.DriverRuntime: no import, where CuPy's cost a
+    torch user's first call over 100 ms), else CuPy's runtime, whose import error names what to
+    install."""
+    found = driver_runtime()
+    if found is not None:
+        return found
     try:
         import cupy
     except ImportError as error:
@@ -37,8 +44,9 @@ def _device_zero() -> int:
 
 
 class Devices:
-    """The GPUs this process sees, read through a CUDA runtime (CuPy's by default, or any object
-    with its ``getDeviceCount``, ``getDevice``, ``setDevice`` and ``getDeviceProperties``).
+    """The GPUs this process sees, read through a CUDA runtime (the driver's by default, else
+    CuPy's; or any object with their ``getDeviceCount``, ``getDevice``, ``setDevice`` and
+    ``getDeviceProperties``).
 
     Holds the runtime, the device count and each device's architecture and name, all read once;
     ``clear()`` forgets them. The current device is asked of the runtime on every call (a
@@ -58,10 +66,10 @@ class Devices:
         self._sm_counts: dict[int, int] = {}
 
     def runtime(self):
-        """The CUDA runtime; BackendUnavailable when CuPy cannot be imported."""
+        """The CUDA runtime; BackendUnavailable when neither libcuda opens nor CuPy imports."""
         runtime = self._runtime
         if runtime is None:
-            runtime = self._runtime = _cupy_runtime()
+            runtime = self._runtime = _default_runtime()
         return runtime
 
     def count(self) -> int:

@@ -1,4 +1,4 @@
-"""Launches replayed as one CUDA graph (``GraphedLaunches``), and libcuda opened through ctypes.
+"""Launches replayed as one CUDA graph (``GraphedLaunches``), through libcuda (driver.py).
 
 A prepared call that several backends make in a hot loop (the NVRTC decode step, a cuDNN graph's
 execute) costs the host one driver call per launch and whatever its library does around it
@@ -9,10 +9,10 @@ graph it is one ``cuGraphLaunch`` (2.6-5.6 us there), whatever it holds.
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
 
 from ..errors import LaunchFailed
+from .driver import libcuda
 from .log import LOG
 
 __all__ = ["LIBRARY_CAPTURE_AT", "REPLAY", "GraphedLaunches", "libcuda", "library_call"]
@@ -27,15 +27,6 @@ REPLAY = True
 # 1% in another (scripts/gpt_replay_ab.py). A launch used this often has paid for its capture:
 # at 256, that harness gave 537k tokens/s against 531k launched directly (H100, 7 rounds).
 LIBRARY_CAPTURE_AT = 256
-
-
-@functools.cache
-def libcuda():
-    """libcuda opened by name, or None (callers then take a slower path that needs no ctypes)."""
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
 
 
 class GraphedLaunches:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from ..errors import InvalidArgument, Unsupported
 from ..types import ElementKind
+from .device import DEVICES, on_device
 from .log import LOG
 from .streams import cupy_stream, current_torch_stream, torch_stream
 from .tensors import dtype_name, numpy_dtype
@@ -126,23 +127,20 @@ def allocate_bytes(nbytes: int, device: int, package: str, stream: int,
 
 
 class _DriverMemory:
-    """The stream-ordered allocator StreamScratch draws from: the CUDA runtime, through CuPy."""
+    """The stream-ordered allocator StreamScratch draws from: the CUDA driver's, through the
+    runtime ``DEVICES`` asks (device.py: the driver's by ctypes, else CuPy's)."""
 
     @staticmethod
     def capturing_reader() -> Callable[[int], int]:
         """Whether a stream is being captured (nonzero): the runtime's call itself, bound once
         (it is asked on every run without a workspace)."""
-        import cupy
-
-        return cupy.cuda.runtime.streamIsCapturing
+        return DEVICES.runtime().streamIsCapturing
 
     @staticmethod
     def replace(old: int | None, size: int, device: int, stream: int) -> int:
         """A new block of ``size`` bytes on ``stream``; ``old`` freed after the stream's work."""
-        import cupy
-
-        runtime = cupy.cuda.runtime
-        with cupy.cuda.Device(device):
+        runtime = DEVICES.runtime()
+        with on_device(device):
             ptr = runtime.mallocAsync(size, stream)
             if old is not None:
                 runtime.freeAsync(old, stream)
@@ -150,11 +148,10 @@ class _DriverMemory:
 
     @staticmethod
     def free_when_idle(ptr: int, device: int) -> None:
-        import cupy
-
-        with cupy.cuda.Device(device):
-            cupy.cuda.runtime.deviceSynchronize()
-            cupy.cuda.runtime.free(ptr)
+        runtime = DEVICES.runtime()
+        with on_device(device):
+            runtime.deviceSynchronize()
+            runtime.free(ptr)
 
 
 class StreamScratch:

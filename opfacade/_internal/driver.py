@@ -1,0 +1,173 @@
+"""The CUDA driver (libcuda) through ctypes, in the CUDA runtime's terms: the device questions and
+the stream-ordered scratch that every GPU call needs, without importing a framework.
+
+Every process that runs a GPU call has libcuda loaded already, and opening it costs nothing. CuPy,
+the runtime these questions used to go to, cost a torch user's first call 107-132 ms for its
+import alone on the lent H100s (scripts/runtime_import_probe.py; cuda.bindings' runtime module
+83-124 ms, its driver module 17-19 ms). Per call, a ctypes call with declared argument types costs
+a few hundred nanoseconds, about what CuPy's runtime calls cost.
+
+``DriverRuntime`` answers as the CUDA runtime does: the current device is that of the thread's
+current context (0 where none is current), and setting a device makes its primary context current,
+retained once per device for the life of the process, as the runtime retains it. A failing call
+raises ``CudaDriverError`` with the driver's name for the error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+__all__ = ["CudaDriverError", "DriverRuntime", "driver_runtime", "libcuda"]
+
+# cuda.h's CUresult values and CUdevice_attribute ids read here.
+_SUCCESS, _NOT_INITIALIZED, _INVALID_CONTEXT = 0, 3, 201
+_MAJOR, _MINOR, _SM_COUNT = 75, 76, 16
+
+
+@functools.cache
+def libcuda():
+    """libcuda opened by name, once, or None (callers then take a path that needs no ctypes).
+    One object for every caller: argument types declared on its functions hold for all."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call that failed; the message names the call and the driver's error."""
+
+
+# name: (argument types, in cuda.h's order); every entry point returns a CUresult (int).
+_SIGNATURES = {
+    "cuInit": (ctypes.c_uint,),
+    "cuDeviceGetCount": (ctypes.POINTER(ctypes.c_int),),
+    "cuDeviceGet": (ctypes.POINTER(ctypes.c_int), ctypes.c_int),
+    "cuDeviceGetAttribute": (ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int),
+    "cuDeviceGetName": (ctypes.c_char_p, ctypes.c_int, ctypes.c_int),
+    "cuCtxGetDevice": (ctypes.POINTER(ctypes.c_int),),
+    "cuCtxSetCurrent": (ctypes.c_void_p,),
+    "cuCtxSynchronize": (),
+    "cuDevicePrimaryCtxRetain": (ctypes.POINTER(ctypes.c_void_p), ctypes.c_int),
+    "cuStreamIsCapturing": (ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)),
+    "cuMemAllocAsync": (ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_void_p),
+    "cuMemFreeAsync": (ctypes.c_uint64, ctypes.c_void_p),
+    "cuMemFree": (ctypes.c_uint64,),
+    "cuGetErrorName": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
+}
+
+
+class DriverRuntime:
+    """The runtime calls opfacade makes (CuPy's ``cupy.cuda.runtime`` names and meanings), each
+    one libcuda call. ``streamIsCapturing`` answers 0 or nonzero, as its callers only test it."""
+
+    def __init__(self, library) -> None:
+        self._calls = {}
+        for name, argtypes in _SIGNATURES.items():
+            function = getattr(library, name)
+            function.restype, function.argtypes = ctypes.c_int, list(argtypes)
+            self._calls[name] = function
+        self._primary: dict[int, ctypes.c_void_p] = {}
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._out = threading.local()  # each thread's result cells, made once
+
+    def _check(self, name: str, status: int) -> None:
+        if status != _SUCCESS:
+            label = ctypes.c_char_p()
+            known = self._calls["cuGetErrorName"](status, ctypes.byref(label)) == _SUCCESS
+            error = label.value.decode() if known and label.value else f"CUresult {status}"
+            raise CudaDriverError(f"{name} failed: {error}")
+
+    def _call(self, name: str, *args) -> None:
+        status = self._calls[name](*args)
+        if status == _NOT_INITIALIZED and not self._initialized:
+            self._init()
+            status = self._calls[name](*args)
+        self._check(name, status)
+
+    def _init(self) -> None:
+        self._check("cuInit", self._calls["cuInit"](0))
+        self._initialized = True
+
+    def _int_cell(self) -> ctypes.c_int:
+        cell = getattr(self._out, "int", None)
+        if cell is None:
+            cell = self._out.int = ctypes.c_int(0)
+        return cell
+
+    def getDeviceCount(self) -> int:
+        if not self._initialized:
+            self._init()
+        count = ctypes.c_int(0)
+        self._call("cuDeviceGetCount", ctypes.byref(count))
+        return count.value
+
+    def getDevice(self) -> int:
+        cell = self._int_cell()
+        status = self._calls["cuCtxGetDevice"](ctypes.byref(cell))
+        if status in (_INVALID_CONTEXT, _NOT_INITIALIZED):
+            return 0  # no context current on this thread: the runtime's answer is device 0
+        self._check("cuCtxGetDevice", status)
+        return cell.value
+
+    def setDevice(self, device: int) -> None:
+        context = self._primary.get(device)
+        if context is None:
+            with self._lock:
+                context = self._primary.get(device)
+                if context is None:
+                    context = ctypes.c_void_p()
+                    self._call("cuDevicePrimaryCtxRetain", ctypes.byref(context),
+                               self._device(device))
+                    self._primary[device] = context
+        self._call("cuCtxSetCurrent", context)
+
+    def _device(self, ordinal: int) -> int:
+        handle = ctypes.c_int(0)
+        self._call("cuDeviceGet", ctypes.byref(handle), ordinal)
+        return handle.value
+
+    def getDeviceProperties(self, device: int) -> dict:
+        """The properties opfacade reads: major, minor, multiProcessorCount and name."""
+        handle = self._device(device)
+        values = {}
+        for key, attribute in (("major", _MAJOR), ("minor", _MINOR),
+                               ("multiProcessorCount", _SM_COUNT)):
+            value = ctypes.c_int(0)
+            self._call("cuDeviceGetAttribute", ctypes.byref(value), attribute, handle)
+            values[key] = value.value
+        name = ctypes.create_string_buffer(256)
+        self._call("cuDeviceGetName", name, 256, handle)
+        values["name"] = name.value
+        return values
+
+    def streamIsCapturing(self, stream: int) -> int:
+        cell = self._int_cell()
+        self._check("cuStreamIsCapturing",
+                    self._calls["cuStreamIsCapturing"](stream, ctypes.byref(cell)))
+        return cell.value
+
+    def mallocAsync(self, size: int, stream: int) -> int:
+        pointer = ctypes.c_uint64(0)
+        self._call("cuMemAllocAsync", ctypes.byref(pointer), size, stream)
+        return pointer.value
+
+    def freeAsync(self, pointer: int, stream: int) -> None:
+        self._call("cuMemFreeAsync", pointer, stream)
+
+    def deviceSynchronize(self) -> None:
+        self._call("cuCtxSynchronize")
+
+    def free(self, pointer: int) -> None:
+        self._call("cuMemFree", pointer)
+
+
+@functools.cache
+def driver_runtime() -> DriverRuntime | None:
+    """The process's DriverRuntime, or None where libcuda cannot be opened (no NVIDIA driver):
+    callers then ask CuPy, whose import error names what to install."""
+    library = libcuda()
+    return None if library is None else DriverRuntime(library)

@@ -1,0 +1,174 @@
+"""DriverRuntime (``_internal/driver.py``), the CUDA runtime's answers from libcuda through ctypes,
+driven by a fake libcuda that plays the driver's side of each call (results written through the
+pointers it is handed). tests/test_driver_gpu.py checks the real driver against CuPy's runtime."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from opfacade._internal import device as device_module
+from opfacade._internal.device import Devices
+from opfacade._internal.driver import CudaDriverError, DriverRuntime
+
+SUCCESS, NOT_INITIALIZED, INVALID_VALUE, INVALID_CONTEXT = 0, 3, 1, 201
+
+
+def _write(reference, value) -> None:
+    reference._obj.value = value  # a ctypes.byref(...) argument: the cell it points to
+
+
+def _plain(method):
+    def call(*args):
+        return method(*args)
+    return call
+
+
+class FakeLibcuda:
+    """Two devices, no context current until one is set; records every call by name."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.initialized = False
+        self.current = None  # the current context (a device ordinal + 100) or None
+        self.capturing = {5}
+        self.next_pointer = 0x7000
+        # As plain functions, which take the restype and argtypes DriverRuntime declares.
+        for name in dir(type(self)):
+            if name.startswith("cu"):
+                setattr(self, name, _plain(getattr(self, name)))
+
+    def _record(self, name, *args):
+        self.calls.append((name, *args))
+
+    def cuInit(self, flags):
+        self._record("cuInit", flags)
+        self.initialized = True
+        return SUCCESS
+
+    def cuDeviceGetCount(self, count):
+        self._record("cuDeviceGetCount")
+        if not self.initialized:
+            return NOT_INITIALIZED
+        _write(count, 2)
+        return SUCCESS
+
+    def cuDeviceGet(self, handle, ordinal):
+        if not 0 <= ordinal < 2:
+            return INVALID_VALUE
+        _write(handle, ordinal)
+        return SUCCESS
+
+    def cuDeviceGetAttribute(self, value, attribute, handle):
+        _write(value, {75: 9, 76: 0, 16: 132 - handle}[attribute])
+        return SUCCESS
+
+    def cuDeviceGetName(self, buffer, size, handle):
+        ctypes.memmove(buffer, f"Fake H100 #{handle}".encode() + b"\0", 14)
+        return SUCCESS
+
+    def cuCtxGetDevice(self, device):
+        if self.current is None:
+            return INVALID_CONTEXT
+        _write(device, self.current - 100)
+        return SUCCESS
+
+    def cuDevicePrimaryCtxRetain(self, context, handle):
+        self._record("retain", handle)
+        _write(context, 100 + handle)
+        return SUCCESS
+
+    def cuCtxSetCurrent(self, context):
+        self.current = context.value
+        self._record("set", context.value)
+        return SUCCESS
+
+    def cuCtxSynchronize(self):
+        self._record("sync", self.current)
+        return SUCCESS
+
+    def cuStreamIsCapturing(self, stream, status):
+        _write(status, 1 if stream in self.capturing else 0)
+        return SUCCESS
+
+    def cuMemAllocAsync(self, pointer, size, stream):
+        self._record("alloc", size, stream, self.current)
+        _write(pointer, self.next_pointer)
+        self.next_pointer += size
+        return SUCCESS
+
+    def cuMemFreeAsync(self, pointer, stream):
+        self._record("free_async", pointer, stream)
+        return SUCCESS
+
+    def cuMemFree(self, pointer):
+        self._record("free", pointer)
+        return SUCCESS
+
+    def cuGetErrorName(self, status, name):
+        names = {INVALID_VALUE: b"CUDA_ERROR_INVALID_VALUE"}
+        if status not in names:
+            return INVALID_VALUE
+        _write(name, names[status])
+        return SUCCESS
+
+
+def test_device_questions_answered_as_the_runtime_does():
+    library = FakeLibcuda()
+    runtime = DriverRuntime(library)
+    assert runtime.getDevice() == 0  # no context current yet: device 0, as the runtime says
+    assert runtime.getDeviceCount() == 2 and library.initialized
+    properties = runtime.getDeviceProperties(1)
+    assert properties == {"major": 9, "minor": 0, "multiProcessorCount": 131,
+                          "name": b"Fake H100 #1"}
+    runtime.setDevice(1)
+    assert runtime.getDevice() == 1
+    runtime.setDevice(0)
+    runtime.setDevice(1)
+    assert runtime.getDevice() == 1
+    # Each device's primary context is retained once, then only made current.
+    assert [c for c in library.calls if c[0] == "retain"] == [("retain", 1), ("retain", 0)]
+    assert [c[1] for c in library.calls if c[0] == "set"] == [101, 100, 101]
+
+
+def test_driver_initialised_on_the_first_call_that_needs_it():
+    library = FakeLibcuda()
+    runtime = DriverRuntime(library)
+    runtime.setDevice(0)  # cuDeviceGet answers before cuInit in this fake; retain follows
+    assert runtime.getDeviceCount() == 2
+    assert [c[0] for c in library.calls].count("cuInit") == 1
+
+
+def test_scratch_calls_on_the_current_context():
+    library = FakeLibcuda()
+    runtime = DriverRuntime(library)
+    runtime.setDevice(1)
+    pointer = runtime.mallocAsync(4096, 7)
+    runtime.freeAsync(pointer, 7)
+    runtime.deviceSynchronize()
+    runtime.free(pointer)
+    assert ("alloc", 4096, 7, 101) in library.calls
+    assert ("free_async", pointer, 7) in library.calls and ("free", pointer) in library.calls
+    assert ("sync", 101) in library.calls
+    assert runtime.streamIsCapturing(5) and not runtime.streamIsCapturing(7)
+
+
+def test_a_failing_call_names_itself_and_the_drivers_error():
+    runtime = DriverRuntime(FakeLibcuda())
+    with pytest.raises(CudaDriverError, match="cuDeviceGet failed: CUDA_ERROR_INVALID_VALUE"):
+        runtime.setDevice(3)
+    library = FakeLibcuda()
+    library.cuMemFree = lambda pointer: 999  # a status the fake has no name for
+    with pytest.raises(CudaDriverError, match="cuMemFree failed: CUresult 999"):
+        DriverRuntime(library).free(0x10)
+
+
+def test_devices_ask_the_driver_first(monkeypatch):
+    runtime = DriverRuntime(FakeLibcuda())
+    monkeypatch.setattr(device_module, "driver_runtime", lambda: runtime)
+    devices = Devices()
+    assert devices.runtime() is runtime
+    assert devices.count() == 2 and devices.name(1) == "Fake H100 #1"
+    assert devices.sm_count(0) == 132
+

@@ -1,0 +1,99 @@
+"""The driver's runtime (``_internal/driver.py``) on a real GPU: the same answers as CuPy's runtime,
+scratch from the stream-ordered allocator, a capture seen as one; and a torch user's first SDPA
+forward and backward in a fresh process import no CuPy (its import alone cost 107-132 ms of that
+first call on the lent H100s). (The NVRTC kernels still load and launch through CuPy, so a family
+with NVRTC SKUs among its candidates, linear's backward say, imports it when it screens them.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from opfacade._internal.driver import driver_runtime
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+cupy = pytest.importorskip("cupy")
+
+
+def test_same_answers_as_cupys_runtime():
+    runtime, theirs = driver_runtime(), cupy.cuda.runtime
+    assert runtime is not None
+    assert runtime.getDeviceCount() == theirs.getDeviceCount()
+    for device in range(theirs.getDeviceCount()):
+        ours, expected = runtime.getDeviceProperties(device), theirs.getDeviceProperties(device)
+        for key in ("major", "minor", "multiProcessorCount", "name"):
+            assert ours[key] == expected[key], key
+    previous = theirs.getDevice()
+    try:
+        for device in range(theirs.getDeviceCount()):
+            runtime.setDevice(device)
+            assert runtime.getDevice() == theirs.getDevice() == device
+            assert torch.cuda.current_device() == device
+    finally:
+        theirs.setDevice(previous)
+    assert runtime.getDevice() == previous
+
+
+def test_stream_ordered_scratch_and_capture():
+    runtime = driver_runtime()
+    stream = torch.cuda.Stream()
+    handle = stream.cuda_stream
+    pointer = runtime.mallocAsync(1 << 20, handle)
+    assert pointer != 0 and pointer % 256 == 0
+    # The block is device memory the stream's work can use: fill it and read it back.
+    cupy.cuda.runtime.memsetAsync(pointer, 7, 1 << 20, handle)
+    stream.synchronize()
+    copy = cupy.empty(16, dtype=cupy.uint8)
+    cupy.cuda.runtime.memcpy(copy.data.ptr, pointer, 16, 3)  # device to device
+    assert copy.get().tobytes() == bytes([7] * 16)
+    runtime.freeAsync(pointer, handle)
+    stream.synchronize()
+    assert not runtime.streamIsCapturing(handle)
+    graph = torch.cuda.CUDAGraph()
+    seen = []
+    with torch.cuda.stream(stream):
+        x = torch.zeros(4, device="cuda")
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            x.add_(1)
+            seen.append(runtime.streamIsCapturing(handle))
+    assert seen == [seen[0]] and seen[0] != 0
+    assert not runtime.streamIsCapturing(handle)
+
+
+FIRST_CALL = r"""
+import importlib.abc, json, sys, traceback
+imported_by = {}
+
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "cupy" and "cupy" not in imported_by:
+            imported_by["cupy"] = "".join(traceback.format_stack(limit=25))
+        return None
+
+sys.meta_path.insert(0, Watch())
+import torch
+import opfacade.torch as oft
+gen = torch.Generator(device="cuda").manual_seed(1)
+q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+           .requires_grad_() for _ in range(3))
+out = oft.sdpa(q, k, v, is_causal=True)
+out.float().sum().backward()
+torch.cuda.synchronize()
+print(json.dumps({"cupy": imported_by.get("cupy"), "finite": bool(out.isfinite().all())}))
+"""
+
+
+def test_first_torch_sdpa_imports_no_cupy(tmp_path):
+    done = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "OPFACADE_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["finite"]
+    assert result["cupy"] is None, f"CuPy imported by:\n{result['cupy']}"
