@@ -653,6 +653,8 @@ def test_linear_module_matches_nn_linear():
 def test_a_new_process_with_a_warm_cache_deserializes_the_same_plans():
     from opfacade._bench.warm_start import cold_and_warm
 
-    cold, warm = cold_and_warm((1, 4, 512, 64))
+    found = cold_and_warm((1, 4, 512, 64))
+    cold, warm = found["cold"], found["warm"]
     assert cold["loaded"] == 0 and warm["loaded"] >= 2  # the forward and the backward
-    assert warm["bits"] == cold["bits"]
+    assert found["cold, driver cache warm"]["loaded"] == 0
+    assert warm["bits"] == cold["bits"] == found["cold, driver cache warm"]["bits"]

@@ -14,9 +14,9 @@ Peers: "torch sdpa" on the contiguous rows (with a mask for q_len > 1), "cudnn p
 paged ones (q_len 1 only) (``decode_peers.py``). The figure is KV bandwidth: the bytes of K and
 V the step must read (the sum over sequences of seq_len * Hkv * D * 2 tensors * 2 bytes) per
 second, and as a fraction of a device-to-device copy timed once per run (bytes read +
-written). Notes carry our SKU and workspace, the host microseconds per call of run() and of the
-prepared step(), each peer's largest difference from ours, and why a peer is missing
-("<peer>: <first line of its error>").
+written); the notes give it against a copy of the row's own KV bytes too. Notes carry our SKU
+and workspace, the host microseconds per call of run() and of the prepared step(), each peer's
+largest difference from ours, and why a peer is missing ("<peer>: <first line of its error>").
 """
 
 from __future__ import annotations
@@ -284,7 +284,19 @@ def _row(torch, raw: RawCudnn, case: DecodeCase, copy_rate: float, reps: int) ->
     notes.append(f"host per call: run() {host['run']:.1f} us, prepared step() "
                  f"{host['step']:.1f} us")
     timings = time_contestants({"ours": run_call, **fns}, reps)
+    notes.append(_against_same_bytes(torch, kv_bytes(p.lengths), timings.gpu_ms["ours"], reps))
     return timings.row(OP, case.label, figure, "; ".join(notes))
+
+
+def _against_same_bytes(torch, moved: int, ours_ms: float, reps: int) -> str:
+    """Ours as a fraction of a copy of the step's own KV bytes, timed here: a small cache's
+    copy pays its launch and tail as the step does (B1 S32768's 134 MB copied at 2.92 TB/s on
+    an H100, where the run's 1 GiB copy reads 3.01, docs/DECODE.md)."""
+    src = torch.empty(moved // ITEMSIZE, device="cuda", dtype=torch.bfloat16).fill_(1)
+    dst = torch.empty_like(src)
+    rate = copy_tbps(moved, time_ms(lambda: dst.copy_(src), reps))
+    return (f"{moved / ours_ms / 1e9 / rate:.1%} of a copy of the same bytes ({rate:.2f} TB/s "
+            f"in this row)")
 
 
 def peers_only_row(op: str, label: str, fns: dict[str, Callable[[], object]], reps: int,
