@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable
 
 __all__ = ["CudaDriverError", "DriverRuntime", "driver_runtime", "libcuda"]
 
@@ -61,7 +62,9 @@ _SIGNATURES = {
 
 class DriverRuntime:
     """The runtime calls opfacade makes (CuPy's ``cupy.cuda.runtime`` names and meanings), each
-    one libcuda call. ``streamIsCapturing`` answers 0 or nonzero, as its callers only test it."""
+    one libcuda call: ``getDeviceCount``, ``getDevice``, ``setDevice``, ``getDeviceProperties``,
+    ``streamIsCapturing`` (0 or nonzero, as its callers only test it), ``mallocAsync``,
+    ``freeAsync``, ``deviceSynchronize`` and ``free``."""
 
     def __init__(self, library) -> None:
         self._calls = {}
@@ -72,7 +75,10 @@ class DriverRuntime:
         self._primary: dict[int, ctypes.c_void_p] = {}
         self._lock = threading.Lock()
         self._initialized = False
-        self._out = threading.local()  # each thread's result cells, made once
+        # The two questions asked on every run, as closures over their function: a method's
+        # layers cost a run() without workspace ~1 us more than CuPy's call on a lent H100 host.
+        self.getDevice = self._current_device_reader()
+        self.streamIsCapturing = self._capturing_reader()
 
     def _check(self, name: str, status: int) -> None:
         if status != _SUCCESS:
@@ -92,11 +98,39 @@ class DriverRuntime:
         self._check("cuInit", self._calls["cuInit"](0))
         self._initialized = True
 
-    def _int_cell(self) -> ctypes.c_int:
-        cell = getattr(self._out, "int", None)
-        if cell is None:
-            cell = self._out.int = ctypes.c_int(0)
-        return cell
+    def _current_device_reader(self) -> Callable[[], int]:
+        function, byref, cells = self._calls["cuCtxGetDevice"], ctypes.byref, threading.local()
+
+        def getDevice() -> int:
+            # One result cell per thread: ctypes lets go of the GIL during the call, so another
+            # thread's call could write a shared cell between this call and its read.
+            try:
+                cell = cells.cell
+            except AttributeError:
+                cell = cells.cell = ctypes.c_int(0)
+            status = function(byref(cell))
+            if status == _SUCCESS:
+                return cell.value
+            if status in (_INVALID_CONTEXT, _NOT_INITIALIZED):
+                return 0  # no context current on this thread: the runtime's answer is device 0
+            self._check("cuCtxGetDevice", status)
+
+        return getDevice
+
+    def _capturing_reader(self) -> Callable[[int], int]:
+        function, byref, cells = self._calls["cuStreamIsCapturing"], ctypes.byref, threading.local()
+
+        def streamIsCapturing(stream: int) -> int:
+            try:
+                cell = cells.cell
+            except AttributeError:
+                cell = cells.cell = ctypes.c_int(0)
+            status = function(stream, byref(cell))
+            if status != _SUCCESS:
+                self._check("cuStreamIsCapturing", status)
+            return cell.value
+
+        return streamIsCapturing
 
     def getDeviceCount(self) -> int:
         if not self._initialized:
@@ -104,14 +138,6 @@ class DriverRuntime:
         count = ctypes.c_int(0)
         self._call("cuDeviceGetCount", ctypes.byref(count))
         return count.value
-
-    def getDevice(self) -> int:
-        cell = self._int_cell()
-        status = self._calls["cuCtxGetDevice"](ctypes.byref(cell))
-        if status in (_INVALID_CONTEXT, _NOT_INITIALIZED):
-            return 0  # no context current on this thread: the runtime's answer is device 0
-        self._check("cuCtxGetDevice", status)
-        return cell.value
 
     def setDevice(self, device: int) -> None:
         context = self._primary.get(device)
@@ -143,12 +169,6 @@ class DriverRuntime:
         self._call("cuDeviceGetName", name, 256, handle)
         values["name"] = name.value
         return values
-
-    def streamIsCapturing(self, stream: int) -> int:
-        cell = self._int_cell()
-        self._check("cuStreamIsCapturing",
-                    self._calls["cuStreamIsCapturing"](stream, ctypes.byref(cell)))
-        return cell.value
 
     def mallocAsync(self, size: int, stream: int) -> int:
         pointer = ctypes.c_uint64(0)
