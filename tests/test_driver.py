@@ -5,6 +5,9 @@ pointers it is handed). tests/test_driver_gpu.py checks the real driver against 
 from __future__ import annotations
 
 import ctypes
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +41,9 @@ class FakeLibcuda:
         for name in dir(type(self)):
             if name.startswith("cu"):
                 setattr(self, name, _plain(getattr(self, name)))
+
+    def __getitem__(self, name):  # CDLL's item access: a function object of its own
+        return _plain(getattr(type(self), name).__get__(self))
 
     def _record(self, name, *args):
         self.calls.append((name, *args))
@@ -89,6 +95,7 @@ class FakeLibcuda:
         return SUCCESS
 
     def cuStreamIsCapturing(self, stream, status):
+        stream = getattr(stream, "value", stream) or 0  # a c_void_p of 0 holds None
         _write(status, 1 if stream in self.capturing else 0)
         return SUCCESS
 
@@ -172,3 +179,57 @@ def test_devices_ask_the_driver_first(monkeypatch):
     assert devices.count() == 2 and devices.name(1) == "Fake H100 #1"
     assert devices.sm_count(0) == 132
 
+
+
+def test_the_capture_check_across_many_streams_and_its_failure():
+    library = FakeLibcuda()
+    library.capturing = {5, 300}
+    runtime = DriverRuntime(library)
+    answers = [bool(runtime.streamIsCapturing(stream)) for stream in range(400)]
+    assert [s for s, capturing in enumerate(answers) if capturing] == [5, 300]
+    assert runtime.streamIsCapturing(5) and not runtime.streamIsCapturing(0)
+
+    class Failing(FakeLibcuda):
+        def cuStreamIsCapturing(self, stream, status):
+            return INVALID_VALUE
+
+    with pytest.raises(CudaDriverError, match="cuStreamIsCapturing failed"):
+        DriverRuntime(Failing()).streamIsCapturing(7)
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    """tests/data/libcuda_stand_in.c built into a shared library (skipped without a compiler)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the libcuda stand-in")
+    source = Path(__file__).parent / "data" / "libcuda_stand_in.c"
+    library = tmp_path_factory.mktemp("stand_in") / "libcuda_stand_in.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)],
+                   check=True)
+    return ctypes.CDLL(str(library))
+
+
+def test_every_call_crosses_a_real_c_abi(stand_in):
+    runtime = DriverRuntime(stand_in)
+    assert runtime.getDevice() == 0  # no context current
+    assert runtime.getDeviceCount() == 2
+    assert runtime.getDeviceProperties(1) == {"major": 9, "minor": 0, "multiProcessorCount": 131,
+                                              "name": b"Stand-in H100 #1"}
+    runtime.setDevice(1)
+    assert runtime.getDevice() == 1
+    wide_stream = 0x7FFF00000005  # tells apart only with all 64 bits
+    assert runtime.streamIsCapturing(wide_stream) == 1
+    assert runtime.streamIsCapturing(5) == 0 and runtime.streamIsCapturing(0) == 0
+    pointer = runtime.mallocAsync(1 << 20, wide_stream)
+    assert pointer == 0x7F0000000000  # a device pointer above 32 bits, whole
+    stand_in.stand_in_last_stream.restype = ctypes.c_void_p
+    stand_in.stand_in_last_freed.restype = ctypes.c_uint64
+    assert stand_in.stand_in_last_stream() == wide_stream
+    runtime.freeAsync(pointer + 256, wide_stream)
+    assert stand_in.stand_in_last_freed() == pointer + 256
+    runtime.deviceSynchronize()
+    runtime.free(pointer)
+    assert stand_in.stand_in_last_freed() == pointer
+    with pytest.raises(CudaDriverError, match="cuDeviceGet failed: CUDA_ERROR_INVALID_VALUE"):
+        runtime.getDeviceProperties(2)

@@ -25,6 +25,7 @@ __all__ = ["CudaDriverError", "DriverRuntime", "driver_runtime", "libcuda"]
 # cuda.h's CUresult values and CUdevice_attribute ids read here.
 _SUCCESS, _NOT_INITIALIZED, _INVALID_CONTEXT = 0, 3, 201
 _MAJOR, _MINOR, _SM_COUNT = 75, 76, 16
+_CAPTURING = "cuStreamIsCapturing"
 
 
 @functools.cache
@@ -67,6 +68,7 @@ class DriverRuntime:
     ``freeAsync``, ``deviceSynchronize`` and ``free``."""
 
     def __init__(self, library) -> None:
+        self._library = library
         self._calls = {}
         for name, argtypes in _SIGNATURES.items():
             function = getattr(library, name)
@@ -118,16 +120,31 @@ class DriverRuntime:
         return getDevice
 
     def _capturing_reader(self) -> Callable[[int], int]:
-        function, byref, cells = self._calls["cuStreamIsCapturing"], ctypes.byref, threading.local()
+        # Asked on every run() without a workspace, so the call is made as cheap as ctypes
+        # allows: a function object of its own without declared argument types (nothing for
+        # ctypes to convert; CDLL's item access makes a new one, where the attribute is shared),
+        # each stream's handle object made once, each thread's result cell and its reference
+        # made once. On a lent H100 host the declared-types form cost 0.81 us a call, CuPy's 0.18.
+        function = self._library[_CAPTURING]
+        function.restype = ctypes.c_int
+        handles: dict[int, ctypes.c_void_p] = {}
+        cells = threading.local()
 
         def streamIsCapturing(stream: int) -> int:
             try:
-                cell = cells.cell
+                cell, reference = cells.pair
             except AttributeError:
-                cell = cells.cell = ctypes.c_int(0)
-            status = function(stream, byref(cell))
+                cell = ctypes.c_int(0)
+                reference = ctypes.byref(cell)
+                cells.pair = (cell, reference)
+            handle = handles.get(stream)
+            if handle is None:
+                if len(handles) >= 64:  # streams come and go: keep the recent ones
+                    handles.clear()
+                handle = handles[stream] = ctypes.c_void_p(stream)
+            status = function(handle, reference)
             if status != _SUCCESS:
-                self._check("cuStreamIsCapturing", status)
+                self._check(_CAPTURING, status)
             return cell.value
 
         return streamIsCapturing

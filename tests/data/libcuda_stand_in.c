@@ -1,0 +1,69 @@
+/* A stand-in for libcuda with the real entry points' C signatures, for tests/test_driver.py:
+   DriverRuntime's ctypes calls cross a real C ABI (64-bit stream handles and device pointers,
+   out-parameters) without a GPU. Two devices; device d's primary context is 0x1000 + d. */
+#include <stdint.h>
+#include <stdio.h>
+
+typedef int CUresult;
+enum { OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, INVALID_CONTEXT = 201 };
+
+static int initialized;
+static void *current;
+static uint64_t next_pointer = 0x7f0000000000ULL, last_freed;
+static void *last_stream;
+
+CUresult cuInit(unsigned flags) { initialized = flags == 0; return OK; }
+CUresult cuDeviceGetCount(int *count) {
+    if (!initialized) return NOT_INITIALIZED;
+    *count = 2;
+    return OK;
+}
+CUresult cuDeviceGet(int *device, int ordinal) {
+    if (ordinal < 0 || ordinal > 1) return INVALID_VALUE;
+    *device = ordinal;
+    return OK;
+}
+CUresult cuDeviceGetAttribute(int *value, int attribute, int device) {
+    *value = attribute == 75 ? 9 : attribute == 76 ? 0 : attribute == 16 ? 132 - device : -1;
+    return OK;
+}
+CUresult cuDeviceGetName(char *name, int size, int device) {
+    snprintf(name, size, "Stand-in H100 #%d", device);
+    return OK;
+}
+CUresult cuCtxGetDevice(int *device) {
+    if (!current) return INVALID_CONTEXT;
+    *device = (int)((uintptr_t)current - 0x1000);
+    return OK;
+}
+CUresult cuCtxSetCurrent(void *context) { current = context; return OK; }
+CUresult cuCtxSynchronize(void) { return current ? OK : INVALID_CONTEXT; }
+CUresult cuDevicePrimaryCtxRetain(void **context, int device) {
+    *context = (void *)(uintptr_t)(0x1000 + device);
+    return OK;
+}
+/* Capturing: only the stream whose handle needs all 64 bits to tell apart. */
+CUresult cuStreamIsCapturing(void *stream, int *status) {
+    *status = (uintptr_t)stream == 0x7fff00000005ULL;
+    return OK;
+}
+CUresult cuMemAllocAsync(uint64_t *pointer, size_t size, void *stream) {
+    *pointer = next_pointer;
+    next_pointer += size;
+    last_stream = stream;
+    return OK;
+}
+CUresult cuMemFreeAsync(uint64_t pointer, void *stream) {
+    last_freed = pointer;
+    last_stream = stream;
+    return OK;
+}
+CUresult cuMemFree(uint64_t pointer) { last_freed = pointer; return OK; }
+CUresult cuGetErrorName(int error, const char **name) {
+    if (error != INVALID_VALUE) return INVALID_VALUE;
+    *name = "CUDA_ERROR_INVALID_VALUE";
+    return OK;
+}
+/* What the stand-in saw, for the test to compare. */
+uint64_t stand_in_last_freed(void) { return last_freed; }
+void *stand_in_last_stream(void) { return last_stream; }
