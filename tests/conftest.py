@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,3 +42,18 @@ def gpt_example():
     sys.modules[spec.name] = module  # its dataclasses look their module up while defined
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def libcuda_stand_in(tmp_path_factory) -> Path:
+    """tests/data/libcuda_stand_in.c built as ``libcuda.so.1`` in a folder of its own (so a child
+    process can find it by libcuda's name through LD_LIBRARY_PATH); skipped without a C
+    compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the libcuda stand-in")
+    source = Path(__file__).parent / "data" / "libcuda_stand_in.c"
+    library = tmp_path_factory.mktemp("libcuda_stand_in") / "libcuda.so.1"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)],
+                   check=True)
+    return library

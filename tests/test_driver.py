@@ -5,9 +5,6 @@ pointers it is handed). tests/test_driver_gpu.py checks the real driver against 
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -198,16 +195,8 @@ def test_the_capture_check_across_many_streams_and_its_failure():
 
 
 @pytest.fixture(scope="module")
-def stand_in(tmp_path_factory):
-    """tests/data/libcuda_stand_in.c built into a shared library (skipped without a compiler)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler to build the libcuda stand-in")
-    source = Path(__file__).parent / "data" / "libcuda_stand_in.c"
-    library = tmp_path_factory.mktemp("stand_in") / "libcuda_stand_in.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library), str(source)],
-                   check=True)
-    return ctypes.CDLL(str(library))
+def stand_in(libcuda_stand_in):
+    return ctypes.CDLL(str(libcuda_stand_in))
 
 
 def test_every_call_crosses_a_real_c_abi(stand_in):
@@ -233,3 +222,19 @@ def test_every_call_crosses_a_real_c_abi(stand_in):
     assert stand_in.stand_in_last_freed() == pointer
     with pytest.raises(CudaDriverError, match="cuDeviceGet failed: CUDA_ERROR_INVALID_VALUE"):
         runtime.getDeviceProperties(2)
+
+
+def test_without_cupy_installed_devices_say_what_to_install(monkeypatch):
+    """libcuda opens (a GPU machine), but the GPU stack is not installed: the device questions
+    refuse as they did through CuPy's import, naming the install command."""
+    import importlib.util
+
+    from opfacade.errors import BackendUnavailable
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(device_module, "driver_runtime", lambda: DriverRuntime(FakeLibcuda()))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "cupy" else real(name, *a))
+    with pytest.raises(BackendUnavailable, match=r"pip install 'opfacade\[cu13\]'"):
+        Devices().runtime()
+    assert Devices().count() == 0  # count never raises: no usable GPU

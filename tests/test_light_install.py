@@ -95,11 +95,18 @@ print(json.dumps(found))
 """
 
 
-@pytest.fixture(scope="module")
-def light():
-    """What the child process saw, run once for this module."""
+@pytest.fixture(scope="module", params=["as found", "libcuda stand-in"])
+def light(request):
+    """What the child process saw, run once for this module: with libcuda as the machine has it
+    (none on a CPU machine), and with a stand-in that answers as a GPU machine's driver does
+    (tests/data/libcuda_stand_in.c, found by its name first), since the device questions go to
+    libcuda before anything of the GPU stack."""
     root = str(Path(opfacade.__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    if request.param == "libcuda stand-in":
+        folder = str(request.getfixturevalue("libcuda_stand_in").parent)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (folder, os.environ.get("LD_LIBRARY_PATH")) if p)
     done = subprocess.run([sys.executable, "-c", CHILD, ",".join(BLOCKED)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

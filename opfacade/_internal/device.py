@@ -1,6 +1,7 @@
-"""What GPU a plan runs on: ordinal, architecture, name. CuPy is imported only when asked.
+"""What GPU a plan runs on: ordinal, architecture, name. Nothing is imported to answer.
 
-``Devices`` is the one reader of the process's GPUs, through CuPy's runtime: the device count is
+``Devices`` is the one reader of the process's GPUs, through the CUDA driver (driver.py; CuPy's
+runtime where libcuda cannot be opened): the device count is
 read once (CUDA_VISIBLE_DEVICES cannot change once CUDA is up), and a process that sees exactly
 one GPU always has device 0 current, so ``current_device`` then answers without asking the
 runtime. The module functions below ask the process's one ``Devices``; run()'s memo binds its
@@ -10,6 +11,7 @@ runtime. The module functions below ask the process's one ``Devices``; run()'s m
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Callable
 
 from ..errors import BackendUnavailable, InvalidArgument
@@ -26,8 +28,16 @@ __all__ = [
 
 def _default_runtime():
     """The driver's answers through ctypes (driver.DriverRuntime: no import, where CuPy's cost a
-    torch user's first call over 100 ms), else CuPy's runtime, whose import error names what to
-    install."""
+    torch user's first call over 100 ms), else CuPy's runtime. Either way only where CuPy is
+    installed: without it opfacade runs no GPU SKU, and BackendUnavailable names what to install
+    (asked of the import system, which finds CuPy without importing it)."""
+    try:
+        installed = importlib.util.find_spec("cupy") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a broken entry
+        installed = False
+    if not installed:
+        raise BackendUnavailable(with_install_hint(
+            "CuPy is not installed, so no GPU can be used"))
     found = driver_runtime()
     if found is not None:
         return found
