@@ -81,7 +81,12 @@ class BufferTooSmall(InvalidArgument):
 
 
 class Unsupported(OpFacadeError, NotImplementedError):
-    """A valid problem that this build, backend or device cannot serve."""
+    """A valid problem that this build, backend or device cannot serve; ``argument`` names the
+    argument it turns on where there is one (a tensor that requires grad, say), else None."""
+
+    def __init__(self, message: str, *, argument: str | None = None):
+        super().__init__(message)
+        self.argument = argument
 
 
 class NoKernelSku(Unsupported):

@@ -84,24 +84,26 @@ def test_a_required_tensor_given_none_is_an_invalid_argument_naming_it(call, arg
     assert raised.value.argument == argument
 
 
-@pytest.mark.parametrize("call,shape", [
-    (lambda x, y: torch.ops.opfacade.sdpa_inference(x, y, y, False, None), (2, 4, 8, 16)),
-    (lambda x, y: torch.ops.opfacade.linear_inference(y, x, None, "relu", False), (8, 16)),
+@pytest.mark.parametrize("call,shape,name", [
+    (lambda x, y: torch.ops.opfacade.sdpa_inference(x, y, y, False, None), (2, 4, 8, 16), "q"),
+    (lambda x, y: torch.ops.opfacade.linear_inference(y, x, None, "relu", False), (8, 16),
+     "weight"),
 ])
-def test_an_inference_op_refuses_a_call_that_wants_a_gradient(call, shape):
+def test_an_inference_op_refuses_a_call_that_wants_a_gradient(call, shape, name):
     # Its autograd key falls through, so autograd would record nothing: a typed error instead
-    # of an output without a gradient. Under no_grad the same call goes on (to the device
-    # check, here).
+    # of an output without a gradient, naming the tensor. Under no_grad the same call goes on
+    # (to the device check, here).
     y = torch.ones(shape)
     x = y.clone().requires_grad_()
-    with pytest.raises(Unsupported, match="input requires grad; opfacade::"):
+    with pytest.raises(Unsupported, match=f"{name} requires grad; opfacade::") as refused:
         call(x, y)
+    assert refused.value.argument == name
     with torch.no_grad(), pytest.raises(DeviceMismatch):
         call(x, y)
     # The fake kernel refuses it too, so a graph traced with grad does not get past it.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(), pytest.raises(Unsupported, match="input requires grad"):
+    with FakeTensorMode(), pytest.raises(Unsupported, match=f"{name} requires grad"):
         y = torch.empty(shape, device="cuda")
         call(y.clone().requires_grad_(), y)
 

@@ -181,7 +181,7 @@ def no_grad_wanted(op: str, **tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and tensor.requires_grad:
             raise Unsupported(f"{op} has no backward, but {name} requires grad; call it under "
-                              f"torch.no_grad() or pass {name}.detach()")
+                              f"torch.no_grad() or pass {name}.detach()", argument=name)
 
 
 def deterministic_choice(deterministic: bool | None) -> bool:

@@ -73,6 +73,14 @@ def _tensor_positions(op) -> tuple[int, ...]:
                  if argument.type.isSubtypeOf(tensor))
 
 
+def _requiring_grad(names: tuple[str, ...], positions: tuple[int, ...], args: tuple) -> str:
+    """The name of the first tensor argument that requires grad (the refusals' subject)."""
+    for name, i in zip(names, positions, strict=True):
+        if isinstance(args[i], torch.Tensor) and args[i].requires_grad:
+            return name
+    return "an input"
+
+
 def _traced(args: tuple, positions: tuple[int, ...]) -> bool:
     """Whether torch is tracing this call or a dispatch mode watches it (torch.compile; fake or
     functional tensors, which are Tensor subclasses; a TorchDispatchMode such as
@@ -160,14 +168,17 @@ def define_op(name: str, kernel: Callable, fake: Callable, *,
     torch.library.register_fake(qualname, fake, lib=_LIBRARY)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
     positions = _tensor_positions(op)
+    names = tuple(op._schema.arguments[i].name for i in positions)
     function = None if backward is None else _autograd_function(name, kernel, op, positions,
                                                                 setup_context, backward)
 
     def autograd_kernel(keyset, *args):
         if wants_grad(*args):
             if function is None:
-                raise Unsupported(f"{qualname} has no backward, but an input requires grad; "
-                                  f"call it under torch.no_grad() or detach the inputs")
+                argument = _requiring_grad(names, positions, args)
+                raise Unsupported(f"{qualname} has no backward, but {argument} requires grad; "
+                                  f"call it under torch.no_grad() or detach the inputs",
+                                  argument=argument)
             return function.apply(*args)
         if keyset.has(_PYTHON) or keyset.has(_FUNCTIONALIZE):
             return op.redispatch(keyset & _BELOW_AUTOGRAD, *args)
@@ -189,21 +200,25 @@ def define_inference_op(name: str, kernel: Callable, fake: Callable, *, training
     then. (A development host: a 5-argument op 9.0 us a call this way, 10.3 us with a Python
     autograd kernel; docs/PERF-NOTES.md.)"""
     qualname = f"{NAMESPACE}::{name}"
+    _LIBRARY.define(name + torch.library.infer_schema(kernel, mutates_args=()))
+    op = getattr(getattr(torch.ops, NAMESPACE), name).default
+    positions = _tensor_positions(op)
+    names = tuple(op._schema.arguments[i].name for i in positions)
 
     def refusing(function: Callable) -> Callable:
         def call(*args):
             if wants_grad(*args):
-                raise Unsupported(f"{qualname} is for calls that want no gradient, but an "
-                                  f"input requires grad; {NAMESPACE}::{training_op} has a "
-                                  f"backward")
+                argument = _requiring_grad(names, positions, args)
+                raise Unsupported(f"{qualname} is for calls that want no gradient, but "
+                                  f"{argument} requires grad; {NAMESPACE}::{training_op} has a "
+                                  f"backward", argument=argument)
             return function(*args)
         return call
 
-    _LIBRARY.define(name + torch.library.infer_schema(kernel, mutates_args=()))
     _LIBRARY.impl(name, refusing(kernel), "CompositeExplicitAutograd")
     torch.library.register_fake(qualname, refusing(fake), lib=_LIBRARY)
     _LIBRARY.impl(name, torch.library.fallthrough_kernel, "Autograd")
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
+    return op
 
 
 def _autograd_function(name: str, kernel: Callable, op, positions: tuple[int, ...],
