@@ -79,8 +79,8 @@ class DriverRuntime:
         self._primary: dict[int, ctypes.c_void_p] = {}
         self._lock = threading.Lock()
         self._initialized = False
-        # The two questions asked on every run, as closures over their function: a method's
-        # layers cost a run() without workspace ~1 us more than CuPy's call on a lent H100 host.
+        # The two questions asked on every run, as closures over their libcuda function (what
+        # the capture check costs: _capturing_reader).
         self.getDevice = self._current_device_reader()
         self.streamIsCapturing = self._capturing_reader()
 
