@@ -115,3 +115,34 @@ def test_the_functional_forms_repeat_calls_find_their_plan_by_guard_and_give_the
     assert torch.equal(opfacade.linear(x, w, activation="relu", out=torch.empty(6, 12)),
                        without)
     assert torch.equal(opfacade.sdpa(q, k, v, causal=True, out=torch.empty(1, 2, 8, 16)), first)
+
+
+def test_an_output_like_the_first_tensor_is_allocated_like_it():
+    """``like_first``: out as ``empty_like(first)``, in its strides (a transposed dense q); the
+    deterministic fill stays off for it, as for every output the kernels write in full."""
+    first = torch.ones(2, 5, 3, 4).transpose(1, 2)  # dense, not contiguous
+    shape, strides = tuple(first.shape), tuple(first.stride())
+    selected = Selected(_Plan(), shape, strides, torch.float32, torch.device("cpu"), None, True)
+    out = selected.empty(first)
+    assert tuple(out.shape) == shape and tuple(out.stride()) == strides
+    assert out.dtype == first.dtype and not out.requires_grad
+    plain = selected._replace(like_first=False).empty(first)
+    assert tuple(plain.stride()) == strides
+    from torch.overrides import TorchFunctionMode
+
+    switch = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.empty_like:
+                switch.append(torch.utils.deterministic.fill_uninitialized_memory)
+            return func(*args, **(kwargs or {}))
+
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with Watch():
+            selected.empty(first)
+        assert switch == [False] and torch.utils.deterministic.fill_uninitialized_memory
+    finally:
+        torch.use_deterministic_algorithms(before)

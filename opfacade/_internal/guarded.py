@@ -33,8 +33,10 @@ _EVERY: weakref.WeakSet = weakref.WeakSet()  # every GuardedCalls, for clear_all
 
 
 class Selected(NamedTuple):
-    """What a call selects: its plan, its output's shape, strides, torch dtype and device, and
-    ``extra``, what else the op allocates by (sdpa's stats shape and dtype, say)."""
+    """What a call selects: its plan, its output's shape, strides, torch dtype and device,
+    ``extra``, what else the op allocates by (sdpa's stats shape and dtype, say), and
+    ``like_first``: the output has exactly the first tensor's shape, strides and dtype, and
+    that tensor is dense (sdpa's out where Dv = D and q is not a view into packed QKV)."""
 
     plan: Any
     shape: tuple[int, ...]
@@ -42,12 +44,15 @@ class Selected(NamedTuple):
     dtype: Any
     device: Any
     extra: Any = None
+    like_first: bool = False
 
-    def empty(self) -> Any:
+    def empty(self, first: Any = None) -> Any:
         """The output, uninitialised (and unfilled under deterministic algorithms: see
-        torch_empty): the op's kernel writes every element."""
+        torch_empty): the op's kernel writes every element. ``first``: the call's first tensor,
+        allocated like when ``like_first`` (the guard that found this entry passed it with the
+        same shape, strides and dtype)."""
         return torch_empty(sys.modules["torch"], self.shape, self.dtype, self.device,
-                           self.strides)
+                           self.strides, like=first if self.like_first else None)
 
 
 class GuardedCalls:

@@ -229,9 +229,11 @@ def torch_forward(q: Any, k: Any, v: Any, causal: bool | str | None, scale: floa
         desc = plan.descriptor
         stats = ((desc.stats_shape, TORCH_DTYPES[desc.stats_element]) if return_stats
                  else None)
-        selected = Selected(plan, desc.o_shape, desc.o_strides, q.dtype, q.device, stats)
+        # out allocated like q where it has q's shape and strides: q is then dense too.
+        like_q = tuple(q.shape) == desc.o_shape and tuple(q.stride()) == desc.o_strides
+        selected = Selected(plan, desc.o_shape, desc.o_strides, q.dtype, q.device, stats, like_q)
         _TORCH_CALLS.remember((q, k, v), options, selected)
-    out = selected.empty()
+    out = selected.empty(q)
     if selected.extra is None:
         selected.plan.run(SdpaArgs(q, k, v, out))
         return out, None
