@@ -292,9 +292,7 @@ def _against_same_bytes(torch, moved: int, ours_ms: float, reps: int) -> str:
     """Ours as a fraction of a copy of the step's own KV bytes, timed here: a small cache's
     copy pays its launch and tail as the step does (B1 S32768's 134 MB copied at 2.92 TB/s on
     an H100, where the run's 1 GiB copy reads 3.01, docs/DECODE.md)."""
-    src = torch.empty(moved // ITEMSIZE, device="cuda", dtype=torch.bfloat16).fill_(1)
-    dst = torch.empty_like(src)
-    rate = copy_tbps(moved, time_ms(lambda: dst.copy_(src), reps))
+    rate = copy_tbps(moved, _copy_ms(torch, moved, reps))
     return (f"{moved / ours_ms / 1e9 / rate:.1%} of a copy of the same bytes ({rate:.2f} TB/s "
             f"in this row)")
 
@@ -312,11 +310,16 @@ def peers_only_row(op: str, label: str, fns: dict[str, Callable[[], object]], re
                     host_bound=list(timings.host_bound))
 
 
-def _copy_row(torch, nbytes: int, reps: int) -> BenchRow:
-    """A device-to-device copy of ``nbytes``, its rate counting bytes read and written."""
+def _copy_ms(torch, nbytes: int, reps: int) -> float:
+    """GPU milliseconds of a device-to-device copy of ``nbytes``."""
     src = torch.rand(nbytes // ITEMSIZE, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), reps)
+    return time_ms(lambda: dst.copy_(src), reps)
+
+
+def _copy_row(torch, nbytes: int, reps: int) -> BenchRow:
+    """A device-to-device copy of ``nbytes``, its rate counting bytes read and written."""
+    ms = _copy_ms(torch, nbytes, reps)
     return BenchRow(OP, f"d2d copy {nbytes >> 20} MiB", ms, f"{copy_tbps(nbytes, ms):.2f} TB/s")
 
 

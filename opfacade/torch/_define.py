@@ -73,11 +73,12 @@ def _tensor_positions(op) -> tuple[int, ...]:
                  if argument.type.isSubtypeOf(tensor))
 
 
-def _requiring_grad(names: tuple[str, ...], positions: tuple[int, ...], args: tuple) -> str:
-    """The name of the first tensor argument that requires grad (the refusals' subject)."""
-    for name, i in zip(names, positions, strict=True):
+def _requiring_grad(op, positions: tuple[int, ...], args: tuple) -> str:
+    """The schema's name of the first tensor argument that requires grad (the refusals'
+    subject; read only when refusing)."""
+    for i in positions:
         if isinstance(args[i], torch.Tensor) and args[i].requires_grad:
-            return name
+            return op._schema.arguments[i].name
     return "an input"
 
 
@@ -168,14 +169,13 @@ def define_op(name: str, kernel: Callable, fake: Callable, *,
     torch.library.register_fake(qualname, fake, lib=_LIBRARY)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
     positions = _tensor_positions(op)
-    names = tuple(op._schema.arguments[i].name for i in positions)
     function = None if backward is None else _autograd_function(name, kernel, op, positions,
                                                                 setup_context, backward)
 
     def autograd_kernel(keyset, *args):
         if wants_grad(*args):
             if function is None:
-                argument = _requiring_grad(names, positions, args)
+                argument = _requiring_grad(op, positions, args)
                 raise Unsupported(f"{qualname} has no backward, but {argument} requires grad; "
                                   f"call it under torch.no_grad() or detach the inputs",
                                   argument=argument)
@@ -203,12 +203,11 @@ def define_inference_op(name: str, kernel: Callable, fake: Callable, *, training
     _LIBRARY.define(name + torch.library.infer_schema(kernel, mutates_args=()))
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
     positions = _tensor_positions(op)
-    names = tuple(op._schema.arguments[i].name for i in positions)
 
     def refusing(function: Callable) -> Callable:
         def call(*args):
             if wants_grad(*args):
-                argument = _requiring_grad(names, positions, args)
+                argument = _requiring_grad(op, positions, args)
                 raise Unsupported(f"{qualname} is for calls that want no gradient, but "
                                   f"{argument} requires grad; {NAMESPACE}::{training_op} has a "
                                   f"backward", argument=argument)
