@@ -8,11 +8,11 @@ ctypes (driver.DriverRuntime, the default) against CuPy's runtime (the default b
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 import timeit
 
+import probe_record  # scripts/probe_record.py, beside this probe
 import torch
 
 import opfacade
@@ -58,10 +58,7 @@ def main() -> None:
                                      for n in runtimes},
               "device": torch.cuda.get_device_name()}
     print(json.dumps(result, indent=1))
-    out = os.environ.get("OUT", "/tmp/out")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "capture_check_ab.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    probe_record.write("capture_check_ab", result)
 
 
 if __name__ == "__main__":

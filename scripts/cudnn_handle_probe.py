@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+import probe_record  # scripts/probe_record.py, beside this probe
+
 CHILD = r"""
 import ctypes, json, os, sys, threading, time
 case = sys.argv[1]
@@ -122,10 +124,7 @@ def main() -> None:
     pre = next((r for r in results if r.get("case") == "preload" and "error" not in r), None)
     if pre:
         print("dlopen each:", {k: round(v, 1) for k, v in pre["dlopen_ms"].items()})
-    out = os.environ.get("OUT", "/tmp/out")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "cudnn_handle.json"), "w") as f:
-        json.dump({"rounds": rounds, "results": results}, f, indent=1)
+    probe_record.write("cudnn_handle", {"rounds": rounds, "results": results})
 
 
 if __name__ == "__main__":

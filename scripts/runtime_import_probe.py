@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+import probe_record  # scripts/probe_record.py, beside this probe
+
 CHILD = r"""
 import json, sys, time, timeit
 import torch
@@ -65,10 +67,7 @@ def main() -> None:
         else:
             calls = " ".join(f"{k} {v:.2f} us" for k, v in r["per_call_us"].items())
             print(f"{r['which']:22s} import {r['import_ms']:7.1f} ms  {calls}")
-    out = os.environ.get("OUT", "/tmp/out")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "runtime_import.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    probe_record.write("runtime_import", results)
 
 
 if __name__ == "__main__":

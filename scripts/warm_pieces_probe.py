@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import probe_record  # scripts/probe_record.py, beside this probe
+
 REPO = Path(__file__).resolve().parents[1]
 SHAPE, TINY = [2, 16, 4096, 128], [1, 1, 64, 64]
 BUDGET_S = float(os.environ.get("PROBE_BUDGET_S", "140"))
@@ -208,8 +210,6 @@ def median(runs: list, key: str) -> float | None:
 
 
 def main() -> None:
-    out_dir = Path(os.environ.get("OUT") or "/tmp/out")
-    out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
     with (tempfile.TemporaryDirectory(prefix="wp-cache-") as cache,
           tempfile.TemporaryDirectory(prefix="wp-cold-plain-") as cold_plain,
@@ -252,7 +252,7 @@ def main() -> None:
                                     "cubins in <dir>/nvrtc; OPFACADE_CUDNN_PLAN_CACHE=0: off)",
               "cache_dir": cache, "cache_files_after_cold": cold_files, "summary": summary,
               "runs": runs, "probe_wall_s": time.perf_counter() - T0}
-    (out_dir / "warm_pieces.json").write_text(json.dumps(result, indent=1))
+    written = probe_record.write("warm_pieces", result)
     cols = ["import_torch", "cuda_init", *PIECES, "sum_b_to_h", "first_call"]
     print(f"{'run':15s} {'ld':>2s} " + " ".join(f"{c.split('_')[0][:6]:>6s}" for c in cols)
           + "  from_begin")
@@ -272,7 +272,7 @@ def main() -> None:
     for line in next((r.get("profile_cumulative", []) for r in runs
                       if r["label"] == "warm-profile"), [])[:12]:
         print(line)
-    print(f"wrote {out_dir / 'warm_pieces.json'} in {time.perf_counter() - T0:.0f} s")
+    print(f"wrote {written} in {time.perf_counter() - T0:.0f} s")
 
 
 if __name__ == "__main__":
