@@ -82,12 +82,18 @@ class FakeLibcuda:
         _write(context, 100 + handle)
         return SUCCESS
 
+    def cuCtxGetCurrent(self, context):
+        _write(context, self.current)
+        return SUCCESS
+
     def cuCtxSetCurrent(self, context):
         self.current = context.value
         self._record("set", context.value)
         return SUCCESS
 
     def cuCtxSynchronize(self):
+        if self.current is None:
+            return INVALID_CONTEXT
         self._record("sync", self.current)
         return SUCCESS
 
@@ -106,8 +112,10 @@ class FakeLibcuda:
         self._record("free_async", pointer, stream)
         return SUCCESS
 
-    def cuMemFree(self, pointer):
-        self._record("free", pointer)
+    def cuMemFree_v2(self, pointer):
+        if self.current is None:
+            return INVALID_CONTEXT
+        self._record("free", pointer, self.current)
         return SUCCESS
 
     def cuGetErrorName(self, status, name):
@@ -153,9 +161,18 @@ def test_scratch_calls_on_the_current_context():
     runtime.deviceSynchronize()
     runtime.free(pointer)
     assert ("alloc", 4096, 7, 101) in library.calls
-    assert ("free_async", pointer, 7) in library.calls and ("free", pointer) in library.calls
+    assert ("free_async", pointer, 7) in library.calls and ("free", pointer, 101) in library.calls
     assert ("sync", 101) in library.calls
     assert runtime.streamIsCapturing(5) and not runtime.streamIsCapturing(7)
+
+
+def test_a_thread_with_no_context_gets_device_zeros_as_the_runtime_gives_it():
+    library = FakeLibcuda()
+    runtime = DriverRuntime(library)
+    runtime.deviceSynchronize()
+    runtime.free(0x7000)
+    assert ("sync", 100) in library.calls and ("free", 0x7000, 100) in library.calls
+    assert [c for c in library.calls if c[0] == "retain"] == [("retain", 0)]
 
 
 def test_a_failing_call_names_itself_and_the_drivers_error():
@@ -163,8 +180,8 @@ def test_a_failing_call_names_itself_and_the_drivers_error():
     with pytest.raises(CudaDriverError, match="cuDeviceGet failed: CUDA_ERROR_INVALID_VALUE"):
         runtime.setDevice(3)
     library = FakeLibcuda()
-    library.cuMemFree = lambda pointer: 999  # a status the fake has no name for
-    with pytest.raises(CudaDriverError, match="cuMemFree failed: CUresult 999"):
+    library.cuMemFree_v2 = lambda pointer: 999  # a status the fake has no name for
+    with pytest.raises(CudaDriverError, match="cuMemFree_v2 failed: CUresult 999"):
         DriverRuntime(library).free(0x10)
 
 
@@ -220,6 +237,13 @@ def test_every_call_crosses_a_real_c_abi(stand_in):
     runtime.deviceSynchronize()
     runtime.free(pointer)
     assert stand_in.stand_in_last_freed() == pointer
+    # A thread with no context current: the free makes device 0's primary context current
+    # (0x1000 in the stand-in), where the legacy cuMemFree symbol would have failed.
+    stand_in.stand_in_forget_context()
+    stand_in.stand_in_current.restype = ctypes.c_void_p
+    runtime.free(pointer + 512)
+    assert stand_in.stand_in_last_freed() == pointer + 512
+    assert stand_in.stand_in_current() == 0x1000
     with pytest.raises(CudaDriverError, match="cuDeviceGet failed: CUDA_ERROR_INVALID_VALUE"):
         runtime.getDeviceProperties(2)
 
@@ -238,3 +262,30 @@ def test_without_cupy_installed_devices_say_what_to_install(monkeypatch):
     with pytest.raises(BackendUnavailable, match=r"pip install 'opfacade\[cu13\]'"):
         Devices().runtime()
     assert Devices().count() == 0  # count never raises: no usable GPU
+
+
+def _cuda_header():
+    import glob
+    import os
+
+    roots = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda", *glob.glob("/usr/local/cuda-*")]
+    found = [path for root in roots if root and os.path.isfile(path := f"{root}/include/cuda.h")]
+    return found[0] if found else None
+
+
+def test_every_symbol_is_the_one_cuda_h_calls_by_that_name():
+    """cuda.h maps some names to versioned symbols (cuMemFree is cuMemFree_v2); the bare symbol
+    is then a legacy entry point that fails on a real driver, and neither fake above can tell.
+    The per-thread-stream macros (__CUDA_API_PTSZ) apply only under that compile option."""
+    import re
+
+    from opfacade._internal.driver import _SIGNATURES
+
+    header = _cuda_header()
+    if header is None:
+        pytest.skip("no CUDA toolkit header on this machine")
+    with open(header) as file:
+        text = file.read()
+    for name in _SIGNATURES:
+        for target in re.findall(rf"^\s*#\s*define\s+{name}\s+(\S+)", text, re.MULTILINE):
+            assert target.startswith("__CUDA_API_PTSZ"), f"cuda.h defines {name} as {target}"

@@ -39,6 +39,34 @@ def test_same_answers_as_cupys_runtime():
     assert runtime.getDevice() == previous
 
 
+def test_scratch_freed_from_a_thread_that_never_set_a_device():
+    """clear_caches frees the stream scratch with cuMemFree on whichever thread calls it; a new
+    thread has no context current (the runtime would make device 0's current, and so must we)."""
+    import threading
+
+    from opfacade._internal.memory import StreamScratch
+
+    scratch = StreamScratch()
+    stream = torch.cuda.current_stream().cuda_stream
+    assert scratch.pointer(4096, torch.cuda.current_device(), stream)
+    failures = []
+
+    def clear():
+        try:
+            scratch.clear()
+        except Exception as error:  # reported on the test's thread
+            failures.append(error)
+
+    worker = threading.Thread(target=clear)
+    worker.start()
+    worker.join()
+    assert failures == [] and len(scratch) == 0
+    runtime = driver_runtime()
+    pointer = runtime.mallocAsync(1 << 16, stream)
+    torch.cuda.synchronize()
+    runtime.free(pointer)  # on the test's thread, torch's context current
+
+
 def test_stream_ordered_scratch_and_capture():
     runtime = driver_runtime()
     stream = torch.cuda.Stream()
@@ -71,9 +99,11 @@ import importlib.abc, json, sys, traceback
 imported_by = {}
 
 class Watch(importlib.abc.MetaPathFinder):
+    # Every search for CuPy (opfacade asks importlib.util.find_spec whether it is installed,
+    # which imports nothing); reported only if CuPy ends up imported.
     def find_spec(self, name, path=None, target=None):
-        if name == "cupy" and "cupy" not in imported_by:
-            imported_by["cupy"] = "".join(traceback.format_stack(limit=25))
+        if name == "cupy":
+            imported_by.setdefault("cupy", []).append("".join(traceback.format_stack(limit=25)))
         return None
 
 sys.meta_path.insert(0, Watch())
@@ -85,7 +115,9 @@ q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, gener
 out = oft.sdpa(q, k, v, is_causal=True)
 out.float().sum().backward()
 torch.cuda.synchronize()
-print(json.dumps({"cupy": imported_by.get("cupy"), "finite": bool(out.isfinite().all())}))
+searches = imported_by.get("cupy") if "cupy" in sys.modules else None
+print(json.dumps({"cupy": searches and "\n".join(searches),
+                  "finite": bool(out.isfinite().all())}))
 """
 
 

@@ -11,8 +11,9 @@ questions asked per call are built as lean closures (``_capturing_reader``).
 
 ``DriverRuntime`` answers as the CUDA runtime does: the current device is that of the thread's
 current context (0 where none is current), and setting a device makes its primary context current,
-retained once per device for the life of the process, as the runtime retains it. A failing call
-raises ``CudaDriverError`` with the driver's name for the error.
+retained once per device for the life of the process, as the runtime retains it; a call that needs
+a context on a thread with none makes device 0's current first, as the runtime's first call does.
+A failing call raises ``CudaDriverError`` with the driver's name for the error.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ class CudaDriverError(RuntimeError):
     """A CUDA driver call that failed; the message names the call and the driver's error."""
 
 
-# name: (argument types, in cuda.h's order); every entry point returns a CUresult (int).
+# name: (argument types, in cuda.h's order); every entry point returns a CUresult (int). The
+# names are the exported symbols, not cuda.h's macros: where cuda.h defines a name as a versioned
+# one (cuMemFree is cuMemFree_v2), the bare symbol is the legacy entry point (cuMemFree's takes a
+# 32-bit pointer and failed with CUDA_ERROR_INVALID_CONTEXT on the lent H100s).
 _SIGNATURES = {
     "cuInit": (ctypes.c_uint,),
     "cuDeviceGetCount": (ctypes.POINTER(ctypes.c_int),),
@@ -52,13 +56,14 @@ _SIGNATURES = {
     "cuDeviceGetAttribute": (ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int),
     "cuDeviceGetName": (ctypes.c_char_p, ctypes.c_int, ctypes.c_int),
     "cuCtxGetDevice": (ctypes.POINTER(ctypes.c_int),),
+    "cuCtxGetCurrent": (ctypes.POINTER(ctypes.c_void_p),),
     "cuCtxSetCurrent": (ctypes.c_void_p,),
     "cuCtxSynchronize": (),
     "cuDevicePrimaryCtxRetain": (ctypes.POINTER(ctypes.c_void_p), ctypes.c_int),
     "cuStreamIsCapturing": (ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)),
     "cuMemAllocAsync": (ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t, ctypes.c_void_p),
     "cuMemFreeAsync": (ctypes.c_uint64, ctypes.c_void_p),
-    "cuMemFree": (ctypes.c_uint64,),
+    "cuMemFree_v2": (ctypes.c_uint64,),
     "cuGetErrorName": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
 }
 
@@ -96,7 +101,17 @@ class DriverRuntime:
         if status == _NOT_INITIALIZED and not self._initialized:
             self._init()
             status = self._calls[name](*args)
+        if status == _INVALID_CONTEXT and self._no_context_current():
+            # A thread that never set a device: the runtime makes device 0's primary context
+            # current on its first call that needs one (clear_caches from a new thread, say).
+            self.setDevice(0)
+            status = self._calls[name](*args)
         self._check(name, status)
+
+    def _no_context_current(self) -> bool:
+        context = ctypes.c_void_p()
+        return (self._calls["cuCtxGetCurrent"](ctypes.byref(context)) == _SUCCESS
+                and not context.value)
 
     def _init(self) -> None:
         self._check("cuInit", self._calls["cuInit"](0))
@@ -201,7 +216,7 @@ class DriverRuntime:
         self._call("cuCtxSynchronize")
 
     def free(self, pointer: int) -> None:
-        self._call("cuMemFree", pointer)
+        self._call("cuMemFree_v2", pointer)
 
 
 @functools.cache

@@ -36,6 +36,7 @@ CUresult cuCtxGetDevice(int *device) {
     *device = (int)((uintptr_t)current - 0x1000);
     return OK;
 }
+CUresult cuCtxGetCurrent(void **context) { *context = current; return OK; }
 CUresult cuCtxSetCurrent(void *context) { current = context; return OK; }
 CUresult cuCtxSynchronize(void) { return current ? OK : INVALID_CONTEXT; }
 CUresult cuDevicePrimaryCtxRetain(void **context, int device) {
@@ -48,17 +49,25 @@ CUresult cuStreamIsCapturing(void *stream, int *status) {
     return OK;
 }
 CUresult cuMemAllocAsync(uint64_t *pointer, size_t size, void *stream) {
+    if (!current) return INVALID_CONTEXT;
     *pointer = next_pointer;
     next_pointer += size;
     last_stream = stream;
     return OK;
 }
 CUresult cuMemFreeAsync(uint64_t pointer, void *stream) {
+    if (!current) return INVALID_CONTEXT;
     last_freed = pointer;
     last_stream = stream;
     return OK;
 }
-CUresult cuMemFree(uint64_t pointer) { last_freed = pointer; return OK; }
+CUresult cuMemFree_v2(uint64_t pointer) {
+    if (!current) return INVALID_CONTEXT;
+    last_freed = pointer;
+    return OK;
+}
+/* cuda.h's cuMemFree is cuMemFree_v2; the bare symbol is the legacy one (32-bit pointers). */
+CUresult cuMemFree(uint32_t pointer) { (void)pointer; return INVALID_CONTEXT; }
 CUresult cuGetErrorName(int error, const char **name) {
     if (error != INVALID_VALUE) return INVALID_VALUE;
     *name = "CUDA_ERROR_INVALID_VALUE";
@@ -67,3 +76,5 @@ CUresult cuGetErrorName(int error, const char **name) {
 /* What the stand-in saw, for the test to compare. */
 uint64_t stand_in_last_freed(void) { return last_freed; }
 void *stand_in_last_stream(void) { return last_stream; }
+void *stand_in_current(void) { return current; }
+void stand_in_forget_context(void) { current = 0; }  /* as a thread that never set a device */
