@@ -5,7 +5,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
 (except where a variant picks another tile, which sums in another order).
 
     python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
-                                       | --overlap | --overlap-ab | --span]
+                                       | --overlap | --overlap-ab | --span | --span-many]
                                        [--mma-only]
 """
 
@@ -46,7 +46,11 @@ if "--streaming" in sys.argv:
 PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8},
            "merge after partial": {"OVERLAP_MERGE": False},
            "one chunk a CTA": {"MAX_SPAN": 1}, "one chunk a CTA again": {"MAX_SPAN": 1},
-           "kernel before spans": {"MAX_SPAN": 1}, "kernel before spans again": {"MAX_SPAN": 1}}
+           "kernel before spans": {"MAX_SPAN": 1}, "kernel before spans again": {"MAX_SPAN": 1},
+           "span 2 always": {"span_for": lambda ctas, resident: 2},
+           "span 2 always again": {"span_for": lambda ctas, resident: 2},
+           "span 4 always": {"span_for": lambda ctas, resident: 4},
+           "span 4 always again": {"span_for": lambda ctas, resident: 4}}
 OTHER_ORDER = {"cuda-core tiles of 8"}  # variants whose sums run in another order
 if "--overlap" in sys.argv:
     VARIANTS = {"per tile (default)": (), "merge after partial": (), "overlap again": ()}
@@ -74,6 +78,14 @@ if "--span" in sys.argv:  # the grids of a few waves, where spans apply, and two
              (1, 32768, "contiguous", 0, {"element": "f32"}),
              (16, 8192, "contiguous", 0, {"element": "f32"}),
              (16, 8192, "contiguous", 0, {"element": "f32", "heads_q": 64})]
+# Spans forced on grids of many waves (span_for keeps those at one chunk a CTA): the short caches'
+# rows, paged among them, where each CTA's start (length, then page table, then the first keys)
+# is paid per chunk. Each variant twice, interleaved by variant (same bits).
+if "--span-many" in sys.argv:
+    VARIANTS = {"spans (default)": (), "span 2 always": (), "span 4 always": (),
+                "spans again": (), "span 2 always again": (), "span 4 always again": ()}
+    CASES = [(256, 1024, "contiguous", 0), (256, 1024, "paged", 16), (256, 1024, "paged", 64),
+             (64, 4096, "paged", 16), (8, 32768, "paged", 64), (64, 4096, "contiguous", 0)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -233,7 +245,7 @@ def main() -> None:
     results, reference = {}, {}
     original = kernels.get_kernel
     defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
-                "MAX_SPAN": kernels.MAX_SPAN}
+                "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

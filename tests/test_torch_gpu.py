@@ -146,6 +146,26 @@ def test_the_inference_ops_give_the_training_ops_bits_on_guard_hits_and_misses()
         ops.linear_inference(x, weight, None, "none", False)
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_the_training_ops_aux_repeats_whatever_memory_it_is_given(activation):
+    """The aux a training forward saves comes from a guarded repeat call's allocation (the
+    selection's _TorchAux): the same values as the first call's, and for ReLU's bit-mask, whose
+    last byte holds bits past N that cuBLASLt leaves alone, the same bits whatever the
+    allocator's memory held before (the mask starts zeroed)."""
+    ops = torch.ops.opfacade
+    x, weight, bias = _randn(48, 96, seed=11), _randn(77, 96, seed=12), _randn(77, seed=13)
+    first_out, first_aux = ops.linear(x, weight, bias, activation, True, False)
+    assert first_aux.numel() > 0
+    for fill in (0xFF, 0x00, 0xA5):
+        # What the next allocations of this size will be handed: memory full of `fill`.
+        torch.empty(first_aux.numel() * 4 + (1 << 16), dtype=torch.uint8,
+                    device=CUDA).fill_(fill)
+        out, aux = ops.linear(x, weight, bias, activation, True, False)
+        assert torch.equal(out, first_out)
+        assert aux.shape == first_aux.shape and aux.stride() == first_aux.stride()
+        assert torch.equal(aux, first_aux)
+
+
 # -- gradients against torch's float64 ----------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

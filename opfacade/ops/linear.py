@@ -8,12 +8,15 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._internal import operands
 from .._internal.guarded import GuardedCalls, Selected
+from .._internal.memory import torch_empty
 from .._internal.tensors import PLAIN_TORCH_TYPES, TensorView, c_strides, wrap
+from .._internal.view import TORCH_DTYPES
 from ..contracts.linear import (
     LINEAR_BACKWARD,
     LINEAR_FORWARD,
@@ -22,7 +25,7 @@ from ..contracts.linear import (
     LinearBackwardDescriptor,
     LinearDescriptor,
 )
-from ..contracts.linear_activations import AuxLayout
+from ..contracts.linear_activations import ACTIVATIONS, AuxLayout
 from ..errors import InvalidArgument, ShapeMismatch
 from ..plan import Plan, plan_class
 from ..types import ElementKind
@@ -111,27 +114,59 @@ def _forward_plan(x: Any, weight: Any, x_facts: tuple, weight_layout: str, tf32:
 _TORCH_CALLS = GuardedCalls()
 
 
+class _TorchAux(NamedTuple):
+    """How a guarded call allocates the aux it saves into (aux_buffer's allocation, read once):
+    the allocation's shape and torch dtype, the view's last extent where the rows are padded
+    (else None), and whether it is zeroed. A ReLU bit-mask's last byte holds bits past N that
+    cuBLASLt leaves as it found them, so a mask starts zeroed: the aux is then the same bits on
+    every run."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    columns: int | None
+    zeros: bool
+
+    @classmethod
+    def of(cls, desc: LinearDescriptor) -> _TorchAux:
+        layout = desc.aux_layout
+        columns, stride = layout.columns(desc.n), layout.row_stride(desc.n)
+        return cls((*desc.lead, desc.m, stride), TORCH_DTYPES[layout.element(desc.element)],
+                   None if stride == columns else columns, layout.mask)
+
+    def new(self, device: Any) -> Any:
+        torch = sys.modules["torch"]
+        buffer = (torch.zeros(self.shape, dtype=self.dtype, device=device) if self.zeros
+                  else torch_empty(torch, self.shape, self.dtype, device))
+        return buffer if self.columns is None else buffer[..., :self.columns]
+
+
 def torch_forward(x: Any, weight: Any, bias: Any, activation: str, deterministic: bool,
-                  aux: Any = None, refuse: Callable[[Any, Any, Any], Any] | None = None) -> Any:
-    """out of ``linear(x, weight, bias, activation=..., deterministic=...)`` for plain torch
-    tensors (``_internal/operands.PLAIN_TORCH_TYPES``), saving into ``aux`` unless None, the
-    plan of a repeat call found by a guard check of x, weight (and bias). ``refuse(x, weight,
+                  save_aux: bool = False, refuse: Callable[[Any, Any, Any], Any] | None = None
+                  ) -> tuple[Any, Any]:
+    """``(out, aux)`` of ``linear(x, weight, bias, activation=..., deterministic=...)`` for plain
+    torch tensors (``_internal/operands.PLAIN_TORCH_TYPES``), the plan of a repeat call found by
+    a guard check of x, weight (and bias). ``save_aux``: the activation's aux is allocated and
+    saved into (aux None without it, or where the activation saves none). ``refuse(x, weight,
     bias)``, when given, runs before a call that misses selects (opfacade.torch's ops: their
     device check)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    options = (activation, deterministic, bias is None, aux is None)
+    options = (activation, deterministic, bias is None, save_aux)
     selected = _TORCH_CALLS.find(tensors, options)
     if selected is None:
         if refuse is not None:
             refuse(x, weight, bias)
+        # An activation that saves nothing has no aux (an unknown one: the descriptor refuses).
+        saves = save_aux and activation in ACTIVATIONS and ACTIVATIONS[activation].aux is not None
         plan = _forward_plan(x, weight, operands.facts(x, "x"), "nk", False, activation,
-                             bias is not None, False, aux is not None, deterministic)
-        shape = plan.descriptor.out_shape
-        selected = Selected(plan, shape, c_strides(shape), x.dtype, x.device)
+                             bias is not None, False, saves, deterministic)
+        desc = plan.descriptor
+        selected = Selected(plan, desc.out_shape, c_strides(desc.out_shape), x.dtype, x.device,
+                            _TorchAux.of(desc) if saves else None)
         _TORCH_CALLS.remember(tensors, options, selected)
     out = selected.empty()
+    aux = None if selected.extra is None else selected.extra.new(selected.device)
     selected.plan.run(LinearArgs(x, weight, bias, None, out, aux))
-    return out
+    return out, aux
 
 
 def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
@@ -149,7 +184,7 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
             and (bias is None or type(bias) in PLAIN_TORCH_TYPES) and residual is None
             and weight_layout == "nk" and not tf32 and not save_aux and out is None
             and aux is None and stream is None):
-        return torch_forward(x, weight, bias, activation, deterministic)
+        return torch_forward(x, weight, bias, activation, deterministic)[0]
     x_facts = operands.facts(x, "x")
     plan = _forward_plan(x, weight, x_facts, weight_layout, tf32, activation, bias is not None,
                          residual is not None, save_aux, deterministic)

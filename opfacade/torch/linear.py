@@ -13,7 +13,6 @@ import math
 
 import torch
 
-from .._internal.memory import torch_empty
 from ..contracts.linear_activations import ACTIVATIONS
 from ..errors import InvalidProblem
 from ..ops import linear as functional
@@ -33,22 +32,19 @@ from ._define import define_inference_op, define_op
 __all__ = ["Linear", "linear"]
 
 
-def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) -> torch.Tensor:
-    """The buffer a training forward saves into. A ReLU bit-mask's row is padded past N, and
-    cuBLASLt leaves those bits as it found them: the real kernel zeroes them (``zeros``), so
-    that the op's outputs are the same bits on every run."""
+def _fake_aux(x: torch.Tensor, weight: torch.Tensor, activation: str) -> torch.Tensor:
+    """The aux the fake kernel returns: the real kernel's (functional.torch_forward), as
+    aux_buffer lays it out for symbolic sizes."""
     if activation not in ACTIVATIONS:
         raise InvalidProblem(f"activation must be one of {sorted(ACTIVATIONS)}, got "
                              f"{activation!r}", field="activation")
     layout = ACTIVATIONS[activation].aux
     if layout is None:
         return absent(x, torch.uint8)
-    if zeros and layout.mask:
-        def allocate(shape, kind):
-            return torch.zeros(shape, dtype=torch_dtype(kind), device=x.device)
-    else:  # the epilogue writes every element of the view returned (torch_empty: no fill)
-        def allocate(shape, kind):
-            return torch_empty(torch, shape, torch_dtype(kind), x.device)
+
+    def allocate(shape, kind):
+        return torch.empty(shape, dtype=torch_dtype(kind), device=x.device)
+
     return functional.aux_buffer(layout, element_of(x, "x"), (), x.shape[0], weight.shape[0],
                                  allocate)
 
@@ -56,22 +52,18 @@ def _aux(x: torch.Tensor, weight: torch.Tensor, activation: str, zeros: bool) ->
 def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  activation: str, save_aux: bool, deterministic: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    if not save_aux:
-        return _forward("linear", x, weight, bias, activation, deterministic, None), absent(
-            x, torch.uint8)
-    on_one_gpu(x, weight, optional=bias) or cuda_device("linear", x=x, weight=weight, bias=bias)
-    aux = _aux(x, weight, activation, zeros=True)
-    keep = aux.numel() > 0  # nothing to save without an activation
-    return _forward("linear", x, weight, bias, activation, deterministic,
-                    aux if keep else None), aux
+    out, aux = _forward("linear", x, weight, bias, activation, deterministic, save_aux)
+    return out, absent(x, torch.uint8) if aux is None else aux
 
 
 def _forward(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-             activation: str, deterministic: bool, aux: torch.Tensor | None) -> torch.Tensor:
-    """out of the functional form's plan (saving into ``aux`` unless None), found on a repeat
-    call by a guard check (functional.torch_forward); a call that misses is checked for plain
-    tensors on one GPU first."""
-    return functional.torch_forward(x, weight, bias, activation, deterministic, aux,
+             activation: str, deterministic: bool, save_aux: bool
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(out, aux or None)`` of the functional form's plan (the aux allocated and saved into
+    with ``save_aux``, where the activation has one), found on a repeat call by a guard check
+    (functional.torch_forward); a call that misses is checked for plain tensors on one GPU
+    first."""
+    return functional.torch_forward(x, weight, bias, activation, deterministic, save_aux,
                                     _ON_GPU[op])
 
 
@@ -82,7 +74,7 @@ _ON_GPU = {op: device_check(op, "x", "weight", "bias") for op in ("linear", "lin
 def _linear_fake(x, weight, bias, activation, save_aux, deterministic):
     device = cuda_device("linear", x=x, weight=weight, bias=bias)
     out = empty((x.shape[0], weight.shape[0]), element_of(x, "x"), device)
-    return out, _aux(x, weight, activation, zeros=False) if save_aux else absent(x, torch.uint8)
+    return out, _fake_aux(x, weight, activation) if save_aux else absent(x, torch.uint8)
 
 
 def _linear_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
@@ -139,7 +131,7 @@ _linear = define_op("linear", _linear_impl, _linear_fake, setup_context=_save_fo
 def _linear_inference_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                            activation: str, deterministic: bool) -> torch.Tensor:
     # linear with out alone (no aux): one output crosses the dispatcher where linear's two do.
-    return _forward("linear_inference", x, weight, bias, activation, deterministic, None)
+    return _forward("linear_inference", x, weight, bias, activation, deterministic, False)[0]
 
 
 def _linear_inference_fake(x, weight, bias, activation, deterministic):
