@@ -31,6 +31,22 @@ def test_a_call_with_the_same_facts_finds_what_the_first_selected():
     assert tuple(selected.empty().shape) == (2, 3)
 
 
+def test_a_first_call_inside_a_dispatch_modes_redispatch_does_not_refuse_the_guard(
+        monkeypatch):
+    # torch.library.opcheck's schema check redispatches with the Negative key excluded; torch's
+    # guard self-test, run there on the caller's thread, failed and the process never stored a
+    # call again (seen on an H100: test_guarded.py after test_torch_gpu.py).
+    from opfacade._internal import guarded
+
+    monkeypatch.setattr(guarded, "_GUARDS", [])
+    calls, selected = GuardedCalls(), _selected()
+    negative = torch._C.DispatchKeySet(torch._C.DispatchKey.Negative)
+    with torch._C._ExcludeDispatchKeyGuard(negative):
+        calls.remember(_tensors(), ("relu",), selected)
+    assert guarded._GUARDS[0] is not None
+    assert calls.find(_tensors(), ("relu",)) is selected
+
+
 @pytest.mark.parametrize("changed", [
     lambda a, b: (a.double(), b),                          # dtype
     lambda a, b: (a[:1], b),                               # shape

@@ -68,18 +68,44 @@ def _make_guard(tensor_guards, tensors):
 
 def torch_guards(torch) -> tuple[type | None, str]:
     """(torch's ``TensorGuards``, "") when this torch has it and it passes the self-test, else
-    (None, why not)."""
+    (None, why not).
+
+    The self-test runs on a thread of its own: torch's dispatch state is per thread, and a new
+    thread has the default one. Asked on the caller's thread, the first call would decide for
+    the process under whatever its caller had switched on: inside a TorchDispatchMode's
+    redispatch (torch.library.opcheck's schema check, say), the Negative key is excluded and the
+    lazily negated view the test makes is not told apart, so the guard was refused for good."""
     try:
         from torch._C._dynamo.guards import TensorGuards
     except Exception as error:  # an older or newer torch without it
         return None, f"torch has no torch._C._dynamo.guards.TensorGuards ({error})"
     try:
-        passed = _guards_pass_self_test(torch, TensorGuards)
+        passed = _on_a_new_thread(lambda: _guards_pass_self_test(torch, TensorGuards))
     except Exception as error:  # a changed signature, say
         return None, f"torch's TensorGuards failed its self-test: {type(error).__name__}: {error}"
     if not passed:
         return None, "torch's TensorGuards failed its self-test (it let a changed fact pass)"
     return TensorGuards, ""
+
+
+def _on_a_new_thread(function: Callable[[], bool]) -> bool:
+    """``function()`` run on a new thread (so in torch's default dispatch state), its exception
+    raised here."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, function()))
+        except Exception as error:  # raised on the caller's thread below
+            outcome.append((False, error))
+
+    thread = threading.Thread(target=run, name="opfacade-guard-self-test")
+    thread.start()
+    thread.join()
+    finished, value = outcome[0]
+    if not finished:
+        raise value
+    return value
 
 
 def _guards_pass_self_test(torch, tensor_guards) -> bool:

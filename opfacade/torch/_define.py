@@ -27,6 +27,7 @@ import torch
 
 from .._internal.tensors import plain_torch_types
 from ..errors import Unsupported
+
 __all__ = ["NAMESPACE", "DefinedOp", "define_inference_op", "define_op"]
 
 # torch.ops.opfacade.<op>: one namespace for every family's ops.
