@@ -233,6 +233,14 @@ def test_the_split_kv_algorithm_is_attention(length, q_len, left):
     np.testing.assert_allclose(lse, want_lse[0, 0], rtol=1e-12)
 
 
+def _value(argument):
+    """An argument of a bare driver function as the C side sees it: a ctypes object's value
+    (a NULL c_void_p's None as 0), None as 0."""
+    if argument is None:
+        return 0
+    return argument.value or 0
+
+
 def test_a_packed_launch_is_one_driver_call_and_a_failure_is_typed(monkeypatch):
     """PackedLaunch packs the parameters once (each pointer in kernelParams reads the value it
     was given) and calls the driver once per launch; a failure retried under the device's
@@ -247,7 +255,8 @@ def test_a_packed_launch_is_one_driver_call_and_a_failure_is_typed(monkeypatch):
 
     calls, statuses = [], [0]
 
-    def driver(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    def driver(*arguments):  # bare: ctypes objects made once (launch._made_once)
+        function, gx, gy, gz, bx, by, bz, shared, stream, params, extra = map(_value, arguments)
         pointers = (ctypes.c_void_p * 3).from_address(params)
         calls.append((function, (gx, gy, gz), (bx, by, bz), shared, stream,
                       ctypes.c_uint64.from_address(pointers[0]).value,
@@ -279,7 +288,8 @@ def test_an_overlapping_launch_passes_the_programmatic_serialization_attribute(m
 
     calls = []
 
-    def driver_ex(config, function, params, extra):
+    def driver_ex(*arguments):
+        config, function, params, extra = map(_value, arguments)
         raw = (ctypes.c_uint * 7).from_address(config)
         stream, attributes = (ctypes.c_uint64 * 2).from_address(config + 32)
         count = ctypes.c_uint.from_address(config + 48).value

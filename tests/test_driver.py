@@ -248,6 +248,47 @@ def test_every_call_crosses_a_real_c_abi(stand_in):
         runtime.getDeviceProperties(2)
 
 
+def test_hot_calls_on_arguments_made_once_cross_a_real_c_abi(stand_in, monkeypatch):
+    """The bare functions (driver.bare_function) of a packed kernel launch and of a graph
+    replay, called on ctypes objects made once: 64-bit pointers and handles arrive whole, the
+    launch's 32-bit extents as given, NULL as NULL."""
+    import numpy as np
+
+    from opfacade._backends.nvrtc import launch as launching
+    from opfacade._internal import graph_replay
+
+    def bare(name):
+        function = stand_in[name]
+        function.restype = ctypes.c_int
+        return function
+
+    stand_in.stand_in_last_launch.restype = ctypes.POINTER(ctypes.c_uint64)
+    seen = stand_in.stand_in_last_launch()
+    monkeypatch.setattr(launching, "_driver_launch", lambda: bare("cuLaunchKernel"))
+    function = type("F", (), {"ptr": 0x7F00DEADBEEF})()
+    wide_stream = 0x7FFF00000005
+    packed = launching.PackedLaunch(function, (70000, 3), (128,), (np.uint64(1), np.int32(2)),
+                                    wide_stream, 0, 49152)
+    packed()
+    assert [seen[i] for i in range(11)][:9] == [0x7F00DEADBEEF, 70000, 3, 1, 128, 1, 1, 49152,
+                                               wide_stream]
+    assert seen[9] == ctypes.addressof(packed._params) and seen[10] == 0
+
+    monkeypatch.setattr(graph_replay, "bare_function", bare)
+    # The stand-in's capturing stream (wide_stream) gets the launches directly; another wide
+    # stream replays the graph.
+    for stream, replays in ((wide_stream, False), (0x7FFF00000009, True)):
+        direct = []
+        graphed = graph_replay.GraphedLaunches(lambda on, d=direct: [lambda: d.append(on)],
+                                               stream, 0)
+        graphed._exec, graphed._exec_handle = 0x7E0000000001, ctypes.c_void_p(0x7E0000000001)
+        graphed._calls = 5  # past the capture: the next call replays unless captured
+        graphed()
+        assert (seen[0], seen[8]) == ((0x7E0000000001, stream) if replays
+                                      else (0x7F00DEADBEEF, wide_stream))
+        assert direct == ([] if replays else [stream])
+
+
 def test_without_cupy_installed_devices_say_what_to_install(monkeypatch):
     """libcuda opens (a GPU machine), but the GPU stack is not installed: the device questions
     refuse as they did through CuPy's import, naming the install command."""

@@ -57,7 +57,7 @@ def _graphed(monkeypatch, runtime: _FakeRuntime, libcuda: _FakeLibcuda, capture_
 
     from opfacade._internal import graph_replay
 
-    monkeypatch.setattr(graph_replay, "libcuda", lambda: libcuda)
+    monkeypatch.setattr(graph_replay, "bare_function", lambda name: getattr(libcuda, name))
     monkeypatch.setattr("cupy.cuda.runtime", runtime, raising=False)
     monkeypatch.setattr("cupy.cuda.Device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr("cupy.cuda.Stream", lambda non_blocking: type("S", (), {"ptr": 0x77})())

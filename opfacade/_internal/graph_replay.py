@@ -12,10 +12,10 @@ import ctypes
 from collections.abc import Callable
 
 from ..errors import LaunchFailed
-from .driver import libcuda
+from .driver import bare_function
 from .log import LOG
 
-__all__ = ["LIBRARY_CAPTURE_AT", "REPLAY", "GraphedLaunches", "libcuda", "library_call"]
+__all__ = ["LIBRARY_CAPTURE_AT", "REPLAY", "GraphedLaunches", "library_call"]
 
 # Off: every GraphedLaunches launches directly (the A/B baseline of scripts/gpt_replay_ab.py).
 REPLAY = True
@@ -39,8 +39,9 @@ class GraphedLaunches:
     caller building their own CUDA graph), the launches go in directly, as nodes of that graph.
     """
 
-    __slots__ = ("_calls", "_capture_at", "_capturing", "_device", "_direct", "_exec", "_graph",
-                 "_keep", "_library", "_make", "_stream", "_unavailable")
+    __slots__ = ("_calls", "_capture_at", "_capturing", "_capturing_cell", "_device", "_direct",
+                 "_exec", "_exec_handle", "_graph", "_graph_launch", "_keep", "_make",
+                 "_stream", "_stream_handle", "_unavailable")
 
     def __init__(self, make: Callable[[int], list[Callable[[], None]]], stream: int,
                  device: int, capture_at: int = 2):
@@ -48,9 +49,14 @@ class GraphedLaunches:
         self._direct = make(self._stream)
         self._calls, self._exec, self._graph, self._keep = 0, None, None, None
         self._capture_at = capture_at
-        self._capturing = ctypes.c_int(0)
-        self._library = libcuda()
-        self._unavailable = self._library is None
+        # The two driver calls of a replay, as bare functions on handle objects made here (the
+        # executable graph's once it is built): what a replay costs the host is all ctypes.
+        self._capturing, self._graph_launch = (bare_function("cuStreamIsCapturing"),
+                                               bare_function("cuGraphLaunch"))
+        self._unavailable = self._graph_launch is None
+        self._stream_handle, self._exec_handle = ctypes.c_void_p(self._stream), None
+        cell = ctypes.c_int(0)
+        self._capturing_cell = (cell, ctypes.byref(cell))
 
     def _launch_direct(self) -> None:
         for launch in self._direct:
@@ -74,6 +80,7 @@ class GraphedLaunches:
                 finally:
                     graph = runtime.streamEndCapture(private.ptr)
                 self._graph, self._exec = graph, runtime.graphInstantiate(graph)
+                self._exec_handle = ctypes.c_void_p(self._exec)
                 self._keep = (private, launches)  # what the graph's parameters point at
         except Exception as error:  # the driver's refusal, whatever its type
             LOG.debug("launches not graphed on cuda:%d, launching directly: %s", self._device,
@@ -87,12 +94,12 @@ class GraphedLaunches:
         if self._unavailable or self._calls < self._capture_at or not REPLAY:
             self._launch_direct()
             return
-        library = self._library
-        library.cuStreamIsCapturing(ctypes.c_void_p(self._stream), ctypes.byref(self._capturing))
-        if self._capturing.value or (self._exec is None and not self._build()):
+        cell, reference = self._capturing_cell
+        self._capturing(self._stream_handle, reference)
+        if cell.value or (self._exec is None and not self._build()):
             self._launch_direct()
             return
-        if library.cuGraphLaunch(ctypes.c_void_p(self._exec), ctypes.c_void_p(self._stream)):
+        if self._graph_launch(self._exec_handle, self._stream_handle):
             raise LaunchFailed(f"CUDA graph launch failed on cuda:{self._device}")
 
     def __del__(self) -> None:

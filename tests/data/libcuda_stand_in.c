@@ -73,7 +73,23 @@ CUresult cuGetErrorName(int error, const char **name) {
     *name = "CUDA_ERROR_INVALID_VALUE";
     return OK;
 }
+/* A launch and a graph replay record what they were handed, every parameter widened to 64 bits. */
+static uint64_t last_launch[11];
+CUresult cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, void *stream, void **params,
+                        void **extra) {
+    uint64_t seen[11] = {(uintptr_t)function, gx, gy, gz, bx, by, bz, shared, (uintptr_t)stream,
+                         (uintptr_t)params, (uintptr_t)extra};
+    for (int i = 0; i < 11; i++) last_launch[i] = seen[i];
+    return OK;
+}
+CUresult cuGraphLaunch(void *exec, void *stream) {
+    last_launch[0] = (uintptr_t)exec;
+    last_launch[8] = (uintptr_t)stream;
+    return OK;
+}
 /* What the stand-in saw, for the test to compare. */
+const uint64_t *stand_in_last_launch(void) { return last_launch; }
 uint64_t stand_in_last_freed(void) { return last_freed; }
 void *stand_in_last_stream(void) { return last_stream; }
 void *stand_in_current(void) { return current; }

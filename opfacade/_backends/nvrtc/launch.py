@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._internal.config import with_install_hint
 from ..._internal.device import device_arch
-from ..._internal.graph_replay import libcuda
+from ..._internal.driver import bare_function
 from ..._internal.log import timed
 from ..._internal.streams import cupy_stream
 from ...errors import BackendUnavailable, LaunchFailed
@@ -146,18 +146,25 @@ _CTYPES = {np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64, np.int32: ctype
            np.float32: ctypes.c_float}
 
 
+# cuLaunchKernel's and cuLaunchKernelEx's parameters (cuda.h), as PackedLaunch makes them once.
+_LAUNCH_TYPES = (ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
+                 ctypes.c_void_p)
+_LAUNCH_EX_TYPES = (ctypes.c_void_p,) * 4
+
+
+def _made_once(values: tuple, types: tuple) -> tuple:
+    """A bare driver function's arguments (driver.bare_function): each value as its ctypes
+    object, None as NULL."""
+    return tuple(None if value is None else kind(value)
+                 for value, kind in zip(values, types, strict=True))
+
+
 @functools.cache
 def _driver_launch():
-    """libcuda's cuLaunchKernel through ctypes (one foreign call, ~1 µs), or None where libcuda
-    cannot be opened by name (cuda.bindings' wrapper then launches, several µs slower)."""
-    library = libcuda()
-    if library is None:
-        return None
-    function = library.cuLaunchKernel
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p,
-                         ctypes.c_void_p]
-    return function
+    """libcuda's cuLaunchKernel through ctypes (one foreign call, ~1 µs), bare: called on
+    arguments made once (_made_once), or None where libcuda cannot be opened by name
+    (cuda.bindings' wrapper then launches, several µs slower)."""
+    return bare_function("cuLaunchKernel")
 
 
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the kernel may launch before the
@@ -182,15 +189,10 @@ class _LaunchConfig(ctypes.Structure):
 
 @functools.cache
 def _driver_launch_ex():
-    """libcuda's cuLaunchKernelEx through ctypes, or None where libcuda cannot be opened by name
-    (a launch then goes without its attributes, which only ever allow overlap)."""
-    library = libcuda()
-    if library is None:
-        return None
-    function = library.cuLaunchKernelEx
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 4
-    return function
+    """libcuda's cuLaunchKernelEx through ctypes, bare as _driver_launch, or None where libcuda
+    cannot be opened by name (a launch then goes without its attributes, which only ever allow
+    overlap)."""
+    return bare_function("cuLaunchKernelEx")
 
 
 class PackedLaunch:
@@ -225,13 +227,18 @@ class PackedLaunch:
             self._config = config = _LaunchConfig(
                 (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), shared_mem,
                 int(stream), ctypes.pointer(attribute), 1)
-            self._arguments = (ctypes.addressof(config), int(function.ptr),
-                               ctypes.addressof(self._params), None)
+            self._arguments = _made_once((ctypes.addressof(config), int(function.ptr),
+                                          ctypes.addressof(self._params), None),
+                                         _LAUNCH_EX_TYPES)
             self._launch = launch_ex
             return
-        self._arguments = (int(function.ptr), *grid3, *block3, shared_mem, int(stream),
-                           ctypes.addressof(self._params), None)
-        self._launch = _driver_launch() or self._through_bindings
+        arguments = (int(function.ptr), *grid3, *block3, shared_mem, int(stream),
+                     ctypes.addressof(self._params), None)
+        launch = _driver_launch()
+        if launch is None:
+            self._launch, self._arguments = self._through_bindings, arguments
+        else:
+            self._launch, self._arguments = launch, _made_once(arguments, _LAUNCH_TYPES)
 
     @staticmethod
     def _through_bindings(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra) -> int:
