@@ -162,3 +162,37 @@ def test_an_output_like_the_first_tensor_is_allocated_like_it():
         assert switch == [False] and torch.utils.deterministic.fill_uninitialized_memory
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])
+def test_the_functional_forms_aux_takes_the_guarded_path_and_a_mask_starts_zeroed(
+        activation, monkeypatch):
+    # Host torch tensors run the float64 reference. save_aux=True with the aux left to the call
+    # is served like the torch op's forward (ops/linear._TorchAux): the same out and aux as the
+    # full path, found by guard on a repeat call, and a ReLU bit-mask allocated zeroed (its last
+    # byte holds bits past N that cuBLASLt leaves as it found them).
+    from opfacade.ops import linear as linear_form
+
+    opfacade.clear_caches()
+    generator = torch.Generator().manual_seed(1)
+    x, w, b = (torch.randn(*shape, generator=generator) for shape in ((6, 16), (13, 16), (13,)))
+    made = []
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: made.append(a) or real_zeros(*a, **k))
+    out, aux = opfacade.linear(x, w, b, activation=activation, save_aux=True)
+    again_out, again_aux = opfacade.linear(x, w, b, activation=activation, save_aux=True)
+    assert len(linear_form._TORCH_CALLS) == 1
+    assert torch.equal(out, again_out) and torch.equal(aux, again_aux)
+    assert bool(made) == (activation == "relu")
+    full_out, full_aux = opfacade.linear(x, w, b, activation=activation, save_aux=True,
+                                         out=torch.empty(6, 13))
+    assert torch.equal(out, full_out) and torch.equal(aux, full_aux)
+    assert aux.stride() == full_aux.stride() and aux.dtype == full_aux.dtype
+    with pytest.raises(opfacade.errors.InvalidProblem, match="needs an activation"):
+        opfacade.linear(x, w, b, save_aux=True)  # activation "none": the descriptor refuses
+    batched = torch.randn(2, 6, 16, generator=generator)  # lead dimensions: the aux has them too
+    out, aux = opfacade.linear(batched, w, b, activation=activation, save_aux=True)
+    full_out, full_aux = opfacade.linear(batched, w, b, activation=activation, save_aux=True,
+                                         out=torch.empty(2, 6, 13))
+    assert torch.equal(out, full_out) and torch.equal(aux, full_aux)
+    assert aux.stride() == full_aux.stride()

@@ -140,6 +140,12 @@ class _TorchAux(NamedTuple):
         return buffer if self.columns is None else buffer[..., :self.columns]
 
 
+def _has_aux(activation: str) -> bool:
+    """Whether the activation saves an aux for its backward (an unknown one does not: the
+    descriptor refuses it)."""
+    return activation in ACTIVATIONS and ACTIVATIONS[activation].aux is not None
+
+
 def torch_forward(x: Any, weight: Any, bias: Any, activation: str, deterministic: bool,
                   save_aux: bool = False, refuse: Callable[[Any, Any, Any], Any] | None = None
                   ) -> tuple[Any, Any]:
@@ -155,8 +161,7 @@ def torch_forward(x: Any, weight: Any, bias: Any, activation: str, deterministic
     if selected is None:
         if refuse is not None:
             refuse(x, weight, bias)
-        # An activation that saves nothing has no aux (an unknown one: the descriptor refuses).
-        saves = save_aux and activation in ACTIVATIONS and ACTIVATIONS[activation].aux is not None
+        saves = save_aux and _has_aux(activation)
         plan = _forward_plan(x, weight, operands.facts(x, "x"), "nk", False, activation,
                              bias is not None, False, saves, deterministic)
         desc = plan.descriptor
@@ -182,9 +187,11 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
     """
     if (type(x) in PLAIN_TORCH_TYPES and type(weight) in PLAIN_TORCH_TYPES
             and (bias is None or type(bias) in PLAIN_TORCH_TYPES) and residual is None
-            and weight_layout == "nk" and not tf32 and not save_aux and out is None
-            and aux is None and stream is None):
-        return torch_forward(x, weight, bias, activation, deterministic)[0]
+            and weight_layout == "nk" and not tf32 and (not save_aux or _has_aux(activation))
+            and out is None and aux is None and stream is None):
+        # The aux too, where asked: a ReLU mask zeroed there (_TorchAux), so its bits repeat.
+        result = torch_forward(x, weight, bias, activation, deterministic, save_aux)
+        return result if save_aux else result[0]
     x_facts = operands.facts(x, "x")
     plan = _forward_plan(x, weight, x_facts, weight_layout, tf32, activation, bias is not None,
                          residual is not None, save_aux, deterministic)
