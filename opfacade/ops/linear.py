@@ -85,14 +85,21 @@ def _problem(x: TensorView, w: TensorView, weight_layout: str) -> dict:
                 element=x.element)
 
 
+def _aux_allocation(layout: AuxLayout, lead: tuple, m: int, n: int
+                    ) -> tuple[tuple, int | None]:
+    """What an aux whose rows cuBLASLt accepts is allocated as: the shape with its rows padded
+    to cuBLASLt's stride, and the view's last extent where they are padded (else None)."""
+    columns, stride = layout.columns(n), layout.row_stride(n)
+    return (*lead, m, stride), None if stride == columns else columns
+
+
 def aux_buffer(layout: AuxLayout, element: ElementKind, lead: tuple, m: int, n: int,
                allocate: Callable[[tuple, ElementKind], Any]) -> Any:
     """An aux whose rows cuBLASLt accepts: allocated with padded rows, returned as a view. Takes
     extents rather than a descriptor so that torch's fake kernels (symbolic sizes) share it."""
-    columns, stride = layout.columns(n), layout.row_stride(n)
-    if stride == columns:
-        return allocate((*lead, m, columns), layout.element(element))
-    return allocate((*lead, m, stride), layout.element(element))[..., :columns]
+    shape, columns = _aux_allocation(layout, lead, m, n)
+    buffer = allocate(shape, layout.element(element))
+    return buffer if columns is None else buffer[..., :columns]
 
 
 def _forward_plan(x: Any, weight: Any, x_facts: tuple, weight_layout: str, tf32: bool,
@@ -129,9 +136,8 @@ class _TorchAux(NamedTuple):
     @classmethod
     def of(cls, desc: LinearDescriptor) -> _TorchAux:
         layout = desc.aux_layout
-        columns, stride = layout.columns(desc.n), layout.row_stride(desc.n)
-        return cls((*desc.lead, desc.m, stride), TORCH_DTYPES[layout.element(desc.element)],
-                   None if stride == columns else columns, layout.mask)
+        shape, columns = _aux_allocation(layout, desc.lead, desc.m, desc.n)
+        return cls(shape, TORCH_DTYPES[layout.element(desc.element)], columns, layout.mask)
 
     def new(self, device: Any) -> Any:
         torch = sys.modules["torch"]
