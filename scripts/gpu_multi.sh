@@ -14,6 +14,9 @@
 #        others:0/2 376 s (the example's half now), others:1/2 248 s, sdpa 51 s, varlen 55 s,
 #        decode 56 s, linear 11 s, alibi 45 s, kv_append 6 s: the halves below are about 430 s
 #        and 420 s there (the former split, with every family after others:0/2, ran out).
+#        Measured with these halves (seventeenth session, call 1, 2x H100): others:0/2 435 s +
+#        sdpa 59 s; others:1/2 271 s, varlen 73 s, decode 76 s, linear 14 s, alibi 45 s,
+#        kv_append 7 s; the stage ended 511 s after it began.
 set -u
 stages=${*:-multi ddp}
 source "$(dirname "$0")/device_prelude.sh"
