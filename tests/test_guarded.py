@@ -184,8 +184,15 @@ def test_the_functional_forms_aux_takes_the_guarded_path_and_a_mask_starts_zeroe
     assert len(linear_form._TORCH_CALLS) == 1
     assert torch.equal(out, again_out) and torch.equal(aux, again_aux)
     assert bool(made) == (activation == "relu")
+    # The full path (an out= given) asks for the mask zeroed too, through operands.allocate.
+    asked = []
+    real_allocate = linear_form.operands.allocate
+    monkeypatch.setattr(linear_form.operands, "allocate",
+                        lambda *a, zeroed=False, **k: asked.append(zeroed)
+                        or real_allocate(*a, zeroed=zeroed, **k))
     full_out, full_aux = opfacade.linear(x, w, b, activation=activation, save_aux=True,
                                          out=torch.empty(6, 13))
+    assert asked == [activation == "relu"]
     assert torch.equal(out, full_out) and torch.equal(aux, full_aux)
     assert aux.stride() == full_aux.stride() and aux.dtype == full_aux.dtype
     with pytest.raises(opfacade.errors.InvalidProblem, match="needs an activation"):

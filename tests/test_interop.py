@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from opfacade._internal import device, interop, memory
+from opfacade._internal import device, interop, memory, operands
 from opfacade._internal.device import Devices
 from opfacade._internal.streams import (
     StreamObjects,
@@ -824,6 +824,18 @@ def test_allocate_like():
     error = raises(Unsupported, "bf16", memory.allocate_like, (2,), E.bf16, 0, "cupy", 0)
     assert error.__class__ is Unsupported
     raises(Unsupported, "fp8_e4m3", memory.allocate_like, (2,), E.fp8_e4m3, 0, "jax", 0)
+
+
+def test_allocate_like_zeroed():
+    # An output whose kernel leaves some bytes as it found them (a ReLU bit-mask) asks for zeros.
+    torch = pytest.importorskip("torch")
+    for package in ("numpy", "torch"):
+        out = memory.allocate_like((3, 5), E.u8, None, package, 0, zeroed=True)
+        assert out.shape == (3, 5) and not out.any()
+    like = torch.full((2, 4), 3.0)
+    facts = operands.facts(like, "like")
+    zeroed = operands.allocate(like, facts, (4, 2), E.f32, None, (1, 4), zeroed=True)
+    assert zeroed.stride() == (1, 4) and not zeroed.any()
 
 
 # ----------------------------------------------------------------------------- import hygiene

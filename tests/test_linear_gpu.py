@@ -394,3 +394,59 @@ def test_cached_plan_shows_its_algorithm_and_reruns_without_rebuilding():
     arch_plan = Plan.select(desc, arch="sm90") if plan.target.arch.covers(ArchSku.sm90) else None
     if arch_plan is not None:
         assert arch_plan.algorithm is not None  # chosen on the current GPU on first use
+
+
+@pytest.mark.parametrize("framework", ["cupy", "torch stream", "torch out"])
+def test_a_relu_mask_the_functional_form_allocates_starts_zeroed(framework):
+    """The functional form's ReLU bit-mask off the guarded path (CuPy arrays, a named stream, an
+    ``out=``): allocated zeroed in the call's stream order, as the guarded path's is, because
+    its last byte holds bits past N that cuBLASLt leaves as it found them. So the mask is the
+    same bits whatever the allocator's memory held before."""
+    import cupy
+
+    rng = np.random.default_rng(21)
+    values = [rng.standard_normal(shape) for shape in ((24, 40), (77, 40), (77,))]
+    if framework == "cupy":
+        stream = cupy.cuda.Stream(non_blocking=True)
+        x, w, b = (cupy.asarray(v, dtype=cupy.float16) for v in values)
+
+        def dirty(fill):  # the pool's next blocks of this size hold `fill`
+            with stream:
+                cupy.full(1 << 16, fill, dtype=cupy.uint8)
+
+        def call():
+            return opfacade.ops.linear.linear(x, w, b, activation="relu", save_aux=True,
+                                              stream=stream)
+
+        def bits(aux):
+            stream.synchronize()
+            return aux.get().tobytes()
+    else:
+        torch = pytest.importorskip("torch")
+        stream = torch.cuda.Stream()
+        x, w, b = (torch.tensor(v, dtype=torch.bfloat16, device="cuda") for v in values)
+
+        def dirty(fill):
+            with torch.cuda.stream(stream):
+                torch.empty(1 << 16, dtype=torch.uint8, device="cuda").fill_(fill)
+            torch.empty(1 << 16, dtype=torch.uint8, device="cuda").fill_(fill)
+
+        def call():
+            if framework == "torch out":
+                return opfacade.ops.linear.linear(x, w, b, activation="relu", save_aux=True,
+                                                  out=torch.empty(24, 77, dtype=x.dtype,
+                                                                  device="cuda"))
+            return opfacade.ops.linear.linear(x, w, b, activation="relu", save_aux=True,
+                                              stream=stream)
+
+        def bits(aux):
+            torch.cuda.synchronize()
+            return aux.cpu().numpy().tobytes()
+    seen = set()
+    for fill in (0xFF, 0x00, 0xA5):
+        dirty(fill)
+        out, aux = call()
+        seen.add(bits(aux))
+    assert len(seen) == 1
+    rows = np.frombuffer(seen.pop(), dtype=np.uint8).reshape(24, -1)
+    assert not np.unpackbits(rows, axis=-1, bitorder="little")[:, 77:].any()  # past N: zeros

@@ -254,8 +254,11 @@ def allocate_like(
     device: int | None,
     package: str,
     stream: int,
+    zeroed: bool = False,
 ) -> object:
     """An uninitialised array for an output: a torch tensor for torch, else a CuPy array.
+    ``zeroed``: filled with zeros instead, in ``stream``'s order (an output whose kernel leaves
+    some of its bytes as it found them).
 
     ``device=None`` (host memory) gives a CPU torch tensor for torch, else a NumPy array
     (bf16/fp8 through ml_dtypes); ``stream`` is then ignored.
@@ -270,13 +273,15 @@ def allocate_like(
 
         dtype = TORCH_DTYPES[element]
         if device is None:
-            return torch.empty(shape, dtype=dtype)
+            return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype)
         with _on_torch_stream(torch, stream, device):
+            if zeroed:
+                return torch.zeros(shape, dtype=dtype, device=_TORCH_DEVICES[device])
             return torch_empty(torch, shape, dtype, _TORCH_DEVICES[device])
     if device is None:
         import numpy as np
 
-        return np.empty(shape, dtype=numpy_dtype(element))
+        return (np.zeros if zeroed else np.empty)(shape, dtype=numpy_dtype(element))
     if element not in _CUPY_ELEMENTS:
         raise Unsupported(
             f"CuPy cannot hold {element.value} arrays, so opfacade cannot allocate a "
@@ -285,7 +290,8 @@ def allocate_like(
     import cupy
 
     with cupy.cuda.Device(device), cupy_stream(stream, device):
-        return cupy.empty(shape, dtype=dtype_name(element))
+        # cupy.zeros fills on the current stream: the one entered here.
+        return (cupy.zeros if zeroed else cupy.empty)(shape, dtype=dtype_name(element))
 
 
 class OutputAllocator:
@@ -308,9 +314,13 @@ class OutputAllocator:
         self._torch_device = None
         self.stream = resolve_stream(stream, self.owner, self.device)
 
-    def __call__(self, shape: tuple[int, ...], element: ElementKind) -> object:
+    def __call__(self, shape: tuple[int, ...], element: ElementKind, zeroed: bool = False
+                 ) -> object:
         if self._torch_device is not None:
             import torch
 
+            if zeroed:
+                return torch.zeros(tuple(shape), dtype=TORCH_DTYPES[element],
+                                   device=self._torch_device)
             return torch_empty(torch, tuple(shape), TORCH_DTYPES[element], self._torch_device)
-        return allocate_like(shape, element, self.device, self.owner, self.stream)
+        return allocate_like(shape, element, self.device, self.owner, self.stream, zeroed)

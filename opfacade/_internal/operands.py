@@ -49,22 +49,24 @@ def device_of(array_facts: tuple) -> int | str:
 
 
 def allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], element: ElementKind,
-             stream: Any, strides: tuple[int, ...] | None = None) -> Any:
+             stream: Any, strides: tuple[int, ...] | None = None, zeroed: bool = False) -> Any:
     """An uninitialised output of ``shape`` (element ``strides``, C order by default) beside
     ``like``: from torch's caching allocator on the current stream when ``like`` is a plain
     torch tensor and no stream is named (nothing to resolve or switch), else through
-    OutputAllocator (the stream's pool of like's framework)."""
+    OutputAllocator (the stream's pool of like's framework). ``zeroed``: filled with zeros in
+    that stream's order instead."""
     if stream is None and is_plain_torch(like_facts):
         torch = sys.modules["torch"]  # like is a torch tensor: torch is imported
         # C order (strides None): no strides to compute on this per-call path.
-        return torch_empty(torch, shape, TORCH_DTYPES[element], like.device, strides)
+        output = torch_empty(torch, shape, TORCH_DTYPES[element], like.device, strides)
+        return output.zero_() if zeroed else output
 
     view = wrap(like, "like")
     output = OutputAllocator(view, stream)
     if strides is None or tuple(strides) == c_strides(shape):
-        return output(shape, element)
+        return output(shape, element, zeroed)
     # Another dense order: allocate in memory order, then index it as asked.
     order = sorted(range(len(shape)), key=lambda axis: -strides[axis])
-    memory = output(tuple(shape[axis] for axis in order), element)
+    memory = output(tuple(shape[axis] for axis in order), element, zeroed)
     inverse = tuple(order.index(axis) for axis in range(len(shape)))
     return memory.permute(*inverse) if output.owner == "torch" else memory.transpose(inverse)

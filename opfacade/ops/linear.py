@@ -94,11 +94,12 @@ def _aux_allocation(layout: AuxLayout, lead: tuple, m: int, n: int
 
 
 def aux_buffer(layout: AuxLayout, element: ElementKind, lead: tuple, m: int, n: int,
-               allocate: Callable[[tuple, ElementKind], Any]) -> Any:
+               allocate: Callable[[tuple, ElementKind, bool], Any]) -> Any:
     """An aux whose rows cuBLASLt accepts: allocated with padded rows, returned as a view. Takes
-    extents rather than a descriptor so that torch's fake kernels (symbolic sizes) share it."""
+    extents rather than a descriptor so that torch's fake kernels (symbolic sizes) share it.
+    ``allocate(shape, element, zeroed)``: a ReLU bit-mask is asked for zeroed (see _TorchAux)."""
     shape, columns = _aux_allocation(layout, lead, m, n)
-    buffer = allocate(shape, layout.element(element))
+    buffer = allocate(shape, layout.element(element), layout.mask)
     return buffer if columns is None else buffer[..., :columns]
 
 
@@ -195,7 +196,8 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
             and (bias is None or type(bias) in PLAIN_TORCH_TYPES) and residual is None
             and weight_layout == "nk" and not tf32 and (not save_aux or _has_aux(activation))
             and out is None and aux is None and stream is None):
-        # The aux too, where asked: a ReLU mask zeroed there (_TorchAux), so its bits repeat.
+        # The aux too, where asked: a ReLU mask zeroed there (_TorchAux), so its bits repeat,
+        # as aux_buffer's are below.
         result = torch_forward(x, weight, bias, activation, deterministic, save_aux)
         return result if save_aux else result[0]
     x_facts = operands.facts(x, "x")
@@ -203,8 +205,8 @@ def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
                          residual is not None, save_aux, deterministic)
     desc = plan.descriptor
 
-    def allocate(shape: tuple[int, ...], element: ElementKind) -> Any:
-        return operands.allocate(x, x_facts, shape, element, stream)
+    def allocate(shape: tuple[int, ...], element: ElementKind, zeroed: bool = False) -> Any:
+        return operands.allocate(x, x_facts, shape, element, stream, zeroed=zeroed)
 
     out = allocate(desc.out_shape, desc.element) if out is None else out
     if save_aux and aux is None:

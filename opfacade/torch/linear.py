@@ -42,7 +42,7 @@ def _fake_aux(x: torch.Tensor, weight: torch.Tensor, activation: str) -> torch.T
     if layout is None:
         return absent(x, torch.uint8)
 
-    def allocate(shape, kind):
+    def allocate(shape, kind, zeroed):  # a fake tensor holds no bytes to zero
         return torch.empty(shape, dtype=torch_dtype(kind), device=x.device)
 
     return functional.aux_buffer(layout, element_of(x, "x"), (), x.shape[0], weight.shape[0],
