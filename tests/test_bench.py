@@ -384,3 +384,27 @@ def test_rows_are_plain_data_for_the_json_record():
                    graph_ms={"ours": 0.9}, host_bound=["p"])
     assert set(vars(row)) == {"op", "case", "ours_ms", "figure", "peers_ms", "notes", "host_ms",
                               "graph_ms", "host_bound"}
+
+
+def test_first_untimed_leaves_out_each_batchs_first_call(monkeypatch):
+    # A call that is slow only as the first after a wait on the GPU (the host's wake-up): each
+    # batch's figure counts it, unless its first call runs before the clock starts.
+    import time
+
+    waited = [False]
+    runtime = types.SimpleNamespace(deviceSynchronize=lambda: waited.__setitem__(0, True))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=runtime)))
+    calls = []
+
+    def step():
+        calls.append(waited[0])
+        if waited[0]:
+            waited[0] = False
+            time.sleep(0.004)
+
+    batch = common.host_us_interleaved({"step": step}, calls=4, rounds=3)["step"]
+    steady = common.host_us_interleaved({"step": step}, calls=4, rounds=3,
+                                        first_untimed=True)["step"]
+    assert batch >= 1000 > steady  # 4 ms over 4 calls, against calls that do nothing
+    assert len(calls) == 2 * 4 + 3 * 4 + 3 * 5  # warm-ups, then the batches

@@ -105,12 +105,18 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
-def host_us_interleaved(fns: dict[str, Callable[[], object]], calls: int, rounds: int = 7
-                        ) -> dict[str, float]:
+def host_us_interleaved(fns: dict[str, Callable[[], object]], calls: int, rounds: int = 7,
+                        first_untimed: bool = False) -> dict[str, float]:
     """Median host microseconds per call of each function: every round times a batch of
     ``calls`` back-to-back calls of each in turn (rotating the order), the GPU idle at the start
     of each batch. Batches must be short enough never to fill the launch queue, or the figure
-    becomes the GPU's time instead of the host's."""
+    becomes the GPU's time instead of the host's.
+
+    ``first_untimed``: each batch's first call runs before the clock starts, so the figure is
+    what the calls after it cost. The first call after the host's wait on the GPU cost 12-150 us
+    on an H100 host where the next ones cost 5-12 (the longer the wait, the more;
+    scripts/host_batch_probe.py, catalog/probes/host_batch_probe_H100.json): in a batch of 20
+    that one call adds up to 7 us a call."""
     import time
 
     import cupy
@@ -124,6 +130,8 @@ def host_us_interleaved(fns: dict[str, Callable[[], object]], calls: int, rounds
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             fn = fns[name]
             cupy.cuda.runtime.deviceSynchronize()
+            if first_untimed:
+                fn()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
@@ -214,6 +222,19 @@ SUSPECT_FRACTION = 0.5
 PLAUSIBLE_FRACTION = 0.5
 # Rows with a suspect are timed again from CUDA graphs unless `opfacade bench --no-graphs`.
 RETIME_IN_GRAPHS = True
+
+
+def step_host_note(run_call: Callable[[], object], step: Callable[[], object]) -> str:
+    """The decode and kv_append rows' host figures (issue 13 §5): run() with a workspace and the
+    prepared step, each timed in batches of HOST_CALLS begun on an idle GPU, and again with each
+    batch's first call untimed: the host's wake-up from its wait on the GPU, which that first
+    call pays, left out (host_us_interleaved's first_untimed)."""
+    fns = {"run": run_call, "step": step}
+    batch = host_us_interleaved(fns, HOST_CALLS)
+    steady = host_us_interleaved(fns, HOST_CALLS, first_untimed=True)
+    return (f"host per call: run() {batch['run']:.1f} us, prepared step() {batch['step']:.1f} "
+            f"us; after each batch's first call: run() {steady['run']:.1f} us, prepared step() "
+            f"{steady['step']:.1f} us")
 
 
 def suspects(gpu_ms: dict[str, float], host_ms: dict[str, float]) -> list[str]:

@@ -33,7 +33,7 @@ from ..ops.decode_attention import (
     DecodeAttentionDescriptor,
     DecodeAttentionPlan,
 )
-from .common import HOST_CALLS, BenchRow, host_us_interleaved, time_contestants, time_ms
+from .common import BenchRow, step_host_note, time_contestants, time_ms
 from .cudnn_peers import RawCudnn, first_line
 from .decode_peers import Peer, build_peers, cudnn_paged, torch_sdpa
 
@@ -280,9 +280,7 @@ def _row(torch, raw: RawCudnn, case: DecodeCase, copy_rate: float, reps: int) ->
         return peers_only_row(OP, case.label, fns, reps, figure, notes)
     run_call, step = ours
     notes += _differences(p, peers)
-    host = host_us_interleaved({"run": run_call, "step": step}, HOST_CALLS)
-    notes.append(f"host per call: run() {host['run']:.1f} us, prepared step() "
-                 f"{host['step']:.1f} us")
+    notes.append(step_host_note(run_call, step))
     timings = time_contestants({"ours": run_call, **fns}, reps)
     notes.append(_against_same_bytes(torch, kv_bytes(p.lengths), timings.gpu_ms["ours"], reps))
     return timings.row(OP, case.label, figure, "; ".join(notes))

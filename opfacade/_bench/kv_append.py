@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops.kv_append import KvAppendArgs, KvAppendDescriptor, KvAppendPlan
-from .common import HOST_CALLS, BenchRow, Timings, host_us_interleaved, time_contestants
+from .common import BenchRow, Timings, step_host_note, time_contestants
 from .cudnn_peers import first_line
 from .decode_attention import CacheShape, our_calls, page_order, peers_only_row
 
@@ -191,9 +191,7 @@ def _row(torch, case: AppendCase, reps: int) -> BenchRow:
     if ours is None:
         return peers_only_row(OP, case.label, fns, reps, figure, notes)
     run_call, step = ours
-    host = host_us_interleaved({"run": run_call, "step": step}, HOST_CALLS)
-    notes.append(f"host per call: run() {host['run']:.1f} us, prepared step() "
-                 f"{host['step']:.1f} us")
+    notes.append(step_host_note(run_call, step))
     timings = time_contestants({"ours": run_call, **fns}, reps)
     return timings.row(OP, case.label, figure, "; ".join(notes))
 
