@@ -860,3 +860,15 @@ def test_host_buffer_is_plain_ctypes_memory():
     view = TensorView(ctypes.addressof(buffer), (2, 3), (3, 1), E.i32, None, "dlpack",
                       (buffer, None))
     assert as_numpy(view).tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_torch_empty_takes_every_shape_form():
+    # Tuples go to torch.empty as separate extents (faster to parse); an int (scratch bytes), a
+    # torch.Size, the empty shape and strides take torch's other forms.
+    torch = pytest.importorskip("torch")
+    for shape in ((3, 5), (7,), 11, torch.Size((2, 4)), ()):
+        out = memory.torch_empty(torch, shape, torch.float32, torch.device("cpu"))
+        assert tuple(out.shape) == ((shape,) if isinstance(shape, int) else tuple(shape))
+        assert out.dtype == torch.float32
+    strided = memory.torch_empty(torch, (4, 2), torch.float16, torch.device("cpu"), (1, 4))
+    assert strided.stride() == (1, 4)
