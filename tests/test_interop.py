@@ -870,5 +870,11 @@ def test_torch_empty_takes_every_shape_form():
         out = memory.torch_empty(torch, shape, torch.float32, torch.device("cpu"))
         assert tuple(out.shape) == ((shape,) if isinstance(shape, int) else tuple(shape))
         assert out.dtype == torch.float32
+        zeroed = memory.torch_empty(torch, shape, torch.float32, torch.device("cpu"),
+                                    zeroed=True)
+        assert zeroed.shape == out.shape and not zeroed.any()
     strided = memory.torch_empty(torch, (4, 2), torch.float16, torch.device("cpu"), (1, 4))
     assert strided.stride() == (1, 4)
+    zeroed = memory.torch_empty(torch, (4, 2), torch.float16, torch.device("cpu"), (1, 4),
+                                zeroed=True)
+    assert zeroed.stride() == (1, 4) and not zeroed.any()

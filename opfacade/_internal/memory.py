@@ -58,16 +58,20 @@ class _DeterministicFill:
 _FILL: list[_DeterministicFill] = []
 
 
-def torch_empty(torch, shape: tuple[int, ...], dtype, device, strides=None, *, like=None):
+def torch_empty(torch, shape: tuple[int, ...], dtype, device, strides=None, *, like=None,
+                zeroed: bool = False):
     """``torch.empty`` (``torch.empty_strided`` with ``strides``) for memory that opfacade's
     kernels write in full before anything reads it: an op's output or a run's scratch.
+    ``zeroed``: filled with zeros on the current stream instead, for an output whose kernel
+    leaves some of its bytes as it found them (cuBLASLt's ReLU bit-mask).
 
     ``like``: a dense tensor of exactly this shape, dtype, device and strides, allocated after as
     ``torch.empty_like(like)``, which keeps them and parses no arguments (1.55 us a call on the
     development host, where empty_strided with its keywords took 2.0). Without strides, a
     tuple's extents go to ``torch.empty`` as separate arguments: its parser took 1.9-2.0 us a
     call so on the development host, 2.9-3.0 us for the same tuple whole (sdpa's stats,
-    linear's aux).
+    linear's aux). Zeros without strides come from ``torch.zeros`` in that form (2.3 us there,
+    where empty then zero_ took 2.9).
 
     Under ``torch.use_deterministic_algorithms(True)`` torch fills every empty tensor (NaN,
     or the largest integer), so that a read of uninitialized memory repeats: a kernel launch
@@ -85,15 +89,18 @@ def torch_empty(torch, shape: tuple[int, ...], dtype, device, strides=None, *, l
         fill.set_fills(False)
     try:
         if like is not None:
-            return torch.empty_like(like)
-        if strides is None:
+            output = torch.empty_like(like)
+        elif strides is not None:
+            output = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        else:
+            make = torch.zeros if zeroed else torch.empty
             if type(shape) is tuple and shape:
-                return torch.empty(*shape, dtype=dtype, device=device)
-            return torch.empty(shape, dtype=dtype, device=device)  # an int, a Size, or ()
-        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                return make(*shape, dtype=dtype, device=device)
+            return make(shape, dtype=dtype, device=device)  # an int, a Size, or ()
     finally:
         if switched:
             fill.set_fills(True)
+    return output.zero_() if zeroed else output
 
 
 def _on_torch_stream(torch, stream: int, device: int) -> contextlib.AbstractContextManager:
@@ -280,9 +287,7 @@ def allocate_like(
         if device is None:
             return (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype)
         with _on_torch_stream(torch, stream, device):
-            if zeroed:
-                return torch.zeros(shape, dtype=dtype, device=_TORCH_DEVICES[device])
-            return torch_empty(torch, shape, dtype, _TORCH_DEVICES[device])
+            return torch_empty(torch, shape, dtype, _TORCH_DEVICES[device], zeroed=zeroed)
     if device is None:
         import numpy as np
 
@@ -324,8 +329,6 @@ class OutputAllocator:
         if self._torch_device is not None:
             import torch
 
-            if zeroed:
-                return torch.zeros(tuple(shape), dtype=TORCH_DTYPES[element],
-                                   device=self._torch_device)
-            return torch_empty(torch, tuple(shape), TORCH_DTYPES[element], self._torch_device)
+            return torch_empty(torch, tuple(shape), TORCH_DTYPES[element], self._torch_device,
+                               zeroed=zeroed)
         return allocate_like(shape, element, self.device, self.owner, self.stream, zeroed)

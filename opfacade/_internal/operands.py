@@ -58,8 +58,8 @@ def allocate(like: Any, like_facts: tuple, shape: tuple[int, ...], element: Elem
     if stream is None and is_plain_torch(like_facts):
         torch = sys.modules["torch"]  # like is a torch tensor: torch is imported
         # C order (strides None): no strides to compute on this per-call path.
-        output = torch_empty(torch, shape, TORCH_DTYPES[element], like.device, strides)
-        return output.zero_() if zeroed else output
+        return torch_empty(torch, shape, TORCH_DTYPES[element], like.device, strides,
+                           zeroed=zeroed)
 
     view = wrap(like, "like")
     output = OutputAllocator(view, stream)

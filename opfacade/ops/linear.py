@@ -141,10 +141,8 @@ class _TorchAux(NamedTuple):
         return cls(shape, TORCH_DTYPES[layout.element(desc.element)], columns, layout.mask)
 
     def new(self, device: Any) -> Any:
-        torch = sys.modules["torch"]
-        # Extents as separate arguments, which torch parses faster (see torch_empty).
-        buffer = (torch.zeros(*self.shape, dtype=self.dtype, device=device) if self.zeros
-                  else torch_empty(torch, self.shape, self.dtype, device))
+        buffer = torch_empty(sys.modules["torch"], self.shape, self.dtype, device,
+                             zeroed=self.zeros)
         return buffer if self.columns is None else buffer[..., :self.columns]
 
 
