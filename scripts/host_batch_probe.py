@@ -16,12 +16,11 @@ from __future__ import annotations
 import statistics
 import time
 
-import numpy as np
 import probe_record  # scripts/probe_record.py, beside this probe
 import torch
+from noop_launch import noop_kernel  # scripts/noop_launch.py, beside this probe
 
 from opfacade import DecodeAttentionArgs, DecodeAttentionPlan, KvAppendArgs, KvAppendPlan
-from opfacade._backends.nvrtc import decode as kernels
 from opfacade._backends.nvrtc.launch import PackedLaunch
 from opfacade._bench import decode_attention as decode_bench
 from opfacade._bench import kv_append as append_bench
@@ -31,10 +30,7 @@ ROUNDS = 9
 
 
 def _floor():
-    verdict = torch.empty(4, dtype=torch.int32, device="cuda")
-    args = (*kernels.DecodeCache("contiguous", False, 1, 1, 64, 64).args(0, 0, 0),
-            np.uint64(0), np.int32(0), np.int32(1), np.uint64(verdict.data_ptr()))
-    kernel = kernels.get_kernel(kernels.APPEND_SOURCE, "kv_cache_check", 0)
+    kernel, args, verdict = noop_kernel(torch)
     stream = torch.cuda.current_stream().cuda_stream
     return GraphedLaunches(lambda on: [PackedLaunch(kernel, (1,), (256,), args, on, 0)],
                            stream, 0), verdict

@@ -13,11 +13,10 @@ import ctypes
 import statistics
 import time
 
-import numpy as np
 import probe_record  # scripts/probe_record.py, beside this probe
 import torch
+from noop_launch import noop_kernel  # scripts/noop_launch.py, beside this probe
 
-from opfacade._backends.nvrtc import decode as kernels
 from opfacade._backends.nvrtc import launch as launching
 from opfacade._internal.driver import libcuda
 from opfacade._internal.graph_replay import GraphedLaunches
@@ -26,11 +25,7 @@ CALLS, ROUNDS = 200, 21
 
 
 def main() -> None:
-    # A kernel that does nothing: kv_cache_check over no sequence (as decode_variants' floor).
-    verdict = torch.empty(4, dtype=torch.int32, device="cuda")
-    args = (*kernels.DecodeCache("contiguous", False, 1, 1, 64, 64).args(0, 0, 0),
-            np.uint64(0), np.int32(0), np.int32(1), np.uint64(verdict.data_ptr()))
-    kernel = kernels.get_kernel(kernels.APPEND_SOURCE, "kv_cache_check", 0)
+    kernel, args, _verdict = noop_kernel(torch)
     stream = torch.cuda.current_stream().cuda_stream
 
     bare = launching.PackedLaunch(kernel, (1,), (256,), args, stream, 0)
