@@ -408,3 +408,40 @@ def test_first_untimed_leaves_out_each_batchs_first_call(monkeypatch):
                                         first_untimed=True)["step"]
     assert batch >= 1000 > steady  # 4 ms over 4 calls, against calls that do nothing
     assert len(calls) == 2 * 4 + 3 * 4 + 3 * 5  # warm-ups, then the batches
+
+
+# -- the host rows' torch training forward -------------------------------------------------------
+@pytest.mark.parametrize("choice", [1, 2, 3])
+def test_the_torch_training_forward_is_the_aten_op_of_torchs_choice_with_its_logsumexp(
+        monkeypatch, choice):
+    """Each backend F.sdpa may pick for inputs that require grad maps to the aten forward its
+    training graph calls, with the logsumexp asked for (compute_log_sumexp where the op has it),
+    and the call passes q, k, v through unchanged."""
+    torch = pytest.importorskip("torch")
+    from opfacade._bench import host
+
+    seen = []
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *t: seen.append(t) or choice)
+    q, k, v = (torch.randn(1, 1, 8, 8) for _ in range(3))
+    name, call = host.torch_training_forward(q, k, v)
+    assert all(t.requires_grad for t in seen[0])  # torch's choice for a training call
+    op = getattr(torch.ops.aten, name.removeprefix("aten.")).default
+    outputs = [r.name for r in op._schema.returns]
+    assert outputs[1] in ("logsumexp", "log_sumexp")
+    arguments = [a.name for a in op._schema.arguments]
+    _, extra = host._TRAINING_FORWARDS[choice]
+    bound = dict(zip(arguments[3:], extra, strict=False))
+    assert bound.get("compute_log_sumexp", True) is True and bound.get("attn_bias") is None
+    calls = []
+    monkeypatch.setattr(type(op), "__call__", lambda self, *a: calls.append(a))
+    call()
+    assert calls[0][:3] == (q, k, v) and calls[0][3:] == extra
+
+
+def test_the_math_backend_has_no_training_forward(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from opfacade._bench import host
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *t: 0)
+    q = torch.randn(1, 1, 8, 8)
+    assert host.torch_training_forward(q, q, q) == (None, None)

@@ -10,6 +10,31 @@ from .common import BenchRow, host_us_interleaved
 
 CALLS, ROUNDS = 200, 9
 
+# The forward torch's training graph calls, by the backend F.scaled_dot_product_attention picks
+# for inputs that require grad (torch.nn.attention.SDPBackend's values): each computes the
+# logsumexp its backward reads, as our training op saves the softmax stats. (The arguments
+# after q, k, v: attn_bias and compute_log_sumexp where the op has them.)
+_TRAINING_FORWARDS = {
+    1: ("_scaled_dot_product_flash_attention", ()),
+    2: ("_scaled_dot_product_efficient_attention", (None, True)),
+    3: ("_scaled_dot_product_cudnn_attention", (None, True)),
+}
+
+
+def torch_training_forward(q, k, v):
+    """(name, call): the aten op a graph torch compiled for training calls for F.sdpa(q, k, v)
+    (torch's choice for these tensors with requires_grad), with its logsumexp; (None, None)
+    where torch would choose the math backend, which has no such op."""
+    import torch
+
+    grad = [t.detach().requires_grad_() for t in (q, k, v)]
+    choice = int(torch._fused_sdp_choice(*grad))
+    if choice not in _TRAINING_FORWARDS:
+        return None, None
+    name, extra = _TRAINING_FORWARDS[choice]
+    op = getattr(torch.ops.aten, name).default
+    return f"aten.{name}", lambda: op(q, k, v, *extra)
+
 
 def _row(case: str, us: dict[str, float], ours: str, peers: dict[str, str], notes: str
          ) -> BenchRow:
@@ -39,7 +64,16 @@ def run(quick: bool = False) -> list[BenchRow]:
     linear_op, sdpa_op = torch.ops.opfacade.linear.default, torch.ops.opfacade.sdpa.default
     linear_inference = torch.ops.opfacade.linear_inference.default
     sdpa_inference = torch.ops.opfacade.sdpa_inference.default
-    us = host_us_interleaved({
+    training_forward, torch_training = torch_training_forward(q, k, v)
+    # Eager training calls: inputs that require grad, so each call also records its autograd
+    # node (and saves what the backward reads); the outputs are dropped, freeing the node.
+    xg, wg, bg, qg, kg, vg = (t.detach().requires_grad_() for t in (x, w, b, q, k, v))
+    extra = {} if torch_training is None else {"torch sdpa training forward": torch_training}
+    training_peer = {"torch training forward": "torch sdpa training forward"} if extra else {}
+    training_note = (f"torch training forward: {training_forward}, the op torch's graph "
+                     f"compiled for training calls, its logsumexp saved" if extra else
+                     "no torch training forward: torch picks its math backend here")
+    us = host_us_interleaved({**extra,
         "torch linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
         "linear functional": lambda: opfacade.linear(x, w, b, activation="gelu_tanh"),
         "linear torch op": lambda: oft.linear(x, w, b, activation="gelu_tanh"),
@@ -57,6 +91,10 @@ def run(quick: bool = False) -> list[BenchRow]:
         "linear dispatched": lambda: linear_op(x, w, b, "gelu_tanh", True, False),
         "sdpa dispatched": lambda: sdpa_op(q, k, v, None, False, None, 0.0, None, None, True,
                                            False),
+        "torch linear grad": lambda: F.gelu(F.linear(xg, wg, bg), approximate="tanh"),
+        "linear torch op grad": lambda: oft.linear(xg, wg, bg, activation="gelu_tanh"),
+        "torch sdpa grad": lambda: F.scaled_dot_product_attention(qg, kg, vg),
+        "sdpa torch op grad": lambda: oft.sdpa(qg, kg, vg),
         "sdpa run": lambda: att_plan.run(att_args),
         "sdpa run ws": lambda: att_plan.run(att_args, workspace=att_ws),
     }, calls=CALLS // 4 if quick else CALLS, rounds=3 if quick else ROUNDS)
@@ -80,9 +118,16 @@ def run(quick: bool = False) -> list[BenchRow]:
              {"torch": "torch linear"}, f"the training op through torch's dispatcher, as a "
              f"graph compiled for training calls its forward (the GELU aux saved); {peer}"),
         _row(f"{attention}, torch.ops.opfacade.sdpa", us, "sdpa dispatched",
-             {"torch": "torch sdpa"}, "the training op through torch's dispatcher, as a graph "
-             "compiled for training calls its forward (the softmax stats saved); torch "
-             "F.scaled_dot_product_attention"),
+             {"torch": "torch sdpa", **training_peer}, "the training op through torch's "
+             "dispatcher, as a graph compiled for training calls its forward (the softmax "
+             f"stats saved); torch: F.scaled_dot_product_attention; {training_note}"),
+        _row(f"{linear}, oft.linear with grad", us, "linear torch op grad",
+             {"torch": "torch linear grad"}, f"eager training: inputs that require grad, each "
+             f"call recording its autograd node; {peer} on the same inputs"),
+        _row(f"{attention}, oft.sdpa with grad", us, "sdpa torch op grad",
+             {"torch": "torch sdpa grad"}, "eager training: inputs that require grad, each "
+             "call recording its autograd node; torch F.scaled_dot_product_attention on the "
+             "same inputs"),
         _row(f"{linear}, run() without a workspace", us, "linear run",
              {"run() with one": "linear run ws"},
              f"+{us['linear run'] - us['linear run ws']:.1f} us over run() with a workspace "
