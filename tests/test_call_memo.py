@@ -385,3 +385,29 @@ def test_retarget_keeps_which_arguments_an_output_meets():
     assert retarget({"x": base, "out": base}) is None  # out would meet x
     assert retarget({"x": base + 16, "out": base + 4096}) is None  # another alignment residue
     assert retarget({"x": base}) is None  # not the checked call's arguments
+
+
+def test_calls_alternating_at_one_address_each_keep_their_launch(guarded):
+    """Two calls on the same storage whose tensors differ in what the guard checks (a view
+    with requires_grad set, another shape in a reused buffer) each find their own launch again
+    after the first check: they do not replace each other's (a launch carries its count towards
+    a CUDA-graph capture). Past SHADOWED earlier calls, the oldest is dropped."""
+    checked = Counting()
+    memo = CallMemo(checked, guarded)
+    storage = torch.rand(40)
+    plain = _args(x=storage[:24].view(6, 4))
+    grad = _with_x(plain, storage[:24].view(6, 4).detach().requires_grad_())
+    shorter = _with_x(plain, storage[:20].view(5, 4))
+    launches = {}
+    for args in (plain, grad, shorter):
+        assert not _hits(memo, checked, args)
+        launches[id(args)] = memo.launch_for(args, None, STREAM)
+    for _ in range(3):
+        for args in (grad, plain, shorter):
+            assert _hits(memo, checked, args)
+            assert memo.launch_for(args, None, STREAM) is launches[id(args)]
+    assert len(checked.calls) == 3
+    shapes = [_with_x(plain, storage[:4 * rows].view(rows, 4)) for rows in (1, 2, 3)]
+    for args in shapes:
+        assert not _hits(memo, checked, args)
+    assert _hits(memo, checked, shapes[0]) and not _hits(memo, checked, plain)

@@ -124,6 +124,39 @@ def test_runs_on_the_same_tensors_replay_and_a_callers_capture_gets_the_launches
         assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True)), call
 
 
+def test_runs_alternating_at_one_address_keep_their_replays(monkeypatch):
+    """Two calls on the same tensors' memory that the memo's guard tells apart (views with
+    requires_grad set, as a framework's autograd path and its no-grad path hold them) each keep
+    their prepared call: after both have been captured, alternating between them launches
+    nothing directly, and every call writes the same bits."""
+    from opfacade._internal import graph_replay
+
+    direct = []
+    launch_direct = graph_replay.GraphedLaunches._launch_direct
+    monkeypatch.setattr(graph_replay.GraphedLaunches, "_launch_direct",
+                        lambda self: direct.append(self) or launch_direct(self))
+    desc = SdpaDescriptor(**SHAPE, save_stats=True)
+    plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=0)
+    args = _forward(desc)
+    _fill(torch.Generator(device="cuda").manual_seed(3), args.q, args.k, args.v)
+    views = SdpaArgs(*(t.detach().requires_grad_() for t in (args.q, args.k, args.v)),
+                     args.out, args.stats)
+    assert views.q.data_ptr() == args.q.data_ptr()
+    plan.run(args)
+    torch.cuda.synchronize()
+    want = args.out.clone(), args.stats.clone()
+    for call in (args, views, args, views):  # each: a direct launch, then its capture
+        plan.run(call)
+    warm = len(direct)
+    for round_ in range(3):
+        for call in (args, views):
+            args.out.zero_()
+            plan.run(call)
+            torch.cuda.synchronize()
+            assert torch.equal(args.out, want[0]) and torch.equal(args.stats, want[1]), round_
+    assert len(direct) == warm  # every alternating call replayed its own graph
+
+
 def test_a_prepared_linear_with_its_epilogue_replays_over_new_contents():
     from opfacade.ops.linear import LinearArgs, LinearDescriptor, LinearForwardPlan
 

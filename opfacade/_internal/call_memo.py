@@ -447,11 +447,16 @@ class CallMemo:
     (launch, retarget), holding no user object; it raises the typed error for a bad call.
     ``reader`` reads the keys (a fresh ``ArgumentReader`` by default: two memos share nothing).
     Each thread also keeps, per all-torch pattern, device and stream, the last few checked
-    calls' guards and retargets (``RETARGETS`` of them), for calls at new addresses.
+    calls' guards and retargets (``RETARGETS`` of them), for calls at new addresses; and, per
+    key, the launches of up to ``SHADOWED`` earlier calls at the same addresses whose tensors
+    differ in what the guard checks (a view with requires_grad set, another shape in a reused
+    buffer). Calls alternating between those find their own launch again, and with it its count
+    towards a CUDA-graph capture (graph_replay), instead of replacing each other's.
     """
 
     CAPACITY = 256
     RETARGETS = 4
+    SHADOWED = 3
 
     def __init__(self, checked: Callable[[object, object, object], Checked],
                  reader: ArgumentReader | None = None) -> None:
@@ -459,12 +464,12 @@ class CallMemo:
         self.reader = ArgumentReader() if reader is None else reader
         self._local = threading.local()
 
-    def _state(self) -> tuple[dict, dict, dict]:
-        """This thread's (table, patterns, retargets)."""
+    def _state(self) -> tuple[dict, dict, dict, dict]:
+        """This thread's (table, patterns, retargets, shadowed)."""
         try:
             return self._local.state
         except AttributeError:
-            self._local.state = ({}, {}, {})
+            self._local.state = ({}, {}, {}, {})
             return self._local.state
 
     def table(self) -> dict[tuple, tuple]:
@@ -477,9 +482,9 @@ class CallMemo:
         (Retarget); else the call checked in full, stored with a guard built from its tensors.
         None when the call has no key (run() then checks in full)."""
         try:
-            table, patterns, retargets = self._local.state
+            table, patterns, retargets, shadowed = self._local.state
         except AttributeError:
-            table, patterns, retargets = self._state()
+            table, patterns, retargets, shadowed = self._state()
         pattern = patterns.get(type(args))
         key = None
         if pattern is not None:
@@ -491,8 +496,12 @@ class CallMemo:
             if type(key[0]) is _TorchCall:
                 patterns[type(args)] = key[0]
         entry = table.get(key)
-        if entry is not None and (entry[1] is None or entry[1].check(*tensors)):
-            return entry[0]
+        if entry is not None:
+            if entry[1] is None or entry[1].check(*tensors):
+                return entry[0]
+            launch = self._shadowed_launch(table, shadowed, key, entry, tensors)
+            if launch is not None:
+                return launch
         # The key of an all-torch call without its addresses: (pattern, device, stream).
         family = ((key[0], key[1], key[4]) if type(key[0]) is _TorchCall and workspace is None
                   else None)
@@ -501,20 +510,40 @@ class CallMemo:
                 if guard.check(*tensors):
                     launch = retarget(dict(zip(key[0].names, key[2], strict=True)))
                     if launch is not None:
-                        self._store(table, key, launch, guard)
+                        self._store(table, shadowed, key, launch, guard)
                         return launch
         checked = self._checked(args, workspace, stream)  # a bad call raises: nothing is stored
         guard = self.reader.guard(tensors)
         if guard is False:
             return checked.launch
-        self._store(table, key, checked.launch, guard)
+        self._store(table, shadowed, key, checked.launch, guard)
         if family is not None and guard is not None and checked.retarget is not None:
             known = retargets.setdefault(family, [])
             known.insert(0, (guard, checked.retarget))
             del known[self.RETARGETS:]
         return checked.launch
 
-    def _store(self, table: dict, key: tuple, launch: Callable[[], None], guard) -> None:
+    @staticmethod
+    def _shadowed_launch(table: dict, shadowed: dict, key: tuple, entry: tuple, tensors: tuple
+                         ) -> Callable[[], None] | None:
+        """The launch of an earlier call at these addresses whose guard passes ``tensors``, made
+        the key's entry again (``entry``, whose guard failed, shadowed in its place); else
+        None."""
+        earlier = shadowed.get(key, ())
+        for i, (launch, guard) in enumerate(earlier):
+            if guard.check(*tensors):
+                shadowed[key] = (entry, *earlier[:i], *earlier[i + 1:])
+                table[key] = (launch, guard)
+                return launch
+        return None
+
+    def _store(self, table: dict, shadowed: dict, key: tuple, launch: Callable[[], None],
+               guard) -> None:
         if len(table) >= self.CAPACITY:
             table.clear()
+            shadowed.clear()
+        previous = table.get(key)
+        if previous is not None and previous[1] is not None and guard is not None:
+            # A call at the same addresses that the entry's guard refused: both kept.
+            shadowed[key] = (previous, *shadowed.get(key, ()))[:self.SHADOWED]
         table[key] = (launch, guard)
