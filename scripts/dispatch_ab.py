@@ -43,6 +43,17 @@ def host_us(fn, calls: int = 200, repeats: int = 25) -> float:
     return statistics.median(runs)
 
 
+def report_host_us(cases: dict) -> dict[str, float]:
+    """Each case's host_us, printed as it is timed, then written with the device's name as the
+    report (gpt_profile.write_report): the pieces probes' common ending."""
+    rows = {}
+    for name, fn in cases.items():
+        rows[name] = round(host_us(fn), 2)
+        print(f"{rows[name]:7.2f} us  {name}", flush=True)
+    write_report({"device": torch.cuda.get_device_name(), "host_us": rows})
+    return rows
+
+
 def main() -> int:
     linear = importlib.import_module("opfacade.torch.linear")
     sdpa = importlib.import_module("opfacade.torch.sdpa")

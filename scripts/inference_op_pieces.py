@@ -12,8 +12,7 @@ from __future__ import annotations
 import importlib
 
 import torch
-from dispatch_ab import host_us  # this directory is on sys.path
-from gpt_profile import write_report
+from dispatch_ab import report_host_us  # this directory is on sys.path
 
 import opfacade
 import opfacade.torch as oft
@@ -76,11 +75,7 @@ def main() -> int:
             LinearArgs(x, w, b, None, l_sel.empty())),
         "python call of nothing": noop,
     }
-    rows = {}
-    for name, fn in cases.items():
-        rows[name] = round(host_us(fn), 2)
-        print(f"{rows[name]:7.2f} us  {name}", flush=True)
-    write_report({"device": torch.cuda.get_device_name(), "host_us": rows})
+    report_host_us(cases)
     return 0
 
 

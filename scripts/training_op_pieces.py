@@ -15,8 +15,7 @@ import importlib
 import sys
 
 import torch
-from dispatch_ab import host_us  # this directory is on sys.path
-from gpt_profile import write_report
+from dispatch_ab import report_host_us  # this directory is on sys.path
 
 from opfacade._bench.host import torch_training_forward
 from opfacade.ops import linear as flinear
@@ -94,11 +93,7 @@ def main() -> int:
     x, w, b = (torch.randn(64, 64, **bf16), torch.randn(64, 64, **bf16),
                torch.randn(64, **bf16))
     cases = {**sdpa_cases(q, k, v), **linear_cases(x, w, b), "python call of nothing": lambda: None}
-    rows = {}
-    for name, fn in cases.items():
-        rows[name] = round(host_us(fn), 2)
-        print(f"{rows[name]:7.2f} us  {name}", flush=True)
-    write_report({"device": torch.cuda.get_device_name(), "host_us": rows})
+    report_host_us(cases)
     return 0
 
 
