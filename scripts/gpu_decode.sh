@@ -12,6 +12,7 @@ if wants tests; then
     timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-15} \
         tests/test_decode_attention_gpu.py tests/test_kv_append_gpu.py tests/test_precision_gpu.py \
         -k "${TESTS_K:-decode or kv_append}" 2>&1 | tee "$OUT/pytest_decode.log" | quiet | tail -${TESTS_TAIL:-60}
+    exited
 fi
 if wants verify; then
     stage verify

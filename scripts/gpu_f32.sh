@@ -79,6 +79,7 @@ if wants tests; then
     timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -q -p no:cacheprovider --maxfail=12 \
         tests/test_varlen_attention_gpu.py tests/test_precision_gpu.py -k "${TESTS_K:-f32}" \
         2>&1 | tee "$OUT/pytest_f32.log" | quiet | tail -30
+    exited
 fi
 if wants profile; then
     stage profile

@@ -27,6 +27,7 @@ if wants multi; then
     stage multi
     timeout ${MULTI_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs tests/test_multi_gpu_gpu.py \
         tests/test_example_ddp_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" | quiet | tail -40
+    exited
 fi
 if wants ddp; then
     stage ddp
@@ -55,6 +56,7 @@ if wants suite; then
             CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m pytest -q -p no:cacheprovider \
                 -p no:warnings -rfE $files 2>&1 | tee -a "$OUT/suite_gpu${gpu}_full.log" \
                 | quiet | tail -${SUITE_TAIL:-8}
+            exited
         done > "$OUT/suite_gpu$gpu.log" 2>&1
     }
     half 0 ${HALF0:-others:0/2 sdpa} &

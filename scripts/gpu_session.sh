@@ -23,6 +23,7 @@ if wants tests; then
     parts=${PARTS:-others $families}
     if [[ " $parts " == *" others "* ]]; then
         timeout 420 python3 -m pytest -q -p no:cacheprovider -rfEs $others 2>&1 | tee "$OUT/pytest.log" | quiet | tail -6
+        exited
     fi
     for family in $families; do
         [[ " $parts " == *" $family "* ]] || continue
@@ -30,6 +31,7 @@ if wants tests; then
         [ -n "$files" ] || continue
         echo "--- $family"
         timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs $files 2>&1 | tee -a "$OUT/pytest.log" | quiet | tail -25
+        exited
     done
 fi
 

@@ -17,6 +17,7 @@ if wants tests; then
     timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-40} ${PYTEST_EXTRA:-} \
         ${TESTS_FILES:-tests/test_torch_gpu.py tests/test_torch.py tests/test_example_gpt_gpu.py} -k "${TESTS_K:-not nothing}" \
         2>&1 | tee "$OUT/pytest_torch.log" | quiet | tail -${TESTS_TAIL:-80}
+    exited
 fi
 if wants bench; then
     stage bench

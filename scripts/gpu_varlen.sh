@@ -17,6 +17,7 @@ if wants tests; then
     timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=12 tests/test_varlen_attention_gpu.py \
         "tests/test_precision_gpu.py" -k "varlen or (sdpa and f32)" \
         2>&1 | tee "$OUT/pytest_varlen.log" | quiet | tail -30
+    exited
 fi
 if wants verify; then
     stage verify
