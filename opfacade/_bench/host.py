@@ -67,11 +67,10 @@ def run(quick: bool = False) -> list[BenchRow]:
     training_forward, torch_training = torch_training_forward(q, k, v)
     # Eager training calls: inputs that require grad, so each call also records its autograd
     # node (and saves what the backward reads); the outputs are dropped, freeing the node.
-    # Copies, not views of the rows' tensors: run()'s memo keeps one prepared call per tensor
-    # addresses, and a call at the same addresses whose tensors differ in requires_grad
-    # replaces it, so two rows on one storage would restart each other's count towards the
-    # CUDA-graph capture at every batch (scripts/host_rows_launch_probe.py: every call of both
-    # training rows launched directly).
+    # Copies, not views of the rows' tensors, so each row has addresses of its own, as separate
+    # tensors of a program would. (Views shared the no-grad rows' addresses: until run()'s memo
+    # kept such calls apart, each batch restarted the other row's count towards the CUDA-graph
+    # capture, and every call of both launched directly: scripts/host_rows_launch_probe.py.)
     xg, wg, bg, qg, kg, vg = (t.clone().requires_grad_() for t in (x, w, b, q, k, v))
     extra = {} if torch_training is None else {"torch sdpa training forward": torch_training}
     training_peer = {"torch training forward": "torch sdpa training forward"} if extra else {}
