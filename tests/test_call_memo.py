@@ -13,8 +13,9 @@ import logging
 import pytest
 
 from opfacade import Unsupported, Workspace
-from opfacade._internal import call_memo
-from opfacade._internal.call_memo import ArgumentReader, CallMemo, torch_guards
+from opfacade._internal import call_keys, call_memo
+from opfacade._internal.call_keys import ArgumentReader, torch_guards
+from opfacade._internal.call_memo import CallMemo
 from opfacade._internal.contract import BoundArgs
 from opfacade._internal.device import Devices
 from opfacade._internal.retarget import Checked, Retarget
@@ -264,7 +265,7 @@ def test_the_guard_is_the_default_where_it_passes_its_self_test():
 
 def test_a_guard_failing_its_self_test_falls_back_to_the_public_api(monkeypatch, caplog):
     caplog.set_level(logging.DEBUG, logger="opfacade")
-    monkeypatch.setattr(call_memo, "torch_guards", lambda torch: (None, "no guard here"))
+    monkeypatch.setattr(call_keys, "torch_guards", lambda torch: (None, "no guard here"))
     checked = Counting()
     memo = CallMemo(checked, ArgumentReader(devices=Devices(OneGpu())))
     args = _args()
@@ -293,9 +294,9 @@ def test_the_self_test_rejects_a_guard_blind_to_a_fact():
     class NoStrides(Facts):
         compared = staticmethod(lambda t: (t.shape, t.dtype, t.is_neg()))
 
-    assert call_memo._guards_pass_self_test(torch, Facts)
-    assert not call_memo._guards_pass_self_test(torch, NoNegationBit)
-    assert not call_memo._guards_pass_self_test(torch, NoStrides)
+    assert call_keys._guards_pass_self_test(torch, Facts)
+    assert not call_keys._guards_pass_self_test(torch, NoNegationBit)
+    assert not call_keys._guards_pass_self_test(torch, NoStrides)
 
 
 def test_two_memos_share_nothing(path):
@@ -305,9 +306,10 @@ def test_two_memos_share_nothing(path):
     assert len(first.table()) == 1 and len(second.table()) == 0
     assert first.reader is not second.reader and second.reader.torch_types == set()
     # No module-level state: every table lives on a reader or a memo.
-    state = [name for name, value in vars(call_memo).items()
-             if isinstance(value, dict | set | list) and not name.startswith("__")]
-    assert state == []
+    for module in (call_keys, call_memo):
+        state = [name for name, value in vars(module).items()
+                 if isinstance(value, dict | set | list) and not name.startswith("__")]
+        assert state == [], module.__name__
 
 
 # -- a checked call at other addresses -------------------------------------------------------------

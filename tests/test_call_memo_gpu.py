@@ -20,7 +20,8 @@ from opfacade import (
     ShapeMismatch,
     Workspace,
 )
-from opfacade._internal.call_memo import ArgumentReader, CallMemo, torch_guards
+from opfacade._internal.call_keys import ArgumentReader, torch_guards
+from opfacade._internal.call_memo import CallMemo
 from opfacade._internal.memory import STREAM_SCRATCH
 from opfacade.ops.linear import (
     LinearArgs,

@@ -367,7 +367,8 @@ def test_a_free_during_a_runs_checks_lets_that_run_finish(where, monkeypatch):
     PlanFreed. On the GPU path the run goes through the call memo, with stand-ins for the
     device (views at fake addresses, a one-GPU runtime, a launch that records its stream)."""
     from opfacade import plan as plan_module
-    from opfacade._internal.call_memo import ArgumentReader, CallMemo
+    from opfacade._internal.call_keys import ArgumentReader
+    from opfacade._internal.call_memo import CallMemo
     from opfacade._internal.device import Devices
     from opfacade._internal.tensors import TensorView
 

@@ -18,7 +18,7 @@ from opfacade.errors import DeviceMismatch, InvalidArgument, Unsupported  # noqa
 TORCH_OPS = {
     "alibi": ("alibi", "alibi_backward"),
     "linear": ("linear", "linear_backward", "linear_inference"),
-    "sdpa": ("sdpa", "sdpa_backward", "sdpa_inference"),
+    "sdpa": ("sdpa", "sdpa_backward", "sdpa_train", "sdpa_train_backward", "sdpa_inference"),
     "varlen_attention": ("varlen_attention", "varlen_attention_backward"),
     "decode_attention": ("decode_attention",),
     "kv_append": ("kv_append",),
@@ -35,7 +35,7 @@ def test_every_family_has_its_torch_ops():
 
 
 def test_the_forward_ops_carry_the_backward_choice_for_autograd():
-    for name in ("sdpa", "varlen_attention", "linear"):
+    for name in ("sdpa", "sdpa_train", "varlen_attention", "linear"):
         schema = getattr(torch.ops.opfacade, name).default._schema
         assert "bool deterministic" in str(schema), name
 
@@ -57,6 +57,9 @@ LENS = torch.ones(2, dtype=torch.int32)
     (lambda: torch.ops.opfacade.linear_inference(HOST[0, 0], HOST[0, 0], None, "none", False),
      "x"),
     (lambda: torch.ops.opfacade.sdpa_inference(HOST, HOST, HOST, False, None), "q"),
+    (lambda: torch.ops.opfacade.sdpa_train(HOST, HOST, HOST, False, None, False), "q"),
+    (lambda: torch.ops.opfacade.sdpa_train_backward(HOST, HOST, HOST, HOST, HOST, HOST, False,
+                                                    None, False), "q"),
 ])
 def test_host_tensors_are_a_device_mismatch_naming_the_argument(call, argument):
     with pytest.raises(DeviceMismatch, match="must be a CUDA tensor") as raised:

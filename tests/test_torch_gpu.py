@@ -74,6 +74,18 @@ def _opcheck_case(name):
         q, k, v = _randn(2, 8, 64, 64, **bf16), _randn(2, 2, 64, 64, **bf16), _randn(2, 2, 64, 64,
                                                                                       **bf16)
         return torch.ops.opfacade.sdpa, (q, k, v, None, True, None, 0.0, None, None, True, True)
+    if name.startswith("sdpa_train"):
+        # The common case's op: GQA and causal; a scale in the bshd layout. Deterministic
+        # backwards, so that opcheck's eager and AOT gradients sum alike.
+        shapes = ((2, 8, 64, 64), (2, 2, 64, 64)) if name.endswith("causal") else (
+            (2, 4, 48, 64), (2, 4, 48, 64))
+        q, k, v = _randn(*shapes[0], **bf16), _randn(*shapes[1], **bf16), _randn(*shapes[1],
+                                                                                  **bf16)
+        if name.endswith("causal"):
+            return torch.ops.opfacade.sdpa_train, (q, k, v, True, None, True)
+        q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+                   for t in (q, k, v))
+        return torch.ops.opfacade.sdpa_train, (q, k, v, False, 0.1, True)
     if name == "sdpa-bias":
         # Three tensors, not one thrice: one tensor's gradient would be a sum whose order
         # eager autograd and AOT dispatch choose differently (bf16 roundings apart).
@@ -107,7 +119,8 @@ def _opcheck_case(name):
 
 
 OPCHECK = [*(f"linear-{a}" for a in ("none", "relu", "gelu_tanh", "gelu_erf", "silu")),
-           "sdpa-gqa-causal", "sdpa-bias", "varlen", "alibi", "decode", "kv_append",
+           "sdpa-gqa-causal", "sdpa-bias", "sdpa_train-gqa-causal", "sdpa_train-bshd-scale",
+           "varlen", "alibi", "decode", "kv_append",
            "linear_inference", "sdpa_inference"]
 
 
@@ -144,6 +157,30 @@ def test_the_inference_ops_give_the_training_ops_bits_on_guard_hits_and_misses()
                     assert torch.equal(got, want)
     with pytest.raises(Unsupported, match="requires grad"):
         ops.linear_inference(x, weight, None, "none", False)
+
+
+@pytest.mark.parametrize("causal,scale", [(True, None), (False, 0.1)])
+def test_the_common_case_training_op_gives_the_general_ops_bits(causal, scale):
+    # sdpa_train (what the drop-in calls with grad) and sdpa (every case) select the same SKUs
+    # for a call without mask or dropout: the same out, stats and, with deterministic
+    # backwards, gradients, bit for bit.
+    ops = torch.ops.opfacade
+    q = _randn(2, 8, 64, 64, grad=True, seed=0)
+    k, v = _randn(2, 2, 64, 64, grad=True, seed=1), _randn(2, 2, 64, 64, grad=True, seed=2)
+    grad_out = _randn(2, 8, 64, 64, seed=3)
+    out, stats = ops.sdpa_train(q, k, v, causal, scale, True)
+    general_out, general_stats = ops.sdpa(q, k, v, None, causal, scale, 0.0, None, None, True,
+                                          True)
+    assert torch.equal(out, general_out) and torch.equal(stats, general_stats)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    general = torch.autograd.grad(general_out, (q, k, v), grad_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, general, strict=True))
+    dropped_in = oft.sdpa(q, k, v, is_causal=causal, scale=scale, enable_gqa=True,
+                          deterministic=True)
+    assert dropped_in.grad_fn.name() == "sdpa_train_functionBackward"
+    assert torch.equal(dropped_in, out)
+    assert all(torch.equal(a, b) for a, b in zip(
+        torch.autograd.grad(dropped_in, (q, k, v), grad_out), grads, strict=True))
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu_tanh"])

@@ -61,7 +61,7 @@ def run(quick: bool = False) -> list[BenchRow]:
         batch=1, heads_q=1, heads_kv=1, seq_q=64, seq_kv=64, head_dim=64, element="bf16"))
     att_args = opfacade.SdpaArgs(q, k, v, torch.empty(1, 1, 64, 64, **bf16))
     att_ws = torch.empty(max(att_plan.workspace_size, 256), device="cuda", dtype=torch.uint8)
-    linear_op, sdpa_op = torch.ops.opfacade.linear.default, torch.ops.opfacade.sdpa.default
+    linear_op, sdpa_train = torch.ops.opfacade.linear.default, torch.ops.opfacade.sdpa_train.default
     linear_inference = torch.ops.opfacade.linear_inference.default
     sdpa_inference = torch.ops.opfacade.sdpa_inference.default
     training_forward, torch_training = torch_training_forward(q, k, v)
@@ -93,8 +93,7 @@ def run(quick: bool = False) -> list[BenchRow]:
         # The training ops as a graph compiled for training calls their forwards: saving what
         # the backward reads (the activation's aux, the softmax stats), as the drop-ins ask.
         "linear dispatched": lambda: linear_op(x, w, b, "gelu_tanh", True, False),
-        "sdpa dispatched": lambda: sdpa_op(q, k, v, None, False, None, 0.0, None, None, True,
-                                           False),
+        "sdpa dispatched": lambda: sdpa_train(q, k, v, False, None, False),
         "torch linear grad": lambda: F.gelu(F.linear(xg, wg, bg), approximate="tanh"),
         "linear torch op grad": lambda: oft.linear(xg, wg, bg, activation="gelu_tanh"),
         "torch sdpa grad": lambda: F.scaled_dot_product_attention(qg, kg, vg),
@@ -121,10 +120,11 @@ def run(quick: bool = False) -> list[BenchRow]:
         _row(f"{linear}, torch.ops.opfacade.linear", us, "linear dispatched",
              {"torch": "torch linear"}, f"the training op through torch's dispatcher, as a "
              f"graph compiled for training calls its forward (the GELU aux saved); {peer}"),
-        _row(f"{attention}, torch.ops.opfacade.sdpa", us, "sdpa dispatched",
-             {"torch": "torch sdpa", **training_peer}, "the training op through torch's "
-             "dispatcher, as a graph compiled for training calls its forward (the softmax "
-             f"stats saved); torch: F.scaled_dot_product_attention; {training_note}"),
+        _row(f"{attention}, torch.ops.opfacade.sdpa_train", us, "sdpa dispatched",
+             {"torch": "torch sdpa", **training_peer}, "the common case's training op through "
+             "torch's dispatcher, as a graph compiled for training calls its forward (the "
+             "softmax stats saved); torch: F.scaled_dot_product_attention; "
+             f"{training_note}"),
         _row(f"{linear}, oft.linear with grad", us, "linear torch op grad",
              {"torch": "torch linear grad"}, f"eager training: inputs that require grad, each "
              f"call recording its autograd node; {peer} on the same inputs"),

@@ -6,7 +6,7 @@ each, read in Python and hashed): about 2.8 us for sdpa's three on a development
 guard check of the same tensors takes 0.7 us. The sdpa and linear forms (and opfacade.torch's
 ops, which share their code) keep each common call's selection here: a ``TensorGuards`` built
 from the call's tensors (the guard torch.compile checks tensors with: dtype, device, dispatch
-keys, sizes, strides, requires_grad; ``call_memo.torch_guards`` self-tests it before use) with
+keys, sizes, strides, requires_grad; ``call_keys.torch_guards`` self-tests it before use) with
 the call's other arguments, mapped to what they selected (a plan and its output's allocation). A
 call that passes a guard selects what that call selected: the plan depends on nothing else, and
 run() still checks every call through its own memo.
@@ -23,7 +23,7 @@ import sys
 import weakref
 from typing import Any, NamedTuple
 
-from .call_memo import torch_guards
+from .call_keys import torch_guards
 from .memory import torch_empty
 
 __all__ = ["GuardedCalls", "Selected", "clear_all"]

@@ -14,6 +14,7 @@ The ops (namespace ``opfacade``), one module per family:
     linear            linear, linear_backward,          Linear, linear
                       linear_inference
     sdpa              sdpa, sdpa_backward,              sdpa
+                      sdpa_train, sdpa_train_backward,
                       sdpa_inference
     varlen_attention  varlen_attention, ..._backward    varlen_attention
     alibi             alibi, alibi_backward             alibi
@@ -23,6 +24,8 @@ The ops (namespace ``opfacade``), one module per family:
 The ``*_inference`` ops serve calls that want no gradient (a graph compiled under no_grad calls
 them): out alone, fewer arguments, no autograd kernel, and a repeat call's plan found by torch's
 tensor guard (``_internal/guarded.py``); a call that wants a gradient is refused (Unsupported).
+``sdpa_train`` is sdpa's common case (no mask, no dropout) with its backward, which the drop-in
+calls with grad; ``sdpa`` serves a mask and dropout too.
 
 Every op runs on CUDA tensors only (a host tensor is a DeviceMismatch); plans come from the
 process-wide plan cache, one per device, so the same code runs on each rank of

@@ -129,7 +129,10 @@ class DefinedOp:
         # Where the Tensor arguments are.
         self.positions = _tensor_positions(op) if positions is None else positions
         self._for_transforms = None
-        self._apply = None if function is None else _c_apply(function)
+        # The eager route's Function (__call__ has found the call untraced, so its forward runs
+        # the kernel without asking again, as ``function``'s does for the dispatcher's calls).
+        self._apply = None if function is None else _c_apply(_autograd_function(
+            name, kernel, op, self.positions, setup_context, backward, untraced=True))
 
     def __call__(self, *args):
         if _traced(args, self.positions):
@@ -240,7 +243,7 @@ def define_inference_op(name: str, kernel: Callable, fake: Callable, *, training
 
 def _autograd_function(name: str, kernel: Callable, op, positions: tuple[int, ...],
                        setup_context: Callable | None, backward: Callable, *,
-                       transformable: bool = False) -> type:
+                       transformable: bool = False, untraced: bool = False) -> type:
     """The op's autograd.Function: forward runs the kernel (or, under tracing, the op below
     autograd, through the autograd kernel's no-grad branch), and ``setup_context`` saves what
     the backward needs.
@@ -248,10 +251,17 @@ def _autograd_function(name: str, kernel: Callable, op, positions: tuple[int, ..
     ``transformable``: forward and setup_context are separate staticmethods, the form
     torch.func's transforms require. Function.apply binds such a forward's signature with
     inspect on every call (about 10 us on a development host), so plain eager calls take the
-    other form, with setup_context called from forward(ctx, ...)."""
+    other form, with setup_context called from forward(ctx, ...).
 
-    def run(args):
-        return op(*args) if _traced(args, positions) else kernel(*args)
+    ``untraced``: for callers that have found the call untraced (DefinedOp's eager route):
+    forward runs the kernel without asking again (1-2 us a call on a development host)."""
+
+    if untraced:
+        def run(args):
+            return kernel(*args)
+    else:
+        def run(args):
+            return op(*args) if _traced(args, positions) else kernel(*args)
 
     def save(ctx, inputs, output):
         if setup_context is not None:

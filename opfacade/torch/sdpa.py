@@ -1,5 +1,10 @@
-"""The sdpa family as torch ops: ``opfacade::sdpa`` and ``opfacade::sdpa_backward``, the autograd
-between them, and ``sdpa``, a drop-in for F.scaled_dot_product_attention.
+"""The sdpa family as torch ops, and ``sdpa``, a drop-in for F.scaled_dot_product_attention:
+
+- ``opfacade::sdpa`` and ``sdpa_backward``: every case (a mask as bias, dropout);
+- ``opfacade::sdpa_train`` and ``sdpa_train_backward``: the common case (no mask, no dropout),
+  what the drop-in calls with grad and so what a graph compiled for training calls: six
+  arguments cross the dispatcher where sdpa's eleven do, and the stats are always saved;
+- ``opfacade::sdpa_inference``: the common case without grad, out alone.
 
     out = sdpa(q, k, v, is_causal=True, enable_gqa=True)   # q [B, Hq, S, D], k/v [B, Hkv, S, D]
 
@@ -76,7 +81,8 @@ def _common_forward(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 # Each op's device check for a call that misses, naming the op in its errors.
-_ON_GPU = {op: device_check(op, "q", "k", "v") for op in ("sdpa", "sdpa_inference")}
+_ON_GPU = {op: device_check(op, "q", "k", "v")
+           for op in ("sdpa", "sdpa_train", "sdpa_inference")}
 
 
 def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,
@@ -116,6 +122,14 @@ def _sdpa_backward_fake(q, k, v, out, grad_out, stats, bias, need_bias_grad, cau
 _sdpa_backward = define_op("sdpa_backward", _sdpa_backward_impl, _sdpa_backward_fake)
 
 
+def _in_layout_of(out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """grad_out in out's strides: cuDNN reads dO in O's layout (torch's own SDPA backwards make
+    the same copy)."""
+    if grad_out.stride() == out.stride():
+        return grad_out
+    return torch_empty(torch, out.shape, out.dtype, out.device, out.stride()).copy_(grad_out)
+
+
 def _save_for_backward(ctx, inputs, output) -> None:
     q, k, v, bias, causal, scale, dropout_p, seed, offset, _save_stats, deterministic = inputs
     ctx.options = (causal, scale, dropout_p, deterministic)
@@ -128,10 +142,7 @@ def _backward(ctx, grad_out, _grad_stats):
     if grad_out is None:  # out was not used
         return (None,) * 11
     need_bias_grad = bias is not None and ctx.needs_input_grad[3]
-    if grad_out.stride() != out.stride():
-        # cuDNN reads dO in O's layout; torch's own SDPA backwards make the same copy.
-        grad_out = torch_empty(torch, out.shape, out.dtype, out.device, out.stride()).copy_(
-            grad_out)
+    grad_out = _in_layout_of(out, grad_out)
     grad_q, grad_k, grad_v, grad_bias = _sdpa_backward(
         q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale, dropout_p, seed,
         offset, deterministic)
@@ -141,6 +152,63 @@ def _backward(ctx, grad_out, _grad_stats):
 
 _sdpa = define_op("sdpa", _sdpa_impl, _sdpa_fake, setup_context=_save_for_backward,
                   backward=_backward)
+
+
+# -- the common case's training ops: what the drop-in calls with grad ----------------------------
+
+def _sdpa_train_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                     scale: float | None, deterministic: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    # deterministic is the backward's choice, in the schema so that autograd hands it on (as
+    # sdpa's). (Development CPU, plans whose run() does nothing: this op through the dispatcher
+    # 12-13 us a call against sdpa's 18.9 with the same stats; docs/PERF-NOTES.md.)
+    return _common_forward("sdpa_train", q, k, v, causal, scale, True)
+
+
+def _sdpa_train_fake(q, k, v, causal, scale, deterministic):
+    device = cuda_device("sdpa_train", q=q, k=k, v=v)
+    element = element_of(q, "q")
+    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q), element, device)
+    return out, empty((*q.shape[:3], 1), element.accumulator, device)
+
+
+def _sdpa_train_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor,
+                              causal: bool, scale: float | None, deterministic: bool
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    on_one_gpu(q, k, v, out, grad_out) or cuda_device(
+        "sdpa_train_backward", q=q, k=k, v=v, out=out, grad_out=grad_out)
+    return functional.sdpa_backward(q, k, v, out, grad_out, stats, causal=_causal(causal),
+                                    scale=scale, deterministic=deterministic)
+
+
+def _sdpa_train_backward_fake(q, k, v, out, grad_out, stats, causal, scale, deterministic):
+    device = cuda_device("sdpa_train_backward", q=q, k=k, v=v, out=out, grad_out=grad_out)
+    element, layout = element_of(q, "q"), _layout(q)
+    return tuple(empty_in_layout(t.shape, layout, element, device) for t in (q, k, v))
+
+
+_sdpa_train_backward = define_op("sdpa_train_backward", _sdpa_train_backward_impl,
+                                 _sdpa_train_backward_fake)
+
+
+def _save_for_train_backward(ctx, inputs, output) -> None:
+    q, k, v, causal, scale, deterministic = inputs
+    ctx.options = (causal, scale, deterministic)
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _train_backward(ctx, grad_out, _grad_stats):
+    if grad_out is None:  # out was not used
+        return (None,) * 6
+    q, k, v, out, stats = ctx.saved_tensors
+    grad_out = _in_layout_of(out, grad_out)
+    grad_q, grad_k, grad_v = _sdpa_train_backward(q, k, v, out, grad_out, stats, *ctx.options)
+    return grad_q, grad_k, grad_v, None, None, None
+
+
+_sdpa_train = define_op("sdpa_train", _sdpa_train_impl, _sdpa_train_fake,
+                        setup_context=_save_for_train_backward, backward=_train_backward)
 
 
 # -- the inference op: what a graph compiled under no_grad calls ---------------------------------
@@ -158,7 +226,7 @@ def _sdpa_inference_fake(q, k, v, causal, scale):
 
 
 _sdpa_inference = define_inference_op("sdpa_inference", _sdpa_inference_impl,
-                                      _sdpa_inference_fake, training_op="sdpa")
+                                      _sdpa_inference_fake, training_op="sdpa_train")
 
 
 def _refuse_ranks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -220,8 +288,8 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             and (enable_gqa or query.size(1) == key.size(1))):
         if ((query.requires_grad or key.requires_grad or value.requires_grad)
                 and torch.is_grad_enabled()):
-            return _sdpa(query, key, value, None, is_causal, scale, 0.0, None, None, True,
-                         deterministic_choice(deterministic))[0]
+            return _sdpa_train(query, key, value, is_causal, scale,
+                               deterministic_choice(deterministic))[0]
         if torch.compiler.is_compiling():
             # Tracing must see an op; torch.compile guards grad mode and requires_grad, so a
             # graph compiled for inference calls the inference op (no stats) and one compiled

@@ -1,0 +1,76 @@
+"""sdpa's common-case training op against the general one, and the eager route's Function
+without its second traced check against the one with it, interleaved in one process (issue 14
+§3, §5; the bench's host problem, B1 H1 S64 d64 bf16).
+
+- Through the dispatcher, as a graph compiled for training calls its forward (stats saved):
+  ``opfacade::sdpa_train`` (6 arguments) against ``opfacade::sdpa`` (11), with torch's
+  F.sdpa and the aten forward torch's own training graph calls as yardsticks.
+- Eager with grad: the drop-in's call, and the Functions it may apply: each op's
+  ``function`` (whose forward asks again whether the call is traced) and the twin that
+  ``DefinedOp`` applies on its eager route (whose forward does not).
+
+Host microseconds per call: the median of interleaved batches of 200 calls, each begun on an idle
+GPU, rounds rotating the order (``opfacade._bench.common.host_us_interleaved``), so a host's
+drift during the run reaches every case alike.
+
+    python3 scripts/sdpa_train_ab.py [out.json]
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import torch
+
+from opfacade._bench.common import host_us_interleaved
+from opfacade._bench.host import torch_training_forward
+from opfacade.torch._define import _c_apply
+
+
+def cases() -> dict:
+    sdpa = importlib.import_module("opfacade.torch.sdpa")
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    general, train = torch.ops.opfacade.sdpa.default, torch.ops.opfacade.sdpa_train.default
+    general_fn, train_fn = _c_apply(sdpa._sdpa.function), _c_apply(sdpa._sdpa_train.function)
+    general_twin, train_twin = sdpa._sdpa._apply, sdpa._sdpa_train._apply
+    found = {
+        "torch F.sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+        "sdpa op dispatched (11 args)": lambda: general(q, k, v, None, False, None, 0.0, None,
+                                                        None, True, False),
+        "sdpa_train op dispatched (6 args)": lambda: train(q, k, v, False, None, False),
+        "sdpa_inference op dispatched": lambda: torch.ops.opfacade.sdpa_inference.default(
+            q, k, v, False, None),
+        "torch F.sdpa with grad": lambda: torch.nn.functional.scaled_dot_product_attention(
+            qg, kg, vg),
+        "oft.sdpa with grad": lambda: sdpa.sdpa(qg, kg, vg),
+        "sdpa Function, traced check": lambda: general_fn(qg, kg, vg, None, False, None, 0.0,
+                                                          None, None, True, False),
+        "sdpa Function, eager twin": lambda: general_twin(qg, kg, vg, None, False, None, 0.0,
+                                                          None, None, True, False),
+        "sdpa_train Function, traced check": lambda: train_fn(qg, kg, vg, False, None, False),
+        "sdpa_train Function, eager twin": lambda: train_twin(qg, kg, vg, False, None, False),
+    }
+    name, training = torch_training_forward(q, k, v)
+    if training is not None:
+        found[f"torch training forward ({name})"] = training
+    return found
+
+
+def main(argv: list[str]) -> int:
+    fns = cases()
+    us = host_us_interleaved(fns, calls=200, rounds=15)
+    for name, value in us.items():
+        print(f"{value:7.2f} us  {name}", flush=True)
+    if argv:
+        with open(argv[0], "w") as out:
+            json.dump({"device": torch.cuda.get_device_name(), "how": __doc__.split("\n\n")[2],
+                       "host_us": {n: round(u, 2) for n, u in us.items()}}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
