@@ -7,7 +7,9 @@ without its second traced check against the one with it, interleaved in one proc
   F.sdpa and the aten forward torch's own training graph calls as yardsticks.
 - Eager with grad: the drop-in's call, and the Functions it may apply: each op's
   ``function`` (whose forward asks again whether the call is traced) and the twin that
-  ``DefinedOp`` applies on its eager route (whose forward does not).
+  ``DefinedOp`` applies on its eager route (whose forward does not); ``DefinedOp.__call__``
+  against ``with_grad`` (the drop-ins' entry, without __call__'s checks of the tensors); the
+  same for linear (64x64x64 bf16, GELU).
 
 Host microseconds per call: the median of interleaved batches of 200 calls, each begun on an idle
 GPU, rounds rotating the order (``opfacade._bench.common.host_us_interleaved``), so a host's
@@ -31,7 +33,10 @@ from opfacade.torch._define import _c_apply
 
 def cases() -> dict:
     sdpa = importlib.import_module("opfacade.torch.sdpa")
+    linear = importlib.import_module("opfacade.torch.linear")
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    xg, wg, bg = (torch.randn(*shape, **bf16, requires_grad=True)
+                  for shape in ((64, 64), (64, 64), (64,)))
     q, k, v = (torch.randn(1, 1, 64, 64, **bf16) for _ in range(3))
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     general, train = torch.ops.opfacade.sdpa.default, torch.ops.opfacade.sdpa_train.default
@@ -53,6 +58,15 @@ def cases() -> dict:
                                                           None, None, True, False),
         "sdpa_train Function, traced check": lambda: train_fn(qg, kg, vg, False, None, False),
         "sdpa_train Function, eager twin": lambda: train_twin(qg, kg, vg, False, None, False),
+        "sdpa_train DefinedOp call": lambda: sdpa._sdpa_train(qg, kg, vg, False, None, False),
+        "sdpa_train with_grad": lambda: sdpa._sdpa_train.with_grad(qg, kg, vg, False, None,
+                                                                    False),
+        "torch F.gelu(F.linear) with grad": lambda: torch.nn.functional.gelu(
+            torch.nn.functional.linear(xg, wg, bg), approximate="tanh"),
+        "oft.linear with grad": lambda: linear.linear(xg, wg, bg, activation="gelu_tanh"),
+        "linear DefinedOp call": lambda: linear._linear(xg, wg, bg, "gelu_tanh", True, False),
+        "linear with_grad": lambda: linear._linear.with_grad(xg, wg, bg, "gelu_tanh", True,
+                                                              False),
     }
     name, training = torch_training_forward(q, k, v)
     if training is not None:

@@ -262,3 +262,33 @@ def test_a_backward_op_runs_inside_torch_func_and_refuses_a_second_order():
     assert torch.equal(grad.detach(), x * 2)
     with pytest.raises(Unsupported, match="second-order gradients"):
         (grad.sum() + leaf.sum()).backward()
+
+
+def test_with_grad_applies_the_function_eagerly_and_defers_to_call_otherwise():
+    """A drop-in that has found its tensors plain and a gradient wanted calls with_grad: eager,
+    the Function without the dispatcher; under a dispatch mode, a torch.func transform or
+    torch.compile, the op's own route (__call__) decides."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    toy = _toy()
+    toy.op = counting = _Counting(toy.op)
+    x = torch.ones(3, requires_grad=True)
+    y = toy.with_grad(x, 2.5)
+    assert type(y.grad_fn).__name__.startswith(f"{toy.name}_function") and counting.calls == 0
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(grad, torch.full((3,), 2.5))
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        toy.with_grad(x, 2.0)
+    assert counting.calls == 1  # a mode watches: through the op
+    grad = torch.func.grad(lambda t: toy.with_grad(t, 3.0).sum())(torch.ones(3))
+    assert torch.equal(grad, torch.full((3,), 3.0))  # the transform's twin, as __call__ takes
+    compiled = torch.compile(lambda t: toy.with_grad(t, 1.5).sum(), backend="aot_eager",
+                             fullgraph=True)
+    x.grad = None
+    compiled(x).backward()
+    assert torch.equal(x.grad, torch.full((3,), 1.5))

@@ -43,6 +43,7 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 _TRACING_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
                  | torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)).raw_repr()
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_is_compiling = torch.compiler.is_compiling
 # torch.func's transforms: whether any runs, and which is innermost.
 _transforms_active = torch._C._are_functorch_transforms_active
 _functorch = torch._C._functorch
@@ -150,6 +151,16 @@ class DefinedOp:
         if _wants_grad(args, self.positions):
             return (self.function or self._transformable()).apply(*args)
         return self.kernel(*args)
+
+    def with_grad(self, *args):
+        """What a drop-in calls once it has found its tensors plain (torch.Tensor or
+        nn.Parameter) and a gradient wanted: the eager route's Function, unless torch traces the
+        call or a dispatch mode or torch.func transform runs, where ``__call__`` decides. The
+        drop-in's own reads stand for __call__'s type and requires_grad checks (0.6-1 us a call
+        on a development host)."""
+        if _is_compiling() or _dispatch_modes() or _transforms_active():
+            return self(*args)
+        return self._apply(*args)
 
     def _transformable(self) -> type:
         """The op's Function in torch.func's form, for calls inside a transform (grad, vjp),

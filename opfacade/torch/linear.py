@@ -155,7 +155,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     deterministic = deterministic_choice(deterministic)
     if wants_grad(x, weight, bias):
         # The activation's aux (a write of N values a row) is saved for the backward.
-        out, _ = _linear(rows, weight, bias, activation, activation != "none", deterministic)
+        # (on_one_gpu has found the tensors plain: with_grad skips __call__'s own checks.)
+        out, _ = _linear.with_grad(rows, weight, bias, activation, activation != "none",
+                                   deterministic)
     elif torch.compiler.is_compiling():
         # Tracing must see an op; torch.compile guards grad mode and requires_grad, so a graph
         # compiled for inference calls the inference op (no aux) and one compiled for training

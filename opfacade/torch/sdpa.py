@@ -288,8 +288,8 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             and (enable_gqa or query.size(1) == key.size(1))):
         if ((query.requires_grad or key.requires_grad or value.requires_grad)
                 and torch.is_grad_enabled()):
-            return _sdpa_train(query, key, value, is_causal, scale,
-                               deterministic_choice(deterministic))[0]
+            return _sdpa_train.with_grad(query, key, value, is_causal, scale,
+                                         deterministic_choice(deterministic))[0]
         if torch.compiler.is_compiling():
             # Tracing must see an op; torch.compile guards grad mode and requires_grad, so a
             # graph compiled for inference calls the inference op (no stats) and one compiled
