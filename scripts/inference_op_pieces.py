@@ -37,8 +37,11 @@ def main() -> int:
     l_train = ops.linear.default
     s_inf(q, k, v, False, None)
     l_inf(x, w, b, "gelu_tanh", False)
-    s_sel = fsdpa._TORCH_CALLS.find((q, k, v), (None, None, False))
-    l_sel = flinear._TORCH_CALLS.find((x, w, b), ("gelu_tanh", False, False, True))
+    # Each entry's options end with the op's refusal (ops/sdpa.torch_forward's options).
+    s_options = (None, None, False, sdpa._ON_GPU["sdpa_inference"])
+    s_sel = fsdpa._TORCH_CALLS.find((q, k, v), s_options)
+    l_sel = flinear._TORCH_CALLS.find(
+        (x, w, b), ("gelu_tanh", False, False, False, linear._ON_GPU["linear_inference"]))
     s_out, l_out = s_sel.empty(), l_sel.empty()
     s_args, l_args = SdpaArgs(q, k, v, s_out), LinearArgs(x, w, b, None, l_out)
 
@@ -55,8 +58,7 @@ def main() -> int:
         "oft.sdpa": lambda: oft.sdpa(q, k, v),
         "sdpa training op kernel": lambda: sdpa._sdpa_impl(q, k, v, None, False, None, 0.0,
                                                            None, None, False, False),
-        "sdpa piece: guarded find": lambda: fsdpa._TORCH_CALLS.find((q, k, v),
-                                                                    (None, None, False)),
+        "sdpa piece: guarded find": lambda: fsdpa._TORCH_CALLS.find((q, k, v), s_options),
         "sdpa piece: empty out": s_sel.empty,
         "sdpa piece: SdpaArgs": lambda: SdpaArgs(q, k, v, s_out),
         "sdpa piece: run, fixed out": lambda: s_sel.plan.run(s_args),

@@ -10,6 +10,8 @@ without its second traced check against the one with it, interleaved in one proc
   ``DefinedOp`` applies on its eager route (whose forward does not); ``DefinedOp.__call__``
   against ``with_grad`` (the drop-ins' entry, without __call__'s checks of the tensors); the
   same for linear (64x64x64 bf16, GELU).
+- The backwards: the torch ops' guarded path (``ops.*.torch_backward``) against the functional
+  full path, and a whole eager forward and backward (torch.autograd.grad) against torch's.
 
 Host microseconds per call: the median of interleaved batches of 200 calls, each begun on an idle
 GPU, rounds rotating the order (``opfacade._bench.common.host_us_interleaved``), so a host's
@@ -67,6 +69,34 @@ def cases() -> dict:
         "linear DefinedOp call": lambda: linear._linear(xg, wg, bg, "gelu_tanh", True, False),
         "linear with_grad": lambda: linear._linear.with_grad(xg, wg, bg, "gelu_tanh", True,
                                                               False),
+    }
+    # The backwards: the ops' kernels' guarded path (torch_backward) against the functional
+    # full path, and a whole eager forward and backward against torch's.
+    fsdpa, flinear = importlib.import_module("opfacade.ops.sdpa"), importlib.import_module(
+        "opfacade.ops.linear")
+    out, stats = train(q, k, v, False, None, False)
+    g, gx = torch.randn_like(out), torch.randn(64, 64, **bf16)
+    x, w, b = (t.detach() for t in (xg, wg, bg))
+    lin_out, aux = torch.ops.opfacade.linear.default(x, w, b, "gelu_tanh", True, False)
+    refuse_sdpa, refuse_linear = (sdpa._ON_GPU["sdpa_train_backward"],
+                                  linear._ON_GPU["linear_backward"])
+    grad = torch.autograd.grad
+    F = torch.nn.functional
+    found |= {
+        "sdpa backward, full path": lambda: fsdpa.sdpa_backward(q, k, v, out, g, stats),
+        "sdpa backward, guarded": lambda: fsdpa.torch_backward(q, k, v, out, g, stats, None,
+                                                                None, False, refuse_sdpa),
+        "linear backward, full path": lambda: flinear.linear_backward(
+            gx, x, w, aux, activation="gelu_tanh"),
+        "linear backward, guarded": lambda: flinear.torch_backward(
+            gx, x, w, aux, "gelu_tanh", True, True, True, False, refuse_linear),
+        "torch F.sdpa forward and backward": lambda: grad(
+            F.scaled_dot_product_attention(qg, kg, vg), (qg, kg, vg), g),
+        "oft.sdpa forward and backward": lambda: grad(sdpa.sdpa(qg, kg, vg), (qg, kg, vg), g),
+        "torch F.gelu(F.linear) forward and backward": lambda: grad(
+            F.gelu(F.linear(xg, wg, bg), approximate="tanh"), (xg, wg, bg), gx),
+        "oft.linear forward and backward": lambda: grad(
+            linear.linear(xg, wg, bg, activation="gelu_tanh"), (xg, wg, bg), gx),
     }
     name, training = torch_training_forward(q, k, v)
     if training is not None:

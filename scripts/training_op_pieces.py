@@ -34,7 +34,9 @@ def sdpa_cases(q, k, v) -> dict:
     for stats in (True, False):
         tag = "stats" if stats else "no stats"
         op(q, k, v, None, False, None, 0.0, None, None, stats, False)
-        sel = fsdpa._TORCH_CALLS.find((q, k, v), (None, None, stats))
+        # The entry's options end with the op's refusal (ops/sdpa.torch_forward's options).
+        options = (None, None, stats, sdpa._ON_GPU["sdpa"])
+        sel = fsdpa._TORCH_CALLS.find((q, k, v), options)
         out = sel.empty(q)
         saved = torch.empty(*sel.extra[0], dtype=sel.extra[1], device="cuda") if stats else None
         args = SdpaArgs(q, k, v, out, saved)
@@ -45,8 +47,7 @@ def sdpa_cases(q, k, v) -> dict:
                 q, k, v, None, False, None, 0.0, None, None, s, False),
             f"sdpa torch_forward, {tag}": lambda s=stats: fsdpa.torch_forward(q, k, v, None, None,
                                                                                s),
-            f"sdpa find, {tag}": lambda s=stats: fsdpa._TORCH_CALLS.find((q, k, v),
-                                                                         (None, None, s)),
+            f"sdpa find, {tag}": lambda o=options: fsdpa._TORCH_CALLS.find((q, k, v), o),
             f"sdpa run, fixed outputs, {tag}": lambda a=args, p=sel.plan: p.run(a),
             f"sdpa run, fresh outputs, {tag}": lambda s=sel: s.plan.run(SdpaArgs(
                 q, k, v, s.empty(q), None if s.extra is None else torch.empty(
@@ -67,7 +68,7 @@ def linear_cases(x, w, b) -> dict:
     for aux in (True, False):
         tag = "aux" if aux else "no aux"
         op(x, w, b, "gelu_tanh", aux, False)
-        options = ("gelu_tanh", False, False, aux)
+        options = ("gelu_tanh", False, False, aux, linear._ON_GPU["linear"])
         sel = flinear._TORCH_CALLS.find((x, w, b), options)
         args = LinearArgs(x, w, b, None, sel.empty(),
                           None if sel.extra is None else sel.extra.new(sel.device))

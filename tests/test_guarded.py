@@ -203,3 +203,85 @@ def test_the_functional_forms_aux_takes_the_guarded_path_and_a_mask_starts_zeroe
                                          out=torch.empty(2, 6, 13))
     assert torch.equal(out, full_out) and torch.equal(aux, full_aux)
     assert aux.stride() == full_aux.stride()
+
+
+def test_a_functional_host_call_does_not_let_a_torch_op_take_host_tensors():
+    # The functional forms run host tensors on the float64 reference; the torch ops refuse them
+    # (DeviceMismatch). A functional call's guarded entry must not serve an op's call of the
+    # same facts, which would silently run the reference.
+    import opfacade.torch  # noqa: F401 - registers the ops
+    from opfacade.errors import DeviceMismatch
+
+    opfacade.clear_caches()
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    # "top_left": the value the ops pass
+    out, stats = opfacade.sdpa(q, k, v, causal="top_left", return_stats=True)
+    opfacade.sdpa(q, k, v, causal="top_left", return_stats=True)  # the guarded entry is in use
+    with pytest.raises(DeviceMismatch, match="must be a CUDA tensor"):
+        torch.ops.opfacade.sdpa_train(q, k, v, True, None, False)
+    grad_out = torch.randn(1, 2, 8, 16)
+    opfacade.sdpa_backward(q, k, v, out, grad_out, stats, causal=True)
+    from opfacade.ops import sdpa as sdpa_form
+
+    sdpa_form.torch_backward(q, k, v, out, grad_out, stats, "top_left", None, False)
+    with pytest.raises(DeviceMismatch, match="must be a CUDA tensor"):
+        torch.ops.opfacade.sdpa_train_backward(q, k, v, out, grad_out, stats, True, None, False)
+    x, w = torch.randn(6, 16), torch.randn(12, 16)
+    opfacade.linear(x, w, activation="relu")
+    opfacade.linear(x, w, activation="relu")
+    with pytest.raises(DeviceMismatch, match="must be a CUDA tensor"):
+        torch.ops.opfacade.linear_inference(x, w, None, "relu", False)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd", "packed"])
+def test_sdpas_guarded_backward_gives_the_full_paths_gradients(layout):
+    # Host torch tensors run the float64 reference. torch_backward (the torch ops' backward)
+    # selects on a miss, finds the plan by guard on a repeat call with other objects of the
+    # same facts, and allocates each gradient in the full path's strides (like its input
+    # where that is dense in them): the same bits as sdpa_backward's full path.
+    from opfacade.ops import sdpa as sdpa_form
+
+    opfacade.clear_caches()
+    generator = torch.Generator().manual_seed(2)
+    if layout == "packed":  # views into one [B, S, 3, H, D] projection: not dense
+        qkv = torch.randn(1, 8, 3, 2, 16, generator=generator)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    else:
+        q, k, v = (torch.randn(1, 2, 8, 16, generator=generator) for _ in range(3))
+        if layout == "bshd":
+            q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    out, stats = opfacade.sdpa(q, k, v, causal=True, return_stats=True)
+    grad_out = torch.randn(out.shape, generator=generator).as_strided(out.shape, out.stride())
+    full = opfacade.sdpa_backward(q, k, v, out, grad_out, stats, causal=True)
+    guarded = sdpa_form.torch_backward(q, k, v, out, grad_out, stats, "top_left", None, False)
+    again = sdpa_form.torch_backward(*(t.clone() if layout != "packed" else t
+                                       for t in (q, k, v)), out, grad_out, stats, "top_left",
+                                     None, False)
+    assert len(sdpa_form._TORCH_BACKWARDS) == 1
+    for a, b, c in zip(full, guarded, again, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+        assert a.stride() == b.stride() == c.stride()
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu_tanh"])
+def test_linears_guarded_backward_gives_the_full_paths_gradients(activation):
+    from opfacade.ops import linear as linear_form
+
+    opfacade.clear_caches()
+    generator = torch.Generator().manual_seed(3)
+    x, w, b = (torch.randn(*shape, generator=generator) for shape in ((6, 16), (13, 16), (13,)))
+    saves = activation != "none"
+    out, aux = (opfacade.linear(x, w, b, activation=activation, save_aux=True) if saves
+                else (opfacade.linear(x, w, b), None))
+    grad_out = torch.randn(6, 13, generator=generator)
+    for needs in ((True, True, True), (False, True, False), (True, False, True)):
+        full = opfacade.linear_backward(grad_out, x, w, aux, activation=activation,
+                                        need_input_grad=needs[0], need_weight_grad=needs[1],
+                                        need_bias_grad=needs[2])
+        for _ in range(2):  # selects, then finds it by guard
+            guarded = linear_form.torch_backward(grad_out, x, w, aux, activation, *needs, False)
+            for a, c in zip(full, guarded, strict=True):
+                assert (a is None) == (c is None)
+                if a is not None:
+                    assert torch.equal(a, c) and a.stride() == c.stride()
+    assert len(linear_form._TORCH_BACKWARDS) == 3

@@ -72,6 +72,9 @@ def run(quick: bool = False) -> list[BenchRow]:
     # kept such calls apart, each batch restarted the other row's count towards the CUDA-graph
     # capture, and every call of both launched directly: scripts/host_rows_launch_probe.py.)
     xg, wg, bg, qg, kg, vg = (t.clone().requires_grad_() for t in (x, w, b, q, k, v))
+    # A whole eager training call: forward, then torch.autograd.grad (the backward op too).
+    grad_linear, grad_sdpa = torch.randn(64, 64, **bf16), torch.randn(1, 1, 64, 64, **bf16)
+    grad = torch.autograd.grad
     extra = {} if torch_training is None else {"torch sdpa training forward": torch_training}
     training_peer = {"torch training forward": "torch sdpa training forward"} if extra else {}
     training_note = (f"torch training forward: {training_forward}, the op torch's graph "
@@ -98,6 +101,13 @@ def run(quick: bool = False) -> list[BenchRow]:
         "linear torch op grad": lambda: oft.linear(xg, wg, bg, activation="gelu_tanh"),
         "torch sdpa grad": lambda: F.scaled_dot_product_attention(qg, kg, vg),
         "sdpa torch op grad": lambda: oft.sdpa(qg, kg, vg),
+        "torch linear fwd+bwd": lambda: grad(F.gelu(F.linear(xg, wg, bg), approximate="tanh"),
+                                             (xg, wg, bg), grad_linear),
+        "linear torch op fwd+bwd": lambda: grad(oft.linear(xg, wg, bg, activation="gelu_tanh"),
+                                                (xg, wg, bg), grad_linear),
+        "torch sdpa fwd+bwd": lambda: grad(F.scaled_dot_product_attention(qg, kg, vg),
+                                           (qg, kg, vg), grad_sdpa),
+        "sdpa torch op fwd+bwd": lambda: grad(oft.sdpa(qg, kg, vg), (qg, kg, vg), grad_sdpa),
         "sdpa run": lambda: att_plan.run(att_args),
         "sdpa run ws": lambda: att_plan.run(att_args, workspace=att_ws),
     }, calls=CALLS // 4 if quick else CALLS, rounds=3 if quick else ROUNDS)
@@ -132,6 +142,13 @@ def run(quick: bool = False) -> list[BenchRow]:
              {"torch": "torch sdpa grad"}, "eager training: inputs that require grad, each "
              "call recording its autograd node; torch F.scaled_dot_product_attention on the "
              "same inputs"),
+        _row(f"{linear}, oft.linear forward and backward", us, "linear torch op fwd+bwd",
+             {"torch": "torch linear fwd+bwd"}, f"eager training: the forward, then "
+             f"torch.autograd.grad through its backward op; {peer} on the same inputs"),
+        _row(f"{attention}, oft.sdpa forward and backward", us, "sdpa torch op fwd+bwd",
+             {"torch": "torch sdpa fwd+bwd"}, "eager training: the forward, then "
+             "torch.autograd.grad through its backward op; torch "
+             "F.scaled_dot_product_attention on the same inputs"),
         _row(f"{linear}, run() without a workspace", us, "linear run",
              {"run() with one": "linear run ws"},
              f"+{us['linear run'] - us['linear run ws']:.1f} us over run() with a workspace "

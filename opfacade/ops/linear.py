@@ -117,9 +117,24 @@ def _forward_plan(x: Any, weight: Any, x_facts: tuple, weight_layout: str, tf32:
         {"deterministic": deterministic}, device=operands.device_of(x_facts))
 
 
+def _backward_plan(x: Any, weight: Any, x_facts: tuple, weight_layout: str, tf32: bool,
+                   activation: str, need_input_grad: bool, need_weight_grad: bool,
+                   need_bias_grad: bool, deterministic: bool) -> LinearBackwardPlan:
+    facts = (x_facts[0], x_facts[2], operands.facts(weight, "weight")[0], weight_layout, tf32,
+             activation, need_input_grad, need_weight_grad, need_bias_grad, deterministic)
+    return LinearBackwardPlan.cached_for(
+        facts, lambda: LinearBackwardDescriptor(
+            **_problem(wrap(x, "x"), wrap(weight, "weight"), weight_layout), tf32=tf32,
+            activation=activation, need_input_grad=need_input_grad,
+            need_weight_grad=need_weight_grad, need_bias_grad=need_bias_grad),
+        {"deterministic": deterministic}, device=operands.device_of(x_facts))
+
+
 # linear's calls of plain torch tensors (the "nk" weight, no residual or TF32; out, aux and the
-# stream left to the call), by tensor guard: _internal/guarded.py.
+# stream left to the call), by tensor guard: _internal/guarded.py. The backward's likewise, the
+# gradients left to the call.
 _TORCH_CALLS = GuardedCalls()
+_TORCH_BACKWARDS = GuardedCalls()
 
 
 class _TorchAux(NamedTuple):
@@ -162,7 +177,9 @@ def torch_forward(x: Any, weight: Any, bias: Any, activation: str, deterministic
     bias)``, when given, runs before a call that misses selects (opfacade.torch's ops: their
     device check)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    options = (activation, deterministic, bias is None, save_aux)
+    # refuse among the options: a functional call's entry (none) never serves an op's call,
+    # which must refuse what the functional form takes (host tensors: the reference).
+    options = (activation, deterministic, bias is None, save_aux, refuse)
     selected = _TORCH_CALLS.find(tensors, options)
     if selected is None:
         if refuse is not None:
@@ -178,6 +195,47 @@ def torch_forward(x: Any, weight: Any, bias: Any, activation: str, deterministic
     aux = None if selected.extra is None else selected.extra.new(selected.device)
     selected.plan.run(LinearArgs(x, weight, bias, None, out, aux))
     return out, aux
+
+
+def torch_backward(grad_out: Any, x: Any, weight: Any, aux: Any, activation: str,
+                   need_input_grad: bool, need_weight_grad: bool, need_bias_grad: bool,
+                   deterministic: bool, refuse: Callable[..., Any] | None = None
+                   ) -> tuple[Any, Any, Any]:
+    """``linear_backward(grad_out, x, weight, aux, activation=..., need_*=...,
+    deterministic=...)`` for plain torch tensors, the plan of a repeat call found by a guard
+    check of its tensors, and grad_x and grad_weight allocated like x and weight where those are
+    dense (torch.empty_like parses no arguments; the full path's operands.allocate took 5.7 us a
+    gradient on a development host, torch.empty 2.2). ``refuse(grad_out, x, weight, aux)``,
+    when given, runs before a call that misses selects (opfacade.torch's ops: their device
+    check)."""
+    tensors = (grad_out, x, weight) if aux is None else (grad_out, x, weight, aux)
+    options = (activation, need_input_grad, need_weight_grad, need_bias_grad, deterministic,
+               refuse)  # refuse: as torch_forward's
+    selected = _TORCH_BACKWARDS.find(tensors, options)
+    if selected is None:
+        if refuse is not None:
+            refuse(grad_out, x, weight, aux)
+        plan = _backward_plan(x, weight, operands.facts(x, "x"), "nk", False, activation,
+                              need_input_grad, need_weight_grad, need_bias_grad, deterministic)
+        desc = plan.descriptor
+        grads = []
+        for wanted, shape, like in ((need_input_grad, desc.x_shape, x),
+                                    (need_weight_grad, desc.weight_shape, weight),
+                                    (need_bias_grad, (desc.n,), None)):
+            strides = c_strides(shape)
+            grads.append(None if not wanted else (shape, strides, like is not None and tuple(
+                like.shape) == shape and tuple(like.stride()) == strides))
+        selected = Selected(plan, desc.x_shape, c_strides(desc.x_shape), x.dtype, x.device,
+                            tuple(grads))
+        _TORCH_BACKWARDS.remember(tensors, options, selected)
+    torch = sys.modules["torch"]
+    dtype, device = selected.dtype, selected.device
+    grads = tuple(
+        None if grad is None else torch_empty(torch, grad[0], dtype, device, grad[1],
+                                              like=like if grad[2] else None)
+        for grad, like in zip(selected.extra, (x, weight, None), strict=True))
+    selected.plan.run(LinearBackwardArgs(grad_out, x, weight, aux, *grads))
+    return grads
 
 
 def linear(x: Any, weight: Any, bias: Any = None, *, activation: str = "none",
@@ -225,14 +283,8 @@ def linear_backward(grad_out: Any, x: Any, weight: Any, aux: Any = None, *,
     ``deterministic`` selects under PlanPreference(deterministic=True).
     """
     x_facts = operands.facts(x, "x")
-    facts = (x_facts[0], x_facts[2], operands.facts(weight, "weight")[0], weight_layout, tf32,
-             activation, need_input_grad, need_weight_grad, need_bias_grad, deterministic)
-    plan = LinearBackwardPlan.cached_for(
-        facts, lambda: LinearBackwardDescriptor(
-            **_problem(wrap(x, "x"), wrap(weight, "weight"), weight_layout), tf32=tf32,
-            activation=activation, need_input_grad=need_input_grad,
-            need_weight_grad=need_weight_grad, need_bias_grad=need_bias_grad),
-        {"deterministic": deterministic}, device=operands.device_of(x_facts))
+    plan = _backward_plan(x, weight, x_facts, weight_layout, tf32, activation, need_input_grad,
+                          need_weight_grad, need_bias_grad, deterministic)
     desc = plan.descriptor
 
     def allocate(shape: tuple[int, ...], wanted: bool) -> Any:

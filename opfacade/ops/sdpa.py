@@ -207,9 +207,25 @@ def _forward_plan(q: Any, k: Any, v: Any, bias: Any, options: tuple, return_stat
     return plan, q_facts
 
 
+def _backward_plan(q: Any, k: Any, v: Any, bias: Any, options: tuple, need_bias_grad: bool,
+                   deterministic: bool) -> tuple[SdpaBackwardPlan, tuple]:
+    """The cached backward plan of a call (``options`` as ``_facts`` takes them), and q's
+    facts."""
+    facts = _facts(q, k, v, bias, options)
+    q_facts = facts[0]
+    plan = SdpaBackwardPlan.cached_for(
+        (facts, need_bias_grad, deterministic),
+        lambda: SdpaBackwardDescriptor(**_problem(*_wrapped(q, k, v), bias, options),
+                                       need_bias_grad=need_bias_grad),
+        {"deterministic": deterministic}, device=operands.device_of(q_facts))
+    return plan, q_facts
+
+
 # sdpa's common calls of plain torch tensors (no bias, window, ALiBi, dropout or padding; out
-# and the stream left to the call), by tensor guard: _internal/guarded.py.
+# and the stream left to the call), by tensor guard: _internal/guarded.py. The backward's
+# likewise, the gradients left to the call.
 _TORCH_CALLS = GuardedCalls()
+_TORCH_BACKWARDS = GuardedCalls()
 
 
 def torch_forward(q: Any, k: Any, v: Any, causal: bool | str | None, scale: float | None,
@@ -219,7 +235,9 @@ def torch_forward(q: Any, k: Any, v: Any, causal: bool | str | None, scale: floa
     for plain torch tensors (``_internal/operands.PLAIN_TORCH_TYPES``), the plan of a repeat call
     found by a guard check of q, k, v. ``refuse(q, k, v)``, when given, runs before a call that
     misses selects (opfacade.torch's ops: their device check)."""
-    options = (causal, scale, return_stats)
+    # refuse among the options: a functional call's entry (none) never serves an op's call,
+    # which must refuse what the functional form takes (host tensors: the reference).
+    options = (causal, scale, return_stats, refuse)
     selected = _TORCH_CALLS.find((q, k, v), options)
     if selected is None:
         if refuse is not None:
@@ -240,6 +258,43 @@ def torch_forward(q: Any, k: Any, v: Any, causal: bool | str | None, scale: floa
     stats = torch_empty(sys.modules["torch"], *selected.extra, selected.device)
     selected.plan.run(SdpaArgs(q, k, v, out, stats))
     return out, stats
+
+
+def torch_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any,
+                   causal: bool | str | None, scale: float | None, deterministic: bool,
+                   refuse: Callable[..., Any] | None = None) -> tuple[Any, Any, Any]:
+    """``(grad_q, grad_k, grad_v)`` of ``sdpa_backward(q, k, v, out, grad_out, stats,
+    causal=..., scale=..., deterministic=...)`` for plain torch tensors, the plan of a repeat call
+    found by a guard check of the six tensors, and each gradient allocated like its input where
+    the two are laid out alike (torch.empty_like parses no arguments). The full path read the
+    three tensors' facts, looked the plan up by them and allocated through operands.allocate:
+    19 us a call on a development host with a plan whose run() does nothing, 14 of them the
+    three allocations. ``refuse(q, k, v, out, grad_out)``, when given, runs before a call that
+    misses selects (opfacade.torch's ops: their device check)."""
+    tensors = (q, k, v, out, grad_out, stats)
+    options = (causal, scale, deterministic, refuse)  # refuse: as torch_forward's
+    selected = _TORCH_BACKWARDS.find(tensors, options)
+    if selected is None:
+        if refuse is not None:
+            refuse(q, k, v, out, grad_out)
+        plan = _backward_plan(q, k, v, None, (causal, None, scale, False, 0.0, False), False,
+                              deterministic)[0]
+        desc = plan.descriptor
+        grads = []
+        for shape, like in ((desc.q_shape, q), (desc.k_shape, k), (desc.v_shape, v)):
+            strides = dense_strides(desc.layout, *shape)
+            # like the input where it has the gradient's shape and dense strides (so is dense)
+            grads.append((shape, strides,
+                          tuple(like.shape) == shape and tuple(like.stride()) == strides))
+        selected = Selected(plan, desc.q_shape, grads[0][1], q.dtype, q.device, tuple(grads))
+        _TORCH_BACKWARDS.remember(tensors, options, selected)
+    torch = sys.modules["torch"]
+    dtype, device = selected.dtype, selected.device
+    grads = tuple(
+        torch_empty(torch, shape, dtype, device, strides, like=like if same else None)
+        for (shape, strides, same), like in zip(selected.extra, (q, k, v), strict=True))
+    selected.plan.run(SdpaBackwardArgs(q, k, v, out, grad_out, stats, *grads))
+    return grads
 
 
 def sdpa(q: Any, k: Any, v: Any, *, causal: bool | str | None = None,
@@ -303,13 +358,7 @@ def sdpa_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any, *
         dropout_seed, dropout_offset = _dropout_tensors(dropout, dropout_p, dropout_seed,
                                                         dropout_offset, forward=False)
     options = (causal, window, scale, alibi, dropout_p, seq_len_q is not None)
-    facts = _facts(q, k, v, bias, options)
-    q_facts = facts[0]
-    plan = SdpaBackwardPlan.cached_for(
-        (facts, need_bias_grad, deterministic),
-        lambda: SdpaBackwardDescriptor(**_problem(*_wrapped(q, k, v), bias, options),
-                                       need_bias_grad=need_bias_grad),
-        {"deterministic": deterministic}, device=operands.device_of(q_facts))
+    plan, q_facts = _backward_plan(q, k, v, bias, options, need_bias_grad, deterministic)
     desc = plan.descriptor
     grads = [_allocate(q, q_facts, shape, desc.layout, stream, desc.element)
              for shape in (desc.q_shape, desc.k_shape, desc.v_shape)]

@@ -68,7 +68,8 @@ def _forward(op: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 # Each op's device check for a call that misses, naming the op in its errors.
-_ON_GPU = {op: device_check(op, "x", "weight", "bias") for op in ("linear", "linear_inference")}
+_ON_GPU = {**{op: device_check(op, "x", "weight", "bias") for op in ("linear", "linear_inference")},
+           "linear_backward": device_check("linear_backward", "grad_out", "x", "weight", "aux")}
 
 
 def _linear_fake(x, weight, bias, activation, save_aux, deterministic):
@@ -81,12 +82,9 @@ def _linear_backward_impl(grad_out: torch.Tensor, x: torch.Tensor, weight: torch
                           aux: torch.Tensor | None, activation: str, need_input_grad: bool,
                           need_weight_grad: bool, need_bias_grad: bool, deterministic: bool
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    on_one_gpu(grad_out, x, weight, optional=aux) or cuda_device(
-        "linear_backward", grad_out=grad_out, x=x, weight=weight, aux=aux)
-    grads = functional.linear_backward(grad_out, x, weight, aux, activation=activation,
-                                       need_input_grad=need_input_grad,
-                                       need_weight_grad=need_weight_grad,
-                                       need_bias_grad=need_bias_grad, deterministic=deterministic)
+    grads = functional.torch_backward(grad_out, x, weight, aux, activation, need_input_grad,
+                                      need_weight_grad, need_bias_grad, deterministic,
+                                      _ON_GPU["linear_backward"])
     return tuple(absent(x, torch.uint8) if grad is None else grad for grad in grads)
 
 

@@ -81,8 +81,10 @@ def _common_forward(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 # Each op's device check for a call that misses, naming the op in its errors.
-_ON_GPU = {op: device_check(op, "q", "k", "v")
-           for op in ("sdpa", "sdpa_train", "sdpa_inference")}
+_ON_GPU = {**{op: device_check(op, "q", "k", "v")
+              for op in ("sdpa", "sdpa_train", "sdpa_inference")},
+           **{op: device_check(op, "q", "k", "v", "out", "grad_out")
+              for op in ("sdpa_backward", "sdpa_train_backward")}}
 
 
 def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,
@@ -100,6 +102,10 @@ def _sdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
                         dropout_p: float, dropout_seed: torch.Tensor | None,
                         dropout_offset: torch.Tensor | None, deterministic: bool
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if bias is None and dropout_p == 0.0 and dropout_seed is None and dropout_offset is None:
+        grads = functional.torch_backward(q, k, v, out, grad_out, stats, _causal(causal), scale,
+                                          deterministic, _ON_GPU["sdpa_backward"])
+        return (*grads, absent(q, q.dtype))
     on_one_gpu(q, k, v, out, grad_out, optional=bias) or cuda_device(
         "sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
     grads = functional.sdpa_backward(q, k, v, out, grad_out, stats, causal=_causal(causal),
@@ -176,10 +182,8 @@ def _sdpa_train_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               out: torch.Tensor, grad_out: torch.Tensor, stats: torch.Tensor,
                               causal: bool, scale: float | None, deterministic: bool
                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    on_one_gpu(q, k, v, out, grad_out) or cuda_device(
-        "sdpa_train_backward", q=q, k=k, v=v, out=out, grad_out=grad_out)
-    return functional.sdpa_backward(q, k, v, out, grad_out, stats, causal=_causal(causal),
-                                    scale=scale, deterministic=deterministic)
+    return functional.torch_backward(q, k, v, out, grad_out, stats, _causal(causal), scale,
+                                     deterministic, _ON_GPU["sdpa_train_backward"])
 
 
 def _sdpa_train_backward_fake(q, k, v, out, grad_out, stats, causal, scale, deterministic):
