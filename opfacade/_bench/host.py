@@ -135,20 +135,18 @@ def run(quick: bool = False) -> list[BenchRow]:
              "torch's dispatcher, as a graph compiled for training calls its forward (the "
              "softmax stats saved); torch: F.scaled_dot_product_attention; "
              f"{training_note}"),
-        _row(f"{linear}, oft.linear with grad", us, "linear torch op grad",
-             {"torch": "torch linear grad"}, f"eager training: inputs that require grad, each "
-             f"call recording its autograd node; {peer} on the same inputs"),
-        _row(f"{attention}, oft.sdpa with grad", us, "sdpa torch op grad",
-             {"torch": "torch sdpa grad"}, "eager training: inputs that require grad, each "
-             "call recording its autograd node; torch F.scaled_dot_product_attention on the "
-             "same inputs"),
-        _row(f"{linear}, oft.linear forward and backward", us, "linear torch op fwd+bwd",
-             {"torch": "torch linear fwd+bwd"}, f"eager training: the forward, then "
-             f"torch.autograd.grad through its backward op; {peer} on the same inputs"),
-        _row(f"{attention}, oft.sdpa forward and backward", us, "sdpa torch op fwd+bwd",
-             {"torch": "torch sdpa fwd+bwd"}, "eager training: the forward, then "
-             "torch.autograd.grad through its backward op; torch "
-             "F.scaled_dot_product_attention on the same inputs"),
+        # Eager training calls, each drop-in against torch's call on the same inputs.
+        *(_row(f"{case}, oft.{name} {what}", us, f"{name} torch op {key}",
+               {"torch": f"torch {name} {key}"}, f"eager training: {how}; {peer_call} on the "
+               f"same inputs")
+          for what, key, how in (
+              ("with grad", "grad", "inputs that require grad, each call recording its "
+                                    "autograd node"),
+              ("forward and backward", "fwd+bwd", "the forward, then torch.autograd.grad "
+                                                  "through its backward op"))
+          for case, name, peer_call in (
+              (linear, "linear", peer),
+              (attention, "sdpa", "torch F.scaled_dot_product_attention"))),
         _row(f"{linear}, run() without a workspace", us, "linear run",
              {"run() with one": "linear run ws"},
              f"+{us['linear run'] - us['linear run ws']:.1f} us over run() with a workspace "
