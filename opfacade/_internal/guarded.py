@@ -26,10 +26,36 @@ from typing import Any, NamedTuple
 from .call_keys import torch_guards
 from .memory import torch_empty
 
-__all__ = ["GuardedCalls", "Selected", "clear_all"]
+__all__ = ["Allocation", "GuardedCalls", "Selected", "clear_all", "laid_out_as"]
 
 _GUARDS: list = []  # [torch's TensorGuards, or None where it is missing or fails its self-test]
 _EVERY: weakref.WeakSet = weakref.WeakSet()  # every GuardedCalls, for clear_all
+
+
+def laid_out_as(tensor: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether ``tensor`` has exactly this shape and these strides. For dense strides the tensor
+    is then dense too, and an output of this layout can be ``torch.empty_like(tensor)``, which
+    parses no arguments (torch_empty's ``like``)."""
+    return tuple(tensor.shape) == shape and tuple(tensor.stride()) == strides
+
+
+class Allocation(NamedTuple):
+    """How a guarded call allocates one of several outputs (a backward's gradients): its shape
+    and dense strides, and ``like_input``: laid_out_as the call's input it is made for."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    like_input: bool
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...], strides: tuple[int, ...], tensor: Any = None
+           ) -> Allocation:
+        return cls(shape, strides, tensor is not None and laid_out_as(tensor, shape, strides))
+
+    def empty(self, tensor: Any, dtype: Any, device: Any) -> Any:
+        """The output, uninitialised (as Selected.empty), like ``tensor`` when ``like_input``."""
+        return torch_empty(sys.modules["torch"], self.shape, dtype, device, self.strides,
+                           like=tensor if self.like_input else None)
 
 
 class Selected(NamedTuple):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .._internal import operands
-from .._internal.guarded import GuardedCalls, Selected
+from .._internal.guarded import Allocation, GuardedCalls, Selected
 from .._internal.memory import torch_empty
 from .._internal.tensors import PLAIN_TORCH_TYPES, TensorView, c_strides, wrap
 from .._internal.view import TORCH_DTYPES
@@ -218,22 +218,16 @@ def torch_backward(grad_out: Any, x: Any, weight: Any, aux: Any, activation: str
         plan = _backward_plan(x, weight, operands.facts(x, "x"), "nk", False, activation,
                               need_input_grad, need_weight_grad, need_bias_grad, deterministic)
         desc = plan.descriptor
-        grads = []
-        for wanted, shape, like in ((need_input_grad, desc.x_shape, x),
-                                    (need_weight_grad, desc.weight_shape, weight),
-                                    (need_bias_grad, (desc.n,), None)):
-            strides = c_strides(shape)
-            grads.append(None if not wanted else (shape, strides, like is not None and tuple(
-                like.shape) == shape and tuple(like.stride()) == strides))
+        grads = tuple(Allocation.of(shape, c_strides(shape), like) if wanted else None
+                      for wanted, shape, like in ((need_input_grad, desc.x_shape, x),
+                                                  (need_weight_grad, desc.weight_shape, weight),
+                                                  (need_bias_grad, (desc.n,), None)))
         selected = Selected(plan, desc.x_shape, c_strides(desc.x_shape), x.dtype, x.device,
-                            tuple(grads))
+                            grads)
         _TORCH_BACKWARDS.remember(tensors, options, selected)
-    torch = sys.modules["torch"]
     dtype, device = selected.dtype, selected.device
-    grads = tuple(
-        None if grad is None else torch_empty(torch, grad[0], dtype, device, grad[1],
-                                              like=like if grad[2] else None)
-        for grad, like in zip(selected.extra, (x, weight, None), strict=True))
+    grads = tuple(None if grad is None else grad.empty(like, dtype, device)
+                  for grad, like in zip(selected.extra, (x, weight, None), strict=True))
     selected.plan.run(LinearBackwardArgs(grad_out, x, weight, aux, *grads))
     return grads
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._internal import operands
-from .._internal.guarded import GuardedCalls, Selected
+from .._internal.guarded import Allocation, GuardedCalls, Selected, laid_out_as
 from .._internal.memory import torch_empty
 from .._internal.tensors import PLAIN_TORCH_TYPES, TensorView, wrap
 from .._internal.view import TORCH_DTYPES
@@ -248,7 +248,7 @@ def torch_forward(q: Any, k: Any, v: Any, causal: bool | str | None, scale: floa
         stats = ((desc.stats_shape, TORCH_DTYPES[desc.stats_element]) if return_stats
                  else None)
         # out allocated like q where it has q's shape and strides: q is then dense too.
-        like_q = tuple(q.shape) == desc.o_shape and tuple(q.stride()) == desc.o_strides
+        like_q = laid_out_as(q, desc.o_shape, desc.o_strides)
         selected = Selected(plan, desc.o_shape, desc.o_strides, q.dtype, q.device, stats, like_q)
         _TORCH_CALLS.remember((q, k, v), options, selected)
     out = selected.empty(q)
@@ -280,19 +280,13 @@ def torch_backward(q: Any, k: Any, v: Any, out: Any, grad_out: Any, stats: Any,
         plan = _backward_plan(q, k, v, None, (causal, None, scale, False, 0.0, False), False,
                               deterministic)[0]
         desc = plan.descriptor
-        grads = []
-        for shape, like in ((desc.q_shape, q), (desc.k_shape, k), (desc.v_shape, v)):
-            strides = dense_strides(desc.layout, *shape)
-            # like the input where it has the gradient's shape and dense strides (so is dense)
-            grads.append((shape, strides,
-                          tuple(like.shape) == shape and tuple(like.stride()) == strides))
-        selected = Selected(plan, desc.q_shape, grads[0][1], q.dtype, q.device, tuple(grads))
+        grads = tuple(Allocation.of(shape, dense_strides(desc.layout, *shape), like)
+                      for shape, like in ((desc.q_shape, q), (desc.k_shape, k), (desc.v_shape, v)))
+        selected = Selected(plan, desc.q_shape, grads[0].strides, q.dtype, q.device, grads)
         _TORCH_BACKWARDS.remember(tensors, options, selected)
-    torch = sys.modules["torch"]
     dtype, device = selected.dtype, selected.device
-    grads = tuple(
-        torch_empty(torch, shape, dtype, device, strides, like=like if same else None)
-        for (shape, strides, same), like in zip(selected.extra, (q, k, v), strict=True))
+    grads = tuple(grad.empty(like, dtype, device)
+                  for grad, like in zip(selected.extra, (q, k, v), strict=True))
     selected.plan.run(SdpaBackwardArgs(q, k, v, out, grad_out, stats, *grads))
     return grads
 

@@ -105,7 +105,7 @@ def _traced(args: tuple, positions: tuple[int, ...]) -> bool:
     """Whether torch is tracing this call or a dispatch mode watches it (torch.compile; fake or
     functional tensors, which are Tensor subclasses; a TorchDispatchMode such as
     FlopCounterMode): then only the op will do."""
-    if torch.compiler.is_compiling() or _dispatch_modes():
+    if _is_compiling() or _dispatch_modes():
         return True
     for i in positions:
         a = args[i]

@@ -87,13 +87,25 @@ _ON_GPU = {**{op: device_check(op, "q", "k", "v")
               for op in ("sdpa_backward", "sdpa_train_backward")}}
 
 
-def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,
-               save_stats, deterministic):
-    device = cuda_device("sdpa", q=q, k=k, v=v, bias=bias)
+def _fake_forward(op: str, q, k, v, bias, save_stats: bool):
+    """The fake (out, stats) of a forward op (``absent`` stats unless ``save_stats``)."""
+    device = cuda_device(op, q=q, k=k, v=v, bias=bias)
     element = element_of(q, "q")
     out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q), element, device)
     stats = empty((*q.shape[:3], 1), element.accumulator, device) if save_stats else absent(q)
     return out, stats
+
+
+def _fake_grads(q, k, v, device) -> list:
+    """The fake grad_q, grad_k, grad_v of a backward op: in q's output layout, as the real ones
+    (functional.torch_backward and sdpa_backward allocate them dense in the plan's layout)."""
+    element, layout = element_of(q, "q"), _layout(q)
+    return [empty_in_layout(t.shape, layout, element, device) for t in (q, k, v)]
+
+
+def _sdpa_fake(q, k, v, bias, causal, scale, dropout_p, dropout_seed, dropout_offset,
+               save_stats, deterministic):
+    return _fake_forward("sdpa", q, k, v, bias, save_stats)
 
 
 def _sdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -118,9 +130,8 @@ def _sdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
 def _sdpa_backward_fake(q, k, v, out, grad_out, stats, bias, need_bias_grad, causal, scale,
                         dropout_p, dropout_seed, dropout_offset, deterministic):
     device = cuda_device("sdpa_backward", q=q, k=k, v=v, out=out, grad_out=grad_out, bias=bias)
-    element, layout = element_of(q, "q"), _layout(q)
-    grads = [empty_in_layout(t.shape, layout, element, device) for t in (q, k, v)]
-    grad_bias = (empty(bias.shape, element, device) if need_bias_grad
+    grads = _fake_grads(q, k, v, device)
+    grad_bias = (empty(bias.shape, element_of(q, "q"), device) if need_bias_grad
                  else absent(q, q.dtype))
     return (*grads, grad_bias)
 
@@ -167,15 +178,12 @@ def _sdpa_train_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's choice, in the schema so that autograd hands it on (as
     # sdpa's). (Development CPU, plans whose run() does nothing: this op through the dispatcher
-    # 12-13 us a call against sdpa's 18.9 with the same stats; docs/PERF-NOTES.md.)
+    # 16.5-17.3 us a call against sdpa's 18.1-19.1 with the same stats; docs/PERF-NOTES.md.)
     return _common_forward("sdpa_train", q, k, v, causal, scale, True)
 
 
 def _sdpa_train_fake(q, k, v, causal, scale, deterministic):
-    device = cuda_device("sdpa_train", q=q, k=k, v=v)
-    element = element_of(q, "q")
-    out = empty_in_layout((*q.shape[:3], v.shape[3]), _layout(q), element, device)
-    return out, empty((*q.shape[:3], 1), element.accumulator, device)
+    return _fake_forward("sdpa_train", q, k, v, None, True)
 
 
 def _sdpa_train_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -188,8 +196,7 @@ def _sdpa_train_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _sdpa_train_backward_fake(q, k, v, out, grad_out, stats, causal, scale, deterministic):
     device = cuda_device("sdpa_train_backward", q=q, k=k, v=v, out=out, grad_out=grad_out)
-    element, layout = element_of(q, "q"), _layout(q)
-    return tuple(empty_in_layout(t.shape, layout, element, device) for t in (q, k, v))
+    return tuple(_fake_grads(q, k, v, device))
 
 
 _sdpa_train_backward = define_op("sdpa_train_backward", _sdpa_train_backward_impl,
