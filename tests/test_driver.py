@@ -248,6 +248,52 @@ def test_every_call_crosses_a_real_c_abi(stand_in):
         runtime.getDeviceProperties(2)
 
 
+def test_a_thread_without_a_context_gets_device_0s_for_the_capture_check(stand_in):
+    """run()'s capture check is the first driver call a thread makes when torch served its own
+    calls there from its caching allocator (an H100 raised CUDA_ERROR_INVALID_CONTEXT from
+    cuStreamIsCapturing on such a thread): device 0's primary context is made current, as the
+    runtime's first call would, and the check answers."""
+    stand_in.stand_in_current.restype = ctypes.c_void_p
+    runtime = DriverRuntime(stand_in)
+    stand_in.stand_in_forget_context()
+    assert runtime.streamIsCapturing(0x7FFF00000005) == 1
+    assert stand_in.stand_in_current() == 0x1000
+    runtime.setDevice(1)  # a context current: nothing is rebound
+    assert not runtime.bind_if_unbound()
+    assert runtime.streamIsCapturing(5) == 0 and stand_in.stand_in_current() == 0x1001
+
+
+def test_a_graph_replay_on_a_thread_without_a_context(stand_in, monkeypatch):
+    """GraphedLaunches' own capture check (a run with a workspace reaches it first): device 0's
+    context made current, then the replay; another failure of the check is a LaunchFailed."""
+    from opfacade._internal import graph_replay
+    from opfacade.errors import LaunchFailed
+
+    def bare(name):
+        function = stand_in[name]
+        function.restype = ctypes.c_int
+        return function
+
+    stand_in.stand_in_current.restype = ctypes.c_void_p
+    stand_in.stand_in_last_launch.restype = ctypes.POINTER(ctypes.c_uint64)
+    runtime = DriverRuntime(stand_in)
+    monkeypatch.setattr(graph_replay, "bare_function", bare)
+    monkeypatch.setattr(graph_replay, "bind_default_context", runtime.bind_if_unbound)
+    stand_in.stand_in_forget_context()
+    graphed = graph_replay.GraphedLaunches(lambda on: [], 0x7FFF00000009, 0)
+    graphed._exec, graphed._exec_handle = 0x7E0000000002, ctypes.c_void_p(0x7E0000000002)
+    graphed._calls = 5
+    try:
+        graphed()
+        assert stand_in.stand_in_current() == 0x1000
+        assert stand_in.stand_in_last_launch()[0] == 0x7E0000000002
+        graphed._capturing = lambda stream, reference: 1  # CUDA_ERROR_INVALID_VALUE
+        with pytest.raises(LaunchFailed, match="cuStreamIsCapturing failed.*CUresult 1"):
+            graphed()
+    finally:
+        graphed._exec = None  # made up: __del__ must not hand it to a driver
+
+
 def test_hot_calls_on_arguments_made_once_cross_a_real_c_abi(stand_in, monkeypatch):
     """The bare functions (driver.bare_function) of a packed kernel launch and of a graph
     replay, called on ctypes objects made once: 64-bit pointers and handles arrive whole, the
@@ -264,6 +310,7 @@ def test_hot_calls_on_arguments_made_once_cross_a_real_c_abi(stand_in, monkeypat
 
     stand_in.stand_in_last_launch.restype = ctypes.POINTER(ctypes.c_uint64)
     seen = stand_in.stand_in_last_launch()
+    DriverRuntime(stand_in).setDevice(0)  # whatever the tests before left current
     monkeypatch.setattr(launching, "_driver_launch", lambda: bare("cuLaunchKernel"))
     function = type("F", (), {"ptr": 0x7F00DEADBEEF})()
     wide_stream = 0x7FFF00000005

@@ -67,6 +67,60 @@ def test_scratch_freed_from_a_thread_that_never_set_a_device():
     runtime.free(pointer)  # on the test's thread, torch's context current
 
 
+def test_ops_run_from_a_thread_that_made_no_cuda_call(monkeypatch):
+    """A thread whose first CUDA work is an opfacade call, with torch's caching allocator serving
+    its tensors (so no runtime call there made a context current): on an H100 run()'s capture
+    check raised CUDA_ERROR_INVALID_CONTEXT there (scripts/sdpa_backward_gap_probe.py
+    --threads). plan.run with a workspace past its graph's capture, then the torch ops' forward
+    and backward, give the main thread's bits."""
+    import threading
+
+    import opfacade
+    import opfacade.torch as oft
+    from opfacade._internal import graph_replay
+
+    monkeypatch.setattr(graph_replay, "LIBRARY_CAPTURE_AT", 4)  # replays within a few calls
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    q, k, v = (torch.randn(2, 4, 128, 64, generator=gen, **bf16).requires_grad_()
+               for _ in range(3))
+    x = torch.randn(64, 96, generator=gen, **bf16).requires_grad_()
+    w = torch.randn(128, 96, generator=gen, **bf16).requires_grad_()
+    grad_attention = torch.randn(2, 4, 128, 64, generator=gen, **bf16)
+    grad_linear = torch.randn(64, 128, generator=gen, **bf16)
+    plan = opfacade.SdpaForwardPlan.cached(opfacade.SdpaDescriptor(
+        batch=2, heads_q=4, heads_kv=4, seq_q=128, seq_kv=128, head_dim=64, element="bf16"))
+    workspace = torch.empty(max(plan.workspace_size, 256), dtype=torch.uint8, device="cuda")
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+
+    def step():
+        planned = torch.empty_like(qd)
+        for _ in range(8):
+            plan.run(opfacade.SdpaArgs(qd, kd, vd, planned), workspace=workspace)
+        out = oft.sdpa(q, k, v, is_causal=True, deterministic=True)
+        y = oft.linear(x, w, activation="relu", deterministic=True)
+        grads = torch.autograd.grad((out, y), (q, k, v, x, w), (grad_attention, grad_linear))
+        return [planned, out, y, *grads]
+
+    expected = [t.clone() for t in step()]  # also leaves the caching allocator warm
+    torch.cuda.synchronize()
+    found, failures = [], []
+
+    def work():
+        try:
+            found.extend(t.clone() for t in step())
+        except Exception as error:  # reported on the test's thread
+            failures.append(error)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert failures == []
+    for before, after in zip(expected, found, strict=True):
+        assert torch.equal(before, after)
+
+
 def test_stream_ordered_scratch_and_capture():
     runtime = driver_runtime()
     stream = torch.cuda.Stream()

@@ -23,10 +23,11 @@ import functools
 import threading
 from collections.abc import Callable
 
-__all__ = ["CudaDriverError", "DriverRuntime", "bare_function", "driver_runtime", "libcuda"]
+__all__ = ["INVALID_CONTEXT", "CudaDriverError", "DriverRuntime", "bare_function",
+           "bind_default_context", "driver_runtime", "libcuda"]
 
 # cuda.h's CUresult values and CUdevice_attribute ids read here.
-_SUCCESS, _NOT_INITIALIZED, _INVALID_CONTEXT = 0, 3, 201
+_SUCCESS, _NOT_INITIALIZED, INVALID_CONTEXT = 0, 3, 201
 _MAJOR, _MINOR, _SM_COUNT = 75, 76, 16
 _CAPTURING = "cuStreamIsCapturing"
 
@@ -64,7 +65,7 @@ class CudaDriverError(RuntimeError):
 # name: (argument types, in cuda.h's order); every entry point returns a CUresult (int). The
 # names are the exported symbols, not cuda.h's macros: where cuda.h defines a name as a versioned
 # one (cuMemFree is cuMemFree_v2), the bare symbol is the legacy entry point (cuMemFree's takes a
-# 32-bit pointer and failed with CUDA_ERROR_INVALID_CONTEXT on the lent H100s).
+# 32-bit pointer and failed with CUDA_ERRORINVALID_CONTEXT on the lent H100s).
 _SIGNATURES = {
     "cuInit": (ctypes.c_uint,),
     "cuDeviceGetCount": (ctypes.POINTER(ctypes.c_int),),
@@ -117,17 +118,20 @@ class DriverRuntime:
         if status == _NOT_INITIALIZED and not self._initialized:
             self._init()
             status = self._calls[name](*args)
-        if status == _INVALID_CONTEXT and self._no_context_current():
-            # A thread that never set a device: the runtime makes device 0's primary context
-            # current on its first call that needs one (clear_caches from a new thread, say).
-            self.setDevice(0)
+        if status == INVALID_CONTEXT and self.bind_if_unbound():
             status = self._calls[name](*args)
         self._check(name, status)
 
-    def _no_context_current(self) -> bool:
+    def bind_if_unbound(self) -> bool:
+        """On a thread where no context is current (one that never made a CUDA call: a clear_caches
+        or a run from a new thread, say), makes device 0's primary context current, as the
+        runtime's first call that needs a context does there, and returns True (the caller then
+        retries the call that failed with CUDA_ERRORINVALID_CONTEXT); else False."""
         context = ctypes.c_void_p()
-        return (self._calls["cuCtxGetCurrent"](ctypes.byref(context)) == _SUCCESS
-                and not context.value)
+        if self._calls["cuCtxGetCurrent"](ctypes.byref(context)) != _SUCCESS or context.value:
+            return False
+        self.setDevice(0)
+        return True
 
     def _init(self) -> None:
         self._check("cuInit", self._calls["cuInit"](0))
@@ -146,7 +150,7 @@ class DriverRuntime:
             status = function(byref(cell))
             if status == _SUCCESS:
                 return cell.value
-            if status in (_INVALID_CONTEXT, _NOT_INITIALIZED):
+            if status in (INVALID_CONTEXT, _NOT_INITIALIZED):
                 return 0  # no context current on this thread: the runtime's answer is device 0
             self._check("cuCtxGetDevice", status)
 
@@ -175,6 +179,10 @@ class DriverRuntime:
                 handle = handles[stream] = ctypes.c_void_p(stream)
             status = function(handle, reference)
             if status != _SUCCESS:
+                # A thread with no context current (torch's calls on it had all been served by
+                # its caching allocator, say): the driver refuses until one is.
+                if status == INVALID_CONTEXT and self.bind_if_unbound():
+                    status = function(handle, reference)
                 self._check(_CAPTURING, status)
             return cell.value
 
@@ -239,3 +247,11 @@ def driver_runtime() -> DriverRuntime | None:
     callers then ask CuPy, whose import error names what to install."""
     library = libcuda()
     return None if library is None else DriverRuntime(library)
+
+
+def bind_default_context() -> bool:
+    """``DriverRuntime.bind_if_unbound`` for callers of bare functions (driver.bare_function),
+    which fail with CUDA_ERRORINVALID_CONTEXT on a thread where no context is current: True
+    where it made device 0's primary context current, so the failed call may be retried."""
+    runtime = driver_runtime()
+    return runtime is not None and runtime.bind_if_unbound()

@@ -12,7 +12,7 @@ import ctypes
 from collections.abc import Callable
 
 from ..errors import LaunchFailed
-from .driver import bare_function
+from .driver import INVALID_CONTEXT, bare_function, bind_default_context
 from .log import LOG
 
 __all__ = ["LIBRARY_CAPTURE_AT", "REPLAY", "GraphedLaunches", "library_call"]
@@ -95,12 +95,25 @@ class GraphedLaunches:
             self._launch_direct()
             return
         cell, reference = self._capturing_cell
-        self._capturing(self._stream_handle, reference)
+        status = self._capturing(self._stream_handle, reference)
+        if status:
+            self._capture_check_failed(status)
         if cell.value or (self._exec is None and not self._build()):
             self._launch_direct()
             return
         if self._graph_launch(self._exec_handle, self._stream_handle):
             raise LaunchFailed(f"CUDA graph launch failed on cuda:{self._device}")
+
+    def _capture_check_failed(self, status: int) -> None:
+        """The capture check failed. On a thread where no context was current
+        (CUDA_ERROR_INVALID_CONTEXT: a thread whose calls so far made no driver call), device 0's
+        primary context is made current, as the runtime's first call there would, and the check
+        is asked again; any other failure is raised."""
+        if status == INVALID_CONTEXT and bind_default_context():
+            status = self._capturing(self._stream_handle, self._capturing_cell[1])
+        if status:
+            raise LaunchFailed(f"cuStreamIsCapturing failed on cuda:{self._device}'s stream "
+                               f"{self._stream:#x}: CUresult {status}")
 
     def __del__(self) -> None:
         if self._exec is None:

@@ -43,8 +43,10 @@ CUresult cuDevicePrimaryCtxRetain(void **context, int device) {
     *context = (void *)(uintptr_t)(0x1000 + device);
     return OK;
 }
-/* Capturing: only the stream whose handle needs all 64 bits to tell apart. */
+/* Capturing: only the stream whose handle needs all 64 bits to tell apart. With no context
+   current it fails, as an H100's driver did for a thread that had made no CUDA call. */
 CUresult cuStreamIsCapturing(void *stream, int *status) {
+    if (!current) return INVALID_CONTEXT;
     *status = (uintptr_t)stream == 0x7fff00000005ULL;
     return OK;
 }
