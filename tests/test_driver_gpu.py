@@ -71,8 +71,8 @@ def test_ops_run_from_a_thread_that_made_no_cuda_call(monkeypatch):
     """A thread whose first CUDA work is an opfacade call, with torch's caching allocator serving
     its tensors (so no runtime call there made a context current): on an H100 run()'s capture
     check raised CUDA_ERROR_INVALID_CONTEXT there (scripts/sdpa_backward_gap_probe.py
-    --threads). plan.run with a workspace past its graph's capture, then the torch ops' forward
-    and backward, give the main thread's bits."""
+    --threads). The torch ops' forward and backward, then plan.run with a workspace past its
+    graph's capture, give the main thread's bits."""
     import threading
 
     import opfacade
@@ -94,13 +94,16 @@ def test_ops_run_from_a_thread_that_made_no_cuda_call(monkeypatch):
     qd, kd, vd = (t.detach() for t in (q, k, v))
 
     def step():
-        planned = torch.empty_like(qd)
-        for _ in range(8):
-            plan.run(opfacade.SdpaArgs(qd, kd, vd, planned), workspace=workspace)
+        # First the torch ops: the sdpa forward's run() (no workspace) asks whether the stream
+        # is captured before anything else reaches the driver. (A cuDNN execute first would
+        # have made a context current through the runtime.)
         out = oft.sdpa(q, k, v, is_causal=True, deterministic=True)
         y = oft.linear(x, w, activation="relu", deterministic=True)
         grads = torch.autograd.grad((out, y), (q, k, v, x, w), (grad_attention, grad_linear))
-        return [planned, out, y, *grads]
+        planned = torch.empty_like(qd)
+        for _ in range(8):
+            plan.run(opfacade.SdpaArgs(qd, kd, vd, planned), workspace=workspace)
+        return [out, y, *grads, planned]
 
     expected = [t.clone() for t in step()]  # also leaves the caching allocator warm
     torch.cuda.synchronize()

@@ -46,8 +46,8 @@ class GraphedLaunches:
     def __init__(self, make: Callable[[int], list[Callable[[], None]]], stream: int,
                  device: int, capture_at: int = 2):
         self._make, self._stream, self._device = make, int(stream), device
-        self._direct = make(self._stream)
-        self._calls, self._exec, self._graph, self._keep = 0, None, None, None
+        self._calls, self._exec, self._graph, self._keep = 0, None, None, None  # __del__ reads
+        self._direct = make(self._stream)  # may raise (a kernel that cannot load)
         self._capture_at = capture_at
         # The two driver calls of a replay, as bare functions on handle objects made here (the
         # executable graph's once it is built): what a replay costs the host is all ctypes.
