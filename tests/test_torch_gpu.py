@@ -519,6 +519,56 @@ def test_the_ops_replay_from_a_captured_cuda_graph():
         assert torch.equal(projected, oft.linear(x, w, activation="gelu_tanh"))
 
 
+def _every_family_without_grad(model, make):
+    """Each family's drop-in (and a model of oft.Linear and oft.sdpa) on fixed inputs, each
+    passed through ``make`` first (a clone, inside torch.inference_mode, makes inference
+    tensors); kv_append writes caches made by ``make`` too. The outputs, cloned."""
+    x = make(_randn(2, 128, 256, seed=20))
+    q, k, v = (make(_randn(2, h, 128, 64, seed=21 + h)) for h in (8, 2, 2))
+    vq, vk, vv = (make(_randn(128, h, 64, seed=30 + h)) for h in (8, 2, 2))
+    cu = torch.tensor([0, 17, 17, 80, 128], dtype=torch.int32, device=CUDA)
+    scores = make(_randn(2, 4, 16, 24, dtype=torch.float32, seed=40))
+    slopes = make(torch.linspace(0.1, 0.8, 4, device=CUDA))
+    k_cache, v_cache = (make(_randn(4, 256, 2, 64, seed=s)).clone() for s in (50, 51))
+    lens = torch.tensor([1, 2, 100, 256], dtype=torch.int32, device=CUDA)
+    k_new, v_new, dq = (make(_randn(4, 1, h, 64, seed=s)) for h, s in ((2, 52), (2, 53),
+                                                                       (8, 54)))
+    outputs = [model(x), oft.sdpa(q, k, v, is_causal=True, enable_gqa=True),
+               oft.linear(x, model.up.weight, model.up.bias, activation="gelu_tanh"),
+               oft.varlen_attention(vq, vk, vv, cu, cu, max_seqlen_q=63, max_seqlen_kv=63,
+                                    causal="bottom_right"),
+               oft.alibi(scores, slopes)]
+    oft.kv_append(k_new, v_new, k_cache, v_cache, lens)
+    outputs += [k_cache, v_cache, *oft.decode_attention(dq, k_cache, v_cache, lens,
+                                                        return_lse=True)]
+    return [output.clone() for output in outputs]
+
+
+def test_inference_mode_gives_no_grads_bits():
+    """torch.inference_mode(), what serving code runs under: every family's drop-in and a model
+    of oft.Linear and oft.sdpa give the bits they give under no_grad, on tensors made outside
+    the mode and on inference tensors made inside it; and the model compiled under the mode."""
+    torch.manual_seed(0)
+    model = Block()
+    keep = lambda t: t  # noqa: E731
+    with torch.no_grad():
+        expected = _every_family_without_grad(model, keep)
+    with torch.inference_mode():
+        on_normal = _every_family_without_grad(model, keep)
+        on_inference = _every_family_without_grad(model, torch.clone)
+        assert on_inference[0].is_inference()
+    for name, want, *found in zip(("model", "sdpa", "linear", "varlen", "alibi", "k_cache",
+                                   "v_cache", "decode out", "decode lse"),
+                                  expected, on_normal, on_inference, strict=True):
+        for got in found:
+            assert torch.equal(got, want), name
+    compiled = torch.compile(model, fullgraph=True)
+    x = _randn(2, 128, 256, seed=20)
+    with torch.inference_mode():
+        out = compiled(x)
+    assert torch.allclose(out.float(), expected[0].float(), rtol=2e-2, atol=2e-2)
+
+
 def test_deterministic_training_steps_are_bitwise_repeatable_across_streams():
     torch.manual_seed(0)
     model = Block(deterministic=True)
