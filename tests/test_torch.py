@@ -183,3 +183,36 @@ def test_every_drop_in_traces_into_one_inference_graph_that_saves_nothing_for_a_
     assert calls["sdpa_inference"][0]["causal"] is True
     assert calls["varlen_attention"][0]["save_lse"] is False
     assert shapes == [(2, 4, 8, 16), (16, 64), (2, 4, 16, 16), (10, 4, 64), (2, 1, 8, 64)]
+
+
+def test_autocast_inputs_cast_as_torch_autocast_casts_a_lower_precision_ops():
+    """Floating CUDA tensors other than float64 go to the autocast dtype; float64, integer, bool
+    and host tensors and None stay as they are, and a tensor already in the dtype is passed on
+    itself. (Fake CUDA tensors without grad, which a CPU-only torch cannot differentiate: the
+    drop-ins under a real torch.autocast, gradients included, run in tests/test_torch_gpu.py.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from opfacade.torch._common import autocast_inputs
+
+    with FakeTensorMode():
+        f32 = torch.empty(4, 8, device="cuda")
+        bf16, f64 = (torch.empty(4, device="cuda", dtype=t) for t in (torch.bfloat16,
+                                                                       torch.float64))
+        i32, flags = (torch.empty(4, device="cuda", dtype=t) for t in (torch.int32, torch.bool))
+        host = torch.empty(4)
+        cast = autocast_inputs(torch.bfloat16, f32, bf16, f64, i32, flags, host, None)
+        assert cast[0].dtype == torch.bfloat16 and cast[0].shape == (4, 8)
+        assert all(after is before for after, before in
+                   zip(cast[1:], (bf16, f64, i32, flags, host, None), strict=True))
+        assert autocast_inputs(torch.float16, bf16)[0].dtype == torch.float16
+
+
+def test_the_drop_ins_ask_autocast_only_for_its_dtype(monkeypatch):
+    """With torch.autocast("cuda") off (always so on a machine without CUDA), the drop-ins
+    cast nothing; on, they pass their floating inputs through autocast_inputs (the GPU test
+    checks the outputs against torch's under a real autocast)."""
+    from opfacade.torch import _common
+
+    assert _common.autocast_dtype() is None
+    monkeypatch.setattr(_common, "_autocast_enabled", lambda device: device == "cuda")
+    assert _common.autocast_dtype() == torch.get_autocast_dtype("cuda")

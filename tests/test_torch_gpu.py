@@ -569,6 +569,60 @@ def test_inference_mode_gives_no_grads_bits():
     assert torch.allclose(out.float(), expected[0].float(), rtol=2e-2, atol=2e-2)
 
 
+def test_autocast_casts_the_drop_ins_inputs_as_torch_does():
+    """Under torch.autocast("cuda", bfloat16), the mixed-precision training setup: float32
+    inputs and master weights run in bfloat16, with the bits of the same call on inputs cast
+    by hand; bfloat16 activations meet float32 weights (a DTypeMismatch without the cast); the
+    outputs are bfloat16 as torch's are; the float32 weights get float32 gradients close to
+    nn.Linear's and F.sdpa's under the same autocast; a compiled model agrees."""
+    bf16 = torch.bfloat16
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(96, 80, device=CUDA)
+    layer = oft.Linear.from_torch(reference, deterministic=True)
+    x = _randn(64, 96, dtype=torch.float32, seed=60)
+    q, k, v = (_randn(2, h, 64, 64, dtype=torch.float32, seed=61 + h) for h in (8, 2, 2))
+    vq, vk, vv = (_randn(96, h, 64, dtype=torch.float32, seed=70 + h) for h in (8, 2, 2))
+    cu = torch.tensor([0, 30, 96], dtype=torch.int32, device=CUDA)
+    by_hand = [oft.linear(x.to(bf16), layer.weight.to(bf16), layer.bias.to(bf16)),
+               oft.sdpa(q.to(bf16), k.to(bf16), v.to(bf16), is_causal=True, enable_gqa=True),
+               oft.varlen_attention(vq.to(bf16), vk.to(bf16), vv.to(bf16), cu, cu,
+                                    max_seqlen_q=66, max_seqlen_kv=66, causal=True)]
+    with torch.autocast("cuda", dtype=bf16):
+        cast = [layer(x), oft.sdpa(q, k, v, is_causal=True, enable_gqa=True),
+                oft.varlen_attention(vq, vk, vv, cu, cu, max_seqlen_q=66, max_seqlen_kv=66,
+                                     causal=True)]
+        mixed = oft.linear(x.to(bf16), layer.weight, layer.bias)
+        theirs = [reference(x), F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                               enable_gqa=True)]
+    for name, got, want in zip(("linear", "sdpa", "varlen"), cast, by_hand, strict=True):
+        assert got.dtype == bf16 and torch.equal(got, want), name
+    assert torch.equal(mixed, by_hand[0])
+    for got, want in zip(cast, theirs, strict=False):
+        assert got.dtype == want.dtype and _error(got, want.double()) < 2e-2
+
+    # Gradients reach the float32 originals, in float32, close to torch's under autocast.
+    grads = {}
+    for name, module, attention in (("ours", layer, oft.sdpa),
+                                    ("torch", reference, F.scaled_dot_product_attention)):
+        qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        module.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=bf16):
+            attended = attention(qg, kg, vg, is_causal=True, enable_gqa=True)
+            loss = module(x).float().square().mean() + attended.float().square().mean()
+        loss.backward()
+        grads[name] = [module.weight.grad, module.bias.grad, qg.grad, kg.grad, vg.grad]
+    for ours, theirs_ in zip(grads["ours"], grads["torch"], strict=True):
+        assert ours.dtype == torch.float32 and _error(ours, theirs_.double()) < 2e-2
+
+    model = Block(dtype=torch.float32)
+    xs = _randn(2, 128, 256, dtype=torch.float32, seed=80)
+    with torch.autocast("cuda", dtype=bf16):
+        eager = model(xs)
+        compiled = torch.compile(model, fullgraph=True)(xs)
+    assert eager.dtype == compiled.dtype == torch.float32  # the residual stream stays float32
+    assert _error(compiled, eager.double()) < 2e-2
+
+
 def test_deterministic_training_steps_are_bitwise_repeatable_across_streams():
     torch.manual_seed(0)
     model = Block(deterministic=True)

@@ -14,8 +14,9 @@ from ..contracts.sdpa_layouts import dense_strides
 from ..errors import DeviceMismatch, DTypeMismatch, InvalidArgument, Unsupported
 from ..types import ElementKind
 
-__all__ = ["absent", "cuda_device", "deterministic_choice", "device_check", "element_of", "empty",
-           "empty_in_layout", "no_grad_wanted", "on_one_gpu", "torch_dtype", "wants_grad"]
+__all__ = ["absent", "autocast_dtype", "autocast_inputs", "cuda_device", "deterministic_choice",
+           "device_check", "element_of", "empty", "empty_in_layout", "no_grad_wanted",
+           "on_one_gpu", "torch_dtype", "wants_grad"]
 
 
 class _CudaDevices(dict):
@@ -57,6 +58,26 @@ def on_one_gpu(*tensors: torch.Tensor, optional: torch.Tensor | None = None) -> 
                 return False
             index = found
     return True
+
+
+_autocast_enabled = torch.is_autocast_enabled  # (device_type): 0.27 us a call, development CPU
+
+
+def autocast_dtype() -> torch.dtype | None:
+    """The dtype torch.autocast("cuda") casts its lower-precision ops' inputs to (F.linear's and
+    F.scaled_dot_product_attention's among them) where it is on; None where it is off. The
+    drop-ins of those ops cast as torch does (``autocast_inputs``), so a model that swaps them in
+    keeps its mixed precision: float32 master weights with bfloat16 activations meet in the
+    autocast dtype, instead of in a DTypeMismatch, and all-float32 inputs run in it too."""
+    return torch.get_autocast_dtype("cuda") if _autocast_enabled("cuda") else None
+
+
+def autocast_inputs(dtype: torch.dtype, *tensors: torch.Tensor | None) -> tuple:
+    """``tensors`` as torch.autocast hands them to a lower-precision op: each floating CUDA
+    tensor other than float64 in ``dtype`` (a differentiable cast, so gradients reach the
+    float32 originals); float64, integer and bool tensors, host tensors and None as they are."""
+    return tuple(t if t is None or not t.is_cuda or not t.is_floating_point()
+                 or t.dtype in (dtype, torch.float64) else t.to(dtype) for t in tensors)
 
 
 def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:

@@ -18,6 +18,8 @@ from ..errors import InvalidProblem
 from ..ops import linear as functional
 from ._common import (
     absent,
+    autocast_dtype,
+    autocast_inputs,
     cuda_device,
     deterministic_choice,
     device_check,
@@ -146,7 +148,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``act(F.linear(x, weight, bias))`` through cuBLASLt: x [..., K], weight [N, K] (nn.Linear's
     layout), bias [N]; the activation is fused into the GEMM's epilogue where cuBLASLt has one
     (see contracts/linear.py). ``deterministic`` None follows
-    torch.are_deterministic_algorithms_enabled(). Differentiable in x, weight and bias."""
+    torch.are_deterministic_algorithms_enabled(). Differentiable in x, weight and bias. Under
+    torch.autocast("cuda") the three are cast to its dtype first, as F.linear's are."""
+    cast = autocast_dtype()
+    if cast is not None:
+        x, weight, bias = autocast_inputs(cast, x, weight, bias)
     on_one_gpu(x, weight, optional=bias) or cuda_device("linear", x=x, weight=weight, bias=bias)
     flat = x.ndim == 2
     rows = x if flat else x.reshape(-1, x.shape[-1])  # a view for the usual contiguous x

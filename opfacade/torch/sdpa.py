@@ -27,6 +27,8 @@ from ..errors import DTypeMismatch, InvalidArgument, ShapeMismatch
 from ..ops import sdpa as functional
 from ._common import (
     absent,
+    autocast_dtype,
+    autocast_inputs,
     cuda_device,
     deterministic_choice,
     device_check,
@@ -287,8 +289,12 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     Philox seed from torch's generator, so torch.manual_seed reproduces it (the mask itself is
     cuDNN's, not torch's). ``deterministic`` (keyword-only, None: follow
     torch.are_deterministic_algorithms_enabled()) picks a deterministic backward.
-    Differentiable in query, key, value and a float attn_mask.
+    Differentiable in query, key, value and a float attn_mask. Under torch.autocast("cuda")
+    query, key, value and a float attn_mask are cast to its dtype first, as torch's are.
     """
+    cast = autocast_dtype()
+    if cast is not None:
+        query, key, value, attn_mask = autocast_inputs(cast, query, key, value, attn_mask)
     # The common call (plain CUDA tensors, 4-D, no mask, no dropout) first, with the fewest
     # reads: every one costs host time that torch's C++ call does not pay. Anything else, and
     # every error, takes the general route below. (The tensors first: until they are known to

@@ -13,6 +13,8 @@ import torch
 from ..ops import varlen_attention as functional
 from ._common import (
     absent,
+    autocast_dtype,
+    autocast_inputs,
     cuda_device,
     deterministic_choice,
     element_of,
@@ -113,7 +115,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     contracts/varlen_attention.py). ``causal``: True/"top_left" or "bottom_right". Returns out,
     or (out, lse [Hq, total_q] f32) with ``return_lse``. Differentiable in q, k and v;
     ``deterministic`` (None: follow torch.are_deterministic_algorithms_enabled()) picks the
-    deterministic backward."""
+    deterministic backward. Under torch.autocast("cuda") q, k and v are cast to its dtype
+    first, as F.scaled_dot_product_attention's are."""
+    cast = autocast_dtype()
+    if cast is not None:
+        q, k, v = autocast_inputs(cast, q, k, v)
     cuda_device("varlen_attention", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                 cu_seqlens_kv=cu_seqlens_kv)
     causal = "top_left" if causal is True else (causal or "none")
