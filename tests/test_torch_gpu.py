@@ -636,6 +636,33 @@ def test_deterministic_training_steps_are_bitwise_repeatable_across_streams():
         assert torch.equal(a, b)
 
 
+def test_checkpointing_and_offloading_give_the_plain_steps_bits():
+    """Two memory savers of training loops: activation checkpointing (the forward recomputed in
+    the backward, torch.utils.checkpoint without reentry) and saved tensors offloaded to host
+    memory (torch.autograd.graph.save_on_cpu, which hands the backward new device copies). With
+    deterministic SKUs each gives the plain step's output and gradients bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = Block(deterministic=True)
+    x = _randn(2, 128, 256, grad=True)
+
+    def step(forward):
+        model.zero_grad(set_to_none=True)
+        out = forward(x)
+        out.float().square().mean().backward()
+        return out.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+    plain = step(model)
+    recomputed = step(lambda inputs: checkpoint(model, inputs, use_reentrant=False))
+    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+        offloaded = step(model)
+    torch.cuda.synchronize()
+    for other in (recomputed, offloaded):
+        for a, b in zip([plain[0], *plain[1]], [other[0], *other[1]], strict=True):
+            assert torch.equal(a, b)
+
+
 def test_deterministic_mode_adds_no_fill_of_our_outputs_and_repeats_bitwise():
     # torch.use_deterministic_algorithms(True) fills every empty tensor; the outputs, saved
     # tensors, gradients and scratch of our ops are written in full, so none is filled.
