@@ -263,6 +263,50 @@ def test_a_thread_without_a_context_gets_device_0s_for_the_capture_check(stand_i
     assert runtime.streamIsCapturing(5) == 0 and stand_in.stand_in_current() == 0x1001
 
 
+def test_a_kernel_launch_on_a_thread_without_a_context(stand_in, monkeypatch):
+    """A packed NVRTC launch that is a thread's first CUDA work (kv_append on a serving thread:
+    an H100 raised LaunchFailed, CUresult 201, where CuPy's Device, which sets nothing when the
+    runtime already reports that device, could not help): device 0's primary context made
+    current, then the launch; another failure still ends in LaunchFailed."""
+    import numpy as np
+
+    from opfacade._backends.nvrtc import launch as launching
+    from opfacade.errors import LaunchFailed
+
+    def bare(name):
+        function = stand_in[name]
+        function.restype = ctypes.c_int
+        return function
+
+    stand_in.stand_in_current.restype = ctypes.c_void_p
+    stand_in.stand_in_last_launch.restype = ctypes.POINTER(ctypes.c_uint64)
+    monkeypatch.setattr(launching, "_driver_launch", lambda: bare("cuLaunchKernel"))
+    monkeypatch.setattr(launching, "bind_default_context",
+                        DriverRuntime(stand_in).bind_if_unbound)
+    function = type("F", (), {"ptr": 0x7F00CAFEF00D})()
+    packed = launching.PackedLaunch(function, (8,), (64,), (np.int32(3),), 0x7FFF00000009, 0)
+    stand_in.stand_in_forget_context()
+    packed()
+    assert stand_in.stand_in_current() == 0x1000
+    assert stand_in.stand_in_last_launch()[0] == 0x7F00CAFEF00D
+
+    class Device:  # what the retry under the device's context enters, without CuPy's runtime
+        def __init__(self, device):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(cupy.cuda, "Device", Device)
+    packed._launch = lambda *args: 1  # CUDA_ERROR_INVALID_VALUE, every time
+    with pytest.raises(LaunchFailed, match="CUresult 1"):
+        packed()
+
+
 def test_a_graph_replay_on_a_thread_without_a_context(stand_in, monkeypatch):
     """GraphedLaunches' own capture check (a run with a workspace reaches it first): device 0's
     context made current, then the replay; another failure of the check is a LaunchFailed."""

@@ -73,8 +73,6 @@ def test_ops_run_from_a_thread_that_made_no_cuda_call(monkeypatch):
     check raised CUDA_ERROR_INVALID_CONTEXT there (scripts/sdpa_backward_gap_probe.py
     --threads). The torch ops' forward and backward, then plan.run with a workspace past its
     graph's capture, give the main thread's bits."""
-    import threading
-
     import opfacade
     import opfacade.torch as oft
     from opfacade._internal import graph_replay
@@ -106,6 +104,15 @@ def test_ops_run_from_a_thread_that_made_no_cuda_call(monkeypatch):
         return [out, y, *grads, planned]
 
     expected = [t.clone() for t in step()]  # also leaves the caching allocator warm
+    for before, after in zip(expected, _on_a_fresh_thread(step), strict=True):
+        assert torch.equal(before, after)
+
+
+def _on_a_fresh_thread(step) -> list:
+    """``step()``'s tensors (cloned there) from a new thread, after the GPU has finished; its
+    error, if it raised, raised here."""
+    import threading
+
     torch.cuda.synchronize()
     found, failures = [], []
 
@@ -119,8 +126,36 @@ def test_ops_run_from_a_thread_that_made_no_cuda_call(monkeypatch):
     worker.start()
     worker.join()
     torch.cuda.synchronize()
-    assert failures == []
-    for before, after in zip(expected, found, strict=True):
+    if failures:
+        raise failures[0]
+    return found
+
+
+@pytest.mark.parametrize("first", ["kv_append", "decode_attention"])
+def test_the_serving_ops_run_from_a_thread_that_made_no_cuda_call(first):
+    """A serving engine's worker thread whose first CUDA work is kv_append or a decode step
+    (NVRTC kernels launched through libcuda): the main thread's bits."""
+    import opfacade.torch as oft
+
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    caches = [torch.randn(4, 256, 2, 64, generator=gen, **bf16) for _ in range(2)]
+    lens = torch.tensor([1, 2, 100, 256], dtype=torch.int32, device="cuda")
+    k_new, v_new = (torch.randn(4, 1, 2, 64, generator=gen, **bf16) for _ in range(2))
+    q = torch.randn(4, 1, 8, 64, generator=gen, **bf16)
+
+    # A pair of caches for each run, made here: a clone on the thread would be CUDA work first.
+    pairs = [[cache.clone() for cache in caches] for _ in range(2)]
+
+    def step():
+        k_cache, v_cache = pairs.pop()
+        if first == "kv_append":
+            oft.kv_append(k_new, v_new, k_cache, v_cache, lens)
+        out, lse = oft.decode_attention(q, k_cache, v_cache, lens, return_lse=True)
+        return [k_cache, v_cache, out, lse]
+
+    expected = [t.clone() for t in step()]
+    for before, after in zip(expected, _on_a_fresh_thread(step), strict=True):
         assert torch.equal(before, after)
 
 

@@ -80,6 +80,7 @@ static uint64_t last_launch[11];
 CUresult cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                         unsigned by, unsigned bz, unsigned shared, void *stream, void **params,
                         void **extra) {
+    if (!current) return INVALID_CONTEXT;  /* as the driver refuses a thread without one */
     uint64_t seen[11] = {(uintptr_t)function, gx, gy, gz, bx, by, bz, shared, (uintptr_t)stream,
                          (uintptr_t)params, (uintptr_t)extra};
     for (int i = 0; i < 11; i++) last_launch[i] = seen[i];

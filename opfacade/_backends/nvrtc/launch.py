@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._internal.config import with_install_hint
 from ..._internal.device import device_arch
-from ..._internal.driver import bare_function
+from ..._internal.driver import INVALID_CONTEXT, bare_function, bind_default_context
 from ..._internal.log import timed
 from ..._internal.streams import cupy_stream
 from ...errors import BackendUnavailable, LaunchFailed
@@ -249,10 +249,23 @@ class PackedLaunch:
         return int(status)
 
     def __call__(self) -> None:
-        if self._launch(*self._arguments):
-            import cupy
+        status = self._launch(*self._arguments)
+        if status:
+            self._relaunch(status)
 
-            with cupy.cuda.Device(self._device):
-                status = self._launch(*self._arguments)
-            if status:
-                raise LaunchFailed(f"launch failed on cuda:{self._device}: CUresult {status}")
+    def _relaunch(self, status: int) -> None:
+        """The launch failed. On a thread where no context was current (a serving thread whose
+        first CUDA work is this launch), device 0's primary context is made current, as the
+        runtime's first call would, and it is retried; then once under the device's context
+        (a caller that switched devices; CuPy's Device sets nothing where the runtime already
+        reports that device, so it cannot stand for the first)."""
+        if status == INVALID_CONTEXT and bind_default_context():
+            status = self._launch(*self._arguments)
+            if not status:
+                return
+        import cupy
+
+        with cupy.cuda.Device(self._device):
+            status = self._launch(*self._arguments)
+        if status:
+            raise LaunchFailed(f"launch failed on cuda:{self._device}: CUresult {status}")
