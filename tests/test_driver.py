@@ -263,6 +263,19 @@ def test_a_thread_without_a_context_gets_device_0s_for_the_capture_check(stand_i
     assert runtime.streamIsCapturing(5) == 0 and stand_in.stand_in_current() == 0x1001
 
 
+class _NoDevice:
+    """Stands for cupy.cuda.Device in the launches' retries: enters without CuPy's runtime."""
+
+    def __init__(self, device):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def test_a_kernel_launch_on_a_thread_without_a_context(stand_in, monkeypatch):
     """A packed NVRTC launch that is a thread's first CUDA work (kv_append on a serving thread:
     an H100 raised LaunchFailed, CUresult 201, where CuPy's Device, which sets nothing when the
@@ -290,21 +303,48 @@ def test_a_kernel_launch_on_a_thread_without_a_context(stand_in, monkeypatch):
     assert stand_in.stand_in_current() == 0x1000
     assert stand_in.stand_in_last_launch()[0] == 0x7F00CAFEF00D
 
-    class Device:  # what the retry under the device's context enters, without CuPy's runtime
-        def __init__(self, device):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     cupy = pytest.importorskip("cupy")
-    monkeypatch.setattr(cupy.cuda, "Device", Device)
+    monkeypatch.setattr(cupy.cuda, "Device", _NoDevice)
     packed._launch = lambda *args: 1  # CUDA_ERROR_INVALID_VALUE, every time
     with pytest.raises(LaunchFailed, match="CUresult 1"):
         packed()
+
+
+def test_a_cupy_launch_on_a_thread_without_a_context(monkeypatch):
+    """An NVRTC kernel launched through CuPy as its thread's first CUDA work (varlen's ragged
+    offsets before cuDNN's execute, with a workspace given): the launch's
+    CUDA_ERROR_INVALID_CONTEXT makes device 0's primary context current and the launch is made
+    again, once; any other failure is a LaunchFailed at once."""
+    cupy = pytest.importorskip("cupy")
+    from opfacade._backends.nvrtc import launch as launching
+    from opfacade.errors import LaunchFailed
+
+    def failure(status):  # CuPy's error without its constructor, which asks libcuda for a name
+        error = cupy.cuda.driver.CUDADriverError.__new__(cupy.cuda.driver.CUDADriverError)
+        error.status = status
+        return error
+
+    bound, calls = [], []
+
+    def kernel(grid, block, args, shared_mem, stream):
+        calls.append(grid)
+        if not bound:
+            raise failure(201)
+
+    monkeypatch.setattr(cupy.cuda, "Device", _NoDevice)
+    monkeypatch.setattr(launching, "cupy_stream", lambda stream, device: None)
+    monkeypatch.setattr(launching, "bind_default_context", lambda: bound.append(1) or True)
+    launching.launch(kernel, (4,), (32,), (), 0, 0)
+    assert calls == [(4,), (4,)] and bound == [1]
+
+    def failing(grid, block, args, shared_mem, stream):
+        calls.append(grid)
+        raise failure(1)
+
+    calls.clear()
+    with pytest.raises(LaunchFailed, match="launch of"):
+        launching.launch(failing, (8,), (32,), (), 0, 0)
+    assert calls == [(8,)] and bound == [1]
 
 
 def test_a_graph_replay_on_a_thread_without_a_context(stand_in, monkeypatch):

@@ -131,14 +131,24 @@ def pointer(view) -> np.uint64:
 
 def launch(function, grid: tuple[int, ...], block: tuple[int, ...], args: tuple,
            stream: int, device: int, shared_mem: int = 0) -> None:
-    """Enqueues one kernel on ``stream``; launch errors become LaunchFailed."""
+    """Enqueues one kernel on ``stream``; launch errors become LaunchFailed. A launch that is
+    its thread's first CUDA work fails for want of a context (CuPy's Device sets nothing where
+    the runtime already reports the device): device 0's primary context is then made current,
+    as the runtime's first call would, and the launch retried once (PackedLaunch does the
+    same)."""
     import cupy
 
-    try:
-        with cupy.cuda.Device(device):
-            function(grid, block, args, shared_mem=shared_mem, stream=cupy_stream(stream, device))
-    except cupy.cuda.driver.CUDADriverError as error:
-        raise LaunchFailed(f"launch of {grid}x{block} failed on cuda:{device}: {error}") from error
+    for retry in (False, True):
+        try:
+            with cupy.cuda.Device(device):
+                function(grid, block, args, shared_mem=shared_mem,
+                         stream=cupy_stream(stream, device))
+            return
+        except cupy.cuda.driver.CUDADriverError as error:
+            if not retry and error.status == INVALID_CONTEXT and bind_default_context():
+                continue
+            raise LaunchFailed(f"launch of {grid}x{block} failed on cuda:{device}: "
+                               f"{error}") from error
 
 
 # numpy scalar type -> the ctypes type holding the same bits, for kernel parameters
