@@ -28,6 +28,7 @@ import sys
 import types
 
 import torch
+from dropin_pieces import profile_of  # this directory is on sys.path
 
 from opfacade._bench.common import host_us_interleaved
 
@@ -118,20 +119,6 @@ def cases() -> tuple[dict, object]:
         "Python Function forward": lambda: _Identity.apply(xg),
     }
     return found, lambda: sdpa._train_backward(ctx, g, None)
-
-
-def profile_call(call, calls: int = 3000) -> str:
-    for _ in range(200):
-        call()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        call()
-    profiler.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-    return text.getvalue()
 
 
 def diagnose() -> list[str]:
@@ -326,7 +313,7 @@ def main(argv: list[str]) -> int:
     us = host_us_interleaved(fns, calls=200, rounds=15)
     for name, value in us.items():
         print(f"{value:7.2f} us  {name}", flush=True)
-    profile = profile_call(node_call_)
+    profile = profile_of(node_call_, calls=3000, top=25)
     print(profile)
     inside = counted(fns, ["ours forward and backward", "our backward function (fake ctx)",
                            "engine: Function running our backward (stand-in ctx)",

@@ -5,6 +5,7 @@ pointers it is handed). tests/test_driver_gpu.py checks the real driver against 
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import pytest
 
@@ -211,6 +212,13 @@ def test_the_capture_check_across_many_streams_and_its_failure():
         DriverRuntime(Failing()).streamIsCapturing(7)
 
 
+def _bare(library, name):
+    """``name`` of the stand-in as driver.bare_function makes libcuda's: no declared types."""
+    function = library[name]
+    function.restype = ctypes.c_int
+    return function
+
+
 @pytest.fixture(scope="module")
 def stand_in(libcuda_stand_in):
     return ctypes.CDLL(str(libcuda_stand_in))
@@ -286,11 +294,7 @@ def test_a_kernel_launch_on_a_thread_without_a_context(stand_in, monkeypatch):
     from opfacade._backends.nvrtc import launch as launching
     from opfacade.errors import LaunchFailed
 
-    def bare(name):
-        function = stand_in[name]
-        function.restype = ctypes.c_int
-        return function
-
+    bare = functools.partial(_bare, stand_in)
     stand_in.stand_in_current.restype = ctypes.c_void_p
     stand_in.stand_in_last_launch.restype = ctypes.POINTER(ctypes.c_uint64)
     monkeypatch.setattr(launching, "_driver_launch", lambda: bare("cuLaunchKernel"))
@@ -353,11 +357,7 @@ def test_a_graph_replay_on_a_thread_without_a_context(stand_in, monkeypatch):
     from opfacade._internal import graph_replay
     from opfacade.errors import LaunchFailed
 
-    def bare(name):
-        function = stand_in[name]
-        function.restype = ctypes.c_int
-        return function
-
+    bare = functools.partial(_bare, stand_in)
     stand_in.stand_in_current.restype = ctypes.c_void_p
     stand_in.stand_in_last_launch.restype = ctypes.POINTER(ctypes.c_uint64)
     runtime = DriverRuntime(stand_in)
@@ -387,11 +387,7 @@ def test_hot_calls_on_arguments_made_once_cross_a_real_c_abi(stand_in, monkeypat
     from opfacade._backends.nvrtc import launch as launching
     from opfacade._internal import graph_replay
 
-    def bare(name):
-        function = stand_in[name]
-        function.restype = ctypes.c_int
-        return function
-
+    bare = functools.partial(_bare, stand_in)
     stand_in.stand_in_last_launch.restype = ctypes.POINTER(ctypes.c_uint64)
     seen = stand_in.stand_in_last_launch()
     DriverRuntime(stand_in).setDevice(0)  # whatever the tests before left current
