@@ -351,6 +351,30 @@ def test_a_cupy_launch_on_a_thread_without_a_context(monkeypatch):
     assert calls == [(8,)] and bound == [1]
 
 
+def test_a_kernel_module_loads_on_a_thread_without_a_context(monkeypatch):
+    """Loading an NVRTC module needs a context: on a thread whose first CUDA work is loading one
+    (a serving thread that selects the first plan of a family), device 0's primary context is
+    made current before CuPy's Device is entered and the module loaded."""
+    cupy = pytest.importorskip("cupy")
+    from opfacade._backends.nvrtc import launch as launching
+
+    order = []
+
+    class Module:
+        def load(self, cubin):
+            order.append(("load", cubin))
+
+    monkeypatch.setattr(launching, "bind_default_context", lambda: order.append("bind"))
+    monkeypatch.setattr(launching, "compile_cubin",
+                        lambda source, arch: type("Compiled", (), {"cubin": b"cubin"})())
+    monkeypatch.setattr(launching, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device: (order.append("device"),
+                                                              _NoDevice(device))[1])
+    monkeypatch.setattr(cupy.cuda.function, "Module", Module)
+    launching.KernelCache()._module("decode_attention.cu", 0)
+    assert order == ["bind", "device", ("load", b"cubin")]
+
+
 def test_a_graph_replay_on_a_thread_without_a_context(stand_in, monkeypatch):
     """GraphedLaunches' own capture check (a run with a workspace reaches it first): device 0's
     context made current, then the replay; another failure of the check is a LaunchFailed."""

@@ -43,6 +43,17 @@ def element_suffix(element: ElementKind) -> str:
     return "f32" if element in (ElementKind.f32, ElementKind.tf32) else element.value
 
 
+def on_device(device: int):
+    """``cupy.cuda.Device(device)`` for a call that needs a context (a module load, an occupancy
+    query), on any thread: where none is current (a thread whose first CUDA work is opfacade's),
+    device 0's primary context is made current first, as the runtime's first call would; CuPy's
+    Device sets nothing where the runtime already reports the device, as it reports 0 there."""
+    import cupy
+
+    bind_default_context()
+    return cupy.cuda.Device(device)
+
+
 class KernelCache:
     """Modules loaded per (source file, device) and their kernels, built once under a lock that
     is checked again after it is taken."""
@@ -65,7 +76,7 @@ class KernelCache:
                     import cupy
 
                     compiled = compile_cubin(source, device_arch(device))
-                    with timed("load %s on cuda:%d", source, device), cupy.cuda.Device(device):
+                    with timed("load %s on cuda:%d", source, device), on_device(device):
                         module = cupy.cuda.function.Module()
                         module.load(compiled.cubin)
                     self._modules[key] = module
@@ -92,10 +103,9 @@ class KernelCache:
         found = self._resident.get(key)
         if found is not None:
             return found
-        import cupy
         from cuda.bindings import driver  # one query per kernel and size: no ctypes fast path
 
-        with cupy.cuda.Device(device):
+        with on_device(device):
             status, count = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 driver.CUfunction(key[0]), threads, shared_mem)
         if int(status):
