@@ -65,7 +65,7 @@ class CudaDriverError(RuntimeError):
 # name: (argument types, in cuda.h's order); every entry point returns a CUresult (int). The
 # names are the exported symbols, not cuda.h's macros: where cuda.h defines a name as a versioned
 # one (cuMemFree is cuMemFree_v2), the bare symbol is the legacy entry point (cuMemFree's takes a
-# 32-bit pointer and failed with CUDA_ERRORINVALID_CONTEXT on the lent H100s).
+# 32-bit pointer and failed with CUDA_ERROR_INVALID_CONTEXT on the lent H100s).
 _SIGNATURES = {
     "cuInit": (ctypes.c_uint,),
     "cuDeviceGetCount": (ctypes.POINTER(ctypes.c_int),),
@@ -126,7 +126,7 @@ class DriverRuntime:
         """On a thread where no context is current (one that never made a CUDA call: a clear_caches
         or a run from a new thread, say), makes device 0's primary context current, as the
         runtime's first call that needs a context does there, and returns True (the caller then
-        retries the call that failed with CUDA_ERRORINVALID_CONTEXT); else False."""
+        retries the call that failed with CUDA_ERROR_INVALID_CONTEXT); else False."""
         context = ctypes.c_void_p()
         if self._calls["cuCtxGetCurrent"](ctypes.byref(context)) != _SUCCESS or context.value:
             return False
@@ -251,7 +251,7 @@ def driver_runtime() -> DriverRuntime | None:
 
 def bind_default_context() -> bool:
     """``DriverRuntime.bind_if_unbound`` for callers of bare functions (driver.bare_function),
-    which fail with CUDA_ERRORINVALID_CONTEXT on a thread where no context is current: True
+    which fail with CUDA_ERROR_INVALID_CONTEXT on a thread where no context is current: True
     where it made device 0's primary context current, so the failed call may be retried."""
     runtime = driver_runtime()
     return runtime is not None and runtime.bind_if_unbound()
