@@ -200,10 +200,11 @@ def test_autocast_inputs_cast_as_torch_autocast_casts_a_lower_precision_ops():
                                                                        torch.float64))
         i32, flags = (torch.empty(4, device="cuda", dtype=t) for t in (torch.int32, torch.bool))
         host = torch.empty(4)
-        cast = autocast_inputs(torch.bfloat16, f32, bf16, f64, i32, flags, host, None)
+        not_a_tensor = [1.0]  # left for the drop-in's typed check
+        kept = (bf16, f64, i32, flags, host, None, not_a_tensor)
+        cast = autocast_inputs(torch.bfloat16, f32, *kept)
         assert cast[0].dtype == torch.bfloat16 and cast[0].shape == (4, 8)
-        assert all(after is before for after, before in
-                   zip(cast[1:], (bf16, f64, i32, flags, host, None), strict=True))
+        assert all(after is before for after, before in zip(cast[1:], kept, strict=True))
         assert autocast_inputs(torch.float16, bf16)[0].dtype == torch.float16
 
 

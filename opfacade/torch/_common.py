@@ -75,9 +75,11 @@ def autocast_dtype() -> torch.dtype | None:
 def autocast_inputs(dtype: torch.dtype, *tensors: torch.Tensor | None) -> tuple:
     """``tensors`` as torch.autocast hands them to a lower-precision op: each floating CUDA
     tensor other than float64 in ``dtype`` (a differentiable cast, so gradients reach the
-    float32 originals); float64, integer and bool tensors, host tensors and None as they are."""
-    return tuple(t if t is None or not t.is_cuda or not t.is_floating_point()
-                 or t.dtype in (dtype, torch.float64) else t.to(dtype) for t in tensors)
+    float32 originals); float64, integer and bool tensors, host tensors, None and anything that
+    is not a tensor as they are (the drop-ins' typed checks name what is wrong with those)."""
+    return tuple(t if not isinstance(t, torch.Tensor) or not t.is_cuda
+                 or not t.is_floating_point() or t.dtype in (dtype, torch.float64)
+                 else t.to(dtype) for t in tensors)
 
 
 def cuda_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
