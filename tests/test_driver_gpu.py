@@ -159,6 +159,28 @@ def test_the_serving_ops_run_from_a_thread_that_made_no_cuda_call(first):
         assert torch.equal(before, after)
 
 
+def test_f32_attention_loads_and_launches_its_kernels_from_a_fresh_thread():
+    """The true-f32 attention kernels go through CuPy's launch and their module loads through
+    launch.on_device. Here a fresh thread is the first to run them (head dim 96, which no other
+    GPU test's torch op uses), so both the loads and the launches are its first CUDA work; the
+    main thread then gives the same bits."""
+    import opfacade.torch as oft
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    f32 = {"device": "cuda", "dtype": torch.float32}
+    q, k, v = (torch.randn(1, 2, 72, 96, generator=gen, **f32).requires_grad_()
+               for _ in range(3))
+    grad_out = torch.randn(1, 2, 72, 96, generator=gen, **f32)
+
+    def step():
+        out = oft.sdpa(q, k, v, is_causal=True, deterministic=True)
+        return [out, *torch.autograd.grad(out, (q, k, v), grad_out)]
+
+    on_thread = _on_a_fresh_thread(step)
+    for before, after in zip(on_thread, step(), strict=True):
+        assert torch.equal(before, after)
+
+
 def test_stream_ordered_scratch_and_capture():
     runtime = driver_runtime()
     stream = torch.cuda.Stream()

@@ -1,0 +1,128 @@
+"""Held-out problems on a GPU: every GPU SKU of every op, run on problems near the op's standard
+ones that no other test names, keeps its declared error bound against the float64 reference and,
+where it declares determinism, repeats bitwise (testing.verify_plan: fresh random inputs, a new
+stream and workspace address each run).
+
+The standard problems (``sample_problems``) are what test_precision_gpu.py and ``opfacade
+verify`` check. Here each integer extent of one of them moves to a nearby value (smaller, up
+to twice as large, odd), and each choice field (causal, layout, activation, flags) may take
+another value the op's standard problems use. A move that makes the problem invalid, or leaves
+it no GPU SKU, is undone, so the draws stay in what the catalog claims to serve. Lengths inside
+a problem (varlen, decode) come from the op's verification inputs on the drawn seed.
+
+OPFACADE_GPU_FUZZ_SEED picks another set of problems (the default is fixed, so a failure
+reproduces); OPFACADE_GPU_FUZZ_EXAMPLES sets how many problems each op meets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, assume, event, given, seed, settings
+from hypothesis import strategies as st
+
+from opfacade import OpFacadeError, Plan, PlanPreference
+from opfacade._registry import all_ops
+from opfacade.errors import Unsupported
+from opfacade.testing import DISTRIBUTIONS, verify_plan
+from opfacade.types import BackendKind, ElementKind
+
+pytestmark = pytest.mark.gpu
+
+OPS = all_ops()
+EXAMPLES = int(os.environ.get("OPFACADE_GPU_FUZZ_EXAMPLES", "10"))
+SEED = int(os.environ.get("OPFACADE_GPU_FUZZ_SEED", "20261128"))
+# A drawn problem's extents may multiply to this many times its standard problem's: enough to
+# cross tile and chunk edges, small enough for the float64 reference on the host.
+GROWTH_LIMIT = 4
+
+
+def _gpu_impls(op) -> list:
+    return [impl for impl in op.skus if impl.sku.backend is not BackendKind.reference]
+
+
+def _samples(op) -> list:
+    found = []
+    for element in ElementKind:
+        with contextlib.suppress(OpFacadeError):
+            found += op.sample_problems(element)
+    return [d for d in found if any(impl.unfit(d) is None for impl in _gpu_impls(op))]
+
+
+def _extent_product(fields: dict) -> int:
+    return math.prod(v for v in fields.values()
+                     if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+
+
+def _served(op, fields: dict):
+    """The descriptor for ``fields`` if it is valid and some GPU SKU serves it, else None."""
+    try:
+        desc = op.descriptor(**fields)
+    except OpFacadeError:
+        return None
+    return desc if any(impl.unfit(desc) is None for impl in _gpu_impls(op)) else None
+
+
+@st.composite
+def held_out_problem(draw, op):
+    """A standard problem of ``op`` with its fields moved one at a time (see the module's
+    docstring); each move kept only if the problem stays valid, served and small enough."""
+    sample = draw(st.sampled_from(_samples(op)))
+    fields = sample.model_dump()
+    limit = GROWTH_LIMIT * _extent_product(fields)
+    choices: dict[str, list] = {}
+    for other in _samples(op):
+        for name, value in other.model_dump().items():
+            is_extent = isinstance(value, int) and not isinstance(value, bool)
+            if not is_extent and value not in choices.setdefault(name, []):
+                choices[name].append(value)
+    for name in draw(st.permutations(sorted(fields))):
+        value = fields[name]
+        if isinstance(value, int) and not isinstance(value, bool):
+            moved = draw(st.one_of(st.just(value), st.integers(1, max(1, value)),
+                                   st.integers(max(1, value // 2), 2 * value + 7)))
+        elif name != "element" and len(choices.get(name, [])) > 1:
+            moved = draw(st.sampled_from(choices[name]))
+        else:
+            continue
+        trial = {**fields, name: moved}
+        if _extent_product(trial) <= limit and _served(op, trial) is not None:
+            fields = trial
+    return op.descriptor(**fields)
+
+
+@pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+def test_held_out_problems_keep_every_gpu_skus_guarantee(op):
+    if not _samples(op):
+        pytest.skip(f"{op.name} has no standard problem a GPU SKU serves")
+
+    @seed(SEED)
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is GPU time
+              suppress_health_check=list(HealthCheck))
+    @given(desc=held_out_problem(op), values_seed=st.integers(0, 2**32 - 1),
+           distribution=st.sampled_from(DISTRIBUTIONS))
+    def check(desc, values_seed, distribution):
+        verified = 0
+        failures = []
+        for impl in _gpu_impls(op):
+            if impl.unfit(desc) is not None:
+                continue
+            try:
+                plan = Plan.select(desc, PlanPreference(sku=impl.sku.id))
+            except Unsupported as refusal:  # the device's own limits (workspace, cuDNN build)
+                event(f"{impl.sku.id} refused on this device: {type(refusal).__name__}")
+                continue
+            result = verify_plan(plan, runs=2, seed=values_seed, distribution=distribution)
+            plan.free()
+            verified += 1
+            event(f"verified {impl.sku.id}")
+            if not result.passed:
+                failures.append(result.summary())
+        assert not failures, "\n".join(failures)
+        assume(verified > 0)
+
+    check()
