@@ -131,6 +131,23 @@ def test_aux_layouts_and_the_one_row_padding_rule():
     assert pre.decode(pre.encode(values), 9) is values
 
 
+def test_the_signatures_aux_has_the_padded_rows_the_plans_are_built_for():
+    """verify and the bench allocate what the signature says: an aux of N % 8 != 0 outputs gets
+    rows padded to cuBLASLt's stride (the padding poisoned by verify), in the forward that
+    writes it and the backward that reads it."""
+    gelu = LinearDescriptor(m=19, n=33, k=24, activation="gelu_tanh", save_aux=True,
+                            element="bf16")
+    assert gelu.aux_strides == (40, 1)
+    assert linear_contract.LINEAR_FORWARD.signature(gelu)["aux"].strides == (40, 1)
+    batched = LinearBackwardDescriptor(m=11, n=45, k=30, batch=2, activation="silu",
+                                       element="f16")
+    assert batched.aux_strides == (11 * 48, 48, 1)
+    assert linear_contract.LINEAR_BACKWARD.signature(batched)["aux"].strides == (11 * 48, 48, 1)
+    relu = LinearDescriptor(m=5, n=200, k=8, activation="relu", save_aux=True, element="f16")
+    assert relu.aux_strides == (32, 1) == (linear_contract.relu_mask_bytes(200), 1)
+    assert LinearDescriptor(m=5, n=200, k=8, element="f16").aux_strides is None
+
+
 # -- descriptors ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field,value", [

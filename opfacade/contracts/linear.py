@@ -152,6 +152,17 @@ class _LinearShape(Descriptor):
         aux = self.aux_layout
         return self.element if aux is None else aux.element(self.element)
 
+    @property
+    def aux_strides(self) -> tuple[int, ...] | None:
+        """The strides (in the aux's elements) of the aux the plans are built for: rows padded
+        to the smallest stride cuBLASLt accepts (``AuxLayout.row_stride``), batches of M such
+        rows. None without an activation."""
+        aux = self.aux_layout
+        if aux is None:
+            return None
+        row = aux.row_stride(self.n)
+        return (self.m * row, row, 1) if self.lead else (row, 1)
+
 
 class LinearDescriptor(_LinearShape):
     """``out = act(x @ W + bias + residual)``; ``save_aux`` keeps what the backward needs."""
@@ -315,7 +326,7 @@ def _forward_signature(desc: LinearDescriptor) -> dict[str, TensorSpec]:
         signature["residual"] = TensorSpec(desc.out_shape, e)
     signature["out"] = TensorSpec(desc.out_shape, e, "out")
     if desc.save_aux:
-        signature["aux"] = TensorSpec(desc.aux_shape, desc.aux_element, "out")
+        signature["aux"] = TensorSpec(desc.aux_shape, desc.aux_element, "out", desc.aux_strides)
     return signature
 
 
@@ -324,7 +335,7 @@ def _backward_signature(desc: LinearBackwardDescriptor) -> dict[str, TensorSpec]
     signature = {"grad_out": TensorSpec(desc.out_shape, e), "x": TensorSpec(desc.x_shape, e),
                  "weight": TensorSpec(desc.weight_shape, e)}
     if desc.aux_layout is not None:
-        signature["aux"] = TensorSpec(desc.aux_shape, desc.aux_element)
+        signature["aux"] = TensorSpec(desc.aux_shape, desc.aux_element, strides=desc.aux_strides)
     for flag, name, shape in (("need_input_grad", "grad_x", desc.x_shape),
                               ("need_weight_grad", "grad_weight", desc.weight_shape),
                               ("need_bias_grad", "grad_bias", (desc.n,)),
@@ -335,9 +346,10 @@ def _backward_signature(desc: LinearBackwardDescriptor) -> dict[str, TensorSpec]
 
 
 # M, N and K all different and mostly odd, every layout and batch mode. A saved GELU or SiLU aux
-# needs N % 8 == 0 (its rows must be 16-byte aligned); the ReLU mask is u8, which verify does not
-# generate, so ReLU training is checked by its own GPU test. gelu_erf and silu exercise the
-# separate activation pass: from a saved aux, and in place in a batch with a residual.
+# with N % 8 != 0 has padded rows (the signature's aux_strides; verify poisons the padding); the
+# ReLU mask is u8, which verify does not generate as a backward's input, so ReLU training is
+# checked by its own GPU test. gelu_erf and silu exercise the separate activation pass: from a
+# saved aux, and in place in a batch with a residual.
 _FORWARD_SAMPLES = (
     dict(m=37, n=72, k=56, weight_layout="kn", activation="gelu_tanh", save_aux=True),
     dict(m=33, n=65, k=47, weight_layout="nk", activation="relu"),
@@ -350,6 +362,8 @@ _FORWARD_SAMPLES = (
     dict(m=45, n=80, k=36, activation="gelu_erf", save_aux=True),
     dict(m=23, n=56, k=40, batch=2, weight_layout="kn", activation="silu", residual=True),
     dict(m=19, n=33, k=24, activation="gelu_erf"),
+    dict(m=19, n=33, k=24, activation="gelu_tanh", save_aux=True),
+    dict(m=11, n=45, k=30, batch=2, activation="silu", save_aux=True),
 )
 _BACKWARD_SAMPLES = (
     dict(m=37, n=72, k=56, weight_layout="kn", activation="gelu_tanh"),
@@ -362,6 +376,8 @@ _BACKWARD_SAMPLES = (
     dict(m=256, n=512, k=384, activation="gelu_tanh"),
     dict(m=45, n=80, k=36, activation="gelu_erf"),
     dict(m=23, n=56, k=40, batch=2, weight_layout="kn", activation="silu"),
+    dict(m=19, n=33, k=24, activation="gelu_tanh"),
+    dict(m=11, n=45, k=30, batch=2, activation="silu", need_pre_grad=True),
 )
 
 

@@ -232,10 +232,7 @@ class LinearBackwardCublasLt(LinearCublasLt[LinearBackwardDescriptor]):
             return (r * c, c, 1) if batched and per_batch else (c, 1)
 
         w_rows, w_cols = (desc.k, desc.n) if desc.weight_layout == "kn" else (desc.n, desc.k)
-        aux = None
-        if desc.aux_layout is not None:
-            ld = desc.aux_layout.row_stride(desc.n)
-            aux = (desc.m * ld, ld, 1) if batched else (ld, 1)
+        aux = desc.aux_strides
         weight = matrix(w_rows, w_cols, desc.weight_batched)
         return (matrix(desc.m, desc.n), matrix(desc.m, desc.k), weight, aux,
                 matrix(desc.m, desc.k) if desc.need_input_grad else None,

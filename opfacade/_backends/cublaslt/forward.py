@@ -106,10 +106,7 @@ class LinearForwardCublasLt(LinearCublasLt[LinearDescriptor]):
         w_rows, w_cols = (desc.k, desc.n) if desc.weight_layout == "kn" else (desc.n, desc.k)
         w = (w_rows * w_cols, w_cols, 1) if batched and desc.weight_batched else (w_cols, 1)
         matrix = (desc.m * desc.n, desc.n, 1) if batched else (desc.n, 1)
-        aux = None
-        if desc.save_aux:
-            ld = desc.aux_layout.row_stride(desc.n)
-            aux = (desc.m * ld, ld, 1) if batched else (ld, 1)
+        aux = desc.aux_strides if desc.save_aux else None
         return ((desc.m * desc.k, desc.k, 1) if batched else (desc.k, 1), w, matrix,
                 matrix if desc.residual else None, aux)
 
