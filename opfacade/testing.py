@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._internal.checks import layout_aliasing
 from ._internal.contract import Descriptor, TensorSpec
 from ._internal.device import check_ordinal, current_device, device_count
 from ._internal.sku import Workspace
@@ -29,8 +30,8 @@ from .plan import Plan
 from .types import BackendKind, ElementKind, PlanPreference
 
 __all__ = [
-    "DISTRIBUTIONS", "ReferenceCheck", "RepeatResult", "VerificationResult", "random_inputs",
-    "reference_check",
+    "DISTRIBUTIONS", "ReferenceCheck", "RepeatResult", "VerificationResult",
+    "expect_distinct_elements", "random_inputs", "reference_check",
     "relative_error", "repeat_runs", "verify_plan", "verify_sku",
 ]
 
@@ -320,6 +321,22 @@ class VerificationResult:
                 "passed": self.passed, "seconds": round(self.seconds, 4)}
 
 
+def expect_distinct_elements(signature: dict[str, TensorSpec]) -> None:
+    """Checks that each tensor of a signature gives every element an address of its own: the
+    float64 reference reads one random value per element, which strides that overlap (a
+    descriptor's qkv_strides smaller than its extents, say) cannot hold on the GPU.
+
+    Raises:
+        InvalidArgument: the first tensor whose strides overlap, with its shape and strides.
+    """
+    for name, spec in signature.items():
+        overlap = spec.strides and layout_aliasing(spec.shape, spec.strides)
+        if overlap:
+            raise InvalidArgument(f"verify gives every element of {name} a value of its own, "
+                                  f"and the problem's strides for it ({spec.strides} for shape "
+                                  f"{spec.shape}) cannot hold them: {overlap}", argument="plan")
+
+
 def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
                 device: int | None = None, distribution: str = "symmetric"
                 ) -> VerificationResult:
@@ -341,6 +358,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     device = current_device() if device is None else device
     op = op_for(plan.descriptor)
     signature = op.signature(plan.descriptor)
+    expect_distinct_elements(signature)
     rng = np.random.default_rng(seed)
     inputs = verification_problem(op, plan.descriptor, rng, distribution)
     check = reference_check(plan, inputs)

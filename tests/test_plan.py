@@ -350,6 +350,23 @@ def test_self_aliasing_is_decided_exactly(shape, strides, aliasing):
     assert bool(self_aliasing(view)) is aliasing
 
 
+def test_verify_refuses_a_problem_whose_strides_cannot_hold_its_random_inputs():
+    """A descriptor may state q/k/v strides with extents that overlap (a read-only input may
+    alias itself); verify, which gives every element its own random value, says so by name
+    instead of writing colliding values and reporting the op wrong."""
+    from opfacade.contracts.sdpa import SDPA_FORWARD, SdpaDescriptor
+    from opfacade.testing import expect_distinct_elements
+
+    strides = {"q": (81920, 64, 512, 1), "k": (81920, 64, 512, 1), "v": (81920, 64, 512, 1)}
+    fits = SdpaDescriptor(batch=2, heads_q=4, heads_kv=2, seq_q=150, seq_kv=160, head_dim=64,
+                          element="bf16", layout="bshd", qkv_strides=strides)
+    expect_distinct_elements(SDPA_FORWARD.signature(fits))
+    overlapping = fits.model_copy(update={"seq_kv": 261})  # 261 rows of 512 > a batch's 81920
+    with pytest.raises(InvalidArgument, match=r"every element of k .*overlap") as caught:
+        expect_distinct_elements(SDPA_FORWARD.signature(overlapping))
+    assert caught.value.argument == "plan"
+
+
 class _OneGpu:
     """CUDA's runtime as a process with one GPU sees it (device 0 current)."""
 

@@ -4,6 +4,7 @@ that names the argument, the expected and the actual value (``tensors.py`` re-ex
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "expect_args_type",
     "expect_no_overlap",
     "expect_no_overlaps",
+    "layout_aliasing",
     "self_aliasing",
 ]
 
@@ -162,10 +164,15 @@ def self_aliasing(view: TensorView) -> str:
     every dense layout, its permutations and slices. Otherwise the offsets are enumerated, up to
     ``_ALIAS_CHECK_LIMIT`` elements.
     """
-    if view.size == 0:
+    return layout_aliasing(view.shape, view.strides)
+
+
+def layout_aliasing(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
+    """self_aliasing for a layout alone (extents and element strides, no buffer)."""
+    if math.prod(shape) == 0:
         return ""
-    dims = sorted((abs(stride), extent) for extent, stride in zip(view.shape, view.strides,
-                                                                  strict=True) if extent > 1)
+    dims = sorted((abs(stride), extent) for extent, stride in zip(shape, strides, strict=True)
+                  if extent > 1)
     reach = 0
     for stride, extent in dims:
         if stride <= reach:
@@ -175,8 +182,9 @@ def self_aliasing(view: TensorView) -> str:
         return ""
     if any(stride == 0 for stride, _ in dims):
         return "it is broadcast (a stride of 0 where the extent is more than 1)"
-    if view.size > _ALIAS_CHECK_LIMIT:
-        return (f"its elements interleave, and with {view.size} of them opfacade does not check "
+    size = math.prod(shape)
+    if size > _ALIAS_CHECK_LIMIT:
+        return (f"its elements interleave, and with {size} of them opfacade does not check "
                 "that they never overlap")
     offsets = np.zeros((), dtype=np.int64)
     for stride, extent in dims:
