@@ -208,6 +208,48 @@ def test_autocast_inputs_cast_as_torch_autocast_casts_a_lower_precision_ops():
         assert autocast_inputs(torch.float16, bf16)[0].dtype == torch.float16
 
 
+@pytest.fixture
+def cuda_autocast_on():
+    """torch.autocast("cuda")'s state turned on by hand (the context manager turns itself off
+    on a CPU-only torch; the dispatcher's AutocastCUDA key works without a GPU)."""
+    enabled, dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", torch.float16)
+    yield torch.float16
+    torch.set_autocast_enabled("cuda", enabled)
+    torch.set_autocast_dtype("cuda", dtype)
+
+
+def test_the_forward_ops_cast_under_autocast_as_torchs_do(cuda_autocast_on):
+    """torch.ops.opfacade's forward ops, called directly under autocast, take their floating
+    inputs in autocast's dtype, as F.linear and F.scaled_dot_product_attention do (their
+    AutocastCUDA kernels: fake CUDA tensors here, the real ones in tests/test_torch_gpu.py).
+    A float64 input stays as it is; backward ops and decode have no autocast rule."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = torch.ops.opfacade
+    with FakeTensorMode():
+        x, w = torch.empty(8, 16, device="cuda"), torch.empty(24, 16, device="cuda")
+        assert ops.linear(x, w, None, "relu", True, False)[0].dtype == torch.float16
+        assert ops.linear_inference(x, w, None, "none", False).dtype == torch.float16
+        x64, w64 = x.double(), w.double()
+        assert ops.linear_inference(x64, w64, None, "none", False).dtype == torch.float64
+        q = torch.empty(1, 2, 64, 64, device="cuda")
+        assert ops.sdpa(q, q, q, None, True, None, 0.0, None, None, True, False)[0].dtype \
+            == torch.float16
+        assert ops.sdpa_train(q, q, q, True, None, False)[0].dtype == torch.float16
+        assert ops.sdpa_inference(q, q, q, False, None).dtype == torch.float16
+        packed = torch.empty(20, 2, 64, device="cuda")
+        cu = torch.tensor([0, 7, 20], device="cuda", dtype=torch.int32)
+        out, _ = ops.varlen_attention(packed, packed, packed, cu, cu, 13, 13, None, "none",
+                                      None, None, True, False)
+        assert out.dtype == torch.float16
+    for name in ("linear_backward", "sdpa_backward", "sdpa_train_backward",
+                 "varlen_attention_backward", "decode_attention", "alibi", "alibi_backward"):
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"opfacade::{name}",
+                                                                  "AutocastCUDA"), name
+
+
 def test_the_drop_ins_ask_autocast_only_for_its_dtype(monkeypatch):
     """With torch.autocast("cuda") off (always so on a machine without CUDA), the drop-ins
     cast nothing; on, they pass their floating inputs through autocast_inputs (the GPU test

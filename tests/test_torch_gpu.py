@@ -623,6 +623,43 @@ def test_autocast_casts_the_drop_ins_inputs_as_torch_does():
     assert _error(compiled, eager.double()) < 2e-2
 
 
+def test_the_ops_called_through_torch_ops_cast_under_autocast_as_the_drop_ins_do():
+    """torch.ops.opfacade's forward ops, called directly under torch.autocast("cuda"), give the
+    bits of the same op on inputs cast by hand (their AutocastCUDA kernels), and gradients
+    reach the float32 leaves through the cast, as the drop-ins' do."""
+    bf16, ops = torch.bfloat16, torch.ops.opfacade
+    x, w = _randn(64, 96, dtype=torch.float32, seed=90), _randn(80, 96, dtype=torch.float32,
+                                                                 seed=91)
+    q = _randn(2, 4, 64, 64, dtype=torch.float32, seed=92)
+    packed = _randn(96, 4, 64, dtype=torch.float32, seed=93)
+    cu = torch.tensor([0, 30, 96], dtype=torch.int32, device=CUDA)
+
+    def calls(x, w, q, packed):
+        return [ops.linear(x, w, None, "gelu_tanh", True, True)[0],
+                ops.linear_inference(x, w, None, "relu", True),
+                ops.sdpa(q, q, q, None, True, None, 0.0, None, None, True, True)[0],
+                ops.sdpa_train(q, q, q, True, None, True)[0],
+                ops.sdpa_inference(q, q, q, True, None),
+                ops.varlen_attention(packed, packed, packed, cu, cu, 66, 66, None, "top_left",
+                                     None, None, True, True)[0]]
+
+    with torch.no_grad():
+        by_hand = calls(x.to(bf16), w.to(bf16), q.to(bf16), packed.to(bf16))
+        with torch.autocast("cuda", dtype=bf16):
+            cast = calls(x, w, q, packed)
+    for i, (got, want) in enumerate(zip(cast, by_hand, strict=True)):
+        assert got.dtype == bf16 and torch.equal(got, want), i
+
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    with torch.autocast("cuda", dtype=bf16):
+        out = ops.linear(xg, wg, None, "none", True, True)[0]
+    out.float().square().sum().backward()
+    xh, wh = x.to(bf16).requires_grad_(), w.to(bf16).requires_grad_()
+    ops.linear(xh, wh, None, "none", True, True)[0].float().square().sum().backward()
+    assert xg.grad.dtype == wg.grad.dtype == torch.float32
+    assert torch.equal(xg.grad, xh.grad.float()) and torch.equal(wg.grad, wh.grad.float())
+
+
 def test_deterministic_training_steps_are_bitwise_repeatable_across_streams():
     torch.manual_seed(0)
     model = Block(deterministic=True)

@@ -27,6 +27,7 @@ import torch
 
 from .._internal.tensors import plain_torch_types
 from ..errors import Unsupported
+from ._common import autocast_inputs
 
 __all__ = ["NAMESPACE", "DefinedOp", "define_inference_op", "define_op"]
 
@@ -187,19 +188,40 @@ class DefinedOp:
         return self._for_transforms
 
 
+_AUTOCAST_CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCUDA)
+
+
+def _cast_under_autocast(name: str, op) -> None:
+    """Gives ``op`` an AutocastCUDA kernel: under torch.autocast("cuda") a call through
+    torch.ops casts its floating CUDA inputs to autocast's dtype (``autocast_inputs``, the rule
+    the drop-ins apply before they skip the dispatcher), then runs the op with autocast off
+    below, as torch's lower-precision ops (F.linear, F.scaled_dot_product_attention) do. Outside
+    autocast torch never reaches this kernel, so it costs those calls nothing."""
+
+    def autocast_kernel(keyset, *args):
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CUDA):
+            return op(*autocast_inputs(torch.get_autocast_dtype("cuda"), *args))
+
+    _LIBRARY.impl(name, autocast_kernel, "AutocastCUDA", with_keyset=True)
+
+
 def define_op(name: str, kernel: Callable, fake: Callable, *,
-              setup_context: Callable | None = None, backward: Callable | None = None
-              ) -> DefinedOp:
+              setup_context: Callable | None = None, backward: Callable | None = None,
+              autocast: bool = False) -> DefinedOp:
     """Registers ``opfacade::<name>`` (its schema from ``kernel``'s annotations; no argument is
     mutated) with ``fake`` as its fake kernel. With ``backward`` (and ``setup_context``, as
     torch.library.register_autograd takes them) it is differentiable; without, a call that
-    autograd would differentiate raises Unsupported."""
+    autograd would differentiate raises Unsupported. ``autocast``: the op computes in lower
+    precision under torch.autocast("cuda"), as its torch counterpart does
+    (``_cast_under_autocast``); backward ops take the dtypes their forward ran in and have none."""
     _LIBRARY.define(name + torch.library.infer_schema(kernel, mutates_args=()))
     qualname = f"{NAMESPACE}::{name}"
     # Every backend: a host tensor reaches the kernel, whose device check names it.
     _LIBRARY.impl(name, kernel, "CompositeExplicitAutograd")
     torch.library.register_fake(qualname, fake, lib=_LIBRARY)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
+    if autocast:
+        _cast_under_autocast(name, op)
     positions = _tensor_positions(op)
     function = None if backward is None else _autograd_function(name, kernel, op, positions,
                                                                 setup_context, backward)
@@ -220,10 +242,12 @@ def define_op(name: str, kernel: Callable, fake: Callable, *,
     return DefinedOp(name, kernel, op, function, positions, setup_context, backward)
 
 
-def define_inference_op(name: str, kernel: Callable, fake: Callable, *, training_op: str):
+def define_inference_op(name: str, kernel: Callable, fake: Callable, *, training_op: str,
+                        autocast: bool = False):
     """Registers ``opfacade::<name>``, an op without a backward for calls that want no gradient
     (a graph compiled under no_grad), and returns it (``torch.ops.opfacade.<name>.default``).
-    ``training_op`` names the differentiable op that serves the same calls.
+    ``training_op`` names the differentiable op that serves the same calls; ``autocast`` as
+    define_op's.
 
     Its Autograd key falls through to the kernel in C++: no Python autograd kernel, one crossing
     from the dispatcher into Python a call (define_op's ops cross twice). Without that kernel
@@ -249,6 +273,8 @@ def define_inference_op(name: str, kernel: Callable, fake: Callable, *, training
     _LIBRARY.impl(name, refusing(kernel), "CompositeExplicitAutograd")
     torch.library.register_fake(qualname, refusing(fake), lib=_LIBRARY)
     _LIBRARY.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    if autocast:
+        _cast_under_autocast(name, op)
     return op
 
 

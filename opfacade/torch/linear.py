@@ -123,7 +123,7 @@ def _backward(ctx, grad_out, _grad_aux):
 
 
 _linear = define_op("linear", _linear_impl, _linear_fake, setup_context=_save_for_backward,
-                    backward=_backward)
+                    backward=_backward, autocast=True)
 
 
 # -- the inference op: what a graph compiled under no_grad calls ---------------------------------
@@ -140,7 +140,8 @@ def _linear_inference_fake(x, weight, bias, activation, deterministic):
 
 
 _linear_inference = define_inference_op("linear_inference", _linear_inference_impl,
-                                        _linear_inference_fake, training_op="linear")
+                                        _linear_inference_fake, training_op="linear",
+                                        autocast=True)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -170,7 +170,7 @@ def _backward(ctx, grad_out, _grad_stats):
 
 
 _sdpa = define_op("sdpa", _sdpa_impl, _sdpa_fake, setup_context=_save_for_backward,
-                  backward=_backward)
+                  backward=_backward, autocast=True)
 
 
 # -- the common case's training ops: what the drop-in calls with grad ----------------------------
@@ -221,7 +221,8 @@ def _train_backward(ctx, grad_out, _grad_stats):
 
 
 _sdpa_train = define_op("sdpa_train", _sdpa_train_impl, _sdpa_train_fake,
-                        setup_context=_save_for_train_backward, backward=_train_backward)
+                        setup_context=_save_for_train_backward, backward=_train_backward,
+                        autocast=True)
 
 
 # -- the inference op: what a graph compiled under no_grad calls ---------------------------------
@@ -239,7 +240,8 @@ def _sdpa_inference_fake(q, k, v, causal, scale):
 
 
 _sdpa_inference = define_inference_op("sdpa_inference", _sdpa_inference_impl,
-                                      _sdpa_inference_fake, training_op="sdpa_train")
+                                      _sdpa_inference_fake, training_op="sdpa_train",
+                                      autocast=True)
 
 
 def _refuse_ranks(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:

@@ -102,7 +102,7 @@ def _backward(ctx, grad_out, _grad_lse):
 
 
 _varlen = define_op("varlen_attention", _varlen_impl, _varlen_fake,
-                    setup_context=_save_for_backward, backward=_backward)
+                    setup_context=_save_for_backward, backward=_backward, autocast=True)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
