@@ -960,6 +960,22 @@ def test_bound_calls_keep_their_own_epilogue_pointers(fake_cublaslt):
     assert stand_in not in {bias.ctypes.data for bias in biases}
 
 
+def test_descriptors_are_destroyed_with_their_owner_but_not_at_interpreter_exit(fake_cublaslt):
+    """At interpreter exit nvmath's bindings and cuBLASLt may be torn down (a GPU test process
+    once aborted in glibc after pytest's summary); the process's end frees them anyway."""
+    desc = LinearDescriptor(m=4, n=8, k=8, element="f32")
+    impl = impl_of("linear_forward.cublaslt.f32")
+    recipe = impl._recipes.get(desc, 0, impl._canonical(desc), 1 << 20)
+    destroyed = []
+    fake_cublaslt.matmul_desc_destroy = destroyed.append
+    owned = matmul.OwnedDesc(fake_cublaslt, 0x5D)
+    for finalizing in (True, False):
+        asked = functools.partial(bool, finalizing)
+        recipe.matmul.__del__(_finalizing=asked)
+        owned.__del__(_finalizing=asked)
+        assert destroyed == ([] if finalizing else [recipe.matmul.desc, 0x5D])
+
+
 def test_the_heuristic_is_told_the_pointers_alignment(fake_cublaslt):
     desc = LinearDescriptor(m=4, n=8, k=8, element="f32", bias=False)
     impl = impl_of("linear_forward.cublaslt.f32")

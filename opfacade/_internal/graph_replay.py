@@ -9,6 +9,7 @@ graph it is one ``cuGraphLaunch`` (2.6-5.6 us there), whatever it holds.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Callable
 
 from ..errors import LaunchFailed
@@ -115,8 +116,10 @@ class GraphedLaunches:
             raise LaunchFailed(f"cuStreamIsCapturing failed on cuda:{self._device}'s stream "
                                f"{self._stream:#x}: CUresult {status}")
 
-    def __del__(self) -> None:
-        if self._exec is None:
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
+        # Not at interpreter exit: CuPy and the libraries it calls into may be half torn down,
+        # and the process's end frees the graph with its context anyway.
+        if self._exec is None or _finalizing():
             return
         try:
             import cupy

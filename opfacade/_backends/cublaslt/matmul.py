@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -328,8 +329,10 @@ class Matmul:
 
         return enqueue
 
-    def __del__(self):
-        if not getattr(self, "_owner", False):
+    def __del__(self, _finalizing=sys.is_finalizing):
+        # Not at interpreter exit (nvmath's bindings and cuBLASLt may be torn down; the
+        # process's end frees the descriptors anyway).
+        if not getattr(self, "_owner", False) or _finalizing():
             return
         lt = self._lt
         try:
@@ -348,7 +351,9 @@ class OwnedDesc:
     def __init__(self, lt, desc: int):
         self._lt, self.desc = lt, desc
 
-    def __del__(self):
-        # At interpreter shutdown the library may be gone already.
+    def __del__(self, _finalizing=sys.is_finalizing):
+        # Not at interpreter exit, as Matmul's descriptors.
+        if _finalizing():
+            return
         with contextlib.suppress(Exception):
             self._lt.matmul_desc_destroy(self.desc)
