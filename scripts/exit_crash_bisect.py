@@ -1,7 +1,8 @@
 """Which tests of a GPU test file leave a process that aborts at interpreter exit (glibc's
 "free(): invalid pointer" / "double free or corruption" after pytest's summary, exit status
-134). Halves the file's test ids while one half alone still aborts; stops where neither half
-does (the abort then needs tests from both) or at one test. Each step is a fresh pytest process.
+134). Halves the file's test ids while one half alone still aborts. Where neither half does
+(the abort needs tests from both), looks for one test of each half that abort together. Each
+step is a fresh pytest process.
 
     python3 scripts/exit_crash_bisect.py tests/test_torch_gpu.py [--budget SECONDS]
 """
@@ -49,8 +50,26 @@ def main() -> None:
             ids = second
         else:
             print("neither half aborts alone: the abort needs tests from both", flush=True)
+            ids = pair(first, second, deadline) or ids
             break
     print("smallest aborting set found:", *ids, sep="\n  ", flush=True)
+
+
+def pair(first: list[str], second: list[str], deadline: float) -> list[str] | None:
+    """Where the abort needs both halves: the first test of ``second`` that aborts beside all
+    of ``first``, then the first test of ``first`` that aborts beside that one (two tests, if
+    two are enough; None if the budget runs out or no single test will do)."""
+    for other in second:
+        if time.perf_counter() > deadline:
+            return None
+        if aborts([*first, other]):
+            for one in first:
+                if time.perf_counter() > deadline:
+                    return None
+                if aborts([one, other]):
+                    return [one, other]
+            return [*first, other]
+    return None
 
 
 if __name__ == "__main__":
