@@ -6,8 +6,9 @@ stream and workspace address each run).
 The standard problems (``sample_problems``) are what test_precision_gpu.py and ``opfacade
 verify`` check. Here each integer extent of one of them moves to a nearby value (smaller, up
 to twice as large, odd), and each choice field (causal, layout, activation, flags) may take
-another value the op's standard problems use. A move that makes the problem invalid, or leaves
-it no GPU SKU, is undone, so the draws stay in what the catalog claims to serve. Lengths inside
+another value the op's standard problems use. A move that makes the problem invalid, leaves it
+no GPU SKU or makes it one verify cannot check (``_served``) is undone, so the draws stay in what
+the catalog claims to serve. Lengths inside
 a problem (varlen, decode) come from the op's verification inputs on the drawn seed.
 
 OPFACADE_GPU_FUZZ_SEED picks another set of problems (the default is fixed, so a failure
