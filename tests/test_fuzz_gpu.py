@@ -18,6 +18,7 @@ reproduces); OPFACADE_GPU_FUZZ_EXAMPLES sets how many problems each op meets.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from collections import Counter
@@ -46,12 +47,23 @@ def _gpu_impls(op) -> list:
     return [impl for impl in op.skus if impl.sku.backend is not BackendKind.reference]
 
 
-def _samples(op) -> list:
+@functools.cache
+def _standard(name: str) -> tuple[list, dict[str, list]]:
+    """The op's standard problems some GPU SKU serves, and the values each choice field (any
+    field but an extent) takes among them, in order: read once per op, not per draw."""
+    op = next(op for op in OPS if op.name == name)
     found = []
     for element in ElementKind:
         with contextlib.suppress(OpFacadeError):
             found += op.sample_problems(element)
-    return [d for d in found if any(impl.unfit(d) is None for impl in _gpu_impls(op))]
+    samples = [d for d in found if any(impl.unfit(d) is None for impl in _gpu_impls(op))]
+    choices: dict[str, list] = {}
+    for sample in samples:
+        for field, value in sample.model_dump().items():
+            is_extent = isinstance(value, int) and not isinstance(value, bool)
+            if not is_extent and value not in choices.setdefault(field, []):
+                choices[field].append(value)
+    return samples, choices
 
 
 def _extent_product(fields: dict) -> int:
@@ -80,15 +92,9 @@ def _served(op, fields: dict):
 def held_out_problem(draw, op):
     """A standard problem of ``op`` with its fields moved one at a time (see the module's
     docstring); each move kept only if the problem stays valid, served and small enough."""
-    sample = draw(st.sampled_from(_samples(op)))
-    fields = sample.model_dump()
+    samples, choices = _standard(op.name)
+    fields = draw(st.sampled_from(samples)).model_dump()
     limit = GROWTH_LIMIT * _extent_product(fields)
-    choices: dict[str, list] = {}
-    for other in _samples(op):
-        for name, value in other.model_dump().items():
-            is_extent = isinstance(value, int) and not isinstance(value, bool)
-            if not is_extent and value not in choices.setdefault(name, []):
-                choices[name].append(value)
     for name in draw(st.permutations(sorted(fields))):
         value = fields[name]
         if isinstance(value, int) and not isinstance(value, bool):
@@ -106,7 +112,7 @@ def held_out_problem(draw, op):
 
 @pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
 def test_held_out_problems_keep_every_gpu_skus_guarantee(op):
-    if not _samples(op):
+    if not _standard(op.name)[0]:
         pytest.skip(f"{op.name} has no standard problem a GPU SKU serves")
 
     verified_per_sku: Counter = Counter()

@@ -169,7 +169,8 @@ def self_aliasing(view: TensorView) -> str:
 
 def layout_aliasing(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
     """self_aliasing for a layout alone (extents and element strides, no buffer)."""
-    if math.prod(shape) == 0:
+    size = math.prod(shape)
+    if size == 0:
         return ""
     dims = sorted((abs(stride), extent) for extent, stride in zip(shape, strides, strict=True)
                   if extent > 1)
@@ -182,7 +183,6 @@ def layout_aliasing(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
         return ""
     if any(stride == 0 for stride, _ in dims):
         return "it is broadcast (a stride of 0 where the extent is more than 1)"
-    size = math.prod(shape)
     if size > _ALIAS_CHECK_LIMIT:
         return (f"its elements interleave, and with {size} of them opfacade does not check "
                 "that they never overlap")
