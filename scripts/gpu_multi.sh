@@ -4,9 +4,10 @@
 # multi: tests/test_multi_gpu_gpu.py and tests/test_example_ddp_gpu.py (both GPUs, one process
 #        and two ranks);
 # ddp:   examples/gpt_ddp.py at the example's full size, 50 steps ($OUT/gpt_ddp.json);
-# suite: the whole test suite, its families split over the two GPUs (CUDA_VISIBLE_DEVICES), both
-#        halves at once, so that it fits one call; each family is its own pytest. HALF0 and HALF1
+# suite: the whole test suite, its families split over the GPUs (CUDA_VISIBLE_DEVICES), all
+#        parts at once, so that it fits one call; each family is its own pytest. HALF0 and HALF1
 #        name each GPU's parts: families, "others", or "others:K/N" (every Nth other file from K).
+#        On a machine of 4 GPUs (nvidia-h100-x4), PART0..PART3 name them instead.
 #        Timed on 2x H200 (fourteenth session, calls 3 and 4): all "others" files 520+ s;
 #        others:0/2 73 s and others:1/2 341 s (test_example_gpt_gpu's half, as the device
 #        lists the files); sdpa 77 s, varlen_attention 63 s, decode_attention 63 s, alibi 59 s,
@@ -59,9 +60,18 @@ if wants suite; then
             exited
         done > "$OUT/suite_gpu$gpu.log" 2>&1
     }
-    half 0 ${HALF0:-others:0/2 sdpa} &
-    half 1 ${HALF1:-others:1/2 varlen_attention decode_attention linear alibi kv_append} &
-    wait
-    cat "$OUT/suite_gpu0.log" "$OUT/suite_gpu1.log"
+    if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then
+        half 0 ${PART0:-others:0/4} &
+        half 1 ${PART1:-others:1/4 sdpa varlen_attention} &
+        half 2 ${PART2:-others:2/4 decode_attention} &
+        half 3 ${PART3:-others:3/4 linear alibi kv_append} &
+        wait
+        cat "$OUT"/suite_gpu[0-3].log
+    else
+        half 0 ${HALF0:-others:0/2 sdpa} &
+        half 1 ${HALF1:-others:1/2 varlen_attention decode_attention linear alibi kv_append} &
+        wait
+        cat "$OUT/suite_gpu0.log" "$OUT/suite_gpu1.log"
+    fi
 fi
 stage done
