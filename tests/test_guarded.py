@@ -59,6 +59,17 @@ def test_any_changed_fact_misses(changed):
     assert calls.find(changed(*_tensors()), ("relu",)) is None
 
 
+def test_a_call_with_another_number_of_tensors_misses():
+    # linear's backward passes its aux only when there is one, with the same options; a guard
+    # handed another number of tensors than it was built from raises TypeError (seen on an H100
+    # in test_torch_fuzz.py: a ReLU backward without its mask after one with it).
+    calls, selected = GuardedCalls(), _selected()
+    calls.remember(_tensors(), ("relu",), selected)
+    assert calls.find((*_tensors(), torch.ones(2, 3)), ("relu",)) is None
+    assert calls.find(_tensors()[:1], ("relu",)) is None
+    assert calls.find(_tensors(), ("relu",)) is selected
+
+
 def test_other_options_and_a_freed_plan_miss():
     calls, selected = GuardedCalls(), _selected()
     calls.remember(_tensors(), ("relu",), selected)

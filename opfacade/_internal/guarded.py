@@ -82,12 +82,15 @@ class Selected(NamedTuple):
 
 
 class GuardedCalls:
-    """One op's last ``capacity`` distinct calls, newest first, each (guard, options, selected).
+    """One op's last ``capacity`` distinct calls, newest first, each (guard, tensor count,
+    options, selected).
 
-    ``find(tensors, options)`` returns what an earlier call with tensors passing its guard and
-    equal ``options`` (the call's other arguments, and telling how many tensors it has: a guard
-    checks exactly as many as it was built from) selected, else None; ``remember`` stores a
-    call's selection. Threads share it: the entries are one tuple, replaced whole.
+    ``find(tensors, options)`` returns what an earlier call with as many tensors, passing its
+    guard, and equal ``options`` (the call's other arguments) selected, else None; ``remember``
+    stores a call's selection. The count is compared first because a guard checks exactly as
+    many tensors as it was built from and raises TypeError on any other number (linear's
+    backward passes its aux only when there is one). Threads share it: the entries are one
+    tuple, replaced whole.
     """
 
     __slots__ = ("__weakref__", "_capacity", "_entries")
@@ -98,8 +101,10 @@ class GuardedCalls:
         _EVERY.add(self)
 
     def find(self, tensors: tuple, options: tuple) -> Selected | None:
-        for guard, known, selected in self._entries:
-            if known == options and guard.check(*tensors) and not selected.plan.freed:
+        count = len(tensors)
+        for guard, known_count, known, selected in self._entries:
+            if (known_count == count and known == options and guard.check(*tensors)
+                    and not selected.plan.freed):
                 return selected
         return None
 
@@ -110,8 +115,8 @@ class GuardedCalls:
         if guards is None or len({id(t) for t in tensors}) < len(tensors):
             return  # no guard here, or one that would never pass (see the module's docstring)
         guard = guards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
-        kept = [entry for entry in self._entries if entry[2] is not selected]
-        self._entries = ((guard, options, selected), *kept[:self._capacity - 1])
+        kept = [entry for entry in self._entries if entry[3] is not selected]
+        self._entries = ((guard, len(tensors), options, selected), *kept[:self._capacity - 1])
 
     def clear(self) -> None:
         self._entries = ()
