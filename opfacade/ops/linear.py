@@ -178,8 +178,9 @@ def torch_forward(x: Any, weight: Any, bias: Any, activation: str, deterministic
     device check)."""
     tensors = (x, weight) if bias is None else (x, weight, bias)
     # refuse among the options: a functional call's entry (none) never serves an op's call,
-    # which must refuse what the functional form takes (host tensors: the reference).
-    options = (activation, deterministic, bias is None, save_aux, refuse)
+    # which must refuse what the functional form takes (host tensors: the reference). Whether
+    # there is a bias is the tensors' count, which the memo compares itself.
+    options = (activation, deterministic, save_aux, refuse)
     selected = _TORCH_CALLS.find(tensors, options)
     if selected is None:
         if refuse is not None:
