@@ -445,3 +445,55 @@ def test_the_math_backend_has_no_training_forward(monkeypatch):
     monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *t: 0)
     q = torch.randn(1, 1, 8, 8)
     assert host.torch_training_forward(q, q, q) == (None, None)
+
+
+# -- the host rows' floor: torch's own cuDNN ops in a Python autograd.Function -------------------
+def test_the_python_floor_is_offered_only_where_torch_picks_cudnn(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from opfacade._bench import python_floor
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *t: 2)  # memory-efficient
+    q = torch.randn(1, 1, 8, 8)
+    assert python_floor.cudnn_sdpa_in_python_function(q, q, q) is None
+
+
+def test_the_python_floor_passes_torchs_cudnn_ops_what_their_schemas_name(monkeypatch):
+    """The Function's forward asks the cuDNN forward for its logsumexp (no bias, no dropout, not
+    causal) and hands its backward exactly the saved tensors and sizes its schema names."""
+    torch = pytest.importorskip("torch")
+    from opfacade._bench import python_floor
+
+    aten = torch.ops.aten
+    forward_op = aten._scaled_dot_product_cudnn_attention.default
+    backward_op = aten._scaled_dot_product_cudnn_attention_backward.default
+    q, k, v = (torch.randn(1, 1, 8, 8, requires_grad=True) for _ in range(3))
+    g = torch.randn(1, 1, 8, 8)
+    made = {name: torch.randn(1) for name in ("lse", "cum_q", "cum_k", "seed", "offset")}
+    calls = {}
+
+    def call(self, *args):
+        calls[self] = args
+        if self is forward_op:
+            return (args[0] * 2, made["lse"], made["cum_q"], made["cum_k"], 8, 9, made["seed"],
+                    made["offset"], torch.empty(0))
+        return tuple(t * 3 for t in args[1:4])
+
+    monkeypatch.setattr(torch, "_fused_sdp_choice", lambda *t: 3)
+    floor = python_floor.cudnn_sdpa_in_python_function(q, k, v)
+    monkeypatch.setattr(type(forward_op), "__call__", call)
+    out = floor(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    names = [a.name for a in forward_op._schema.arguments if not a.kwarg_only]  # scale: default
+    bound = dict(zip(names, calls[forward_op], strict=True))
+    assert bound["attn_bias"] is None and bound["compute_log_sumexp"] is True
+    assert bound["dropout_p"] == 0.0 and bound["is_causal"] is False
+    names = [a.name for a in backward_op._schema.arguments if not a.kwarg_only]
+    bound = dict(zip(names, calls[backward_op], strict=True))
+    assert bound["grad_out"] is g and torch.equal(bound["out"], out)
+    assert all(bound[n] is t for n, t in (("query", q), ("key", k), ("value", v)))
+    assert bound["logsumexp"] is made["lse"] and bound["philox_seed"] is made["seed"]
+    assert bound["philox_offset"] is made["offset"] and bound["attn_bias"] is None
+    assert bound["cum_seq_q"] is made["cum_q"] and bound["cum_seq_k"] is made["cum_k"]
+    assert (bound["max_q"], bound["max_k"]) == (8, 9)
+    assert bound["dropout_p"] == 0.0 and bound["is_causal"] is False
+    assert all(torch.equal(grad, t.detach() * 3) for grad, t in zip(grads, (q, k, v), strict=True))

@@ -112,8 +112,12 @@ def held_out_problem(draw, op, target, starts):
     for name in draw(st.permutations(sorted(fields))):
         value = fields[name]
         if isinstance(value, int) and not isinstance(value, bool):
-            moved = draw(st.one_of(st.just(value), st.integers(1, max(1, value)),
-                                   st.integers(max(1, value // 2), 2 * value + 7)))
+            # The moving branches first: Hypothesis tries its simplest draw first (each
+            # one_of's first branch, each range's low end), which with "no move" first was the
+            # standard problem itself, already verify's (46 of 224 draws at the default seed;
+            # 12 now, where halving moves nothing).
+            moved = draw(st.one_of(st.integers(max(1, value // 2), 2 * value + 7),
+                                   st.integers(1, max(1, value)), st.just(value)))
         elif name != "element" and len(choices.get(name, [])) > 1:
             moved = draw(st.sampled_from(choices[name]))
         else:

@@ -868,3 +868,23 @@ def test_a_new_process_with_a_warm_cache_deserializes_the_same_plans():
     assert cold["loaded"] == 0 and warm["loaded"] >= 2  # the forward and the backward
     assert found["cold, driver cache warm"]["loaded"] == 0
     assert warm["bits"] == cold["bits"] == found["cold, driver cache warm"]["bits"]
+
+
+def test_the_host_rows_python_floor_runs_torchs_own_kernels():
+    """The bench's floor contestant (torch's cuDNN ops in a Python autograd.Function) gives
+    F.sdpa's output and gradients bit for bit where torch picks its cuDNN backend, so its row
+    times the same kernels as torch's call, and nothing where torch picks another."""
+    from opfacade._bench.python_floor import cudnn_sdpa_in_python_function
+
+    q, k, v = (_randn(1, 1, 64, 64, grad=True, seed=s) for s in range(3))
+    grad_out = _randn(1, 1, 64, 64, seed=3)
+    floor = cudnn_sdpa_in_python_function(q, k, v)
+    choice = int(torch._fused_sdp_choice(q, k, v))
+    if choice != 3:  # torch's cuDNN backend
+        assert floor is None
+        pytest.skip(f"torch picks SDPA backend {choice} here, not cuDNN")
+    ours, theirs = floor(q, k, v), F.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(ours, theirs)
+    found = torch.autograd.grad(ours, (q, k, v), grad_out)
+    expected = torch.autograd.grad(theirs, (q, k, v), grad_out)
+    assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True))

@@ -7,6 +7,7 @@ host milliseconds per call, so the ratio peer / ours above 1 means opfacade cost
 from __future__ import annotations
 
 from .common import BenchRow, host_us_interleaved
+from .python_floor import cudnn_sdpa_in_python_function
 
 CALLS, ROUNDS = 200, 9
 
@@ -34,6 +35,13 @@ def torch_training_forward(q, k, v):
     name, extra = _TRAINING_FORWARDS[choice]
     op = getattr(torch.ops.aten, name).default
     return f"aten.{name}", lambda: op(q, k, v, *extra)
+
+
+# The floor's contestant (python_floor.py), named in the eager sdpa training rows.
+FLOOR = "torch kernels in a Python Function"
+FLOOR_NOTE = (f"{FLOOR}: torch's own cuDNN forward and backward ops inside a Python "
+              "autograd.Function, what any op with a Python autograd formula pays before its "
+              "own code")
 
 
 def _row(case: str, us: dict[str, float], ours: str, peers: dict[str, str], notes: str
@@ -80,7 +88,12 @@ def run(quick: bool = False) -> list[BenchRow]:
     training_note = (f"torch training forward: {training_forward}, the op torch's graph "
                      f"compiled for training calls, its logsumexp saved" if extra else
                      "no torch training forward: torch picks its math backend here")
-    us = host_us_interleaved({**extra,
+    # The eager sdpa training rows' floor: torch's own cuDNN ops in a Python autograd.Function.
+    floor = cudnn_sdpa_in_python_function(q, k, v)
+    floors = {} if floor is None else {
+        "floor sdpa grad": lambda: floor(qg, kg, vg),
+        "floor sdpa fwd+bwd": lambda: grad(floor(qg, kg, vg), (qg, kg, vg), grad_sdpa)}
+    us = host_us_interleaved({**extra, **floors,
         "torch linear": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
         "linear functional": lambda: opfacade.linear(x, w, b, activation="gelu_tanh"),
         "linear torch op": lambda: oft.linear(x, w, b, activation="gelu_tanh"),
@@ -137,8 +150,10 @@ def run(quick: bool = False) -> list[BenchRow]:
              f"{training_note}"),
         # Eager training calls, each drop-in against torch's call on the same inputs.
         *(_row(f"{case}, oft.{name} {what}", us, f"{name} torch op {key}",
-               {"torch": f"torch {name} {key}"}, f"eager training: {how}; {peer_call} on the "
-               f"same inputs")
+               {"torch": f"torch {name} {key}",
+                **({FLOOR: f"floor {name} {key}"} if f"floor {name} {key}" in us else {})},
+               f"eager training: {how}; {peer_call} on the same inputs"
+               + (f"; {FLOOR_NOTE}" if f"floor {name} {key}" in us else ""))
           for what, key, how in (
               ("with grad", "grad", "inputs that require grad, each call recording its "
                                     "autograd node"),
