@@ -58,6 +58,21 @@ template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
 #define OPFACADE_MIN_BLOCKS(R, PER) ((PER) > 1 ? 1 : (R) <= 4 ? 5 : 4)
 #endif
 
+// The dense build of the half types' 4-row tiles: batches of 2 vectors, held to six blocks an
+// SM (80 registers, no spill), so more warps hide each load. H100 and H200, the whole step in
+// % of a device copy (scripts/decode_variants.py --inflight, each build twice; records
+// catalog/probes/decode_inflight_H100.json and _H200.json):
+//                           H100 default / dense         H200 default / dense
+//   B64 S4096               95.0, 94.2 / 94.2, 93.3      82.6, 82.2 / 85.4
+//   B256 S1024 pages of 16  90.1, 89.6 / 89.4, 89.1      77.7, 78.5 / 81.5
+//   B8 S32768 pages of 64   92.7, 92.7 / 92.7, 92.0      79.5, 80.8 / 83.8
+//   B1 S32768 (spans)       77.2, 75.9 / 80.5, 79.4      57.5, 60.2 / 59.5
+// The half types' spans kernels (grids of a few waves) are always dense; their one-chunk
+// kernels are where the device's memory is fast for its SMs (decode.py's dense_partials). The
+// build changes no sum's order: the same bits either way (tests/test_decode_attention_gpu.py).
+constexpr int kDenseUnroll = 2;
+constexpr int kDenseBlocks = 6;
+
 // Where a CUDA-core tile's two buffers of row offsets start in its shared memory (in floats):
 // past both the scores [kChunk][R] and the key groups' sums [groups][R][D] that reuse them;
 // the scaled queries [R][D] follow them (decode.py's shared_bytes).
@@ -136,7 +151,7 @@ struct SplitSum {
 // SPANS: the CTA runs `span` consecutive chunks of its sequence (the decode_partial_*_spans
 // kernels, for grids of a few waves: decode.py's span_for); otherwise one chunk, blockIdx.y.
 // Either way each chunk's partial is computed the same way, to the same bits.
-template <typename T, int D, int R, bool SPANS>
+template <typename T, int D, int R, bool SPANS, int UNROLL>
 __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                         const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                         float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
@@ -157,7 +172,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     const int tid = threadIdx.x;
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
     constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
-    constexpr int kUnroll = kUnrollOf<R, L::kPerLane>;
+    constexpr int kUnroll = UNROLL;               // vectors a thread loads per batch
     constexpr int kBatch = 2 * kUnroll;           // passes per loop turn: two load batches
 
     // The tile's queries, scaled: this lane's columns of each row, in registers. A CTA of one
@@ -397,21 +412,36 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
         int left) {                                                                              \
         let_dependents_launch();                                                                 \
-        partial<T, D, R, false>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,      \
-                                ws_ml, q_len, group, tiles, chunks, scale, left, 1);             \
+        partial<T, D, R, false, kUnrollOf<R, Row<T, D>::kPerLane>>(                              \
+            q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, q_len, group,     \
+            tiles, chunks, scale, left, 1);                                                      \
     }
 
-// The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers).
-#define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D)                                                     \
-    extern "C" __global__ void __launch_bounds__(                                                \
-        kThreads, OPFACADE_MIN_BLOCKS(4, (Row<T, D>::kPerLane)))                                 \
+// The dense build of a 4-row tile (kDenseUnroll, kDenseBlocks), one chunk a CTA.
+#define OPFACADE_PARTIAL_DENSE(SUFFIX, T, D)                                                     \
+    extern "C" __global__ void __launch_bounds__(kThreads, kDenseBlocks)                         \
+        decode_partial_##SUFFIX##_##D##_4_dense(                                                 \
+        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
+        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left) {                                                                              \
+        let_dependents_launch();                                                                 \
+        partial<T, D, 4, false, kDenseUnroll>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS,          \
+                                              seq_lens, ws_acc, ws_ml, q_len, group, tiles,      \
+                                              chunks, scale, left, 1);                           \
+    }
+
+// The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers),
+// in the build (UNROLL, BLOCKS) given: the dense one for the half types.
+#define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D, UNROLL, BLOCKS)                                     \
+    extern "C" __global__ void __launch_bounds__(kThreads, BLOCKS)                               \
         decode_partial_##SUFFIX##_##D##_4_spans(                                                 \
         const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
         float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
         int left, int span) {                                                                    \
         let_dependents_launch();                                                                 \
-        partial<T, D, 4, true>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,       \
-                               ws_ml, q_len, group, tiles, chunks, scale, left, span);           \
+        partial<T, D, 4, true, UNROLL>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens,       \
+                                       ws_acc, ws_ml, q_len, group, tiles, chunks, scale, left,  \
+                                       span);                                                    \
     }
 
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
@@ -441,9 +471,6 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_PARTIAL(SUFFIX, T, 128, 8)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64)                                                        \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 128)                                                       \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256)                                                       \
     OPFACADE_MERGE(SUFFIX, T, 64)                                                                \
     OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
     OPFACADE_MERGE(SUFFIX, T, 1024)
@@ -453,9 +480,30 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 64)                                                          \
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 128)
 
+// The 4-row tiles' spans kernels, in the default build (f32, whose dense build spilled at d 256).
+#define OPFACADE_DECODE_SPANS(SUFFIX, T)                                                         \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64, (kUnrollOf<4, Row<T, 64>::kPerLane>),                  \
+                           OPFACADE_MIN_BLOCKS(4, (Row<T, 64>::kPerLane)))                       \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 128, (kUnrollOf<4, Row<T, 128>::kPerLane>),                \
+                           OPFACADE_MIN_BLOCKS(4, (Row<T, 128>::kPerLane)))                      \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256, (kUnrollOf<4, Row<T, 256>::kPerLane>),                \
+                           OPFACADE_MIN_BLOCKS(4, (Row<T, 256>::kPerLane)))
+
+// The half types' dense builds of the 4-row tiles: one chunk a CTA, and spans.
+#define OPFACADE_DECODE_DENSE(SUFFIX, T)                                                         \
+    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 64)                                                        \
+    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 128)                                                       \
+    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 256)                                                       \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64, kDenseUnroll, kDenseBlocks)                            \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 128, kDenseUnroll, kDenseBlocks)                           \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256, kDenseUnroll, kDenseBlocks)
+
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
+OPFACADE_DECODE_SPANS(f32, float)
+OPFACADE_DECODE_DENSE(f16, f16_t)
+OPFACADE_DECODE_DENSE(bf16, bf16_t)
 OPFACADE_DECODE_MMA(f16, f16_t)
 OPFACADE_DECODE_MMA(bf16, bf16_t)
 

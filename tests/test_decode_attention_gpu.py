@@ -248,9 +248,10 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(cache):
 def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cache, window,
                                                          element, head_dim):
     """The 4-row tiles' spans kernels (a CTA over `span` consecutive chunks), forced on a small
-    grid: the same bits as one chunk a CTA, and the reference's values, across lengths that
-    end inside a span, empty sequences, and windows that leave whole chunks of a span
-    unseen."""
+    grid: the same bits as one chunk a CTA in both its builds (the default and, for the half
+    types, the dense one a fast-memory device takes), and the reference's values, across
+    lengths that end inside a span, empty sequences, and windows that leave whole chunks of a
+    span unseen."""
     from opfacade._backends.nvrtc import decode as kernels
 
     desc = _descriptor(cache, element, 2100, 5, heads_q=8, heads_kv=2, head_dim=head_dim,
@@ -261,16 +262,19 @@ def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cach
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
         fetched.append(name), get_kernel(source, name, device))[1])
     results = []
-    for chunks_per_cta in (1, span):
+    for chunks_per_cta, dense in ((1, False), (1, True), (span, False)):
         monkeypatch.setattr(kernels, "span_for", lambda ctas, resident, n=chunks_per_cta: n)
+        monkeypatch.setattr(kernels, "dense_partials", lambda device, d=dense: d)
         args = problem.args()  # new out and lse: the plan's memo builds the launches again
         plan.run(args)
         results.append(args)
         partials = [name for name in fetched if name.startswith("decode_partial")]
         assert partials[-1].endswith("_spans") == (chunks_per_cta > 1), fetched
-    _check(problem, results[1], plan.precision_guarantee.max_rel_error)
-    assert torch.equal(results[0].out, results[1].out)
-    assert torch.equal(results[0].lse, results[1].lse)
+        assert partials[-1].endswith("_dense") == (dense and element != "f32"), fetched
+    _check(problem, results[-1], plan.precision_guarantee.max_rel_error)
+    for other in results[1:]:
+        assert torch.equal(results[0].out, other.out)
+        assert torch.equal(results[0].lse, other.lse)
 
 
 def test_runs_repeat_bitwise_over_streams_and_workspaces():

@@ -35,6 +35,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.MMA_DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
                  for d in kernels.DIMS}
+    partials |= {f"decode_partial_{e.value}_{d}_{kernels.TILES[0]}_dense"
+                 for e in kernels.DENSE_ELEMENTS for d in kernels.DIMS}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
@@ -58,8 +60,9 @@ def _record(monkeypatch) -> list[tuple]:
         launched.append((kernel, grid, block, args, shared, overlap_previous))
 
     monkeypatch.setattr(kernels, "device_arch", lambda device: ArchSku.sm90)
-    # An H100's 132 multiprocessors, five partial CTAs each.
+    # An H100's 132 multiprocessors, five partial CTAs each, and its 3.35 TB/s.
     monkeypatch.setattr(kernels, "device_sm_count", lambda device: 132)
+    monkeypatch.setattr(kernels, "device_memory_bandwidth", lambda device: 3.35e12)
     monkeypatch.setattr(kernels, "resident_blocks", lambda function, threads, shared, device: 5)
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
     monkeypatch.setattr(kernels, "launch", record)
@@ -370,3 +373,31 @@ def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, ba
     if chunks_per_cta > 1:
         assert int(args[-1]) == chunks_per_cta
     assert grid == (8, 128 // chunks_per_cta, batch)
+
+
+def test_the_dense_partials_follow_the_devices_memory_bandwidth_per_sm(monkeypatch):
+    monkeypatch.setattr(kernels, "device_sm_count", lambda device: 132)
+    for bandwidth, dense in ((3.35e12, False), (4.8e12, True), (0.0, False)):  # H100, H200, ?
+        monkeypatch.setattr(kernels, "device_memory_bandwidth", lambda device, b=bandwidth: b)
+        assert kernels.dense_partials(0) is dense
+
+
+@pytest.mark.parametrize("element, dense", [("bf16", True), ("f16", True), ("f32", False)])
+def test_a_fast_memory_device_runs_the_half_types_dense_one_chunk_partials(
+        monkeypatch, signatures, element, dense):
+    """An H200's 4.8 TB/s over 132 SMs: the half types' one-chunk 4-row partials take their
+    dense build; f32 (no dense build) and the spans kernels keep their names."""
+    launched = _record(monkeypatch)
+    monkeypatch.setattr(kernels, "device_memory_bandwidth", lambda device: 4.8e12)
+    for batch, spans in ((16, False), (1, True)):
+        desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
+                                         element=element, cache="contiguous", max_seq=32768)
+        strides = (32 * 128, 32 * 128, 128)
+        kernels.decode_call(ElementKind(element), 0, kernels.DecodeCache.of(desc), batch, 32,
+                            1, 0.088, None, 0x1000, strides, 0x2000, 0x3000, 0, 0x5000, 0x6000,
+                            strides, None, 0x100000, 7)()
+        name, _, _, args, *_ = launched[-2]
+        expected = f"decode_partial_{element}_128_4"
+        expected += "_spans" if spans else "_dense" if dense else ""
+        assert name == expected
+        assert_packed_like_declared(name, args, signatures)

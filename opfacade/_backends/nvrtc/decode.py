@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._internal.device import device_arch, device_sm_count
+from ..._internal.device import device_arch, device_memory_bandwidth, device_sm_count
 from ..._internal.graph_replay import GraphedLaunches
 from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
@@ -25,7 +25,7 @@ from ...types import ElementKind
 from .launch import PackedLaunch, get_kernel, launch, resident_blocks
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
-           "check_call", "chunks", "decode_call", "row_tile", "shared_bytes",
+           "check_call", "chunks", "decode_call", "dense_partials", "row_tile", "shared_bytes",
            "span_for", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
@@ -69,6 +69,14 @@ MMA_WARPS = THREADS // 32
 #   B4 S16384             86.8 / 86.5  83.2 / 83.6       83.4 / 83.0
 #   B64 S4096 (no span)   94.9 / 94.8  94.6 / 94.8       94.2 / 94.3
 MAX_SPAN = 4
+# The half types' 4-row tiles have a dense build (six blocks an SM, batches of 2 vectors:
+# native/decode_attention.cu's kDenseBlocks, with the H100 and H200 figures). Their spans
+# kernels are always dense; their one-chunk kernels are where the device's memory bandwidth
+# per SM reaches this (an H200's 4.8 TB/s over 132 SMs is 36 GB/s, an H100 SXM's 3.35 TB/s 25
+# GB/s: the dense build gained 3-4 points of a copy on the first and lost 0.3-0.8 on the
+# second). The same bits either way, so the choice may follow the device.
+DENSE_ELEMENTS = (ElementKind.f16, ElementKind.bf16)
+DENSE_BYTES_PER_SM = 30e9
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -158,6 +166,11 @@ def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     return 4 * max(CHUNK * tile, groups * tile * dim) + 2 * 8 * CHUNK + 4 * tile * dim
 
 
+def dense_partials(device: int) -> bool:
+    """Whether the half types' one-chunk 4-row partials take their dense build on ``device``."""
+    return device_memory_bandwidth(device) >= DENSE_BYTES_PER_SM * device_sm_count(device)
+
+
 def span_for(ctas: int, resident: int) -> int:
     """Chunks per CUDA-core partial CTA for a grid of ``ctas`` one-chunk CTAs on a device holding
     ``resident`` of them at once: the waves it would take, if at most MAX_SPAN, else 1."""
@@ -185,7 +198,9 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
     suffix = element.value
-    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}", device)
+    dense = tile == TILES[0] and element in DENSE_ELEMENTS and dense_partials(device)
+    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}"
+                         + ("_dense" if dense else ""), device)
     merge_threads = merge_threads_for(n_chunks)
     merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
     cache_args = cache.args(k, v, table)
