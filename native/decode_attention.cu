@@ -404,13 +404,17 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 
 }  // namespace
 
+// Every partial kernel's parameters (the spans kernels add their span).
+#define OPFACADE_PARTIAL_PARAMS(T)                                                               \
+    const T *q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int *seq_lens,        \
+        float *ws_acc, float *ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left
+
 #define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
     extern "C" __global__ void __launch_bounds__(                                                \
         kThreads, OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))                                 \
         decode_partial_##SUFFIX##_##D##_##R(                                                     \
-        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left) {                                                                              \
+        OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
         let_dependents_launch();                                                                 \
         partial<T, D, R, false, kUnrollOf<R, Row<T, D>::kPerLane>>(                              \
             q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, q_len, group,     \
@@ -421,9 +425,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_PARTIAL_DENSE(SUFFIX, T, D)                                                     \
     extern "C" __global__ void __launch_bounds__(kThreads, kDenseBlocks)                         \
         decode_partial_##SUFFIX##_##D##_4_dense(                                                 \
-        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left) {                                                                              \
+        OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
         let_dependents_launch();                                                                 \
         partial<T, D, 4, false, kDenseUnroll>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS,          \
                                               seq_lens, ws_acc, ws_ml, q_len, group, tiles,      \
@@ -435,9 +437,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D, UNROLL, BLOCKS)                                     \
     extern "C" __global__ void __launch_bounds__(kThreads, BLOCKS)                               \
         decode_partial_##SUFFIX##_##D##_4_spans(                                                 \
-        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left, int span) {                                                                    \
+        OPFACADE_PARTIAL_PARAMS(T), int span) {                                                  \
         let_dependents_launch();                                                                 \
         partial<T, D, 4, true, UNROLL>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens,       \
                                        ws_acc, ws_ml, q_len, group, tiles, chunks, scale, left,  \
@@ -447,9 +447,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
     extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)              \
         decode_partial_##SUFFIX##_##D##_16(                                                      \
-        const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens,    \
-        float* ws_acc, float* ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left) {                                                                              \
+        OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
         let_dependents_launch();                                                                 \
         partial_mma<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,     \
                           q_len, group, tiles, chunks, scale, left);                             \

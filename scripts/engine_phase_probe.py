@@ -31,28 +31,6 @@ CALLS, ROUNDS = 200, 9
 SLEEP_CYCLES = 400_000  # ~200 us of GPU time at 1.98 GHz: longer than a whole iteration's host
 
 
-class TorchKernelsInPython(torch.autograd.Function):
-    """torch's own cuDNN attention forward and backward ops (what F.sdpa runs here) inside a
-    Python autograd.Function: the floor of any op whose autograd formula is Python, as a
-    torch.library op's is, with no opfacade code in it."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        found = torch.ops.aten._scaled_dot_product_cudnn_attention.default(
-            q, k, v, None, True, 0.0, False, False)
-        out, lse, cum_q, cum_k, max_q, max_k, seed, offset = found[:8]
-        ctx.save_for_backward(q, k, v, out, lse, seed, offset, cum_q, cum_k)
-        ctx.maxes = (max_q, max_k)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, seed, offset, cum_q, cum_k = ctx.saved_tensors
-        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default(
-            grad_out.contiguous(), q, k, v, out, lse, seed, offset, None, cum_q, cum_k,
-            *ctx.maxes, 0.0, False)
-
-
 def run_case(forward, inputs, g, busy: bool, profile=None) -> dict[str, float]:
     """Median phases (us) of CALLS iterations of forward + autograd.grad."""
     now = time.perf_counter_ns
@@ -147,23 +125,24 @@ def node_direct(forward, g) -> float:
 
 def main(argv: list[str]) -> int:
     import opfacade.torch as oft
+    from opfacade._bench.python_floor import cudnn_sdpa_in_python_function
 
     F = torch.nn.functional
     bf16 = {"device": "cuda", "dtype": torch.bfloat16}
     q, k, v = (torch.randn(1, 1, 64, 64, **bf16, requires_grad=True) for _ in range(3))
     g = torch.randn(1, 1, 64, 64, **bf16)
     cases = {"torch F.sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
-             "oft.sdpa": lambda: oft.sdpa(q, k, v),
-             "torch's kernels in a Python Function": lambda: TorchKernelsInPython.apply(q, k, v)}
+             "oft.sdpa": lambda: oft.sdpa(q, k, v)}
+    # The floor: torch's own cuDNN ops in a Python autograd.Function (the bench's contestant).
+    floor = cudnn_sdpa_in_python_function(q, k, v)
+    if floor is not None:
+        cases["torch's kernels in a Python Function"] = lambda: floor(q, k, v)
     inputs = (q, k, v)
-    try:  # the floor's grads against torch's own
-        mine = torch.autograd.grad(TorchKernelsInPython.apply(q, k, v), inputs, g)
+    if floor is not None:  # the floor's grads against torch's own
+        mine = torch.autograd.grad(floor(q, k, v), inputs, g)
         theirs = torch.autograd.grad(cases["torch F.sdpa"](), inputs, g)
         same = all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
         print("floor grads equal torch's:", same)
-    except Exception as error:  # torch's private op signatures move between releases
-        print(f"floor case dropped: {error}"[:300])
-        del cases["torch's kernels in a Python Function"]
     for forward in cases.values():  # warm: plans, graph captures (256th call), allocator
         for _ in range(600):
             torch.autograd.grad(forward(), inputs, g)
