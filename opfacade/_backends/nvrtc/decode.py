@@ -73,7 +73,7 @@ MAX_SPAN = 4
 # native/decode_attention.cu's kDenseBlocks, with the H100 and H200 figures). Their spans
 # kernels are always dense; their one-chunk kernels are where the device's memory bandwidth
 # per SM reaches this (an H200's 4.8 TB/s over 132 SMs is 36 GB/s, an H100 SXM's 3.35 TB/s 25
-# GB/s: the dense build gained 3-4 points of a copy on the first and lost 0.3-0.8 on the
+# GB/s: the dense build gained 3-4 points of a copy on the first and lost 0-0.9 on the
 # second). The same bits either way, so the choice may follow the device.
 DENSE_ELEMENTS = (ElementKind.f16, ElementKind.bf16)
 DENSE_BYTES_PER_SM = 30e9
