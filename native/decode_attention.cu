@@ -67,9 +67,11 @@ template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
 //   B256 S1024 pages of 16  90.1, 89.6 / 89.4, 89.1      77.7, 78.5 / 81.5
 //   B8 S32768 pages of 64   92.7, 92.7 / 92.7, 92.0      79.5, 80.8 / 83.8
 //   B1 S32768 (spans)       77.2, 75.9 / 80.5, 79.4      57.5, 60.2 / 59.5
-// The half types' spans kernels (grids of a few waves) are always dense; their one-chunk
-// kernels are where the device's memory is fast for its SMs (decode.py's dense_partials). The
-// build changes no sum's order: the same bits either way (tests/test_decode_attention_gpu.py).
+// The half types' one-chunk kernels take it where the device's memory is fast for its SMs
+// (decode.py's dense_partials). The spans kernels keep the default build: on an H100 the dense
+// one gained 2.4-3.1 points at B1 S32768 contiguous (spans of 2) but lost 0-1.2 paged there and
+// 1.5-2.6 on spans of 4 (B2 S32768, B4 S16384; catalog/probes/decode_dense_spans_H100.json).
+// The build changes no sum's order: the same bits either way (tests/test_decode_attention_gpu.py).
 constexpr int kDenseUnroll = 2;
 constexpr int kDenseBlocks = 6;
 
@@ -433,7 +435,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     }
 
 // The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers),
-// in the build (UNROLL, BLOCKS) given: the dense one for the half types.
+// in the build (UNROLL, BLOCKS) given.
 #define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D, UNROLL, BLOCKS)                                     \
     extern "C" __global__ void __launch_bounds__(kThreads, BLOCKS)                               \
         decode_partial_##SUFFIX##_##D##_4_spans(                                                 \
@@ -478,7 +480,8 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 64)                                                          \
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 128)
 
-// The 4-row tiles' spans kernels, in the default build (f32, whose dense build spilled at d 256).
+// The 4-row tiles' spans kernels, in the default build for every type (the dense one lost on
+// the H100's span-4 grids and paged B1 rows: see kDenseBlocks).
 #define OPFACADE_DECODE_SPANS(SUFFIX, T)                                                         \
     OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64, (kUnrollOf<4, Row<T, 64>::kPerLane>),                  \
                            OPFACADE_MIN_BLOCKS(4, (Row<T, 64>::kPerLane)))                       \
@@ -487,19 +490,18 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256, (kUnrollOf<4, Row<T, 256>::kPerLane>),                \
                            OPFACADE_MIN_BLOCKS(4, (Row<T, 256>::kPerLane)))
 
-// The half types' dense builds of the 4-row tiles: one chunk a CTA, and spans.
+// The half types' dense builds of the 4-row tiles, one chunk a CTA.
 #define OPFACADE_DECODE_DENSE(SUFFIX, T)                                                         \
     OPFACADE_PARTIAL_DENSE(SUFFIX, T, 64)                                                        \
     OPFACADE_PARTIAL_DENSE(SUFFIX, T, 128)                                                       \
-    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 256)                                                       \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64, kDenseUnroll, kDenseBlocks)                            \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 128, kDenseUnroll, kDenseBlocks)                           \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256, kDenseUnroll, kDenseBlocks)
+    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 256)
 
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
 OPFACADE_DECODE_SPANS(f32, float)
+OPFACADE_DECODE_SPANS(f16, f16_t)
+OPFACADE_DECODE_SPANS(bf16, bf16_t)
 OPFACADE_DECODE_DENSE(f16, f16_t)
 OPFACADE_DECODE_DENSE(bf16, bf16_t)
 OPFACADE_DECODE_MMA(f16, f16_t)

@@ -6,7 +6,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
 
     python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
                                        | --overlap | --overlap-ab | --span | --span-many
-                                       | --inflight]
+                                       | --inflight | --dense-spans]
                                        [--mma-only]
 """
 
@@ -98,6 +98,15 @@ if "--inflight" in sys.argv:
                 "default again": (), "u2 b6 again": six}
     CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
              (8, 32768, "paged", 64), (1, 32768, "contiguous", 0)]
+# The half types' spans kernels in their dense build (the current source) against the source
+# before it (7052625's, kept by the caller at .scratch/decode_before_dense.cu), each twice, on the
+# grids that run spans (same bits).
+if "--dense-spans" in sys.argv:
+    BEFORE_DENSE = "source=.scratch/decode_before_dense.cu"
+    VARIANTS = {"current (default)": (), "before dense": (BEFORE_DENSE,), "current again": (),
+                "before dense again": (BEFORE_DENSE,)}
+    CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
+             (2, 32768, "contiguous", 0), (4, 16384, "contiguous", 0)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 

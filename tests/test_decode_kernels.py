@@ -386,7 +386,7 @@ def test_the_dense_partials_follow_the_devices_memory_bandwidth_per_sm(monkeypat
 def test_a_fast_memory_device_runs_the_half_types_dense_one_chunk_partials(
         monkeypatch, signatures, element, dense):
     """An H200's 4.8 TB/s over 132 SMs: the half types' one-chunk 4-row partials take their
-    dense build; f32 (no dense build) and the spans kernels keep their names."""
+    dense build; f32 (no dense build) and the spans kernels (default build only) do not."""
     launched = _record(monkeypatch)
     monkeypatch.setattr(kernels, "device_memory_bandwidth", lambda device: 4.8e12)
     for batch, spans in ((16, False), (1, True)):

@@ -69,12 +69,12 @@ MMA_WARPS = THREADS // 32
 #   B4 S16384             86.8 / 86.5  83.2 / 83.6       83.4 / 83.0
 #   B64 S4096 (no span)   94.9 / 94.8  94.6 / 94.8       94.2 / 94.3
 MAX_SPAN = 4
-# The half types' 4-row tiles have a dense build (six blocks an SM, batches of 2 vectors:
-# native/decode_attention.cu's kDenseBlocks, with the H100 and H200 figures). Their spans
-# kernels are always dense; their one-chunk kernels are where the device's memory bandwidth
-# per SM reaches this (an H200's 4.8 TB/s over 132 SMs is 36 GB/s, an H100 SXM's 3.35 TB/s 25
-# GB/s: the dense build gained 3-4 points of a copy on the first and lost 0-0.9 on the
-# second). The same bits either way, so the choice may follow the device.
+# The half types' one-chunk 4-row tiles have a dense build (six blocks an SM, batches of 2
+# vectors: native/decode_attention.cu's kDenseBlocks, with the H100 and H200 figures), taken
+# where the device's memory bandwidth per SM reaches this (an H200's 4.8 TB/s over 132 SMs is
+# 36 GB/s, an H100 SXM's 3.35 TB/s 25 GB/s: the dense build gained 3-4 points of a copy on the
+# first and lost 0-0.9 on the second). The same bits either way, so the choice may follow the
+# device. The spans kernels have the default build only.
 DENSE_ELEMENTS = (ElementKind.f16, ElementKind.bf16)
 DENSE_BYTES_PER_SM = 30e9
 CHECK_THREADS = 256
