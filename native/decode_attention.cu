@@ -435,15 +435,15 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     }
 
 // The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers),
-// in the build (UNROLL, BLOCKS) given.
-#define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D, UNROLL, BLOCKS)                                     \
-    extern "C" __global__ void __launch_bounds__(kThreads, BLOCKS)                               \
-        decode_partial_##SUFFIX##_##D##_4_spans(                                                 \
-        OPFACADE_PARTIAL_PARAMS(T), int span) {                                                  \
+// in the default build for every type (the dense one lost on an H100's spans: see kDenseBlocks).
+#define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D)                                                     \
+    extern "C" __global__ void __launch_bounds__(                                                \
+        kThreads, OPFACADE_MIN_BLOCKS(4, (Row<T, D>::kPerLane)))                                 \
+        decode_partial_##SUFFIX##_##D##_4_spans(OPFACADE_PARTIAL_PARAMS(T), int span) {          \
         let_dependents_launch();                                                                 \
-        partial<T, D, 4, true, UNROLL>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens,       \
-                                       ws_acc, ws_ml, q_len, group, tiles, chunks, scale, left,  \
-                                       span);                                                    \
+        partial<T, D, 4, true, kUnrollOf<4, Row<T, D>::kPerLane>>(                               \
+            q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, q_len, group,     \
+            tiles, chunks, scale, left, span);                                                   \
     }
 
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
@@ -471,6 +471,9 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_PARTIAL(SUFFIX, T, 128, 8)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 4)                                                          \
     OPFACADE_PARTIAL(SUFFIX, T, 256, 8)                                                          \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64)                                                        \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 128)                                                       \
+    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256)                                                       \
     OPFACADE_MERGE(SUFFIX, T, 64)                                                                \
     OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
     OPFACADE_MERGE(SUFFIX, T, 1024)
@@ -479,16 +482,6 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_DECODE_MMA(SUFFIX, T)                                                           \
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 64)                                                          \
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 128)
-
-// The 4-row tiles' spans kernels, in the default build for every type (the dense one lost on
-// the H100's span-4 grids and paged B1 rows: see kDenseBlocks).
-#define OPFACADE_DECODE_SPANS(SUFFIX, T)                                                         \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 64, (kUnrollOf<4, Row<T, 64>::kPerLane>),                  \
-                           OPFACADE_MIN_BLOCKS(4, (Row<T, 64>::kPerLane)))                       \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 128, (kUnrollOf<4, Row<T, 128>::kPerLane>),                \
-                           OPFACADE_MIN_BLOCKS(4, (Row<T, 128>::kPerLane)))                      \
-    OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256, (kUnrollOf<4, Row<T, 256>::kPerLane>),                \
-                           OPFACADE_MIN_BLOCKS(4, (Row<T, 256>::kPerLane)))
 
 // The half types' dense builds of the 4-row tiles, one chunk a CTA.
 #define OPFACADE_DECODE_DENSE(SUFFIX, T)                                                         \
@@ -499,9 +492,6 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
-OPFACADE_DECODE_SPANS(f32, float)
-OPFACADE_DECODE_SPANS(f16, f16_t)
-OPFACADE_DECODE_SPANS(bf16, bf16_t)
 OPFACADE_DECODE_DENSE(f16, f16_t)
 OPFACADE_DECODE_DENSE(bf16, bf16_t)
 OPFACADE_DECODE_MMA(f16, f16_t)
