@@ -61,7 +61,7 @@ def _device_zero() -> int:
 class Devices:
     """The GPUs this process sees, read through a CUDA runtime (the driver's by default, else
     CuPy's; or any object with their ``getDeviceCount``, ``getDevice``, ``setDevice`` and
-    ``getDeviceProperties``).
+    ``getDeviceProperties``, and ``deviceGetAttribute`` for the memory's bandwidth).
 
     Holds the runtime, the device count and each device's architecture and name, all read once;
     ``clear()`` forgets them. The current device is asked of the runtime on every call (a
