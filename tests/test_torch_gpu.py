@@ -874,13 +874,13 @@ def test_the_host_rows_python_floor_runs_torchs_own_kernels():
     """The bench's floor contestant (torch's cuDNN ops in a Python autograd.Function) gives
     F.sdpa's output and gradients bit for bit where torch picks its cuDNN backend, so its row
     times the same kernels as torch's call, and nothing where torch picks another."""
-    from opfacade._bench.python_floor import cudnn_sdpa_in_python_function
+    from opfacade._bench import python_floor
 
     q, k, v = (_randn(1, 1, 64, 64, grad=True, seed=s) for s in range(3))
     grad_out = _randn(1, 1, 64, 64, seed=3)
-    floor = cudnn_sdpa_in_python_function(q, k, v)
-    choice = int(torch._fused_sdp_choice(q, k, v))
-    if choice != 3:  # torch's cuDNN backend
+    floor = python_floor.cudnn_sdpa_in_python_function(q, k, v)
+    choice = python_floor.sdpa_training_backend(q, k, v)
+    if choice != python_floor.CUDNN_BACKEND:
         assert floor is None
         pytest.skip(f"torch picks SDPA backend {choice} here, not cuDNN")
     ours, theirs = floor(q, k, v), F.scaled_dot_product_attention(q, k, v)

@@ -7,7 +7,7 @@ host milliseconds per call, so the ratio peer / ours above 1 means opfacade cost
 from __future__ import annotations
 
 from .common import BenchRow, host_us_interleaved
-from .python_floor import cudnn_sdpa_in_python_function
+from .python_floor import cudnn_sdpa_in_python_function, sdpa_training_backend
 
 CALLS, ROUNDS = 200, 9
 
@@ -28,8 +28,7 @@ def torch_training_forward(q, k, v):
     where torch would choose the math backend, which has no such op."""
     import torch
 
-    grad = [t.detach().requires_grad_() for t in (q, k, v)]
-    choice = int(torch._fused_sdp_choice(*grad))
+    choice = sdpa_training_backend(q, k, v)
     if choice not in _TRAINING_FORWARDS:
         return None, None
     name, extra = _TRAINING_FORWARDS[choice]

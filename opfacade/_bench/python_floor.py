@@ -14,7 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 # torch.nn.attention.SDPBackend.CUDNN_ATTENTION: the backend whose ops this wraps.
-_CUDNN = 3
+CUDNN_BACKEND = 3
+
+
+def sdpa_training_backend(q, k, v) -> int:
+    """The SDPBackend F.scaled_dot_product_attention picks for q, k, v when they require grad
+    (a training call), as an int (torch.nn.attention.SDPBackend's values)."""
+    import torch
+
+    grad = [t.detach().requires_grad_() for t in (q, k, v)]
+    return int(torch._fused_sdp_choice(*grad))
 
 
 def cudnn_sdpa_in_python_function(q, k, v) -> Callable | None:
@@ -24,8 +33,7 @@ def cudnn_sdpa_in_python_function(q, k, v) -> Callable | None:
     another kernel than torch's call)."""
     import torch
 
-    grad = [t.detach().requires_grad_() for t in (q, k, v)]
-    if int(torch._fused_sdp_choice(*grad)) != _CUDNN:
+    if sdpa_training_backend(q, k, v) != CUDNN_BACKEND:
         return None
     aten = torch.ops.aten
     forward_op = aten._scaled_dot_product_cudnn_attention.default
