@@ -21,7 +21,13 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-constexpr int kChunk = 256;   // keys per chunk: fixed, never chosen from the batch
+// Keys per chunk: fixed, never chosen from the batch (decode.py's CHUNK). OPFACADE_DECODE_CHUNK
+// overrides it for the variants script.
+#ifdef OPFACADE_DECODE_CHUNK
+constexpr int kChunk = OPFACADE_DECODE_CHUNK;
+#else
+constexpr int kChunk = 256;
+#endif
 constexpr int kThreads = 128;
 
 __device__ __forceinline__ float minus_infinity() { return __int_as_float(0xff800000); }

@@ -6,7 +6,9 @@ change no sum's order, so every variant's output is checked bitwise against the 
 
     python3 scripts/decode_variants.py [out.json] [--quick | --occupancy | --streaming | --mma
                                        | --overlap | --overlap-ab | --span | --span-many
-                                       | --inflight | --dense-spans]
+                                       | --inflight | --dense-spans | --chunk
+                                       | --mma4 | --waves | --span-dense
+                                       | --chunk512]
                                        [--mma-only]
 """
 
@@ -107,6 +109,87 @@ if "--dense-spans" in sys.argv:
                 "before dense again": (BEFORE_DENSE,)}
     CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
              (2, 32768, "contiguous", 0), (4, 16384, "contiguous", 0)]
+# Chunks of 512 and 1024 keys against 256 (a chunk's CTA pays its start, softmax pause and end
+# once per chunk, and the partials and the merge shrink with the chunks' count): another chunk
+# sums in another order, so the bits are not compared. The tensor-core tile holds a chunk's
+# scores in registers: at 512 it spills (92 bytes at 3 blocks an SM, 32 at 2).
+if "--chunk" in sys.argv:
+    def chunk(keys: int, *more: str) -> tuple[str, ...]:
+        return (f"-DOPFACADE_DECODE_CHUNK={keys}", *more)
+    VARIANTS = {"chunk 256 (default)": (), "chunk 512": chunk(512), "chunk 1024": chunk(1024),
+                "chunk 512 mma b2": chunk(512, "-DOPFACADE_DECODE_MMA_MIN_BLOCKS=2"),
+                "chunk 256 again": (), "chunk 512 again": chunk(512)}
+    PATCHES = {name: {"CHUNK": int(options[0].split("=")[1])}
+               for name, options in VARIANTS.items() if options}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (256, 1024, "paged", 16), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
+             (1, 32768, "paged", 16), (64, 4096, "contiguous4", 0)]
+# The tensor-core tile for kv heads of 4 rows too (q_len 1, GQA 4): an H200's CUDA-core tile
+# issued an instruction on 73% of its cycles under ncu (72% of the SMs' compute throughput, at
+# 62.5% of the DRAM peak), where cuDNN's tensor-core kernel used 22%. The tile sums in another
+# order: the bits are not compared. Same cubin for every variant.
+if "--mma4" in sys.argv:
+    def _mma_for_four(rows, element, dim, _default=kernels.row_tile):
+        half = element in kernels.DENSE_ELEMENTS and dim in kernels.MMA_DIMS
+        if half and rows <= kernels.MMA_TILE:
+            return kernels.MMA_TILE
+        return _default(rows, element, dim)
+    VARIANTS = {"per tile (default)": (), "tensor cores for 4 rows": (), "default again": (),
+                "tensor cores for 4 rows again": ()}
+    PATCHES = {name: {"row_tile": _mma_for_four} for name in VARIANTS if "tensor" in name}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (256, 1024, "paged", 16), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
+             (1, 32768, "paged", 16), (64, 4096, "contiguous", 0, {"heads_q": 16})]
+# Whole waves: every bench shape has 262144 tokens, so 8192 one-chunk CTAs, 10.34 waves of an
+# H200's 792 dense slots (12.41 of an H100's 660 default ones). The last, partial wave runs few
+# CTAs an SM, each holding its own loads in flight. Batches that fill whole waves, chunks of
+# 128 keys (twice the CTAs: a smaller last wave), and seven blocks an SM (8.87 waves).
+if "--waves" in sys.argv:
+    seven = ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=7")
+    VARIANTS = {"per tile (default)": (), "chunk 128": ("-DOPFACADE_DECODE_CHUNK=128",),
+                "u2 b7": seven, "default again": (), "chunk 128 again":
+                ("-DOPFACADE_DECODE_CHUNK=128",)}
+    PATCHES = {"chunk 128": {"CHUNK": 128}, "chunk 128 again": {"CHUNK": 128},
+               "u2 b7": {"dense_partials": lambda device: False}}
+    OTHER_ORDER = {"chunk 128", "chunk 128 again"}
+    CASES = [(62, 4096, "contiguous", 0), (64, 4096, "contiguous", 0),
+             (66, 4096, "contiguous", 0), (68, 4096, "contiguous", 0),
+             (64, 4096, "paged", 16), (256, 1024, "paged", 16), (1, 32768, "contiguous", 0),
+             (64, 4096, "contiguous4", 0)]
+# Spans on the grids of many waves, on an H200: a chunk's CTA start and end measured at about
+# 5 us of the ~29 us a one-chunk CTA holds its slot there (chunks of 128 keys read at 71% of a
+# copy, of 256 at 85%: --waves). A spans CTA resolves the next chunk's rows and loads its first
+# K batch during this chunk's end. The spans kernel in its default build and in the dense one
+# (u2 b6), spans of 2 and 4 (same bits).
+if "--span-dense" in sys.argv:
+    six = ("-DOPFACADE_DECODE_UNROLL=2", "-DOPFACADE_DECODE_MIN_BLOCKS=6")
+    VARIANTS = {"per tile (default)": (), "span 2 always": (), "span 4 always": (),
+                "dense span 2": six, "dense span 4": six, "default again": (),
+                "dense span 2 again": six}
+    two, four = (lambda ctas, resident: 2), (lambda ctas, resident: 4)
+    PATCHES = {"span 2 always": {"span_for": two}, "span 4 always": {"span_for": four},
+               "dense span 2": {"span_for": two}, "dense span 4": {"span_for": four},
+               "dense span 2 again": {"span_for": two}}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (256, 1024, "paged", 16), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0)]
+# Chunks of 512 on an H200, where they lost 5 points of a copy on the grids of many waves
+# (--chunk) while an H100 read the same or better on every row: the dense build, the default
+# one (u4 b5), and seven blocks (u2 b7), at batches filling 4.97, 5.17 and 5.49 waves of 792.
+if "--chunk512" in sys.argv:
+    c512 = "-DOPFACADE_DECODE_CHUNK=512"
+    VARIANTS = {"per tile (default)": (), "512 dense": (c512,), "512 u4 b5": (c512,),
+                "512 u2 b7": (c512, "-DOPFACADE_DECODE_UNROLL=2",
+                              "-DOPFACADE_DECODE_MIN_BLOCKS=7"),
+                "default again": (), "512 dense again": (c512,)}
+    default_build = {"CHUNK": 512, "dense_partials": lambda device: False}
+    PATCHES = {"512 dense": {"CHUNK": 512}, "512 dense again": {"CHUNK": 512},
+               "512 u4 b5": default_build, "512 u2 b7": default_build}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(62, 4096, "contiguous", 0), (64, 4096, "contiguous", 0),
+             (68, 4096, "contiguous", 0), (8, 32768, "paged", 64), (256, 1024, "paged", 16),
+             (1, 32768, "contiguous", 0), (64, 4096, "contiguous4", 0)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -263,7 +346,8 @@ def main() -> None:
     results, reference = {}, {}
     original = kernels.get_kernel
     defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
-                "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for}
+                "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
+                "CHUNK": kernels.CHUNK, "dense_partials": kernels.dense_partials}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
@@ -280,6 +364,10 @@ def main() -> None:
             if (key in reference and not torch.equal(reference[key], bits)
                     and name not in OTHER_ORDER):
                 print(f"  {name} {key}: output bits differ from the default build's")
+            if key in reference and name in OTHER_ORDER:  # another order: how far, not bits
+                diff = (args.out.float() - reference[key].view(args.out.dtype).float()).abs()
+                print(f"  {name} {key}: max |difference| from the default build's "
+                      f"{diff.max().item():.3g}")
             reference.setdefault(key, bits)
             row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)
             if name.endswith("(default)"):
