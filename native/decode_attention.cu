@@ -45,8 +45,10 @@ namespace {
 // copy's bandwidth against 84% at the compiler's own choice of four); 8-row tiles hold twice
 // the accumulators and stream best with batches of two; held to four blocks an SM, as the
 // compiler chose for them before the spans' loop (docs/DECODE.md). Neither changes any sum's
-// order, so the results are the same bits whatever they are. OPFACADE_DECODE_UNROLL and
-// OPFACADE_DECODE_MIN_BLOCKS override both, for the variants script.
+// order, so the results are the same bits whatever they are. With chunks of 256 an H200 read
+// 3-4 points better with six blocks an SM and batches of two (a build it ran until chunks of
+// 512, where that build lost 3-6 points and this one matched it: decode.py's CHUNK).
+// OPFACADE_DECODE_UNROLL and OPFACADE_DECODE_MIN_BLOCKS override both, for the variants script.
 #ifdef OPFACADE_DECODE_UNROLL
 template <int R, int PER> constexpr int kUnrollOf = OPFACADE_DECODE_UNROLL;
 #else
@@ -57,23 +59,6 @@ template <int R, int PER> constexpr int kUnrollOf = R <= 4 ? 4 : 2;
 #else
 #define OPFACADE_MIN_BLOCKS(R, PER) ((PER) > 1 ? 1 : (R) <= 4 ? 5 : 4)
 #endif
-
-// The dense build of the half types' 4-row tiles: batches of 2 vectors, held to six blocks an
-// SM (80 registers, no spill), so more warps hide each load. H100 and H200, the whole step in
-// % of a device copy (scripts/decode_variants.py --inflight, each build twice; records
-// catalog/probes/decode_inflight_H100.json and _H200.json):
-//                           H100 default / dense         H200 default / dense
-//   B64 S4096               95.0, 94.2 / 94.2, 93.3      82.6, 82.2 / 85.4
-//   B256 S1024 pages of 16  90.1, 89.6 / 89.4, 89.1      77.7, 78.5 / 81.5
-//   B8 S32768 pages of 64   92.7, 92.7 / 92.7, 92.0      79.5, 80.8 / 83.8
-//   B1 S32768 (spans)       77.2, 75.9 / 80.5, 79.4      57.5, 60.2 / 59.5
-// The half types' one-chunk kernels take it where the device's memory is fast for its SMs
-// (decode.py's dense_partials). The spans kernels keep the default build: on an H100 the dense
-// one gained 2.4-3.1 points at B1 S32768 contiguous (spans of 2) but lost 0-1.2 paged there and
-// 1.5-2.6 on spans of 4 (B2 S32768, B4 S16384; catalog/probes/decode_dense_spans_H100.json).
-// The build changes no sum's order: the same bits either way (tests/test_decode_attention_gpu.py).
-constexpr int kDenseUnroll = 2;
-constexpr int kDenseBlocks = 6;
 
 // Where a CUDA-core tile's two buffers of row offsets start in its shared memory (in floats):
 // past both the scores [kChunk][R] and the key groups' sums [groups][R][D] that reuse them;
@@ -423,19 +408,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
             tiles, chunks, scale, left, 1);                                                      \
     }
 
-// The dense build of a 4-row tile (kDenseUnroll, kDenseBlocks), one chunk a CTA.
-#define OPFACADE_PARTIAL_DENSE(SUFFIX, T, D)                                                     \
-    extern "C" __global__ void __launch_bounds__(kThreads, kDenseBlocks)                         \
-        decode_partial_##SUFFIX##_##D##_4_dense(                                                 \
-        OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
-        let_dependents_launch();                                                                 \
-        partial<T, D, 4, false, kDenseUnroll>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS,          \
-                                              seq_lens, ws_acc, ws_ml, q_len, group, tiles,      \
-                                              chunks, scale, left, 1);                           \
-    }
-
-// The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers),
-// in the default build for every type (the dense one lost on an H100's spans: see kDenseBlocks).
+// The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers).
 #define OPFACADE_PARTIAL_SPANS(SUFFIX, T, D)                                                     \
     extern "C" __global__ void __launch_bounds__(                                                \
         kThreads, OPFACADE_MIN_BLOCKS(4, (Row<T, D>::kPerLane)))                                 \
@@ -483,17 +456,9 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 64)                                                          \
     OPFACADE_PARTIAL_MMA(SUFFIX, T, 128)
 
-// The half types' dense builds of the 4-row tiles, one chunk a CTA.
-#define OPFACADE_DECODE_DENSE(SUFFIX, T)                                                         \
-    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 64)                                                        \
-    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 128)                                                       \
-    OPFACADE_PARTIAL_DENSE(SUFFIX, T, 256)
-
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
-OPFACADE_DECODE_DENSE(f16, f16_t)
-OPFACADE_DECODE_DENSE(bf16, bf16_t)
 OPFACADE_DECODE_MMA(f16, f16_t)
 OPFACADE_DECODE_MMA(bf16, bf16_t)
 

@@ -21,12 +21,12 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-// Keys per chunk: fixed, never chosen from the batch (decode.py's CHUNK). OPFACADE_DECODE_CHUNK
-// overrides it for the variants script.
+// Keys per chunk: fixed, never chosen from the batch (decode.py's CHUNK, where the figures that
+// chose it are). OPFACADE_DECODE_CHUNK overrides it for the variants script.
 #ifdef OPFACADE_DECODE_CHUNK
 constexpr int kChunk = OPFACADE_DECODE_CHUNK;
 #else
-constexpr int kChunk = 256;
+constexpr int kChunk = 512;
 #endif
 constexpr int kThreads = 128;
 

@@ -26,7 +26,7 @@ namespace {
 //   into a high and a low half of T (P = hi + lo to ~2^-16): two products keep the weights' f32
 //   precision where one rounding to bf16 would cost 2^-9 per weight. Tensor work is cheap here;
 //   the kernel is memory-bound.
-// The warps split the chunk's keys (64 each), then add their accumulators in warp order. Every
+// The warps split the chunk's keys (kWarpKeys each), then add their accumulators in warp order. Every
 // sum's order is fixed by D alone, so decode_attention.cu's batch invariance argument holds.
 // The CTA's prologue and its two load pipelines are written out as in the CUDA-core tile:
 // shared helpers for them (a struct of the CTA's tile and chunk, a lambda for both pipelines)
@@ -75,7 +75,11 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
 
 constexpr int kMmaRows = 16;
 constexpr int kWarps = kThreads / 32;
-constexpr int kWarpKeys = kChunk / kWarps;  // 64: 8 key tiles of 8
+// Each warp's keys of the chunk: 128, 16 key tiles of 8, whose scores stay in registers. At
+// chunks of 512 the tile holds 168 registers and spills 92 bytes (ptxas), and still read 0.6-3.6
+// points of a copy above chunks of 256 on q_len 4 (decode.py's CHUNK); at 2 blocks an SM, with
+// room for them, it lost 13-17 points (catalog/probes/decode_chunk_H100.json, _H200.json).
+constexpr int kWarpKeys = kChunk / kWarps;
 
 #ifdef OPFACADE_DECODE_MMA_MIN_BLOCKS
 #define OPFACADE_MMA_MIN_BLOCKS OPFACADE_DECODE_MMA_MIN_BLOCKS

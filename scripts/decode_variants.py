@@ -8,7 +8,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --overlap | --overlap-ab | --span | --span-many
                                        | --inflight | --dense-spans | --chunk
                                        | --mma4 | --waves | --span-dense
-                                       | --chunk512]
+                                       | --chunk512 | --chunk-other]
                                        [--mma-only]
 """
 
@@ -27,6 +27,10 @@ from opfacade._backends.nvrtc import compiler
 from opfacade._backends.nvrtc import decode as kernels
 from opfacade.types import ArchSku
 
+# Each mode's record (catalog/probes/) names the commit it ran at: a mode's "default" is the
+# build of that commit. (--waves and --chunk512 ran at 7919c26, when the chunk was 256 and the
+# half types' one-chunk 4-row tiles had a six-block build an H200 took: "512 dense" there ran
+# that build's -D flags through its dense kernels, "512 u4 b5" and "u2 b7" the plain ones.)
 # The build's own per-tile choice first; then every tile at one setting (what it was chosen
 # against: docs/PERF-NOTES.md has the H100 figures).
 VARIANTS = {"per tile (default)": (),
@@ -151,8 +155,7 @@ if "--waves" in sys.argv:
     VARIANTS = {"per tile (default)": (), "chunk 128": ("-DOPFACADE_DECODE_CHUNK=128",),
                 "u2 b7": seven, "default again": (), "chunk 128 again":
                 ("-DOPFACADE_DECODE_CHUNK=128",)}
-    PATCHES = {"chunk 128": {"CHUNK": 128}, "chunk 128 again": {"CHUNK": 128},
-               "u2 b7": {"dense_partials": lambda device: False}}
+    PATCHES = {"chunk 128": {"CHUNK": 128}, "chunk 128 again": {"CHUNK": 128}}
     OTHER_ORDER = {"chunk 128", "chunk 128 again"}
     CASES = [(62, 4096, "contiguous", 0), (64, 4096, "contiguous", 0),
              (66, 4096, "contiguous", 0), (68, 4096, "contiguous", 0),
@@ -183,13 +186,27 @@ if "--chunk512" in sys.argv:
                 "512 u2 b7": (c512, "-DOPFACADE_DECODE_UNROLL=2",
                               "-DOPFACADE_DECODE_MIN_BLOCKS=7"),
                 "default again": (), "512 dense again": (c512,)}
-    default_build = {"CHUNK": 512, "dense_partials": lambda device: False}
-    PATCHES = {"512 dense": {"CHUNK": 512}, "512 dense again": {"CHUNK": 512},
-               "512 u4 b5": default_build, "512 u2 b7": default_build}
+    PATCHES = {name: {"CHUNK": 512} for name in VARIANTS if name.startswith("512")}
     OTHER_ORDER = set(PATCHES)
     CASES = [(62, 4096, "contiguous", 0), (64, 4096, "contiguous", 0),
              (68, 4096, "contiguous", 0), (8, 32768, "paged", 64), (256, 1024, "paged", 16),
              (1, 32768, "contiguous", 0), (64, 4096, "contiguous4", 0)]
+# Chunks of 512 (the default since the twenty-fifth session) against 256 on the tiles and
+# types the bench's shapes do not run: f32 and f16, d 64 and 256, 8-row tiles (group 8 at
+# d 256), the tensor-core tile at q_len 2, and a grid of a few waves that runs spans.
+if "--chunk-other" in sys.argv:
+    c256 = ("-DOPFACADE_DECODE_CHUNK=256",)
+    VARIANTS = {"chunk 512 (default)": (), "chunk 256": c256, "chunk 512 again": (),
+                "chunk 256 again": c256}
+    PATCHES = {name: {"CHUNK": 256} for name in VARIANTS if name.startswith("chunk 256")}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(64, 4096, "contiguous", 0, {"element": "f32"}),
+             (64, 4096, "contiguous", 0, {"element": "f16", "head_dim": 64}),
+             (32, 4096, "paged", 16, {"head_dim": 256}),
+             (16, 4096, "contiguous", 0, {"heads_q": 64, "head_dim": 256}),
+             (64, 4096, "contiguous2", 0, {"element": "f16"}),
+             (2, 32768, "contiguous", 0), (4, 16384, "paged", 16),
+             (64, 4096, "contiguous", 0)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -347,7 +364,7 @@ def main() -> None:
     original = kernels.get_kernel
     defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
                 "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
-                "CHUNK": kernels.CHUNK, "dense_partials": kernels.dense_partials}
+                "CHUNK": kernels.CHUNK}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

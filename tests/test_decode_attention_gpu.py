@@ -18,6 +18,7 @@ from opfacade import (
     DecodeAttentionPlan,
     PlanPreference,
 )
+from opfacade._backends.nvrtc.decode import CHUNK
 from opfacade._backends.reference import decode_attention as reference_decode
 from opfacade._backends.reference.sdpa import sdpa_forward_magnitude
 from opfacade.errors import DTypeMismatch, InvalidArgument, InvalidProblem, LayoutMismatch
@@ -190,8 +191,9 @@ def _check(problem: Problem, args: DecodeAttentionArgs, bound: float) -> None:
 def test_every_cache_form_matches_the_reference(element, cache, q_len):
     """Lengths: empty, shorter than q_len, inside the first chunk, across chunks, full; NaN
     everywhere no sequence's token is."""
-    desc = _descriptor(cache, element, 600, 6, q_len=q_len)
-    problem = make_problem(desc, [0, q_len - 1 if q_len > 1 else 1, 37, 257, 600, 513], seed=1)
+    desc = _descriptor(cache, element, 2 * CHUNK + 88, 6, q_len=q_len)
+    problem = make_problem(desc, [0, q_len - 1 if q_len > 1 else 1, 37, CHUNK, 2 * CHUNK + 88,
+                                  CHUNK + 1], seed=1)
     plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
     assert plan.precision_guarantee.batch_invariant and plan.sku.backend.value == "nvrtc"
     args = problem.args()
@@ -248,8 +250,7 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(cache):
 def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cache, window,
                                                          element, head_dim):
     """The 4-row tiles' spans kernels (a CTA over `span` consecutive chunks), forced on a small
-    grid: the same bits as one chunk a CTA in both its builds (the default and, for the half
-    types, the dense one a fast-memory device takes), and the reference's values, across
+    grid: the same bits as one chunk a CTA, and the reference's values, across
     lengths that end inside a span, empty sequences, and windows that leave whole chunks of a
     span unseen."""
     from opfacade._backends.nvrtc import decode as kernels
@@ -262,19 +263,16 @@ def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cach
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
         fetched.append(name), get_kernel(source, name, device))[1])
     results = []
-    for chunks_per_cta, dense in ((1, False), (1, True), (span, False)):
+    for chunks_per_cta in (1, span):
         monkeypatch.setattr(kernels, "span_for", lambda ctas, resident, n=chunks_per_cta: n)
-        monkeypatch.setattr(kernels, "dense_partials", lambda device, d=dense: d)
         args = problem.args()  # new out and lse: the plan's memo builds the launches again
         plan.run(args)
         results.append(args)
         partials = [name for name in fetched if name.startswith("decode_partial")]
         assert partials[-1].endswith("_spans") == (chunks_per_cta > 1), fetched
-        assert partials[-1].endswith("_dense") == (dense and element != "f32"), fetched
     _check(problem, results[-1], plan.precision_guarantee.max_rel_error)
-    for other in results[1:]:
-        assert torch.equal(results[0].out, other.out)
-        assert torch.equal(results[0].lse, other.lse)
+    assert torch.equal(results[0].out, results[1].out)
+    assert torch.equal(results[0].lse, results[1].lse)
 
 
 def test_runs_repeat_bitwise_over_streams_and_workspaces():
@@ -315,7 +313,7 @@ def test_one_captured_graph_replays_new_lengths_tables_and_batches(cache):
     args = problem.args()
     workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
     graph = captured_step(plan, args, workspace)
-    for seed, lengths in ((7, [1, 1500, 0, 256, 257, 900, 13, 1499]),
+    for seed, lengths in ((7, [1, 1500, 0, CHUNK, CHUNK + 1, 900, 13, 1499]),
                           (8, [300, 0, 0, 0, 0, 0, 0, 0]), (9, [1500, 2, 3, 4, 0, 0, 0, 0])):
         fresh = load_into(problem, make_problem(desc, lengths, seed=seed))
         args.out.fill_(float("nan"))

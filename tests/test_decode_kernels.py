@@ -35,8 +35,6 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.MMA_DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
                  for d in kernels.DIMS}
-    partials |= {f"decode_partial_{e.value}_{d}_{kernels.TILES[0]}_dense"
-                 for e in kernels.DENSE_ELEMENTS for d in kernels.DIMS}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
@@ -60,9 +58,8 @@ def _record(monkeypatch) -> list[tuple]:
         launched.append((kernel, grid, block, args, shared, overlap_previous))
 
     monkeypatch.setattr(kernels, "device_arch", lambda device: ArchSku.sm90)
-    # An H100's 132 multiprocessors, five partial CTAs each, and its 3.35 TB/s.
+    # An H100's 132 multiprocessors, five partial CTAs each.
     monkeypatch.setattr(kernels, "device_sm_count", lambda device: 132)
-    monkeypatch.setattr(kernels, "device_memory_bandwidth", lambda device: 3.35e12)
     monkeypatch.setattr(kernels, "resident_blocks", lambda function, threads, shared, device: 5)
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
     monkeypatch.setattr(kernels, "launch", record)
@@ -96,8 +93,8 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     for name, _, block, args, *_ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
-    # 8 kv heads x 16 rows' tiles; 1024 tokens in 4 chunks.
-    assert launched[0][1] == (8 * (16 // tile), 4, 5)
+    # 8 kv heads x 16 rows' tiles; 1024 tokens in chunks.
+    assert launched[0][1] == (8 * (16 // tile), 1024 // kernels.CHUNK, 5)
     assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
     assert launched[1][1] == (5, 32, 4)
     # Only the merge launches while the kernel before it (the partial) ends.
@@ -143,17 +140,17 @@ def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
 def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     launched = _record(monkeypatch)
     desc = DecodeAttentionDescriptor(batch=2, heads_q=32, heads_kv=1, head_dim=64,
-                                     element="bf16", cache="contiguous", max_seq=300, q_len=2)
+                                     element="bf16", cache="contiguous", max_seq=600, q_len=2)
     kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
-    assert launched[0][1] == (1 * 4, 2, 2)  # 64 rows in tiles of 16; 300 tokens in 2 chunks
+    assert launched[0][1] == (1 * 4, 2, 2)  # 64 rows in tiles of 16; 600 tokens in 2 chunks
     assert launched[0][3][-1] == 16  # the window's left side
 
 
 def test_the_workspace_holds_every_partial_of_the_envelope():
     size = kernels.workspace_bytes(batch=64, heads_q=32, q_len=1, capacity=4096, dim_v=128)
-    rows = 64 * 32 * 16  # sequences x query heads x chunks
+    rows = 64 * 32 * kernels.chunks(4096)  # sequences x query heads x chunks
     assert size >= rows * (128 + 2) * 4 and size % 256 == 0
     append = KvAppendDescriptor(batch=2, heads_kv=2, head_dim=64, element="f16",
                                 cache="pointers", max_seq=100, kv_layout="hnd")
@@ -216,7 +213,7 @@ def _split_kv(q, keys, values, length, q_len, scale, left):
 
 @pytest.mark.parametrize(("length", "q_len", "left"), [
     (700, 1, -1), (700, 4, -1), (256, 3, -1), (2, 4, -1), (0, 1, -1), (600, 2, 300),
-    (513, 1, 10)])
+    (513, 1, 10), (1100, 2, -1)])
 def test_the_split_kv_algorithm_is_attention(length, q_len, left):
     import numpy as np
 
@@ -352,12 +349,12 @@ def test_the_merge_threads_follow_the_capacity_alone():
 
 def test_spans_turn_a_grid_of_a_few_waves_into_one():
     assert kernels.span_for(600, 660) == 1
-    assert kernels.span_for(1024, 660) == 2  # B1 S32768, H32/8: 1.55 waves
+    assert kernels.span_for(1024, 660) == 2  # B2 S32768, H32/8: 1.55 waves
     assert kernels.span_for(2048, 660) == 4
     assert kernels.span_for(8192, 660) == 1  # many waves: their CTAs' starts spread out
 
 
-@pytest.mark.parametrize("batch, chunks_per_cta", [(1, 2), (16, 1)])
+@pytest.mark.parametrize("batch, chunks_per_cta", [(1, 1), (2, 2), (16, 1)])
 def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, batch,
                                                      chunks_per_cta):
     launched = _record(monkeypatch)
@@ -372,32 +369,6 @@ def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, ba
     assert_packed_like_declared(name, args, signatures)
     if chunks_per_cta > 1:
         assert int(args[-1]) == chunks_per_cta
-    assert grid == (8, 128 // chunks_per_cta, batch)
+    assert grid == (8, kernels.chunks(32768) // chunks_per_cta, batch)
 
 
-def test_the_dense_partials_follow_the_devices_memory_bandwidth_per_sm(monkeypatch):
-    monkeypatch.setattr(kernels, "device_sm_count", lambda device: 132)
-    for bandwidth, dense in ((3.35e12, False), (4.8e12, True), (0.0, False)):  # H100, H200, ?
-        monkeypatch.setattr(kernels, "device_memory_bandwidth", lambda device, b=bandwidth: b)
-        assert kernels.dense_partials(0) is dense
-
-
-@pytest.mark.parametrize("element, dense", [("bf16", True), ("f16", True), ("f32", False)])
-def test_a_fast_memory_device_runs_the_half_types_dense_one_chunk_partials(
-        monkeypatch, signatures, element, dense):
-    """An H200's 4.8 TB/s over 132 SMs: the half types' one-chunk 4-row partials take their
-    dense build; f32 (no dense build) and the spans kernels (default build only) do not."""
-    launched = _record(monkeypatch)
-    monkeypatch.setattr(kernels, "device_memory_bandwidth", lambda device: 4.8e12)
-    for batch, spans in ((16, False), (1, True)):
-        desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
-                                         element=element, cache="contiguous", max_seq=32768)
-        strides = (32 * 128, 32 * 128, 128)
-        kernels.decode_call(ElementKind(element), 0, kernels.DecodeCache.of(desc), batch, 32,
-                            1, 0.088, None, 0x1000, strides, 0x2000, 0x3000, 0, 0x5000, 0x6000,
-                            strides, None, 0x100000, 7)()
-        name, _, _, args, *_ = launched[-2]
-        expected = f"decode_partial_{element}_128_4"
-        expected += "_spans" if spans else "_dense" if dense else ""
-        assert name == expected
-        assert_packed_like_declared(name, args, signatures)

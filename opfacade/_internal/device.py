@@ -22,13 +22,8 @@ from .log import LOG
 
 __all__ = [
     "DEVICES", "Devices", "check_ordinal", "current_device", "device_arch", "device_count",
-    "device_memory_bandwidth", "device_name", "device_sm_count", "on_device",
+    "device_name", "device_sm_count", "on_device",
 ]
-
-
-# cudaDeviceAttr ids (the same in cuda.h's CUdevice_attribute): memory clock (kHz), bus width
-# (bits).
-_MEMORY_CLOCK_RATE, _MEMORY_BUS_WIDTH = 36, 37
 
 
 def _default_runtime():
@@ -61,7 +56,7 @@ def _device_zero() -> int:
 class Devices:
     """The GPUs this process sees, read through a CUDA runtime (the driver's by default, else
     CuPy's; or any object with their ``getDeviceCount``, ``getDevice``, ``setDevice`` and
-    ``getDeviceProperties``, and ``deviceGetAttribute`` for the memory's bandwidth).
+    ``getDeviceProperties``).
 
     Holds the runtime, the device count and each device's architecture and name, all read once;
     ``clear()`` forgets them. The current device is asked of the runtime on every call (a
@@ -79,7 +74,6 @@ class Devices:
         self._arch: dict[int, ArchSku] = {}
         self._names: dict[int, str] = {}
         self._sm_counts: dict[int, int] = {}
-        self._bandwidths: dict[int, float] = {}
 
     def runtime(self):
         """The CUDA runtime; BackendUnavailable when neither libcuda opens nor CuPy imports."""
@@ -132,22 +126,6 @@ class Devices:
         if found is None:
             props = self.runtime().getDeviceProperties(device)
             found = self._sm_counts[device] = int(props["multiProcessorCount"])
-        return found
-
-    def memory_bandwidth(self, device: int) -> float:
-        """The device memory's peak bandwidth in bytes/s, from its clock and bus width (two
-        transfers a clock, as HBM and GDDR count it); 0.0 where the runtime does not say."""
-        found = self._bandwidths.get(device)
-        if found is None:
-            try:
-                runtime = self.runtime()
-                clock_khz = runtime.deviceGetAttribute(_MEMORY_CLOCK_RATE, device)
-                bus_bits = runtime.deviceGetAttribute(_MEMORY_BUS_WIDTH, device)
-                found = 2.0 * clock_khz * 1e3 * bus_bits / 8
-            except Exception as error:  # a runtime without the attributes: unknown
-                LOG.debug("cuda:%d's memory bandwidth is unknown: %s", device, error)
-                found = 0.0
-            self._bandwidths[device] = found
         return found
 
     def name(self, device: int) -> str:
@@ -209,8 +187,3 @@ def device_name(device: int) -> str:
 
 def device_sm_count(device: int) -> int:
     return DEVICES.sm_count(device)
-
-
-def device_memory_bandwidth(device: int) -> float:
-    """Peak device-memory bandwidth in bytes/s (0.0: unknown)."""
-    return DEVICES.memory_bandwidth(device)

@@ -226,13 +226,6 @@ class DriverRuntime:
         values["name"] = name.value
         return values
 
-    def deviceGetAttribute(self, attribute: int, device: int) -> int:
-        """CuPy's runtime call of that name: cudaDeviceAttr ids equal cuda.h's CUdevice_attribute
-        ids for the attributes opfacade reads (memory clock 36, bus width 37)."""
-        value = ctypes.c_int(0)
-        self._call("cuDeviceGetAttribute", ctypes.byref(value), attribute, self._device(device))
-        return value.value
-
     def mallocAsync(self, size: int, stream: int) -> int:
         pointer = ctypes.c_uint64(0)
         self._call("cuMemAllocAsync", ctypes.byref(pointer), size, stream)

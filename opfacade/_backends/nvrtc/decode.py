@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._internal.device import device_arch, device_memory_bandwidth, device_sm_count
+from ..._internal.device import device_arch, device_sm_count
 from ..._internal.graph_replay import GraphedLaunches
 from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
@@ -25,12 +25,24 @@ from ...types import ElementKind
 from .launch import PackedLaunch, get_kernel, launch, resident_blocks
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
-           "check_call", "chunks", "decode_call", "dense_partials", "row_tile", "shared_bytes",
+           "check_call", "chunks", "decode_call", "row_tile", "shared_bytes",
            "span_for", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
-CHUNK = 256  # keys per chunk: kChunk, a constant (batch invariance rests on it)
+# Keys per chunk: kChunk, a constant (batch invariance rests on it, and bit stability on its
+# not following the device). Each chunk costs its CTA a softmax pause and an epilogue, and the
+# step a partial (f32, per row) and its merge; fewer chunks leave fewer CTAs to spread. Whole
+# step, % of a 1 GiB device copy, chunks of 256 / 512, same process, bf16 Hq 32 Hkv 8 d 128
+# (scripts/decode_variants.py --chunk and --chunk512; records catalog/probes/decode_chunk_*):
+#                          H100 (twice each)          H200 (256: the six-block build it ran then)
+#   B64 S4096              94.8, 94.9 / 94.8, 94.6    85.7, 86.6 / 85.3
+#   B256 S1024 pages 16    89.6, 89.3 / 90.4, 90.3    79.7, 82.1 / 82.1
+#   B8 S32768 pages 64     92.7, 92.5 / 93.0, 92.6    85.0, 84.6 / 84.6
+#   B1 S32768              77.1, 77.0 / 80.7, 80.0    60.6, 60.3 / 64.7
+#   B64 S4096 q_len 4      81.4, 80.6 / 82.0, 81.9    70.1, 69.4 / 73.4
+# Chunks of 1024 lost on both (B1 S32768 62.8% on the H100), and of 128 on the H200 (71% at B64).
+CHUNK = 512
 THREADS = 128  # kThreads
 # The merge kernel's threads (it is built with each), by the capacity's chunks: more slices of
 # chunks in flight pay for long caches, small CTAs (more of them resident) for short ones and
@@ -41,7 +53,9 @@ THREADS = 128  # kThreads
 #   32 chunks (64 seqs of 1-8192): 256 threads 92.4, 1024 88.2 (bench calls 13 and 15)
 #   128 chunks (S32768), B1:       64 threads 60.3, 128 67.8, 256 72.4-73.2, 512 74.2, 1024 74.6
 #                        B8 paged: 256 threads 92.0-92.3, 1024 92.2-92.6
-# The capacity picks, so one plan always sums in one order.
+# (Those ran at chunks of 256; at 512 the bench's caches of 1024 to 8192 keys take 64 threads
+# and of 32768 256, as the table says for their chunk counts.) The capacity picks, so one plan
+# always sums in one order.
 MERGE_THREADS = ((16, 64), (64, 256), (None, 1024))  # (up to this many chunks, threads)
 # The merge's CTAs launch while the partial kernel's last CTAs run and wait in the kernel for
 # its writes (programmatic dependent launch, sm_90), rather than after it on the stream.
@@ -58,25 +72,18 @@ MMA_WARPS = THREADS // 32
 # A 4-row partial CTA may run several consecutive chunks of its sequence (its span), loading the
 # next chunk's first keys while it writes the last one's partials. Each chunk's partial is
 # computed exactly as alone, so the span changes no bit and may follow the grid. A grid of a
-# few waves (B1 S32768: 1024 CTAs, 660 resident on an H100) becomes one wave of CTAs with
+# few waves (B2 S32768: 1024 CTAs, 660 resident on an H100) becomes one wave of CTAs with
 # spans, which pays each CTA's start and end once; a grid of many waves stays at one chunk a
 # CTA (the plain kernel, which holds fewer registers), its CTAs' starts already spread out. Up
 # to MAX_SPAN chunks a CTA. H100, scripts/decode_variants.py --span, % of a device copy for
-# the whole step, each twice in one run (record catalog/probes/decode_spans_H100.json):
+# the whole step, each twice in one run, at chunks of 256 (B1 S32768 then had 1024 CTAs; it
+# has 512 now, one wave without spans) (record catalog/probes/decode_spans_H100.json):
 #                         spans        one chunk a CTA   the kernel before spans
 #   B1 S32768 contiguous  77.2 / 77.3  75.6 / 75.8       75.4 / 73.8
 #   B1 S32768 paged 16    76.1 / 75.8  74.5 / 75.0       74.5 / 74.1
 #   B4 S16384             86.8 / 86.5  83.2 / 83.6       83.4 / 83.0
 #   B64 S4096 (no span)   94.9 / 94.8  94.6 / 94.8       94.2 / 94.3
 MAX_SPAN = 4
-# The half types' one-chunk 4-row tiles have a dense build (six blocks an SM, batches of 2
-# vectors: native/decode_attention.cu's kDenseBlocks, with the H100 and H200 figures), taken
-# where the device's memory bandwidth per SM reaches this (an H200's 4.8 TB/s over 132 SMs is
-# 36 GB/s, an H100 SXM's 3.35 TB/s 25 GB/s: the dense build gained 3-4 points of a copy on the
-# first and lost 0-0.9 on the second). The same bits either way, so the choice may follow the
-# device. The spans kernels have the default build only.
-DENSE_ELEMENTS = (ElementKind.f16, ElementKind.bf16)
-DENSE_BYTES_PER_SM = 30e9
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -166,11 +173,6 @@ def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
     return 4 * max(CHUNK * tile, groups * tile * dim) + 2 * 8 * CHUNK + 4 * tile * dim
 
 
-def dense_partials(device: int) -> bool:
-    """Whether the half types' one-chunk 4-row partials take their dense build on ``device``."""
-    return device_memory_bandwidth(device) >= DENSE_BYTES_PER_SM * device_sm_count(device)
-
-
 def span_for(ctas: int, resident: int) -> int:
     """Chunks per CUDA-core partial CTA for a grid of ``ctas`` one-chunk CTAs on a device holding
     ``resident`` of them at once: the waves it would take, if at most MAX_SPAN, else 1."""
@@ -198,9 +200,7 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
     suffix = element.value
-    dense = tile == TILES[0] and element in DENSE_ELEMENTS and dense_partials(device)
-    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}"
-                         + ("_dense" if dense else ""), device)
+    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}", device)
     merge_threads = merge_threads_for(n_chunks)
     merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
     cache_args = cache.args(k, v, table)
