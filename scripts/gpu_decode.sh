@@ -22,8 +22,12 @@ if wants verify; then
 fi
 if wants sanitize; then
     stage sanitize
+    # --report-api-errors no: cuda-python's driver bindings resolve each entry point through
+    # cuGetProcAddress at its first call (ours: the occupancy query in launch.resident_blocks),
+    # and the driver answers CUDA_ERROR_INVALID_VALUE for the versions it lacks; memcheck counted
+    # 34 such host API answers on an H100 (twenty-fifth session) and no kernel access error.
     for tool in memcheck racecheck; do
-        timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 \
+        timeout 200 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 python3 \
             tests/sanitize_decode.py > "$OUT/sanitize_decode_$tool.log" 2>&1
         echo "sanitize_decode $tool exit $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/sanitize_decode_$tool.log" | tr '\n' ' ')"
         grep -v "^=========     " "$OUT/sanitize_decode_$tool.log" | grep -m 12 -E "Error|Invalid|Race|Hazard|Traceback|Error:"
