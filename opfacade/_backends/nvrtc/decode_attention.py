@@ -140,7 +140,7 @@ class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
         self.sku = DECODE_ATTENTION.sku(
             BackendKind.nvrtc, element, layout=LAYOUT, arch=ARCH,
             guarantee=_guarantee(DECODE_BOUNDS[element]),
-            description="Split-KV decode: fixed 256-key chunks merged in order (deterministic, "
+            description="Split-KV decode: fixed 512-key chunks merged in order (deterministic, "
                         "batch-invariant), a kv head's query rows together; contiguous, paged "
                         "or per-sequence caches; GQA, q_len 1-8, window; f32 math.")
 
