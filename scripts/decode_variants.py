@@ -8,7 +8,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --overlap | --overlap-ab | --span | --span-many
                                        | --inflight | --dense-spans | --chunk
                                        | --mma4 | --waves | --span-dense
-                                       | --chunk512 | --chunk-other]
+                                       | --chunk512 | --chunk-other
+                                       | --v-early]
                                        [--mma-only]
 """
 
@@ -207,6 +208,17 @@ if "--chunk-other" in sys.argv:
              (64, 4096, "contiguous2", 0, {"element": "f16"}),
              (2, 32768, "contiguous", 0), (4, 16384, "paged", 16),
              (64, 4096, "contiguous", 0)]
+# V's first two load batches issued before the softmax (the current source) against one (the
+# source before it, kept by the caller at .scratch/decode_head.cu): the softmax's pause holds
+# twice the bytes in flight. Same sums, same bits.
+if "--v-early" in sys.argv:
+    HEAD = "source=.scratch/decode_head.cu"
+    VARIANTS = {"current (default)": (), "one V batch": (HEAD,), "current again": (),
+                "one V batch again": (HEAD,)}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (256, 1024, "paged", 16), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
+             (1, 32768, "paged", 16), (2, 32768, "contiguous", 0),
+             (64, 4096, "contiguous", 0, {"element": "f32"})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
