@@ -26,8 +26,9 @@ namespace {
 //   into a high and a low half of T (P = hi + lo to ~2^-16): two products keep the weights' f32
 //   precision where one rounding to bf16 would cost 2^-9 per weight. Tensor work is cheap here;
 //   the kernel is memory-bound.
-// The warps split the chunk's keys (kWarpKeys each), then add their accumulators in warp order. Every
-// sum's order is fixed by D alone, so decode_attention.cu's batch invariance argument holds.
+// The warps split the chunk's keys (kWarpKeys each), then add their accumulators in warp
+// order. Every sum's order is fixed by D alone, so decode_attention.cu's batch invariance
+// argument holds.
 // The CTA's prologue and its two load pipelines are written out as in the CUDA-core tile:
 // shared helpers for them (a struct of the CTA's tile and chunk, a lambda for both pipelines)
 // measured 2-3 points of a copy slower on this tile on an H100 (docs/DECODE.md).
