@@ -4,7 +4,9 @@ Both are warmed first; only the profiled calls run between cudaProfilerStart and
 
     ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section LaunchStats --section WarpStateStats --csv --page details \
-        python3 scripts/decode_ncu_probe.py [batch seq]
+        python3 scripts/decode_ncu_probe.py [batch seq [element]]
+
+(element: bf16 by default; f32 or f16 for the same cache in that type.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from opfacade._bench.decode_peers import torch_sdpa
 
 def main() -> int:
     batch, seq = (int(x) for x in sys.argv[1:3]) if len(sys.argv) > 2 else (64, 4096)
-    desc, args, _ = case_tensors(batch, seq, "contiguous", 0)
+    element = sys.argv[3] if len(sys.argv) > 3 else "bf16"
+    desc, args, _ = case_tensors(batch, seq, "contiguous", 0, {"element": element})
     plan = DecodeAttentionPlan.select(desc, device=0)
     workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
     step = plan.prepare(args, workspace=workspace)
@@ -34,7 +37,8 @@ def main() -> int:
     peer.call()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-    print(f"profiled B{batch} S{seq}: ours (partial, merge), then torch sdpa", file=sys.stderr)
+    print(f"profiled {element} B{batch} S{seq}: ours (partial, merge), then torch sdpa",
+          file=sys.stderr)
     return 0
 
 
