@@ -138,7 +138,7 @@ struct SplitSum {
 // SPANS: the CTA runs `span` consecutive chunks of its sequence (the decode_partial_*_spans
 // kernels, for grids of a few waves: decode.py's span_for); otherwise one chunk, blockIdx.y.
 // Either way each chunk's partial is computed the same way, to the same bits.
-template <typename T, int D, int R, bool SPANS, int UNROLL>
+template <typename T, int D, int R, bool SPANS>
 __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                         const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                         float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
@@ -159,7 +159,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     const int tid = threadIdx.x;
     const int lane = tid % L::kLanes, key_group = tid / L::kLanes;
     constexpr int kCols = L::kPerLane * L::kVec;  // the columns this thread holds of a row
-    constexpr int kUnroll = UNROLL;               // vectors a thread loads per batch
+    constexpr int kUnroll = kUnrollOf<R, L::kPerLane>;  // vectors a thread loads per batch
     constexpr int kBatch = 2 * kUnroll;           // passes per loop turn: two load batches
 
     // The tile's queries, scaled: this lane's columns of each row, in registers. A CTA of one
@@ -403,9 +403,8 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         decode_partial_##SUFFIX##_##D##_##R(                                                     \
         OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
         let_dependents_launch();                                                                 \
-        partial<T, D, R, false, kUnrollOf<R, Row<T, D>::kPerLane>>(                              \
-            q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, q_len, group,     \
-            tiles, chunks, scale, left, 1);                                                      \
+        partial<T, D, R, false>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,      \
+                                ws_ml, q_len, group, tiles, chunks, scale, left, 1);             \
     }
 
 // The 4-row tiles also run spans of chunks (8-row tiles lost occupancy to the loop's registers).
@@ -414,9 +413,8 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         kThreads, OPFACADE_MIN_BLOCKS(4, (Row<T, D>::kPerLane)))                                 \
         decode_partial_##SUFFIX##_##D##_4_spans(OPFACADE_PARTIAL_PARAMS(T), int span) {          \
         let_dependents_launch();                                                                 \
-        partial<T, D, 4, true, kUnrollOf<4, Row<T, D>::kPerLane>>(                               \
-            q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, q_len, group,     \
-            tiles, chunks, scale, left, span);                                                   \
+        partial<T, D, 4, true>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,       \
+                               ws_ml, q_len, group, tiles, chunks, scale, left, span);           \
     }
 
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \

@@ -250,9 +250,9 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(cache):
 def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cache, window,
                                                          element, head_dim):
     """The 4-row tiles' spans kernels (a CTA over `span` consecutive chunks), forced on a small
-    grid: the same bits as one chunk a CTA, and the reference's values, across
-    lengths that end inside a span, empty sequences, and windows that leave whole chunks of a
-    span unseen."""
+    grid: the same bits as one chunk a CTA, and the reference's values, across lengths that
+    end inside a span, empty sequences, and windows that leave whole chunks of a span
+    unseen."""
     from opfacade._backends.nvrtc import decode as kernels
 
     desc = _descriptor(cache, element, 2100, 5, heads_q=8, heads_kv=2, head_dim=head_dim,

@@ -370,5 +370,3 @@ def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, ba
     if chunks_per_cta > 1:
         assert int(args[-1]) == chunks_per_cta
     assert grid == (8, kernels.chunks(32768) // chunks_per_cta, batch)
-
-
