@@ -370,3 +370,14 @@ def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, ba
     if chunks_per_cta > 1:
         assert int(args[-1]) == chunks_per_cta
     assert grid == (8, kernels.chunks(32768) // chunks_per_cta, batch)
+
+
+def test_the_launchers_chunk_and_threads_are_the_kernels():
+    """decode.CHUNK and THREADS restate decode_common.cuh's kChunk and kThreads (the grid, the
+    workspace and the shared memory are sized from them): the default build's values."""
+    import re
+
+    text = compiler.read_native("decode_common.cuh")
+    chunk = re.search(r"#else\s+constexpr int kChunk = (\d+);", text)
+    threads = re.search(r"constexpr int kThreads = (\d+);", text)
+    assert (int(chunk.group(1)), int(threads.group(1))) == (kernels.CHUNK, kernels.THREADS)
