@@ -35,6 +35,7 @@
 #define OPFACADE_STREAMING 1
 #include "decode_common.cuh"
 #include "decode_mma.cuh"
+#include "decode_kq.cuh"
 #include "decode_merge.cuh"
 
 namespace {
@@ -426,6 +427,21 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                           q_len, group, tiles, chunks, scale, left);                             \
     }
 
+// EXPERIMENT (exp/decode-kq-tile): the kq tile (decode_kq.cuh), up to 8 rows, D 128.
+#ifdef OPFACADE_DECODE_KQ_MIN_BLOCKS
+#define OPFACADE_KQ_MIN_BLOCKS OPFACADE_DECODE_KQ_MIN_BLOCKS
+#else
+#define OPFACADE_KQ_MIN_BLOCKS 3
+#endif
+#define OPFACADE_PARTIAL_KQ(SUFFIX, T, D)                                                        \
+    extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_KQ_MIN_BLOCKS)               \
+        decode_partial_##SUFFIX##_##D##_8kq(                                                     \
+        OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
+        let_dependents_launch();                                                                 \
+        partial_kq<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
+                         q_len, group, tiles, chunks, scale, left);                              \
+    }
+
 #define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
     extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
         T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
@@ -459,4 +475,6 @@ OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
 OPFACADE_DECODE_MMA(f16, f16_t)
 OPFACADE_DECODE_MMA(bf16, bf16_t)
+OPFACADE_PARTIAL_KQ(f16, f16_t, 128)
+OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128)
 

@@ -9,7 +9,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --inflight | --dense-spans | --chunk
                                        | --mma4 | --waves | --span-dense
                                        | --chunk512 | --chunk-other
-                                       | --v-early]
+                                       | --v-early | --kq]
                                        [--mma-only]
 """
 
@@ -219,6 +219,18 @@ if "--v-early" in sys.argv:
              (256, 1024, "paged", 16), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
              (1, 32768, "paged", 16), (2, 32768, "contiguous", 0),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
+# EXPERIMENT (exp/decode-kq-tile): the kq tile (K and V as mma's A operand, native/decode_kq.cuh)
+# for kv heads of up to 8 rows at D 128, at 3 and 4 blocks an SM, against the default tiles
+# (another order: the max difference is printed, a check of its fragments).
+if "--kq" in sys.argv:
+    kq4 = ("-DOPFACADE_DECODE_KQ_MIN_BLOCKS=4",)
+    VARIANTS = {"per tile (default)": (), "kq b3": (), "kq b4": kq4, "default again": (),
+                "kq b3 again": ()}
+    PATCHES = {name: {"KQ_TILE": True} for name in VARIANTS if name.startswith("kq")}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
+             (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (64, 4096, "contiguous2", 0),
+             (64, 4096, "contiguous", 0, {"element": "f16"})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -376,7 +388,7 @@ def main() -> None:
     original = kernels.get_kernel
     defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
                 "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
-                "CHUNK": kernels.CHUNK}
+                "CHUNK": kernels.CHUNK, "KQ_TILE": kernels.KQ_TILE}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

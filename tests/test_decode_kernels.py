@@ -35,6 +35,7 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.MMA_DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
                  for d in kernels.DIMS}
+    partials |= {f"decode_partial_{e}_128_{kernels.KQ_ROWS}kq" for e in ("f16", "bf16")}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
@@ -381,3 +382,24 @@ def test_the_launchers_chunk_and_threads_are_the_kernels():
     chunk = re.search(r"#else\s+constexpr int kChunk = (\d+);", text)
     threads = re.search(r"constexpr int kThreads = (\d+);", text)
     assert (int(chunk.group(1)), int(threads.group(1))) == (kernels.CHUNK, kernels.THREADS)
+
+
+@pytest.mark.parametrize("q_len, element", [(1, "bf16"), (2, "f16")])
+def test_the_experimental_kq_tile_takes_kv_heads_of_up_to_8_rows(monkeypatch, signatures, q_len,
+                                                                  element):
+    """EXPERIMENT (exp/decode-kq-tile): with KQ_TILE, a kv head of 4 or 8 rows at D 128 runs
+    decode_partial_*_128_8kq, one tile a kv head, no spans, with its own shared memory."""
+    launched = _record(monkeypatch)
+    monkeypatch.setattr(kernels, "KQ_TILE", True)
+    desc = DecodeAttentionDescriptor(batch=1, heads_q=32, heads_kv=8, head_dim=128,
+                                     element=element, cache="contiguous", max_seq=32768,
+                                     q_len=q_len)
+    strides = (q_len * 32 * 128, 32 * 128, 128)
+    kernels.decode_call(ElementKind(element), 0, kernels.DecodeCache.of(desc), 1, 32, q_len,
+                        0.088, None, 0x1000, strides, 0x2000, 0x3000, 0, 0x5000, 0x6000, strides,
+                        None, 0x100000, 7)()
+    name, grid, _, args, shared, _ = launched[0]
+    assert name == f"decode_partial_{element}_128_8kq"
+    assert_packed_like_declared(name, args, signatures)
+    assert grid == (8, kernels.chunks(32768), 1)
+    assert shared == 8 * kernels.CHUNK + 4 * kernels.MMA_WARPS * 8 * (2 + 128)

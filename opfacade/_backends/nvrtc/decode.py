@@ -11,6 +11,7 @@ seq_lens, page tables and batch composition, for any batch up to the envelope's.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,6 +85,11 @@ MMA_WARPS = THREADS // 32
 #   B4 S16384             86.8 / 86.5  83.2 / 83.6       83.4 / 83.0
 #   B64 S4096 (no span)   94.9 / 94.8  94.6 / 94.8       94.2 / 94.3
 MAX_SPAN = 4
+# EXPERIMENT (exp/decode-kq-tile): kv heads of up to 8 rows in f16/bf16 at D 128 on the kq
+# tile (native/decode_kq.cuh), for scripts/decode_variants.py --kq, or everywhere with
+# OPFACADE_DECODE_KQ=1 (to run the decode GPU tests on it). Off: not run on a GPU yet.
+KQ_TILE = os.environ.get("OPFACADE_DECODE_KQ") == "1"
+KQ_ROWS = 8
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -195,22 +201,29 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     batch, token, head)."""
     group = heads_q // cache.heads_kv
     tile = row_tile(group * q_len, element, cache.dim)
+    kq = (KQ_TILE and group * q_len <= KQ_ROWS and cache.dim == 128
+          and element in (ElementKind.f16, ElementKind.bf16))
+    if kq:
+        tile = KQ_ROWS
     tiles = -(-group * q_len // tile)
     n_chunks = chunks(cache.capacity)
     rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
     suffix = element.value
-    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}", device)
+    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}"
+                         + ("kq" if kq else ""), device)
     merge_threads = merge_threads_for(n_chunks)
     merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
     cache_args = cache.args(k, v, table)
     shared = shared_bytes(element, cache.dim, tile)
+    if kq:  # row offsets [CHUNK] i64; row maxima and sums [warps][rows]; sums [warps][rows][dim]
+        shared = 8 * CHUNK + 4 * MMA_WARPS * KQ_ROWS * (2 + cache.dim)
     partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
                     np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
     span = 1
-    if tile == TILES[0]:  # the 4-row tiles may run spans of chunks (their *_spans kernels)
+    if tile == TILES[0] and not kq:  # the 4-row tiles may run spans (their *_spans kernels)
         ctas = cache.heads_kv * tiles * n_chunks * sequences
         resident = device_sm_count(device) * resident_blocks(partial, THREADS, shared, device)
         span = span_for(ctas, resident)

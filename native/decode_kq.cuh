@@ -1,0 +1,236 @@
+// EXPERIMENT (branch exp/decode-kq-tile; not on main, not yet run on a GPU): the decode partial
+// over a tile of up to 8 rows on tensor cores with K and V as mma's A operand, Q and P as its B
+// operand (docs/DECODE.md, "A design for the lead"; scripts/decode_kq_tile_model.py models its
+// fragments). Every product row is a key (scores) or a head dimension (output), so none is
+// padding, and a lane's 16-byte vectors are its fragments. f16 and bf16 at D 128 only (the
+// output's d mapping below is written for D 128).
+#pragma once
+#include "decode_mma.cuh"
+
+namespace {
+
+constexpr int kKqRows = 8;  // B's columns: the tile's query rows
+
+template <typename T, int D>
+__device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
+                           const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
+                           float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
+                           float scale, int left) {
+    constexpr int R = kKqRows;
+    constexpr int kP = D / 32;              // vectors of a key row a lane loads for the scores
+    constexpr int kGroups = kWarpKeys / 16;  // a warp's groups of 16 keys
+    constexpr int kMTiles = D / 16;          // the output's m-tiles of 16 d
+    static_assert(D == 128, "the kq tile's d mapping is written for D 128");
+    extern __shared__ float shared[];
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
+    const int chunk = blockIdx.y, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    const int len = sequence_length(c, seq_lens, s);
+    const int k0 = chunk * kChunk;
+    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
+    const int keys = min(kChunk, len - k0);
+    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
+                        ws_ml)) {
+        return;
+    }
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int warp_key0 = warp * kWarpKeys;
+
+    // Shared: row offsets [kChunk] i64, row maxima and sums [kWarps][R], the warps'
+    // accumulators [kWarps][R][D].
+    i64* row_off = reinterpret_cast<i64*>(shared);
+    float* warp_m = shared + 2 * kChunk;
+    float* warp_l = warp_m + kWarps * R;
+    float* sums = warp_l + kWarps * R;
+
+    // Q's B words: query row gid's vectors 4 p + tig (zeros past the tile's rows), unscaled.
+    unsigned qw[kP][4];
+    {
+        const int row = r0 + gid;
+        const u16* q_row = reinterpret_cast<const u16*>(
+            q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
+#pragma unroll
+        for (int p = 0; p < kP; ++p) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int d = (4 * p + tig) * 8 + 2 * i;
+                qw[p][i] = gid < nr ? (unsigned)q_row[d] | ((unsigned)q_row[d + 1] << 16) : 0u;
+            }
+        }
+    }
+    // The positions of this lane's two score columns, rows 2 tig and 2 tig + 1 (-1: past nr).
+    int pos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int rr = 2 * tig + h;
+        pos[h] = rr < nr ? OPFACADE_ROW_POSITION(len, q_len, r0 + rr, group) : -1;
+    }
+
+    const T *k_base, *v_base;
+    sequence_bases(c, s, k_base, v_base);
+    chunk_rows<D>(c, s, g, k0, keys, row_off);
+    __syncthreads();  // row_off
+
+    // Scores: group gi's keys warp_key0 + 16 gi + gid (+ 8), vectors 4 p + tig; zeros past the
+    // chunk's keys (never loaded).
+    auto load_k = [&](uint4 (&raw)[2][kP], int gi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int j = warp_key0 + 16 * gi + gid + 8 * h;
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                raw[h][p] = j < keys ? load16(k_base + row_off[j] + (4 * p + tig) * 8)
+                                     : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    float sc[kGroups][4];
+    auto score = [&](const uint4 (&raw)[2][kP], int gi) {
+        sc[gi][0] = sc[gi][1] = sc[gi][2] = sc[gi][3] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < kP; ++p) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // k-steps 2 p and 2 p + 1: words 2 h and 2 h + 1
+                Mma<T>::run(sc[gi], word(raw[0][p], 2 * h), word(raw[1][p], 2 * h),
+                            word(raw[0][p], 2 * h + 1), word(raw[1][p], 2 * h + 1),
+                            qw[p][2 * h], qw[p][2 * h + 1]);
+            }
+        }
+    };
+    {
+        uint4 raw_a[2][kP], raw_b[2][kP];
+        load_k(raw_a, 0);
+#pragma unroll
+        for (int gi = 0; gi < kGroups; gi += 2) {
+            load_k(raw_b, gi + 1);
+            score(raw_a, gi);
+            if (gi + 2 < kGroups) load_k(raw_a, gi + 2);
+            score(raw_b, gi + 1);
+        }
+    }
+
+    // V: group gi's keys 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (of warp_key0 + 16 gi), vectors
+    // gid and gid + 8. The first group's loads fly while the softmax runs.
+    auto load_v = [&](uint4 (&raw)[4][2], int gi) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = warp_key0 + 16 * gi + 2 * tig + (k & 1) + 8 * (k >> 1);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                raw[k][h] = j < keys ? load16(v_base + row_off[j] + (gid + 8 * h) * 8)
+                                     : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    uint4 v_a[4][2], v_b[4][2];
+    load_v(v_a, 0);
+
+    // Scale and mask; each row's max over the warp's keys (the 8 lanes of one tig), then over
+    // the warps.
+    float m[2] = {minus_infinity(), minus_infinity()};
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int j = warp_key0 + 16 * gi + gid + 8 * (e >> 1), key_pos = k0 + j;
+            const int p = pos[e & 1];
+            const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
+            sc[gi][e] = seen ? sc[gi][e] * scale : minus_infinity();
+            m[e & 1] = fmaxf(m[e & 1], sc[gi][e]);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], o));
+        if (gid == 0) warp_m[warp * R + 2 * tig + h] = m[h];
+    }
+    __syncthreads();  // warp_m
+    float base[2], l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        for (int w = 0; w < kWarps; ++w) m[h] = fmaxf(m[h], warp_m[w * R + 2 * tig + h]);
+        base[h] = m[h] == minus_infinity() ? 0.0f : m[h];
+    }
+
+    // Weights exp(s - m), this lane's sums, and P^T's B words: the scores' words of keys gid
+    // and gid + 8 transposed (movmatrix), as a high and a low half of T.
+    unsigned p_hi[kGroups][2], p_lo[kGroups][2];
+#pragma unroll
+    for (int gi = 0; gi < kGroups; ++gi) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sc[gi][e] = expf(sc[gi][e] - base[e & 1]);
+            l[e & 1] += sc[gi][e];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // keys gid (h 0) and gid + 8 (h 1)
+            const float x0 = sc[gi][2 * h], x1 = sc[gi][2 * h + 1];
+            const unsigned hi = Mma<T>::pack(x0, x1);
+            const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
+            p_hi[gi][h] = transposed(hi);
+            p_lo[gi][h] = transposed(lo);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+        if (gid == 0) warp_l[warp * R + 2 * tig + h] = l[h];
+    }
+
+    // O^T = V^T P^T: m-tile mt's rows are d = 8 gid + mt and 64 + 8 gid + mt; its A words pair
+    // keys (2 tig, 2 tig + 1) and (2 tig + 8, 2 tig + 9) at one d (a byte permute of two words).
+    float acc[kMTiles][4] = {};
+    auto accumulate = [&](const uint4 (&raw)[4][2], int gi) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+            const unsigned selector = (mt & 1) ? 0x7632u : 0x5410u;  // high or low halves
+            unsigned a[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {  // (low d, keys 2 tig), (high d, ...), (low, 2 tig + 8)...
+                const int k = 2 * (r >> 1), h = r & 1;
+                a[r] = __byte_perm(word(raw[k][h], mt >> 1), word(raw[k + 1][h], mt >> 1),
+                                   selector);
+            }
+            Mma<T>::run(acc[mt], a[0], a[1], a[2], a[3], p_hi[gi][0], p_hi[gi][1]);
+            Mma<T>::run(acc[mt], a[0], a[1], a[2], a[3], p_lo[gi][0], p_lo[gi][1]);
+        }
+    };
+#pragma unroll
+    for (int gi = 0; gi < kGroups; gi += 2) {
+        load_v(v_b, gi + 1);
+        accumulate(v_a, gi);
+        if (gi + 2 < kGroups) load_v(v_a, gi + 2);
+        accumulate(v_b, gi + 1);
+    }
+
+    // The warps' accumulators [warp][row][d], then their sum in warp order.
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int rr = 2 * tig + (e & 1), d = 8 * gid + mt + 64 * (e >> 1);
+            if (rr < nr) sums[(warp * R + rr) * D + d] = acc[mt][e];
+        }
+    }
+    __syncthreads();  // sums, warp_l
+    for (int e = tid; e < nr * D; e += kThreads) {
+        const int r = e / D, d = e - r * D;
+        float total = sums[r * D + d];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) total += sums[(w * R + r) * D + d];
+        ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d] = total;
+    }
+    if (tid < nr) {
+        float row_m = minus_infinity(), row_l = 0.0f;
+        for (int w = 0; w < kWarps; ++w) row_m = fmaxf(row_m, warp_m[w * R + tid]);
+        for (int w = 0; w < kWarps; ++w) row_l += warp_l[w * R + tid];
+        const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
+        ws_ml[2 * at] = row_m;
+        ws_ml[2 * at + 1] = row_l;
+    }
+}
+
+}  // namespace
