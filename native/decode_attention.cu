@@ -10,6 +10,9 @@
 //                        The CUDA-core tiles (R 4 or 8) are this file's.
 //   decode_partial_<T>_<D>_16  The same CTA over a tile of 16 rows on tensor cores (f16, bf16;
 //                        D 64, 128), for kv heads of more than 4 rows: decode_mma.cuh.
+//   decode_partial_<T>_128_8kq_b<n>  The same CTA over up to 8 rows on tensor cores with K
+//                        and V as mma's A operand (f16, bf16; D 128), for every kv head of up
+//                        to 8 rows there: decode_kq.cuh.
 //   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
 //                        chunks into out and lse in slices of chunks added in a fixed order
 //                        (decode_merge.cuh). Built with 64, 256 and 1024 threads; the launcher
@@ -427,16 +430,12 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                           q_len, group, tiles, chunks, scale, left);                             \
     }
 
-// EXPERIMENT (exp/decode-kq-tile): the kq tile (decode_kq.cuh), up to 8 rows, D 128.
-#ifdef OPFACADE_DECODE_KQ_MIN_BLOCKS
-#define OPFACADE_KQ_MIN_BLOCKS OPFACADE_DECODE_KQ_MIN_BLOCKS
-#else
-#define OPFACADE_KQ_MIN_BLOCKS 3
-#endif
-#define OPFACADE_PARTIAL_KQ(SUFFIX, T, D)                                                        \
-    extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_KQ_MIN_BLOCKS)               \
-        decode_partial_##SUFFIX##_##D##_8kq(                                                     \
-        OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
+// The kq tile (decode_kq.cuh): kv heads of up to 8 rows, D 128, built for 3 CTAs an SM (grids
+// of many waves) and for 4 (grids of a few: decode.py's KQ_FEW_WAVES). The builds differ in
+// registers only; their arithmetic, and so their bits, are the same.
+#define OPFACADE_PARTIAL_KQ(SUFFIX, T, D, BLOCKS)                                                \
+    extern "C" __global__ void __launch_bounds__(kThreads, BLOCKS)                               \
+        decode_partial_##SUFFIX##_##D##_8kq_b##BLOCKS(OPFACADE_PARTIAL_PARAMS(T)) {              \
         let_dependents_launch();                                                                 \
         partial_kq<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,      \
                          q_len, group, tiles, chunks, scale, left);                              \
@@ -475,6 +474,8 @@ OPFACADE_DECODE(f16, f16_t)
 OPFACADE_DECODE(bf16, bf16_t)
 OPFACADE_DECODE_MMA(f16, f16_t)
 OPFACADE_DECODE_MMA(bf16, bf16_t)
-OPFACADE_PARTIAL_KQ(f16, f16_t, 128)
-OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128)
+OPFACADE_PARTIAL_KQ(f16, f16_t, 128, 3)
+OPFACADE_PARTIAL_KQ(f16, f16_t, 128, 4)
+OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 3)
+OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 4)
 

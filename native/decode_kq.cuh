@@ -1,8 +1,10 @@
-// EXPERIMENT (branch exp/decode-kq-tile; not on main, not yet run on a GPU): the decode partial
-// over a tile of up to 8 rows on tensor cores with K and V as mma's A operand, Q and P as its B
-// operand (docs/DECODE.md, "A design for the lead"; scripts/decode_kq_tile_model.py models its
-// fragments). Every product row is a key (scores) or a head dimension (output), so none is
-// padding, and a lane's 16-byte vectors are its fragments. f16 and bf16 at D 128 only (the
+// The decode partial over a tile of up to 8 query rows on tensor cores, with K and V as mma's A
+// operand and Q and P as its B operand: S^T = K Q^T, then O^T = V^T P^T (docs/DECODE.md, "The
+// kq tile"; scripts/decode_kq_tile_model.py models its fragments lane by lane). Every product
+// row is a key (scores) or a head dimension (output), so none is padding, and a lane's 16-byte
+// loads are its fragments as they arrive. Counted from the design, under 0.5 thread
+// instructions a byte, where ncu measured 5.5 for the CUDA-core 4-row tile on an H200, whose
+// SMs could not issue them fast enough to keep up with its memory. f16 and bf16 at D 128 (the
 // output's d mapping below is written for D 128).
 #pragma once
 #include "decode_mma.cuh"

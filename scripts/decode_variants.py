@@ -52,7 +52,8 @@ if "--streaming" in sys.argv:
 # of 5-16 rows (another tile sums in another order: its bits are not compared).
 # The merge launched after the partial kernel on the stream, as before programmatic dependent
 # launch (same kernels, same bits).
-PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: 4 if rows <= 4 else 8},
+PATCHES = {"cuda-core tiles of 8": {"row_tile": lambda rows, element, dim: kernels.Tile(
+               4 if rows <= 4 else 8)},
            "merge after partial": {"OVERLAP_MERGE": False},
            "one chunk a CTA": {"MAX_SPAN": 1}, "one chunk a CTA again": {"MAX_SPAN": 1},
            "kernel before spans": {"MAX_SPAN": 1}, "kernel before spans again": {"MAX_SPAN": 1},
@@ -136,9 +137,9 @@ if "--chunk" in sys.argv:
 # order: the bits are not compared. Same cubin for every variant.
 if "--mma4" in sys.argv:
     def _mma_for_four(rows, element, dim, _default=kernels.row_tile):
-        half = element in kernels.DENSE_ELEMENTS and dim in kernels.MMA_DIMS
+        half = element.value in ("f16", "bf16") and dim in kernels.MMA_DIMS
         if half and rows <= kernels.MMA_TILE:
-            return kernels.MMA_TILE
+            return kernels.Tile(kernels.MMA_TILE, "mma")
         return _default(rows, element, dim)
     VARIANTS = {"per tile (default)": (), "tensor cores for 4 rows": (), "default again": (),
                 "tensor cores for 4 rows again": ()}
@@ -219,17 +220,18 @@ if "--v-early" in sys.argv:
              (256, 1024, "paged", 16), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
              (1, 32768, "paged", 16), (2, 32768, "contiguous", 0),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
-# EXPERIMENT (exp/decode-kq-tile): the kq tile (K and V as mma's A operand, native/decode_kq.cuh)
-# for kv heads of up to 8 rows at D 128, at 3 and 4 blocks an SM, against the default tiles
-# (another order: the max difference is printed, a check of its fragments).
+# The kq tile (decode.py's KQ_DIMS) against the tiles before it (another order: the max
+# difference is printed), and each of its two builds forced on every grid (the same order: the
+# bits are compared with the default's, which picks a build by the grid).
 if "--kq" in sys.argv:
-    kq4 = ("-DOPFACADE_DECODE_KQ_MIN_BLOCKS=4",)
-    VARIANTS = {"per tile (default)": (), "kq b3": (), "kq b4": kq4, "default again": (),
-                "kq b3 again": ()}
-    PATCHES = {name: {"KQ_TILE": True} for name in VARIANTS if name.startswith("kq")}
-    OTHER_ORDER = set(PATCHES)
+    VARIANTS = {"per tile (default)": (), "tiles before kq": (), "kq 3 CTAs an SM": (),
+                "kq 4 CTAs an SM": (), "default again": (), "tiles before kq again": ()}
+    PATCHES = {"tiles before kq": {"KQ_DIMS": ()}, "tiles before kq again": {"KQ_DIMS": ()},
+               "kq 3 CTAs an SM": {"KQ_FEW_WAVES": 0}, "kq 4 CTAs an SM": {"KQ_FEW_WAVES": 1e9}}
+    OTHER_ORDER = {"tiles before kq", "tiles before kq again"}
     CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
-             (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (64, 4096, "contiguous2", 0),
+             (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
+             (2, 32768, "contiguous", 0), (4, 16384, "paged", 16), (64, 4096, "contiguous2", 0),
              (64, 4096, "contiguous", 0, {"element": "f16"})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
@@ -388,7 +390,8 @@ def main() -> None:
     original = kernels.get_kernel
     defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
                 "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
-                "CHUNK": kernels.CHUNK, "KQ_TILE": kernels.KQ_TILE}
+                "CHUNK": kernels.CHUNK, "KQ_DIMS": kernels.KQ_DIMS,
+                "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

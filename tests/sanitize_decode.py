@@ -1,8 +1,8 @@
 """Drives the split-KV decode, kv_append and kv_cache_check kernels (native/decode_attention.cu,
 native/kv_append.cu) for compute-sanitizer: f32 and f16 (CuPy has no bf16), every head dim and
-row tile, each cache form, windows, and unchecked runs on garbage lengths and page tables,
-which must stay inside the caches and outputs. Every tensor is sized exactly, so a stray access
-lands outside an allocation.
+row tile (both builds of the kq tile), each cache form, windows, and unchecked runs on garbage
+lengths and page tables, which must stay inside the caches and outputs. Every tensor is sized
+exactly, so a stray access lands outside an allocation.
 `compute-sanitizer --tool memcheck python3 tests/sanitize_decode.py`. Not a pytest file: the
 sanitizer wraps the whole process."""
 
@@ -17,6 +17,7 @@ from opfacade import (
     KvAppendDescriptor,
     KvAppendPlan,
 )
+from opfacade._backends.nvrtc import decode as kernels
 from opfacade.errors import InvalidArgument
 
 # CuPy has no bfloat16; bf16 runs the same code as f16 but for the 16-byte unpack.
@@ -75,4 +76,10 @@ run_case("f32", "paged", 64, 4, 4, 1, 520, 4, 100, False)
 run_case("f16", "contiguous", 64, 6, 2, 3, 260, 4, 40, False)
 run_case("f16", "paged", 128, 8, 2, 2, 400, 6, None, True)     # garbage lengths and pages
 run_case("f32", "contiguous", 128, 8, 1, 1, 333, 5, None, True)
+run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)     # 8 rows, a window, garbage
+# The kq tile's 3-CTA build, which grids as small as these never pick (decode.KQ_FEW_WAVES).
+kernels.KQ_FEW_WAVES = 0
+run_case("f16", "contiguous", 128, 8, 2, 1, 300, 3, None, False)
+run_case("f16", "paged", 128, 8, 2, 2, 400, 6, None, True)
+run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)
 print("sanitize_decode: done")

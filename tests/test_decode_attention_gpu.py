@@ -216,9 +216,14 @@ def test_gqa_mqa_head_dims_and_windows(heads_q, heads_kv, head_dim, window):
 
 @pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "hnd", 16)],
                          ids=lambda c: c.id)
-def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(cache):
+def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(monkeypatch, cache):
     """Batch invariance: sequence 0's out and lse alone, then at positions 0, 5 and 15 of
-    batches of 16 whose other sequences are random, repeat to the bit."""
+    batches of 16 whose other sequences are random, repeat to the bit. The kq tile runs these
+    kv heads of 4 rows; its build follows the grid, so the 4-CTA build is held to grids of
+    under 52 CTAs here: alone (32 CTAs) takes it, the batches of 16 (512) the 3-CTA build."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    monkeypatch.setattr(kernels, "KQ_FEW_WAVES", 0.1)
     capacity, rng = 2000, np.random.default_rng(3)
     desc = _descriptor(cache, "bf16", capacity, 16, heads_q=32, heads_kv=8, head_dim=128)
     plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
@@ -246,7 +251,7 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(cache):
 @pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "hnd", 16),
                                    Cache("pointers")], ids=lambda c: c.id)
 @pytest.mark.parametrize("window", [None, (300, None)], ids=["full", "window"])
-@pytest.mark.parametrize(("element", "head_dim"), [("bf16", 128), ("f32", 64), ("f16", 256)])
+@pytest.mark.parametrize(("element", "head_dim"), [("bf16", 64), ("f32", 128), ("f16", 256)])
 def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cache, window,
                                                          element, head_dim):
     """The 4-row tiles' spans kernels (a CTA over `span` consecutive chunks), forced on a small
@@ -271,6 +276,36 @@ def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cach
         partials = [name for name in fetched if name.startswith("decode_partial")]
         assert partials[-1].endswith("_spans") == (chunks_per_cta > 1), fetched
     _check(problem, results[-1], plan.precision_guarantee.max_rel_error)
+    assert torch.equal(results[0].out, results[1].out)
+    assert torch.equal(results[0].lse, results[1].lse)
+
+
+@pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
+@pytest.mark.parametrize("window", [None, (300, None)], ids=["full", "window"])
+@pytest.mark.parametrize(("element", "q_len"), [("bf16", 1), ("f16", 2)])
+def test_the_kq_tiles_two_builds_give_the_same_bits(monkeypatch, cache, window, element, q_len):
+    """The kq tile (kv heads of up to 8 rows at D 128; 4 and 8 here) is built for 3 and 4 CTAs
+    an SM, and decode.py picks one by the grid and the device: each forced gives the same bits
+    and the reference's values, across lengths that end inside a chunk, empty sequences,
+    sequences shorter than q_len, and windows that leave whole chunks unseen."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    desc = _descriptor(cache, element, 2100, 5, heads_q=8, heads_kv=2, head_dim=128,
+                       window=window, q_len=q_len)
+    problem = make_problem(desc, [2100, 0, 1, 1000, 257], seed=8)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    get_kernel, fetched = kernels.get_kernel, []
+    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
+        fetched.append(name), get_kernel(source, name, device))[1])
+    results = []
+    for few_waves, build in ((0, "_b3"), (1e9, "_b4")):
+        monkeypatch.setattr(kernels, "KQ_FEW_WAVES", few_waves)
+        args = problem.args()  # new out and lse: the plan's memo builds the launches again
+        plan.run(args)
+        results.append(args)
+        partials = [name for name in fetched if name.startswith("decode_partial")]
+        assert partials[-1] == f"decode_partial_{element}_128_8kq{build}", fetched
+        _check(problem, args, plan.precision_guarantee.max_rel_error)
     assert torch.equal(results[0].out, results[1].out)
     assert torch.equal(results[0].lse, results[1].lse)
 

@@ -35,17 +35,22 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.MMA_DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
                  for d in kernels.DIMS}
-    partials |= {f"decode_partial_{e}_128_{kernels.KQ_ROWS}kq" for e in ("f16", "bf16")}
+    partials |= {f"decode_partial_{e}_{d}_{kernels.KQ_ROWS}kq_b{blocks}" for e in ("f16", "bf16")
+                 for d in kernels.KQ_DIMS for blocks in (3, 4)}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
         for dim in kernels.DIMS:
-            for tile in kernels.TILES:
-                assert kernels.shared_bytes(element, dim, tile) <= 48 << 10
+            for rows in kernels.TILES:
+                assert kernels.shared_bytes(element, dim, kernels.Tile(rows)) <= 48 << 10
     for dim in kernels.MMA_DIMS:
-        assert kernels.shared_bytes(ElementKind.bf16, dim, kernels.MMA_TILE) <= 48 << 10
+        tile = kernels.Tile(kernels.MMA_TILE, "mma")
+        assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
+    for dim in kernels.KQ_DIMS:
+        tile = kernels.Tile(kernels.KQ_ROWS, "kq")
+        assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
 
 
 def _record(monkeypatch) -> list[tuple]:
@@ -84,8 +89,8 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
                         (4 * 8 * 128, 8 * 128, 128), 0x2000, 0x3000, 0x4000, 0x5000, 7)()
     names = [name for name, *_ in launched]
     # 16 rows (4 heads x 4 tokens): one tensor-core tile for the half types, two of 8 for f32.
-    tile = 8 if element == ElementKind.f32 else kernels.MMA_TILE
-    assert names == [f"decode_partial_{element.value}_128_{tile}",
+    tile = kernels.Tile(8) if element == ElementKind.f32 else kernels.Tile(16, "mma")
+    assert names == [f"decode_partial_{element.value}_128_{tile.rows}",
                      f"decode_merge_{element.value}_64",
                      f"kv_append_{element.value}"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
@@ -95,7 +100,7 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
         assert block == next(b for part, b in blocks.items() if part in name)
         assert_packed_like_declared(name, args, signatures)
     # 8 kv heads x 16 rows' tiles; 1024 tokens in chunks.
-    assert launched[0][1] == (8 * (16 // tile), 1024 // kernels.CHUNK, 5)
+    assert launched[0][1] == (8 * (16 // tile.rows), 1024 // kernels.CHUNK, 5)
     assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
     assert launched[1][1] == (5, 32, 4)
     # Only the merge launches while the kernel before it (the partial) ends.
@@ -129,13 +134,17 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
 
 
 @pytest.mark.parametrize(("rows", "element", "dim", "tile", "tiles"), [
-    (1, "bf16", 128, 4, 1), (4, "f32", 64, 4, 1), (5, "f16", 256, 8, 1), (5, "bf16", 64, 16, 1),
-    (8, "f32", 64, 8, 1), (16, "f16", 64, 16, 1), (64, "bf16", 128, 16, 4),
+    # up to 8 rows of the half types at d 128: the kq tile
+    (1, "bf16", 128, (8, "kq"), 1), (8, "f16", 128, (8, "kq"), 1),
+    (4, "f32", 64, (4, "cuda"), 1), (4, "bf16", 64, (4, "cuda"), 1),
+    (5, "f16", 256, (8, "cuda"), 1), (5, "bf16", 64, (16, "mma"), 1),
+    (8, "f32", 64, (8, "cuda"), 1), (16, "f16", 64, (16, "mma"), 1),
+    (9, "bf16", 128, (16, "mma"), 1), (64, "bf16", 128, (16, "mma"), 4),
     # no tensor-core tile for f32 (its math stays f32) or d 256: tiles of 8
-    (16, "f32", 128, 8, 2), (64, "bf16", 256, 8, 8)])
+    (16, "f32", 128, (8, "cuda"), 2), (64, "bf16", 256, (8, "cuda"), 8)])
 def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
-    assert kernels.row_tile(rows, ElementKind(element), dim) == tile
-    assert -(-rows // tile) == tiles
+    assert kernels.row_tile(rows, ElementKind(element), dim) == kernels.Tile(*tile)
+    assert -(-rows // tile[0]) == tiles
 
 
 def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
@@ -359,14 +368,14 @@ def test_spans_turn_a_grid_of_a_few_waves_into_one():
 def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, batch,
                                                      chunks_per_cta):
     launched = _record(monkeypatch)
-    desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
+    desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=64,
                                      element="bf16", cache="contiguous", max_seq=32768)
     cache = kernels.DecodeCache.of(desc)
-    strides = (32 * 128, 32 * 128, 128)
-    kernels.decode_call(ElementKind.bf16, 0, cache, batch, 32, 1, 0.088, None, 0x1000, strides,
+    strides = (32 * 64, 32 * 64, 64)
+    kernels.decode_call(ElementKind.bf16, 0, cache, batch, 32, 1, 0.125, None, 0x1000, strides,
                         0x2000, 0x3000, 0, 0x5000, 0x6000, strides, None, 0x100000, 7)()
     name, grid, _, args, *_ = launched[0]
-    assert name == "decode_partial_bf16_128_4" + ("_spans" if chunks_per_cta > 1 else "")
+    assert name == "decode_partial_bf16_64_4" + ("_spans" if chunks_per_cta > 1 else "")
     assert_packed_like_declared(name, args, signatures)
     if chunks_per_cta > 1:
         assert int(args[-1]) == chunks_per_cta
@@ -384,22 +393,30 @@ def test_the_launchers_chunk_and_threads_are_the_kernels():
     assert (int(chunk.group(1)), int(threads.group(1))) == (kernels.CHUNK, kernels.THREADS)
 
 
-@pytest.mark.parametrize("q_len, element", [(1, "bf16"), (2, "f16")])
-def test_the_experimental_kq_tile_takes_kv_heads_of_up_to_8_rows(monkeypatch, signatures, q_len,
-                                                                  element):
-    """EXPERIMENT (exp/decode-kq-tile): with KQ_TILE, a kv head of 4 or 8 rows at D 128 runs
-    decode_partial_*_128_8kq, one tile a kv head, no spans, with its own shared memory."""
+@pytest.mark.parametrize(("q_len", "element", "batch", "build"), [
+    (1, "bf16", 1, "_b4"), (2, "f16", 2, "_b4"), (1, "bf16", 3, "_b3"), (2, "f16", 64, "_b3")])
+def test_the_kq_tile_takes_kv_heads_of_up_to_8_rows_in_the_build_for_its_grid(
+        monkeypatch, signatures, q_len, element, batch, build):
+    """A kv head of 4 or 8 rows at D 128 runs decode_partial_*_128_8kq_b*: one tile a kv head,
+    no spans, its own shared memory; the 4-CTA build while the grid is at most KQ_FEW_WAVES of
+    its waves (here 132 SMs x 5 CTAs: 1320 CTAs), the 3-CTA build above."""
     launched = _record(monkeypatch)
-    monkeypatch.setattr(kernels, "KQ_TILE", True)
-    desc = DecodeAttentionDescriptor(batch=1, heads_q=32, heads_kv=8, head_dim=128,
+    desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
                                      element=element, cache="contiguous", max_seq=32768,
                                      q_len=q_len)
     strides = (q_len * 32 * 128, 32 * 128, 128)
-    kernels.decode_call(ElementKind(element), 0, kernels.DecodeCache.of(desc), 1, 32, q_len,
+    kernels.decode_call(ElementKind(element), 0, kernels.DecodeCache.of(desc), batch, 32, q_len,
                         0.088, None, 0x1000, strides, 0x2000, 0x3000, 0, 0x5000, 0x6000, strides,
                         None, 0x100000, 7)()
     name, grid, _, args, shared, _ = launched[0]
-    assert name == f"decode_partial_{element}_128_8kq"
+    assert name == f"decode_partial_{element}_128_8kq{build}"
     assert_packed_like_declared(name, args, signatures)
-    assert grid == (8, kernels.chunks(32768), 1)
+    assert grid == (8, kernels.chunks(32768), batch)
     assert shared == 8 * kernels.CHUNK + 4 * kernels.MMA_WARPS * 8 * (2 + 128)
+
+
+def test_the_kq_build_follows_the_waves_of_its_4_cta_build():
+    assert kernels.kq_build(512, 528) == "_b4"  # B1 S32768 H32/8 on 132 SMs: one wave
+    assert kernels.kq_build(1056, 528) == "_b4"
+    assert kernels.kq_build(1057, 528) == "_b3"
+    assert kernels.kq_build(4096, 528) == "_b3"  # B64 S4096: many waves

@@ -244,6 +244,9 @@ SAMPLE_SHAPES = (
          max_pages=3, q_len=4),
     dict(batch=4, heads_q=6, heads_kv=2, head_dim=64, cache="contiguous", max_seq=130,
          kv_layout="hnd", q_len=3, window=(40, None)),
+    # 8 rows a kv head at d 128 (decode's kq tile), over two of decode's chunks of 512 keys
+    dict(batch=3, heads_q=16, heads_kv=4, head_dim=128, cache="contiguous", max_seq=700,
+         q_len=2, window=(300, None)),
 )
 
 

@@ -11,7 +11,6 @@ seq_lens, page tables and batch composition, for any batch up to the envelope's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,9 +24,9 @@ from ...errors import InvalidArgument
 from ...types import ElementKind
 from .launch import PackedLaunch, get_kernel, launch, resident_blocks
 
-__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "append_call",
-           "check_call", "chunks", "decode_call", "row_tile", "shared_bytes",
-           "span_for", "workspace_bytes"]
+__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "Tile",
+           "append_call", "check_call", "chunks", "decode_call", "kq_build", "row_tile",
+           "shared_bytes", "span_for", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
@@ -85,11 +84,28 @@ MMA_WARPS = THREADS // 32
 #   B4 S16384             86.8 / 86.5  83.2 / 83.6       83.4 / 83.0
 #   B64 S4096 (no span)   94.9 / 94.8  94.6 / 94.8       94.2 / 94.3
 MAX_SPAN = 4
-# EXPERIMENT (exp/decode-kq-tile): kv heads of up to 8 rows in f16/bf16 at D 128 on the kq
-# tile (native/decode_kq.cuh), for scripts/decode_variants.py --kq, or everywhere with
-# OPFACADE_DECODE_KQ=1 (to run the decode GPU tests on it). Off: not run on a GPU yet.
-KQ_TILE = os.environ.get("OPFACADE_DECODE_KQ") == "1"
+# The kq tile (decode_partial_*_128_8kq_b*, native/decode_kq.cuh): every kv head of up to 8 rows
+# in f16/bf16 at D 128, on tensor cores with K and V as mma's A operand. Against the tiles
+# before it (4-row CUDA-core tiles; the 16-row tensor-core tile for 8 rows), whole step, % of a
+# 1 GiB device copy, bf16 Hq 32 Hkv 8 d 128, one process each (H200, 2026-11-28,
+# scripts/decode_variants.py --kq, record catalog/probes/decode_kq_H200.json):
+#                               before        kq, 3 CTAs an SM   kq, 4 CTAs an SM
+#   B64 S4096                   84.4, 84.5    94.4, 94.6         93.0
+#   B64 S4096 pages 16          82.4, 83.0    89.6, 89.6         87.6
+#   B256 S1024 pages 16         80.6, 81.5    88.1, 88.2         85.8
+#   B8 S32768 pages 64          83.0, 83.5    90.0, 90.3         87.7
+#   B64 S4096 q_len 2 (8 rows)  77.7, 78.0    89.9, 90.0         87.9
+#   B64 S4096 Hq 64 (8 rows)    77.3, 78.5    89.0, 89.2         87.2
+#   B1 S32768                   65.0, 64.7    61.5, 61.7         72.4
+#   B2 S32768                   71.1, 70.9    76.9, 77.4         78.3
+# Kv heads of 16 rows (q_len 4) stay on the 16-row tile: two kq tiles over the same keys read
+# at 61% against its 73%. The kq tile is built for 3 CTAs an SM (168 registers, best on grids
+# of many waves) and for 4 (128 registers), which takes grids of at most KQ_FEW_WAVES of its
+# waves: B1 S32768's 512 CTAs are 1.3 waves at 3 an SM on 132 SMs and one wave at 4. The two
+# builds compute alike, so the choice (which follows the grid and the device) changes no bit.
 KQ_ROWS = 8
+KQ_DIMS = (128,)
+KQ_FEW_WAVES = 2
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -153,30 +169,52 @@ def chunks(capacity: int) -> int:
     return -(-capacity // CHUNK)
 
 
-def row_tile(rows: int, element: ElementKind, dim: int) -> int:
-    """Query rows per CTA: a kv head's rows (group x q_len) up to 4 in one CUDA-core tile;
-    more on the tensor-core tile where it is built, else in CUDA-core tiles of 8. The
-    descriptor fixes it, so batch invariance holds."""
+@dataclass(frozen=True)
+class Tile:
+    """A partial CTA's tile of a kv head's query rows, and the kernel family that runs it:
+    "cuda" (CUDA cores, TILES), "mma" (tensor cores, Q as mma's A operand, MMA_TILE) or "kq"
+    (tensor cores, K and V as mma's A operand, KQ_ROWS)."""
+
+    rows: int
+    kind: str = "cuda"
+
+    def kernel(self, element: ElementKind, dim: int) -> str:
+        """The partial kernel's name; the kq tile's names end in their build (``_b3``, ``_b4``)."""
+        return f"decode_partial_{element.value}_{dim}_{self.rows}" + (
+            "kq" if self.kind == "kq" else "")
+
+
+def row_tile(rows: int, element: ElementKind, dim: int) -> Tile:
+    """The tile for a kv head of ``rows`` query rows (group x q_len): the kq tile for up to 8
+    where it is built; else up to 4 in one CUDA-core tile; more on the 16-row tensor-core tile
+    where it is built, else in CUDA-core tiles of 8. The descriptor fixes it, so batch
+    invariance holds."""
+    half = element in (ElementKind.f16, ElementKind.bf16)
+    if half and dim in KQ_DIMS and rows <= KQ_ROWS:
+        return Tile(KQ_ROWS, "kq")
     if rows <= TILES[0]:
-        return TILES[0]
-    if element in (ElementKind.f16, ElementKind.bf16) and dim in MMA_DIMS:
-        return MMA_TILE
-    return TILES[-1]
+        return Tile(TILES[0])
+    if half and dim in MMA_DIMS:
+        return Tile(MMA_TILE, "mma")
+    return Tile(TILES[-1])
 
 
-def shared_bytes(element: ElementKind, dim: int, tile: int) -> int:
-    """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][tile] f32, then
-    reused for the key groups' sums [groups][tile][dim] f32 (groups x dim = THREADS x the
+def shared_bytes(element: ElementKind, dim: int, tile: Tile) -> int:
+    """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][rows] f32, then
+    reused for the key groups' sums [groups][rows][dim] f32 (groups x dim = THREADS x the
     columns a thread holds), two buffers of each key's row offset [CHUNK] i64 (this chunk's
-    and the next's, for a CTA that runs several) and the scaled queries [tile][dim] f32. The
-    tensor-core tile: the row offsets, each warp's row maxima and sums [warps][tile] f32, Q's
-    fragments (tile x dim elements) and the warps' accumulators [warps][tile][dim] f32."""
-    if tile == MMA_TILE:  # row offsets [CHUNK] i64; row maxima and sums; Q; sums
-        return 8 * CHUNK + 4 * MMA_WARPS * tile * (2 + dim) + 2 * tile * dim
+    and the next's, for a CTA that runs several) and the scaled queries [rows][dim] f32. The
+    tensor-core tiles: the row offsets, each warp's row maxima and sums [warps][rows] f32, the
+    warps' accumulators [warps][rows][dim] f32 and, for the 16-row tile, Q's fragments (rows x
+    dim elements)."""
+    rows = tile.rows
+    if tile.kind != "cuda":
+        fragments = 2 * rows * dim if tile.kind == "mma" else 0
+        return 8 * CHUNK + 4 * MMA_WARPS * rows * (2 + dim) + fragments
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
-    return 4 * max(CHUNK * tile, groups * tile * dim) + 2 * 8 * CHUNK + 4 * tile * dim
+    return 4 * max(CHUNK * rows, groups * rows * dim) + 2 * 8 * CHUNK + 4 * rows * dim
 
 
 def span_for(ctas: int, resident: int) -> int:
@@ -184,6 +222,13 @@ def span_for(ctas: int, resident: int) -> int:
     ``resident`` of them at once: the waves it would take, if at most MAX_SPAN, else 1."""
     waves = -(-ctas // max(resident, 1))
     return waves if waves <= MAX_SPAN else 1
+
+
+def kq_build(ctas: int, resident_at_4: int) -> str:
+    """The kq tile's build for a grid of ``ctas`` on a device holding ``resident_at_4`` CTAs of
+    the 4-an-SM build at once: that build for at most KQ_FEW_WAVES of its waves, else the
+    3-an-SM one."""
+    return "_b4" if ctas <= KQ_FEW_WAVES * resident_at_4 else "_b3"
 
 
 def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
@@ -201,35 +246,34 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     batch, token, head)."""
     group = heads_q // cache.heads_kv
     tile = row_tile(group * q_len, element, cache.dim)
-    kq = (KQ_TILE and group * q_len <= KQ_ROWS and cache.dim == 128
-          and element in (ElementKind.f16, ElementKind.bf16))
-    if kq:
-        tile = KQ_ROWS
-    tiles = -(-group * q_len // tile)
+    tiles = -(-group * q_len // tile.rows)
     n_chunks = chunks(cache.capacity)
     rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
     suffix = element.value
-    partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}"
-                         + ("kq" if kq else ""), device)
+    name = tile.kernel(element, cache.dim)
     merge_threads = merge_threads_for(n_chunks)
     merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
     cache_args = cache.args(k, v, table)
     shared = shared_bytes(element, cache.dim, tile)
-    if kq:  # row offsets [CHUNK] i64; row maxima and sums [warps][rows]; sums [warps][rows][dim]
-        shared = 8 * CHUNK + 4 * MMA_WARPS * KQ_ROWS * (2 + cache.dim)
     partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
                     np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
+    ctas = cache.heads_kv * tiles * n_chunks * sequences
     span = 1
-    if tile == TILES[0] and not kq:  # the 4-row tiles may run spans (their *_spans kernels)
-        ctas = cache.heads_kv * tiles * n_chunks * sequences
-        resident = device_sm_count(device) * resident_blocks(partial, THREADS, shared, device)
+    if tile.kind == "kq":
+        at_4 = get_kernel(SOURCE, name + "_b4", device)
+        name += kq_build(ctas, device_sm_count(device) * resident_blocks(at_4, THREADS, shared,
+                                                                         device))
+    elif tile == Tile(TILES[0]):  # the 4-row tiles may run spans (their *_spans kernels)
+        resident = device_sm_count(device) * resident_blocks(get_kernel(SOURCE, name, device),
+                                                             THREADS, shared, device)
         span = span_for(ctas, resident)
     if span > 1:
-        partial = get_kernel(SOURCE, f"decode_partial_{suffix}_{cache.dim}_{tile}_spans", device)
+        name += "_spans"
         partial_args = (*partial_args, np.int32(span))
+    partial = get_kernel(SOURCE, name, device)
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
                   np.int32(group), np.int32(q_len), np.int32(n_chunks))
