@@ -32,9 +32,10 @@
 // the last partial ends, and each waits (griddepcontrol.wait: the partial grid complete, its
 // writes visible) before it reads a partial. Without the launch attribute both are no-ops.
 //
-// K and V are read once per step: their 16-byte loads carry the
-// evict-first hint (common.cuh), measured on an H100 at 95% of a device copy's bandwidth
-// against 93% without (scripts/decode_variants.py).
+// K and V are read once per step: their 16-byte loads carry a streaming cache hint
+// (common.cuh's load16). The evict-first hint read at 95% of a device copy on an H100 against
+// 93% without; on an H200 the last-use hint, now the one, read 2-10 points above evict-first
+// (scripts/decode_variants.py). The H100 has not run the last-use hint.
 #define OPFACADE_STREAMING 1
 #include "decode_common.cuh"
 #include "decode_mma.cuh"
