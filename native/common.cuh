@@ -63,10 +63,11 @@ template <typename T> struct alignas(16) Pack {
 // Streamed data is touched once: with OPFACADE_STREAMING the 16-byte loads carry the last-use
 // (.lu) hint and the stores the evict-first (.cs) one, so they do not push reusable lines out
 // of L2. Cache operators are hints (PTX ISA: they do not change memory consistency), so no
-// value depends on them. On an H200 the decode step read 2-10 points of a device copy faster
-// with .lu loads than with .cs (q_len 4 73.5% -> 81.9%, B256 S1024 pages 16 91.0% -> 93.4%,
-// B1 S32768 75.2% -> 76.9%; f32 unchanged at 101%; scripts/decode_variants.py --lu, record
-// catalog/probes/decode_last_use_H200.json); SASS: LDG.E.LU against LDG.E.EF.
+// value depends on them. On an H200 the decode step read up to 10 points of a device copy
+// faster with .lu loads than with .cs (q_len 4 73.5% -> 81.9%, B256 S1024 pages 16 91.0% ->
+// 93.4%, B1 S32768 75.2% -> 76.9%; B64 S4096 unchanged at 97.7%, f32 at 101%;
+// scripts/decode_variants.py --lu, record catalog/probes/decode_last_use_H200.json). SASS:
+// LDG.E.LU against LDG.E.EF. No H100 has run it.
 __device__ __forceinline__ uint4 load16(const void* p) {
 #if OPFACADE_STREAMING
     uint4 v;

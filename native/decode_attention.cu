@@ -34,8 +34,8 @@
 //
 // K and V are read once per step: their 16-byte loads carry a streaming cache hint
 // (common.cuh's load16). The evict-first hint read at 95% of a device copy on an H100 against
-// 93% without; on an H200 the last-use hint, now the one, read 2-10 points above evict-first
-// (scripts/decode_variants.py). The H100 has not run the last-use hint.
+// 93% without; on an H200 the last-use hint, now the one, read up to 10 points above
+// evict-first (scripts/decode_variants.py --lu). No H100 has run the last-use hint.
 #define OPFACADE_STREAMING 1
 #include "decode_common.cuh"
 #include "decode_mma.cuh"

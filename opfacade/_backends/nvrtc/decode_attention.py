@@ -2,11 +2,12 @@
 (launched by ``decode.py``): ``decode_attention.nvrtc.{f32,f16,bf16}`` and
 ``kv_append.nvrtc.{f32,f16,bf16}``.
 
-Decode splits each sequence's keys into chunks of a fixed 256, computes the query heads of a kv
+Decode splits each sequence's keys into chunks of a fixed 512, computes the query heads of a kv
 head's group together (each K and V byte read once per row tile), and merges the chunks in
-order: deterministic and batch-invariant by construction, with every sum in f32. Kv heads with
-more than 4 query rows (q_len > 1, groups over 4) run f16/bf16 at D 64 and 128 on tensor cores
-(mma.sync, f32 accumulators); the rest on CUDA cores in f32.
+order: deterministic and batch-invariant by construction, with every sum in f32. In f16/bf16,
+kv heads of up to 8 query rows at D 128 run on the kq tile and those of more than 4 rows at
+D 64, or more than 8 at D 128, on the 16-row tile (both mma.sync, f32 accumulators); the rest
+on CUDA cores in f32 (decode.py's row_tile).
 A plan covers its descriptor's envelope: any batch up to ``batch``, any lengths up to the
 capacity, read on the device only, so one captured CUDA graph replays for new lengths, page
 tables and batch compositions.
