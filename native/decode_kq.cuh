@@ -6,6 +6,9 @@
 // instructions a byte, where ncu measured 5.5 for the CUDA-core 4-row tile on an H200, whose
 // SMs could not issue them fast enough to keep up with its memory. f16 and bf16 at D 128 (the
 // output's d mapping below is written for D 128).
+// The CTA's prologue and its K and V pipelines are written out, as in the other tiles: shared
+// helpers for them measured 2-3 points of a copy slower on the 16-row tile (decode_mma.cuh);
+// they were not tried on this one.
 #pragma once
 #include "decode_mma.cuh"
 

@@ -247,6 +247,26 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(monkeypatch, cach
         assert torch.equal(out, first_out) and torch.equal(lse, first_lse)
 
 
+def _runs_under(monkeypatch, desc, lengths, seed, settings):
+    """One problem run once per (decode.py attribute, value) of ``settings``, each with a new
+    out and lse (so the plan's memo builds the launches again): the problem, the plan, and each
+    run's args with the partial kernel it launched."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    problem = make_problem(desc, lengths, seed=seed)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    get_kernel, fetched = kernels.get_kernel, []
+    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
+        fetched.append(name), get_kernel(source, name, device))[1])
+    runs = []
+    for attribute, value in settings:
+        monkeypatch.setattr(kernels, attribute, value)
+        args = problem.args()
+        plan.run(args)
+        runs.append((args, [name for name in fetched if name.startswith("decode_partial")][-1]))
+    return problem, plan, runs
+
+
 @pytest.mark.parametrize("span", [2, 3])
 @pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "hnd", 16),
                                    Cache("pointers")], ids=lambda c: c.id)
@@ -258,26 +278,14 @@ def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cach
     grid: the same bits as one chunk a CTA, and the reference's values, across lengths that
     end inside a span, empty sequences, and windows that leave whole chunks of a span
     unseen."""
-    from opfacade._backends.nvrtc import decode as kernels
-
     desc = _descriptor(cache, element, 2100, 5, heads_q=8, heads_kv=2, head_dim=head_dim,
                        window=window)
-    problem = make_problem(desc, [2100, 0, 1, 1000, 257], seed=7)
-    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
-    get_kernel, fetched = kernels.get_kernel, []
-    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
-        fetched.append(name), get_kernel(source, name, device))[1])
-    results = []
-    for chunks_per_cta in (1, span):
-        monkeypatch.setattr(kernels, "span_for", lambda ctas, resident, n=chunks_per_cta: n)
-        args = problem.args()  # new out and lse: the plan's memo builds the launches again
-        plan.run(args)
-        results.append(args)
-        partials = [name for name in fetched if name.startswith("decode_partial")]
-        assert partials[-1].endswith("_spans") == (chunks_per_cta > 1), fetched
-    _check(problem, results[-1], plan.precision_guarantee.max_rel_error)
-    assert torch.equal(results[0].out, results[1].out)
-    assert torch.equal(results[0].lse, results[1].lse)
+    problem, plan, ((one, plain), (spans, spanned)) = _runs_under(
+        monkeypatch, desc, [2100, 0, 1, 1000, 257], 7,
+        [("span_for", lambda ctas, resident: 1), ("span_for", lambda ctas, resident: span)])
+    assert not plain.endswith("_spans") and spanned.endswith("_spans"), (plain, spanned)
+    _check(problem, spans, plan.precision_guarantee.max_rel_error)
+    assert torch.equal(one.out, spans.out) and torch.equal(one.lse, spans.lse)
 
 
 @pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
@@ -288,26 +296,16 @@ def test_the_kq_tiles_two_builds_give_the_same_bits(monkeypatch, cache, window, 
     an SM, and decode.py picks one by the grid and the device: each forced gives the same bits
     and the reference's values, across lengths that end inside a chunk, empty sequences,
     sequences shorter than q_len, and windows that leave whole chunks unseen."""
-    from opfacade._backends.nvrtc import decode as kernels
-
     desc = _descriptor(cache, element, 2100, 5, heads_q=8, heads_kv=2, head_dim=128,
                        window=window, q_len=q_len)
-    problem = make_problem(desc, [2100, 0, 1, 1000, 257], seed=8)
-    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
-    get_kernel, fetched = kernels.get_kernel, []
-    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
-        fetched.append(name), get_kernel(source, name, device))[1])
-    results = []
-    for few_waves, build in ((0, "_b3"), (1e9, "_b4")):
-        monkeypatch.setattr(kernels, "KQ_FEW_WAVES", few_waves)
-        args = problem.args()  # new out and lse: the plan's memo builds the launches again
-        plan.run(args)
-        results.append(args)
-        partials = [name for name in fetched if name.startswith("decode_partial")]
-        assert partials[-1] == f"decode_partial_{element}_128_8kq{build}", fetched
+    problem, plan, ((at_3, build_3), (at_4, build_4)) = _runs_under(
+        monkeypatch, desc, [2100, 0, 1, 1000, 257], 8,
+        [("KQ_FEW_WAVES", 0), ("KQ_FEW_WAVES", 1e9)])
+    kernel = f"decode_partial_{element}_128_8kq"
+    assert (build_3, build_4) == (kernel + "_b3", kernel + "_b4")
+    for args in (at_3, at_4):
         _check(problem, args, plan.precision_guarantee.max_rel_error)
-    assert torch.equal(results[0].out, results[1].out)
-    assert torch.equal(results[0].lse, results[1].lse)
+    assert torch.equal(at_3.out, at_4.out) and torch.equal(at_3.lse, at_4.lse)
 
 
 def test_runs_repeat_bitwise_over_streams_and_workspaces():
