@@ -71,7 +71,11 @@ template <typename T> struct alignas(16) Pack {
 __device__ __forceinline__ uint4 load16(const void* p) {
 #if OPFACADE_STREAMING
     uint4 v;
+#ifdef OPFACADE_STREAMING_EVICT_FIRST  // the hint before, for scripts/decode_variants.py --lu
+    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+#else
     asm volatile("ld.global.lu.v4.u32 {%0, %1, %2, %3}, [%4];"
+#endif
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 #else

@@ -50,17 +50,35 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     float* sums = warp_l + kWarps * R;
 
     // Q's B words: query row gid's vectors 4 p + tig (zeros past the tile's rows), unscaled.
+    // Each is one 16-byte load where q's rows are 16-byte aligned (the same for the whole grid),
+    // else two elements a word: the same words. On an H200 the vectors read 0-1 point of a copy
+    // better on most rows (scripts/decode_variants.py --kq-q, record
+    // catalog/probes/decode_kq_q_H200.json); Q's element loads were a fifth of the tile's loads.
     unsigned qw[kP][4];
     {
         const int row = r0 + gid;
-        const u16* q_row = reinterpret_cast<const u16*>(
-            q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
+        const T* q_row = q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
+#ifdef OPFACADE_KQ_Q_BY_ELEMENT  // the element loads only, for the variants script
+        const bool vectors = false;
+#else
+        const bool vectors =
+            ((reinterpret_cast<unsigned long long>(q) & 15) | ((q_sb | q_st | q_sh) & 7)) == 0;
+#endif
+        const u16* q_elements = reinterpret_cast<const u16*>(q_row);
 #pragma unroll
         for (int p = 0; p < kP; ++p) {
+            if (vectors) {
+                const uint4 v = gid < nr
+                                    ? *reinterpret_cast<const uint4*>(q_row + (4 * p + tig) * 8)
+                                    : make_uint4(0, 0, 0, 0);
+                qw[p][0] = v.x, qw[p][1] = v.y, qw[p][2] = v.z, qw[p][3] = v.w;
+                continue;
+            }
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int d = (4 * p + tig) * 8 + 2 * i;
-                qw[p][i] = gid < nr ? (unsigned)q_row[d] | ((unsigned)q_row[d + 1] << 16) : 0u;
+                qw[p][i] = gid < nr ? (unsigned)q_elements[d] | ((unsigned)q_elements[d + 1] << 16)
+                                    : 0u;
             }
         }
     }
@@ -194,7 +212,8 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             const unsigned selector = (mt & 1) ? 0x7632u : 0x5410u;  // high or low halves
             unsigned a[4];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {  // (low d, keys 2 tig), (high d, ...), (low, 2 tig + 8)...
+            // r: (low d, keys 2 tig, 2 tig + 1), (high d, ...), (low d, 2 tig + 8, ...), (high...)
+            for (int r = 0; r < 4; ++r) {
                 const int k = 2 * (r >> 1), h = r & 1;
                 a[r] = __byte_perm(word(raw[k][h], mt >> 1), word(raw[k + 1][h], mt >> 1),
                                    selector);

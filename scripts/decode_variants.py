@@ -9,7 +9,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --inflight | --dense-spans | --chunk
                                        | --mma4 | --waves | --span-dense
                                        | --chunk512 | --chunk-other
-                                       | --v-early | --kq]
+                                       | --v-early | --kq | --lu | --kq-q]
                                        [--mma-only]
 """
 
@@ -233,6 +233,25 @@ if "--kq" in sys.argv:
              (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
              (2, 32768, "contiguous", 0), (4, 16384, "paged", 16), (64, 4096, "contiguous2", 0),
              (64, 4096, "contiguous", 0, {"element": "f16"})]
+# The last-use hint on the streamed loads (the default) against evict-first (same bits).
+if "--lu" in sys.argv:
+    evict_first = ("-DOPFACADE_STREAMING_EVICT_FIRST=1",)
+    VARIANTS = {"per tile (default)": (), "evict first": evict_first, "default again": (),
+                "evict first again": evict_first}
+    CASES = [(64, 4096, "contiguous", 0), (256, 1024, "paged", 16), (8, 32768, "paged", 64),
+             (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
+             (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+             (64, 4096, "contiguous", 0, {"element": "f32"}),
+             (64, 4096, "contiguous", 0, {"head_dim": 64}),
+             (32, 4096, "contiguous", 0, {"head_dim": 256})]
+# The kq tile's Q in 16-byte loads (the default) against element loads (same bits).
+if "--kq-q" in sys.argv:
+    by_element = ("-DOPFACADE_KQ_Q_BY_ELEMENT=1",)
+    VARIANTS = {"per tile (default)": (), "q by element": by_element, "default again": (),
+                "q by element again": by_element}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
+             (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
+             (64, 4096, "contiguous2", 0)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
