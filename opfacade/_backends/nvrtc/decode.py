@@ -87,8 +87,10 @@ MAX_SPAN = 4
 # The kq tile (decode_partial_*_128_8kq_b*, native/decode_kq.cuh): every kv head of up to 8 rows
 # in f16/bf16 at D 128, on tensor cores with K and V as mma's A operand. Against the tiles
 # before it (4-row CUDA-core tiles; the 16-row tensor-core tile for 8 rows), whole step, % of a
-# 1 GiB device copy, bf16 Hq 32 Hkv 8 d 128, one process each (H200, 2026-11-28,
-# scripts/decode_variants.py --kq, record catalog/probes/decode_kq_H200.json):
+# 1 GiB device copy, bf16 Hq 32 Hkv 8 d 128, one process each, with the evict-first hint then
+# (H200, 2026-11-28, scripts/decode_variants.py --kq in its first form; records
+# catalog/probes/decode_kq_H200.json and, for B64 S4096, B1, B2 and Hq 64, the next call's
+# decode_kq_rows_H200.json):
 #                               before        kq, 3 CTAs an SM   kq, 4 CTAs an SM
 #   B64 S4096                   84.4, 84.5    94.4, 94.6         93.0
 #   B64 S4096 pages 16          82.4, 83.0    89.6, 89.6         87.6
@@ -179,7 +181,8 @@ class Tile:
     kind: str = "cuda"
 
     def kernel(self, element: ElementKind, dim: int) -> str:
-        """The partial kernel's name; the kq tile's names end in their build (``_b3``, ``_b4``)."""
+        """The partial kernel's name; decode_call appends the kq tile's build (``_b3``, ``_b4``)
+        and the spans kernels' ``_spans``."""
         return f"decode_partial_{element.value}_{dim}_{self.rows}" + (
             "kq" if self.kind == "kq" else "")
 
@@ -261,15 +264,16 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                     np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
     ctas = cache.heads_kv * tiles * n_chunks * sequences
+
+    def resident(kernel: str) -> int:  # CTAs of ``kernel`` the device holds at once
+        function = get_kernel(SOURCE, kernel, device)
+        return device_sm_count(device) * resident_blocks(function, THREADS, shared, device)
+
     span = 1
     if tile.kind == "kq":
-        at_4 = get_kernel(SOURCE, name + "_b4", device)
-        name += kq_build(ctas, device_sm_count(device) * resident_blocks(at_4, THREADS, shared,
-                                                                         device))
+        name += kq_build(ctas, resident(name + "_b4"))
     elif tile == Tile(TILES[0]):  # the 4-row tiles may run spans (their *_spans kernels)
-        resident = device_sm_count(device) * resident_blocks(get_kernel(SOURCE, name, device),
-                                                             THREADS, shared, device)
-        span = span_for(ctas, resident)
+        span = span_for(ctas, resident(name))
     if span > 1:
         name += "_spans"
         partial_args = (*partial_args, np.int32(span))
