@@ -10,7 +10,11 @@ namespace {
 // k adds chunks k, k + slices, ... in turn, then the slices' sums are added in slice order. The
 // order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
 // and each slice's loads are independent of one another (several in flight, where one thread
-// walking every chunk would wait on each).
+// walking every chunk would wait on each). A slice's first kMergeEarly chunks are loaded before
+// the chunks' largest max is known, with the loads that find it, so the merge waits on one
+// round trip to the partials where it waited on two; the sums are the same, in the same order.
+constexpr int kMergeEarly = 4;
+
 template <typename T, int kMergeThreads>
 __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
                       const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
@@ -25,8 +29,25 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     const int n =
         OPFACADE_TOKEN_POSITION(len, q_len, t) >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
     const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
-    wait_for_prerequisite_grid();  // the partials (seq_lens came before the partial kernel)
     const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
+    const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
+    const int slice = tid / width, col = (tid % width) * 4;
+    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
+    const i64 acc_step = (i64)rows * dim_v;
+    wait_for_prerequisite_grid();  // the partials (seq_lens came before the partial kernel)
+
+    // This slice's first chunks: k = slice + u * slices.
+    float4 early_acc[kMergeEarly];
+    float early_m[kMergeEarly], early_l[kMergeEarly];
+#pragma unroll
+    for (int u = 0; u < kMergeEarly; ++u) {
+        const int k = slice + u * slices;
+        if (slice < slices && k < n) {
+            early_m[u] = ml[k * ml_step];
+            early_l[u] = ml[k * ml_step + 1];
+            early_acc[u] = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
+        }
+    }
 
     // The largest chunk max (a max is the same in any order).
     float m = minus_infinity();
@@ -37,23 +58,25 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
     const float base = m == minus_infinity() ? 0.0f : m;
 
-    const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
-    const int slice = tid / width, col = (tid % width) * 4;
-    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
-    const i64 acc_step = (i64)rows * dim_v;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float l = 0.0f;
+    auto add = [&](float mk, float lk, const float4& x) {
+        const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
+        acc.x = fmaf(x.x, w, acc.x);
+        acc.y = fmaf(x.y, w, acc.y);
+        acc.z = fmaf(x.z, w, acc.z);
+        acc.w = fmaf(x.w, w, acc.w);
+        l = fmaf(lk, w, l);
+    };
     if (slice < slices) {
+#pragma unroll
+        for (int u = 0; u < kMergeEarly; ++u) {
+            if (slice + u * slices < n) add(early_m[u], early_l[u], early_acc[u]);
+        }
 #pragma unroll 8
-        for (int k = slice; k < n; k += slices) {
-            const float mk = ml[k * ml_step];
-            const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
-            const float4 x = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
-            acc.x = fmaf(x.x, w, acc.x);
-            acc.y = fmaf(x.y, w, acc.y);
-            acc.z = fmaf(x.z, w, acc.z);
-            acc.w = fmaf(x.w, w, acc.w);
-            l = fmaf(ml[k * ml_step + 1], w, l);
+        for (int k = slice + kMergeEarly * slices; k < n; k += slices) {
+            add(ml[k * ml_step], ml[k * ml_step + 1],
+                *reinterpret_cast<const float4*>(acc_row + k * acc_step + col));
         }
         slice_acc[tid] = acc;
         slice_l[tid] = l;

@@ -9,7 +9,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --inflight | --dense-spans | --chunk
                                        | --mma4 | --waves | --span-dense
                                        | --chunk512 | --chunk-other
-                                       | --v-early | --kq | --lu | --kq-q]
+                                       | --v-early | --kq | --lu | --kq-q | --merge-early]
                                        [--mma-only]
 """
 
@@ -252,6 +252,17 @@ if "--kq-q" in sys.argv:
     CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
              (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
              (64, 4096, "contiguous2", 0)]
+# The merge loading each slice's first chunks before the chunks' largest max is known (the
+# default) against the merge before it (the source before, kept by the caller at
+# .scratch/merge_before.cu with decode_merge.cuh inlined). Same sums in the same order.
+if "--merge-early" in sys.argv:
+    BEFORE = "source=.scratch/merge_before.cu"
+    VARIANTS = {"early loads (default)": (), "merge before": (BEFORE,), "default again": (),
+                "merge before again": (BEFORE,)}
+    CASES = [(64, 4096, "contiguous", 0), (256, 1024, "paged", 16), (8, 32768, "paged", 64),
+             (1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
+             (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+             (64, 4096, "contiguous", 0, {"element": "f32"})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 

@@ -334,6 +334,27 @@ def test_pointer_caches_give_their_contiguous_twins_bits():
     assert torch.equal(outputs[0].lse, outputs[1].lse)
 
 
+@pytest.mark.parametrize("q_len", [1, 2])
+def test_a_query_of_unaligned_rows_gives_its_dense_twins_bits(q_len):
+    """The kq tile loads Q's rows as 16-byte vectors where every row is 16-byte aligned, else
+    element by element: a q whose rows start 2 bytes past that (a slice of a wider tensor,
+    strides that are no multiple of 8) gives the bits of the same values in a dense q."""
+    desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 1100, 3, heads_q=16, heads_kv=4,
+                       head_dim=128, q_len=q_len)
+    problem = make_problem(desc, [1100, 0, 517], seed=9)
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    dense = problem.args()
+    plan.run(dense)
+    wide = torch.zeros((*problem.q.shape[:-1], 129), dtype=problem.q.dtype, device="cuda")
+    wide[..., 1:] = problem.q
+    problem.q = wide[..., 1:]
+    assert problem.q.data_ptr() % 16 == 2 and problem.q.stride(2) == 129
+    sliced = problem.args()
+    plan.run(sliced)
+    assert torch.equal(dense.out, sliced.out) and torch.equal(dense.lse, sliced.lse)
+    _check(problem, sliced, plan.precision_guarantee.max_rel_error)
+
+
 @pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "nhd", 16)],
                          ids=lambda c: c.id)
 def test_one_captured_graph_replays_new_lengths_tables_and_batches(cache):
