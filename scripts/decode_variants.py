@@ -263,6 +263,11 @@ if "--merge-early" in sys.argv:
              (1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
              (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
+    if "--b1" in sys.argv:  # the few-wave rows only, each variant four times
+        VARIANTS = {f"{name} {n}": options for n in range(4)
+                    for name, options in (("early loads (default)", ()), ("merge before", (BEFORE,)))}
+        CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
+                 (2, 32768, "contiguous", 0)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
