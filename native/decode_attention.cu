@@ -422,13 +422,14 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                                ws_ml, q_len, group, tiles, chunks, scale, left, span);           \
     }
 
-#define OPFACADE_PARTIAL_MMA(SUFFIX, T, D)                                                       \
+// The 16-row tile's builds (decode_mma.cuh): the register pipeline (_16) and K and V staged
+// through shared memory (_16_staged), which decode.py's mma_build picks by the grid.
+#define OPFACADE_PARTIAL_MMA(SUFFIX, T, D, STAGES, BUILD)                                        \
     extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)              \
-        decode_partial_##SUFFIX##_##D##_16(                                                      \
-        OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
+        decode_partial_##SUFFIX##_##D##_16##BUILD(OPFACADE_PARTIAL_PARAMS(T)) {                  \
         let_dependents_launch();                                                                 \
-        partial_mma<T, D>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,     \
-                          q_len, group, tiles, chunks, scale, left);                             \
+        partial_mma<T, D, STAGES>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,    \
+                                  ws_ml, q_len, group, tiles, chunks, scale, left);              \
     }
 
 // The kq tile (decode_kq.cuh): kv heads of up to 8 rows, D 128, built for 3 CTAs an SM (grids
@@ -467,8 +468,10 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 
 // Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).
 #define OPFACADE_DECODE_MMA(SUFFIX, T)                                                           \
-    OPFACADE_PARTIAL_MMA(SUFFIX, T, 64)                                                          \
-    OPFACADE_PARTIAL_MMA(SUFFIX, T, 128)
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 64, 0, )                                                     \
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 128, 0, )                                                    \
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 64, OPFACADE_MMA_STAGES, _staged)                            \
+    OPFACADE_PARTIAL_MMA(SUFFIX, T, 128, OPFACADE_MMA_STAGES, _staged)
 
 OPFACADE_DECODE(f32, float)
 OPFACADE_DECODE(f16, f16_t)

@@ -74,6 +74,41 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// A warp's ring of load batches in shared memory for the staged build, each batch kVectors
+// 16-byte vectors a lane, laid out [stage][vector][lane]. Each lane copies
+// (cp.async, around L1) only the vectors it reads back itself, in its own fragments' layout, so
+// the sums and their order are the register pipeline's, no barrier guards a stage, and
+// cp.async.wait_group alone makes a lane's copies visible to it. A tile streams K's batches
+// then V's through one ring, kStages - 1 ahead of the batch it reads, so V's first batches fly
+// through the softmax. The copies bypass L1, which the register pipeline's loads fill.
+template <int kStages, int kVectors>
+struct WarpRing {
+    static constexpr int kWarpBytes = kStages * kVectors * 32 * 16;
+    uint4* lane_base;  // the warp's ring, at this lane's column
+
+    // Vector i of `batch` from `from`; zeros where !valid (no byte of `from` is read then).
+    __device__ __forceinline__ void copy(int batch, int i, const void* from, bool valid) const {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                     :: "r"((unsigned)__cvta_generic_to_shared(at(batch, i))), "l"(from),
+                        "r"(valid ? 16 : 0) : "memory");
+    }
+    __device__ __forceinline__ uint4 read(int batch, int i) const { return *at(batch, i); }
+    // Closes a batch's copies as one group; a batch past the stream commits an empty group, so
+    // wait_oldest's count holds to the end.
+    static __device__ __forceinline__ void commit() {
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    // Waits until at most kStages - 1 groups (the batches ahead) are in flight.
+    static __device__ __forceinline__ void wait_oldest() {
+        asm volatile("cp.async.wait_group %0;" :: "n"(kStages - 1) : "memory");
+    }
+
+  private:
+    __device__ __forceinline__ uint4* at(int batch, int i) const {
+        return lane_base + ((batch % kStages) * kVectors + i) * 32;
+    }
+};
+
 constexpr int kMmaRows = 16;
 constexpr int kWarps = kThreads / 32;
 // Each warp's keys of the chunk: 128, 16 key tiles of 8, whose scores stay in registers. At
@@ -87,8 +122,16 @@ constexpr int kWarpKeys = kChunk / kWarps;
 #else
 #define OPFACADE_MMA_MIN_BLOCKS 3
 #endif
+// Load batches a warp's ring holds in the staged build (its shared memory: 16 KiB a batch and
+// CTA). H200, B64 S4096 q_len 4: 3 and 4 read alike (scripts/decode_variants.py --staged).
+#ifndef OPFACADE_MMA_STAGES
+#define OPFACADE_MMA_STAGES 3
+#endif
 
-template <typename T, int D>
+// kStages 0: the register pipeline (two load batches in registers); else K and V staged through
+// a ring of kStages batches a warp (WarpRing). The same fragments, so the same sums and bits;
+// decode.py's mma_build picks the build from the grid.
+template <typename T, int D, int kStages>
 __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
                             const Cache& c, const int* __restrict__ seq_lens,
                             float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
@@ -115,12 +158,17 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     const int warp_key0 = warp * kWarpKeys;
 
     // Shared: row offsets [kChunk] i64, row maxima and sums [kWarps][R], Q's fragments
-    // [kVecs][2][32] (16 bytes each), the warps' accumulators [kWarps][R][D].
+    // [kVecs][2][32] (16 bytes each), then the warps' accumulators [kWarps][R][D] or, staged,
+    // the warps' rings, each holding its warp's accumulators once its last batch is read.
     i64* row_off = reinterpret_cast<i64*>(shared);
     float* warp_m = shared + 2 * kChunk;
     float* warp_l = warp_m + kWarps * R;
     uint4* q_frag = reinterpret_cast<uint4*>(warp_l + kWarps * R);
     float* sums = reinterpret_cast<float*>(q_frag + 2 * kVecs * 32);
+    using Ring = WarpRing<kStages ? kStages : 1, kBatch * kVecs>;
+    const Ring ring{reinterpret_cast<uint4*>(sums) + warp * (Ring::kWarpBytes / 16) + lane};
+    constexpr int kSumsStride = kStages ? Ring::kWarpBytes / 4 : R * D;  // floats a warp
+    static_assert(!kStages || Ring::kWarpBytes >= R * D * 4, "a warp's ring holds its sums");
 
     // Q's A words, q_frag[j][half][lane]: rows fr + 8 half, vector j's d = 32 j + 8 fc ... + 7,
     // unscaled (the scale multiplies the f32 scores); rows past the tile's are zeros. Every
@@ -152,17 +200,37 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     chunk_rows<D>(c, s, g, k0, keys, row_off);
     __syncthreads();  // row_off
 
-    // Key tiles [t0, t0 + kBatch) of this warp: lane (fr, fc) loads key 8 t + fr's vectors;
-    // zeros past the chunk's keys (never loaded: their content, NaN included, meets no weight).
-    auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
+    // Key tiles [t0, t0 + kBatch) of this warp: lane (fr, fc) fetches key 8 t + fr's vectors
+    // (fetch(u, v, key, column)); zeros past the chunk's keys (never loaded: their content, NaN
+    // included, meets no weight).
+    auto vectors = [&](int t0, auto&& fetch) {
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-            const int j = warp_key0 + 8 * (t0 + u) + fr;
 #pragma unroll
-            for (int v = 0; v < kVecs; ++v) {
-                raw[u][v] = j < keys ? load16(base + row_off[j] + 32 * v + 8 * fc)
-                                     : make_uint4(0, 0, 0, 0);
-            }
+            for (int v = 0; v < kVecs; ++v) fetch(u, v, warp_key0 + 8 * (t0 + u) + fr, 32 * v + 8 * fc);
+        }
+    };
+    auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
+        vectors(t0, [&](int u, int v, int j, int column) {
+            raw[u][v] = j < keys ? load16(base + row_off[j] + column) : make_uint4(0, 0, 0, 0);
+        });
+    };
+    // Staged: batch b of the warp's stream (K's kBatches, then V's) into its ring.
+    constexpr int kBatches = kTiles / kBatch;
+    auto issue = [&](int b) {
+        if (b < 2 * kBatches) {
+            const T* base = b < kBatches ? k_base : v_base;
+            vectors((b % kBatches) * kBatch, [&](int u, int v, int j, int column) {
+                ring.copy(b, u * kVecs + v, j < keys ? base + row_off[j] + column : base, j < keys);
+            });
+        }
+        Ring::commit();
+    };
+    auto staged = [&](uint4 (&raw)[kBatch][kVecs], int b) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+            for (int v = 0; v < kVecs; ++v) raw[u][v] = ring.read(b, u * kVecs + v);
         }
     };
 
@@ -183,7 +251,12 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     };
 
     uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
-    load(raw_a, k_base, 0);
+    if constexpr (kStages > 0) {
+#pragma unroll
+        for (int b = 0; b < kStages - 1; ++b) issue(b);
+    } else {
+        load(raw_a, k_base, 0);
+    }
     if (warp == 0) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -195,14 +268,24 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     }
     __syncthreads();  // q_frag
+    if constexpr (kStages > 0) {
 #pragma unroll
-    for (int t = 0; t < kTiles; t += 2 * kBatch) {
-        load(raw_b, k_base, t + kBatch);
-        score(raw_a, t);
-        if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
-        score(raw_b, t + kBatch);
+        for (int b = 0; b < kBatches; ++b) {
+            issue(b + kStages - 1);
+            Ring::wait_oldest();  // batch b has landed
+            staged(raw_a, b);
+            score(raw_a, b * kBatch);
+        }
+    } else {
+#pragma unroll
+        for (int t = 0; t < kTiles; t += 2 * kBatch) {
+            load(raw_b, k_base, t + kBatch);
+            score(raw_a, t);
+            if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
+            score(raw_b, t + kBatch);
+        }
+        load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
     }
-    load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
 
     // Scale and mask; each row's max over the warp's keys, then over the warps.
     float m[2] = {minus_infinity(), minus_infinity()};
@@ -276,18 +359,30 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             }
         }
     };
+    if constexpr (kStages > 0) {
 #pragma unroll
-    for (int t = 0; t < kTiles; t += 2 * kBatch) {
-        load(raw_b, v_base, t + kBatch);
-        accumulate(raw_a, t);
-        if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
-        accumulate(raw_b, t + kBatch);
+        for (int b = kBatches; b < 2 * kBatches; ++b) {
+            issue(b + kStages - 1);
+            Ring::wait_oldest();
+            staged(raw_a, b);
+            accumulate(raw_a, (b - kBatches) * kBatch);
+        }
+        __syncwarp();  // the warp's lanes have read their last batch: its ring takes the sums
+    } else {
+#pragma unroll
+        for (int t = 0; t < kTiles; t += 2 * kBatch) {
+            load(raw_b, v_base, t + kBatch);
+            accumulate(raw_a, t);
+            if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
+            accumulate(raw_b, t + kBatch);
+        }
     }
 
     // The warps' accumulators, then their sum in warp order.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        float* row = sums + (warp * R + fr + 8 * half) * D + 8 * fc;
+        float* row = kStages ? sums + warp * kSumsStride + (fr + 8 * half) * D + 8 * fc
+                             : sums + (warp * R + fr + 8 * half) * D + 8 * fc;
 #pragma unroll
         for (int v = 0; v < kVecs; ++v) {
 #pragma unroll
@@ -303,7 +398,8 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         float4 total = *reinterpret_cast<const float4*>(sums + r * D + d);
 #pragma unroll
         for (int w = 1; w < kWarps; ++w) {
-            const float4 x = *reinterpret_cast<const float4*>(sums + (w * R + r) * D + d);
+            const float4 x = *reinterpret_cast<const float4*>(
+                kStages ? sums + w * kSumsStride + r * D + d : sums + (w * R + r) * D + d);
             total.x += x.x;
             total.y += x.y;
             total.z += x.z;

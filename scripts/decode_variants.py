@@ -9,7 +9,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --inflight | --dense-spans | --chunk
                                        | --mma4 | --waves | --span-dense
                                        | --chunk512 | --chunk-other
-                                       | --v-early | --kq | --lu | --kq-q | --merge-early]
+                                       | --v-early | --kq | --lu | --kq-q | --merge-early
+                                       | --staged]
                                        [--mma-only]
 """
 
@@ -264,10 +265,29 @@ if "--merge-early" in sys.argv:
              (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
     if "--b1" in sys.argv:  # the few-wave rows only, each variant four times
-        VARIANTS = {f"{name} {n}": options for n in range(4)
-                    for name, options in (("early loads (default)", ()), ("merge before", (BEFORE,)))}
+        VARIANTS = {f"{name} {n}": options for n in range(4) for name, options in
+                    (("early loads (default)", ()), ("merge before", (BEFORE,)))}
         CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
                  (2, 32768, "contiguous", 0)]
+# The 16-row tile's staged build (K and V through a ring of load batches in shared memory,
+# cp.async; decode.py's MMA_FEW_WAVES picks it) against its register build, and staged on every
+# grid. (At exp/staged-both the kq tile's 3-CTA build had one too, which "registers" turned
+# off: the q_len 1 and 2 rows.) The same fragments, so the same bits; "ragged" cases
+# give each sequence a random length, so chunks end part-way (zeros past the keys).
+if "--staged" in sys.argv:
+    VARIANTS = {"staged (default)": (), "registers": (), "mma staged always": (),
+                "staged again": (), "registers again": ()}
+    PATCHES = {name: {"MMA_FEW_WAVES": 1e9} for name in ("registers", "registers again")}
+    PATCHES["mma staged always"] = {"MMA_FEW_WAVES": 0}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
+             (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (2, 32768, "contiguous", 0),
+             (64, 4096, "contiguous2", 0), (64, 4096, "contiguous", 0, {"element": "f16"}),
+             (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+             (16, 4096, "contiguous4", 0), (32, 4096, "contiguous4", 0),
+             (1, 32768, "contiguous4", 0), (64, 4096, "contiguous4", 0, {"head_dim": 64}),
+             (64, 4096, "contiguous4", 0, {"element": "f16"}),
+             (64, 4096, "paged4", 16, {"ragged": True}),
+             (64, 4096, "contiguous", 0, {"ragged": True})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -292,7 +312,9 @@ def case_tensors(batch, seq, cache, page_size, overrides=None):
     form = "paged" if cache.startswith("paged") else "contiguous"
     fields = dict(batch=batch, heads_q=32, heads_kv=8, head_dim=128, element="bf16", cache=form,
                   q_len=q_len)
-    fields.update(overrides or {})
+    overrides = dict(overrides or {})
+    ragged = overrides.pop("ragged", False)  # random lengths in [1, seq]: chunks end part-way
+    fields.update(overrides)
     hq, hkv, dim = fields["heads_q"], fields["heads_kv"], fields["head_dim"]
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[fields["element"]]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -309,6 +331,8 @@ def case_tensors(batch, seq, cache, page_size, overrides=None):
     q = torch.rand((batch, q_len, hq, dim), generator=gen, device="cuda").to(dtype)
     out = torch.empty_like(q)
     lens = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
+    if ragged:
+        lens = torch.randint(1, seq + 1, (batch,), generator=gen, device="cuda", dtype=torch.int32)
     desc = DecodeAttentionDescriptor(**fields)
     return desc, DecodeAttentionArgs(q, k, v, lens, out, table), 2 * k.numel() * k.element_size()
 
@@ -426,7 +450,7 @@ def main() -> None:
     defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
                 "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
                 "CHUNK": kernels.CHUNK, "KQ_DIMS": kernels.KQ_DIMS,
-                "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES}
+                "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

@@ -1,8 +1,8 @@
 """Drives the split-KV decode, kv_append and kv_cache_check kernels (native/decode_attention.cu,
 native/kv_append.cu) for compute-sanitizer: f32 and f16 (CuPy has no bf16), every head dim and
-row tile (both builds of the kq tile), each cache form, windows, and unchecked runs on garbage
-lengths and page tables, which must stay inside the caches and outputs. Every tensor is sized
-exactly, so a stray access lands outside an allocation.
+row tile (every build of the tensor-core tiles), each cache form, windows, and unchecked runs on
+garbage lengths and page tables, which must stay inside the caches and outputs. Every tensor is
+sized exactly, so a stray access lands outside an allocation.
 `compute-sanitizer --tool memcheck python3 tests/sanitize_decode.py`. Not a pytest file: the
 sanitizer wraps the whole process."""
 
@@ -77,9 +77,13 @@ run_case("f16", "contiguous", 64, 6, 2, 3, 260, 4, 40, False)
 run_case("f16", "paged", 128, 8, 2, 2, 400, 6, None, True)     # garbage lengths and pages
 run_case("f32", "contiguous", 128, 8, 1, 1, 333, 5, None, True)
 run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)     # 8 rows, a window, garbage
-# The kq tile's 3-CTA build, which grids as small as these never pick (decode.KQ_FEW_WAVES).
-kernels.KQ_FEW_WAVES = 0
+# The kq tile's 3-CTA build and the 16-row tile's staged build, which grids as small as these
+# never pick (decode.KQ_FEW_WAVES, MMA_FEW_WAVES).
+kernels.KQ_FEW_WAVES, kernels.MMA_FEW_WAVES = 0, 0
 run_case("f16", "contiguous", 128, 8, 2, 1, 300, 3, None, False)
 run_case("f16", "paged", 128, 8, 2, 2, 400, 6, None, True)
 run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)
+run_case("f16", "paged", 128, 32, 8, 4, 700, 5, None, False)
+run_case("f16", "contiguous", 64, 6, 2, 3, 260, 4, 40, False)
+run_case("f16", "paged", 64, 16, 2, 2, 900, 4, None, True)
 print("sanitize_decode: done")

@@ -308,6 +308,28 @@ def test_the_kq_tiles_two_builds_give_the_same_bits(monkeypatch, cache, window, 
     assert torch.equal(at_3.out, at_4.out) and torch.equal(at_3.lse, at_4.lse)
 
 
+@pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
+@pytest.mark.parametrize("window", [None, (300, None)], ids=["full", "window"])
+@pytest.mark.parametrize(("element", "head_dim", "q_len", "heads_q"),
+                         [("bf16", 128, 4, 8), ("f16", 64, 3, 10), ("bf16", 64, 6, 4)])
+def test_the_16_row_tiles_staged_build_gives_its_register_builds_bits(
+        monkeypatch, cache, window, element, head_dim, q_len, heads_q):
+    """The 16-row tensor-core tile (kv heads of more than 8 rows, or of more than 4 off the kq
+    tile's D) stages K and V through shared memory on grids of many waves: forced both ways it
+    gives the same bits and the reference's values, on full and partial tiles (12 and 15 of
+    16 rows here), lengths that end inside a chunk, empty sequences and windows."""
+    desc = _descriptor(cache, element, 2100, 5, heads_q=heads_q, heads_kv=2, head_dim=head_dim,
+                       window=window, q_len=q_len)
+    problem, plan, ((registers, plain), (staged, ring)) = _runs_under(
+        monkeypatch, desc, [2100, 0, 1, 1000, 257], 9,
+        [("MMA_FEW_WAVES", 1e9), ("MMA_FEW_WAVES", 0)])
+    assert (plain, ring) == (f"decode_partial_{element}_{head_dim}_16",
+                             f"decode_partial_{element}_{head_dim}_16_staged")
+    for args in (registers, staged):
+        _check(problem, args, plan.precision_guarantee.max_rel_error)
+    assert torch.equal(registers.out, staged.out) and torch.equal(registers.lse, staged.lse)
+
+
 def test_runs_repeat_bitwise_over_streams_and_workspaces():
     from opfacade.testing import repeat_runs
 

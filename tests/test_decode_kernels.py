@@ -1,8 +1,8 @@
 """The split-KV decode and kv_append kernels (native/decode_attention.cu) without a GPU: every
 kernel compiles for sm_90, the launcher packs exactly the parameters each declares, grids, row
 tiles and the workspace follow the envelope, and the shared memory stays under the default
-48 KiB; a float64 step-for-step model of the algorithm is attention. tests/
-test_decode_attention_gpu.py runs them."""
+48 KiB (the staged builds: their CTAs an SM fit); a float64 step-for-step model of the
+algorithm is attention. tests/test_decode_attention_gpu.py runs them."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from opfacade.contracts.decode_attention import DecodeAttentionDescriptor
 from opfacade.contracts.kv_append import KvAppendDescriptor
 from opfacade.errors import InvalidArgument
 from opfacade.types import ArchSku, ElementKind, PlanPreference
+
+# Compute capability 9.0 (CUDA C++ Programming Guide): shared memory an SM has, and what the
+# system reserves of it for each resident CTA.
+SHARED_PER_SM_SM90 = 228 << 10
+RESERVED_PER_CTA = 1 << 10
 
 ELEMENTS = ("f32", "f16", "bf16")
 
@@ -31,8 +36,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
         assert cubin[:4] == b"\x7fELF"
     partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
                 for r in kernels.TILES}
-    partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}" for e in ("f16", "bf16")
-                 for d in kernels.MMA_DIMS}
+    partials |= {f"decode_partial_{e}_{d}_{kernels.MMA_TILE}{build}" for e in ("f16", "bf16")
+                 for d in kernels.MMA_DIMS for build in ("", "_staged")}
     partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
                  for d in kernels.DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.KQ_ROWS}kq_b{blocks}" for e in ("f16", "bf16")
@@ -48,6 +53,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
     for dim in kernels.MMA_DIMS:
         tile = kernels.Tile(kernels.MMA_TILE, "mma")
         assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
+        staged = kernels.shared_bytes(ElementKind.bf16, dim, tile, "_staged")
+        assert 3 * staged <= SHARED_PER_SM_SM90 - 3 * RESERVED_PER_CTA  # its 3 CTAs an SM fit
     for dim in kernels.KQ_DIMS:
         tile = kernels.Tile(kernels.KQ_ROWS, "kq")
         assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
@@ -68,6 +75,7 @@ def _record(monkeypatch) -> list[tuple]:
     monkeypatch.setattr(kernels, "device_sm_count", lambda device: 132)
     monkeypatch.setattr(kernels, "resident_blocks", lambda function, threads, shared, device: 5)
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
+    monkeypatch.setattr(kernels, "allow_shared", lambda kernel, name, device, shared: kernel)
     monkeypatch.setattr(kernels, "launch", record)
     monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
     monkeypatch.setattr(kernels, "steps", lambda make, stream, device: lambda: [
@@ -420,3 +428,11 @@ def test_the_kq_build_follows_the_waves_of_its_4_cta_build():
     assert kernels.kq_build(1056, 528) == "_b4"
     assert kernels.kq_build(1057, 528) == "_b3"
     assert kernels.kq_build(4096, 528) == "_b3"  # B64 S4096: many waves
+
+
+def test_the_16_row_tile_is_staged_on_grids_of_many_waves():
+    resident = 396  # 132 SMs x 3 CTAs of the register build
+    assert kernels.mma_build(512, resident) == ""  # B1 S32768 q_len 4: 1.3 waves
+    assert kernels.mma_build(kernels.MMA_FEW_WAVES * resident, resident) == ""
+    assert kernels.mma_build(kernels.MMA_FEW_WAVES * resident + 1, resident) == "_staged"
+    assert kernels.mma_build(4096, resident) == "_staged"  # B64 S4096 q_len 4: 10.3 waves

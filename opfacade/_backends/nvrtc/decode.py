@@ -22,11 +22,11 @@ from ..._internal.sku import Workspace
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
-from .launch import PackedLaunch, get_kernel, launch, resident_blocks
+from .launch import PackedLaunch, allow_shared, get_kernel, launch, resident_blocks
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "Tile",
-           "append_call", "check_call", "chunks", "decode_call", "kq_build", "row_tile",
-           "shared_bytes", "span_for", "workspace_bytes"]
+           "append_call", "check_call", "chunks", "decode_call", "kq_build", "mma_build",
+           "row_tile", "shared_bytes", "span_for", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
@@ -108,7 +108,29 @@ MAX_SPAN = 4
 KQ_ROWS = 8
 KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
+# The 16-row tile also builds with K and V staged through shared memory (``_16_staged``: each
+# warp's load batches land by cp.async in a ring of STAGES of them, around L1, and V's first
+# batches fly through the softmax; the register build spills at 168 registers, this one less).
+# Each lane copies and reads back its own fragments, so the sums and bits are the register
+# build's, and the choice may follow the grid: grids of more than MMA_FEW_WAVES waves of the
+# register build take the staged one. Whole step, % of a 1 GiB device copy, bf16 Hq 32 Hkv 8
+# d 128 q_len 4 unless named, two passes each (H200, scripts/decode_variants.py --staged;
+# record catalog/probes/decode_staged_H200.json):
+#                                     registers     staged
+#   B64 S4096 (10.3 waves)            80.7, 80.5    83.6, 83.5
+#   B64 S4096 pages 16                78.5, 78.1    79.8, 80.3
+#   B64 S4096 f16                     76.5, 76.5    82.9, 83.0
+#   B64 S4096 d 64                    64.1, 63.7    76.8, 78.6
+#   B32 S4096 (5.2 waves)             78.5, 77.9    76.2, 78.6
+#   B16 S4096 (2.6 waves)             72.4, 72.1    71.3
+#   B1 S32768 (1.3 waves)             58.1, 57.9    52.9, 54.3
+# The same ring on the kq tile's 3-CTA build read 68-71% where its register build read 91-97%
+# on every grid of many waves (branch exp/staged-both): the kq tile stays in registers.
+STAGES = 3  # native: OPFACADE_MMA_STAGES
+STAGED_VECTORS = 8  # 16-byte vectors a lane copies a batch
+MMA_FEW_WAVES = 4
 CHECK_THREADS = 256
+DEFAULT_SHARED = 48 << 10  # dynamic shared memory a kernel has without opting in
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
 
@@ -202,18 +224,20 @@ def row_tile(rows: int, element: ElementKind, dim: int) -> Tile:
     return Tile(TILES[-1])
 
 
-def shared_bytes(element: ElementKind, dim: int, tile: Tile) -> int:
+def shared_bytes(element: ElementKind, dim: int, tile: Tile, build: str = "") -> int:
     """The partial kernel's shared memory. CUDA-core tiles: the scores [CHUNK][rows] f32, then
     reused for the key groups' sums [groups][rows][dim] f32 (groups x dim = THREADS x the
     columns a thread holds), two buffers of each key's row offset [CHUNK] i64 (this chunk's
     and the next's, for a CTA that runs several) and the scaled queries [rows][dim] f32. The
-    tensor-core tiles: the row offsets, each warp's row maxima and sums [warps][rows] f32, the
-    warps' accumulators [warps][rows][dim] f32 and, for the 16-row tile, Q's fragments (rows x
-    dim elements)."""
+    tensor-core tiles: the row offsets, each warp's row maxima and sums [warps][rows] f32, for
+    the 16-row tile Q's fragments (rows x dim elements), then the warps' accumulators
+    [warps][rows][dim] f32 or, in a staged ``build``, the warps' rings (which hold them)."""
     rows = tile.rows
     if tile.kind != "cuda":
         fragments = 2 * rows * dim if tile.kind == "mma" else 0
-        return 8 * CHUNK + 4 * MMA_WARPS * rows * (2 + dim) + fragments
+        per_warp = (STAGES * STAGED_VECTORS * 32 * 16 if build.endswith("_staged")
+                    else 4 * rows * dim)
+        return 8 * CHUNK + 4 * MMA_WARPS * rows * 2 + fragments + MMA_WARPS * per_warp
     vec = 16 // element.itemsize
     lanes = min(dim // vec, 32)
     groups = THREADS // lanes
@@ -232,6 +256,12 @@ def kq_build(ctas: int, resident_at_4: int) -> str:
     the 4-an-SM build at once: that build for at most KQ_FEW_WAVES of its waves, else the
     3-an-SM one."""
     return "_b4" if ctas <= KQ_FEW_WAVES * resident_at_4 else "_b3"
+
+
+def mma_build(ctas: int, resident: int) -> str:
+    """The 16-row tile's build for a grid of ``ctas`` on a device holding ``resident`` of its
+    register build's CTAs at once: staged above MMA_FEW_WAVES of their waves."""
+    return "_staged" if ctas > MMA_FEW_WAVES * resident else ""
 
 
 def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
@@ -258,26 +288,32 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     merge_threads = merge_threads_for(n_chunks)
     merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
     cache_args = cache.args(k, v, table)
-    shared = shared_bytes(element, cache.dim, tile)
     partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
                     np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
     ctas = cache.heads_kv * tiles * n_chunks * sequences
 
-    def resident(kernel: str) -> int:  # CTAs of ``kernel`` the device holds at once
+    def resident(kernel: str) -> int:  # CTAs of ``kernel`` (a register build) held at once
         function = get_kernel(SOURCE, kernel, device)
+        shared = shared_bytes(element, cache.dim, tile)
         return device_sm_count(device) * resident_blocks(function, THREADS, shared, device)
 
-    span = 1
+    span, build = 1, ""
     if tile.kind == "kq":
-        name += kq_build(ctas, resident(name + "_b4"))
+        build = kq_build(ctas, resident(name + "_b4"))
+    elif tile.kind == "mma":
+        build = mma_build(ctas, resident(name))
     elif tile == Tile(TILES[0]):  # the 4-row tiles may run spans (their *_spans kernels)
         span = span_for(ctas, resident(name))
     if span > 1:
-        name += "_spans"
+        build = "_spans"
         partial_args = (*partial_args, np.int32(span))
+    name += build
+    shared = shared_bytes(element, cache.dim, tile, build)
     partial = get_kernel(SOURCE, name, device)
+    if shared > DEFAULT_SHARED:
+        partial = allow_shared(partial, name, device, shared)
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
                   np.int32(group), np.int32(q_len), np.int32(n_chunks))

@@ -37,7 +37,7 @@ import numpy as np
 from ..._internal.device import device_arch
 from ..._internal.limits import GRID_YZ_MAX, INT32_MAX, INT64_MAX
 from ..._internal.sku import Workspace
-from ...errors import InvalidArgument, InvalidProblem, LaunchFailed, Unsupported
+from ...errors import InvalidArgument, InvalidProblem, Unsupported
 from ...types import ArchSku
 from .flash_f32_tiles import (
     DELTA_ROWS,
@@ -59,7 +59,7 @@ from .flash_f32_tiles import FLOAT_BYTES as _FLOAT
 from .flash_f32_tiles import dkdv_shared as _dkdv_shared
 from .flash_f32_tiles import dmma_forward_shared as _dmma_forward_shared
 from .flash_f32_tiles import forward_shared as _forward_shared
-from .launch import get_kernel, launch
+from .launch import kernel_with_shared, launch
 
 __all__ = ["CAUSAL_MODES", "HEAD_DIMS", "SOURCE", "FlashProblem", "FlashStrides",
            "backward_call", "backward_workspace_bytes", "forward_call", "kernel_names",
@@ -350,21 +350,7 @@ def _problem_args(problem: FlashProblem, cu_q: int, cu_kv: int, vec: bool) -> tu
 
 
 def _kernel(name: str, device: int, shared_bytes: int):
-    """Kernel ``name`` on ``device``, allowed ``shared_bytes`` of dynamic shared memory (past
-    the 48 KiB default a kernel must opt in)."""
-    import cupy
-
-    kernel = get_kernel(SOURCE, name, device)
-    driver = cupy.cuda.driver
-    try:
-        with cupy.cuda.Device(device):
-            driver.funcSetAttribute(kernel.ptr,
-                                    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    shared_bytes)
-    except driver.CUDADriverError as error:
-        raise LaunchFailed(f"{name} cannot have {shared_bytes} bytes of shared memory on "
-                           f"cuda:{device}: {error}") from error
-    return kernel
+    return kernel_with_shared(SOURCE, name, device, shared_bytes)
 
 
 def _shared_per_block(device: int) -> int:

@@ -129,6 +129,29 @@ def get_kernel(source: str, name: str, device: int):
     return KERNELS.get(source, name, device)
 
 
+def allow_shared(kernel, name: str, device: int, shared_bytes: int):
+    """Lets ``kernel`` (named ``name``) launch with ``shared_bytes`` of dynamic shared memory on
+    ``device`` (past the 48 KiB default a kernel must opt in); returns it."""
+    import cupy
+
+    driver = cupy.cuda.driver
+    try:
+        with cupy.cuda.Device(device):
+            driver.funcSetAttribute(kernel.ptr,
+                                    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    shared_bytes)
+    except driver.CUDADriverError as error:
+        raise LaunchFailed(f"{name} cannot have {shared_bytes} bytes of shared memory on "
+                           f"cuda:{device}: {error}") from error
+    return kernel
+
+
+def kernel_with_shared(source: str, name: str, device: int, shared_bytes: int):
+    """Kernel ``name`` of native/<source> on ``device``, allowed ``shared_bytes`` of dynamic
+    shared memory."""
+    return allow_shared(get_kernel(source, name, device), name, device, shared_bytes)
+
+
 def resident_blocks(function, threads: int, shared_mem: int, device: int) -> int:
     """CTAs of ``function`` one multiprocessor of ``device`` holds at once (KernelCache's)."""
     return KERNELS.resident_blocks(function, threads, shared_mem, device)
