@@ -80,19 +80,35 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
 // the sums and their order are the register pipeline's, no barrier guards a stage, and
 // cp.async.wait_group alone makes a lane's copies visible to it. A tile streams K's batches
 // then V's through one ring, kStages - 1 ahead of the batch it reads, so V's first batches fly
-// through the softmax. The copies bypass L1, which the register pipeline's loads fill.
+// through the softmax. The copies bypass L1, which the register pipeline's loads fill, and
+// carry an L2 evict-first policy: on an H200 the 16-row tile read 0-1 points of a copy more
+// with it at d 128, 3-4 more at d 64 (scripts/decode_variants.py --ring-hint, record
+// catalog/probes/decode_staged_H200.json). With the hint the copy takes no src-size operand
+// (that form faulted as an illegal instruction there), so a vector past the keys is not copied
+// and read() gives its zeros.
 template <int kStages, int kVectors>
 struct WarpRing {
     static constexpr int kWarpBytes = kStages * kVectors * 32 * 16;
     uint4* lane_base;  // the warp's ring, at this lane's column
+    unsigned long long policy;  // the copies' L2 policy: evict_first()
 
-    // Vector i of `batch` from `from`; zeros where !valid (no byte of `from` is read then).
-    __device__ __forceinline__ void copy(int batch, int i, const void* from, bool valid) const {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                     :: "r"((unsigned)__cvta_generic_to_shared(at(batch, i))), "l"(from),
-                        "r"(valid ? 16 : 0) : "memory");
+    static __device__ __forceinline__ unsigned long long evict_first() {
+        unsigned long long made;
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(made));
+        return made;
     }
-    __device__ __forceinline__ uint4 read(int batch, int i) const { return *at(batch, i); }
+    // Vector i of `batch` from `from`, where valid (else nothing: no byte of `from` is read).
+    __device__ __forceinline__ void copy(int batch, int i, const void* from, bool valid) const {
+        if (valid) {
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+                         :: "r"((unsigned)__cvta_generic_to_shared(at(batch, i))), "l"(from),
+                            "l"(policy) : "memory");
+        }
+    }
+    // Vector i of `batch`, or zeros where !valid (past the keys: never copied).
+    __device__ __forceinline__ uint4 read(int batch, int i, bool valid) const {
+        return valid ? *at(batch, i) : make_uint4(0, 0, 0, 0);
+    }
     // Closes a batch's copies as one group; a batch past the stream commits an empty group, so
     // wait_oldest's count holds to the end.
     static __device__ __forceinline__ void commit() {
@@ -166,7 +182,8 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     uint4* q_frag = reinterpret_cast<uint4*>(warp_l + kWarps * R);
     float* sums = reinterpret_cast<float*>(q_frag + 2 * kVecs * 32);
     using Ring = WarpRing<kStages ? kStages : 1, kBatch * kVecs>;
-    const Ring ring{reinterpret_cast<uint4*>(sums) + warp * (Ring::kWarpBytes / 16) + lane};
+    const Ring ring{reinterpret_cast<uint4*>(sums) + warp * (Ring::kWarpBytes / 16) + lane,
+                    kStages ? Ring::evict_first() : 0};
     constexpr int kSumsStride = kStages ? Ring::kWarpBytes / 4 : R * D;  // floats a warp
     static_assert(!kStages || Ring::kWarpBytes >= R * D * 4, "a warp's ring holds its sums");
 
@@ -227,11 +244,9 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         Ring::commit();
     };
     auto staged = [&](uint4 (&raw)[kBatch][kVecs], int b) {
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-#pragma unroll
-            for (int v = 0; v < kVecs; ++v) raw[u][v] = ring.read(b, u * kVecs + v);
-        }
+        vectors((b % kBatches) * kBatch, [&](int u, int v, int j, int) {
+            raw[u][v] = ring.read(b, u * kVecs + v, j < keys);
+        });
     };
 
     // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).

@@ -10,7 +10,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --mma4 | --waves | --span-dense
                                        | --chunk512 | --chunk-other
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
-                                       | --staged]
+                                       | --staged | --ring-hint]
                                        [--mma-only]
 """
 
@@ -288,6 +288,18 @@ if "--staged" in sys.argv:
              (64, 4096, "contiguous4", 0, {"element": "f16"}),
              (64, 4096, "paged4", 16, {"ragged": True}),
              (64, 4096, "contiguous", 0, {"ragged": True})]
+# The staged ring's copies with an L2 evict-first policy (at 9891cbc a build macro,
+# OPFACADE_MMA_RING_EVICT_FIRST; without src-size, so keys past the chunk are zeroed as they are
+# read) against the copies without it (same bits). The hint is the default since.
+if "--ring-hint" in sys.argv:
+    hint = ("-DOPFACADE_MMA_RING_EVICT_FIRST=1",)
+    VARIANTS = {"staged (default)": (), "evict-first ring": hint, "default again": (),
+                "evict-first ring again": hint}
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "contiguous4", 0),
+             (64, 4096, "contiguous4", 0, {"element": "f16"}),
+             (64, 4096, "contiguous4", 0, {"head_dim": 64}), (64, 4096, "contiguous3", 0),
+             (64, 4096, "paged4", 16, {"ragged": True}),
+             (64, 4096, "contiguous4", 0, {"ragged": True, "head_dim": 64})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
