@@ -464,6 +464,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_PARTIAL_SPANS(SUFFIX, T, 256)                                                       \
     OPFACADE_MERGE(SUFFIX, T, 64)                                                                \
     OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
+    OPFACADE_MERGE(SUFFIX, T, 512)                                                               \
     OPFACADE_MERGE(SUFFIX, T, 1024)
 
 // Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).

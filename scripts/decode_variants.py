@@ -10,7 +10,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --mma4 | --waves | --span-dense
                                        | --chunk512 | --chunk-other
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
-                                       | --staged | --ring-hint]
+                                       | --staged | --ring-hint
+                                       | --merge-64]
                                        [--mma-only]
 """
 
@@ -300,6 +301,20 @@ if "--ring-hint" in sys.argv:
              (64, 4096, "contiguous4", 0, {"head_dim": 64}), (64, 4096, "contiguous3", 0),
              (64, 4096, "paged4", 16, {"ragged": True}),
              (64, 4096, "contiguous4", 0, {"ragged": True, "head_dim": 64})]
+# The merge's threads for caches of 33-64 chunks (S32768 at chunks of 512): 256 (the default:
+# 8 slices of 8 chunks, 4 loaded early) against 512 (16 slices of 4: every chunk early) and
+# 1024 (32 of 2). Another slice count sums in another order: the max difference is printed.
+if "--merge-64" in sys.argv:
+    at_512 = ((16, 64), (32, 256), (64, 512), (None, 1024))
+    at_1024 = ((16, 64), (32, 256), (None, 1024))
+    VARIANTS = {"merge 256 (default)": (), "merge 512": (), "merge 1024": (),
+                "merge 256 again": (), "merge 512 again": (), "merge 1024 again": ()}
+    PATCHES = {name: {"MERGE_THREADS": at_512 if "512" in name else at_1024}
+               for name in VARIANTS if "256" not in name}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
+             (2, 32768, "contiguous", 0), (8, 32768, "contiguous", 0), (8, 32768, "paged", 64),
+             (8, 32768, "contiguous4", 0), (64, 4096, "contiguous", 0)]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -462,7 +477,8 @@ def main() -> None:
     defaults = {"row_tile": kernels.row_tile, "OVERLAP_MERGE": kernels.OVERLAP_MERGE,
                 "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
                 "CHUNK": kernels.CHUNK, "KQ_DIMS": kernels.KQ_DIMS,
-                "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES}
+                "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES,
+                "MERGE_THREADS": kernels.MERGE_THREADS}
     for name, options in VARIANTS.items():
         module = modules(options)
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)

@@ -77,6 +77,9 @@ run_case("f16", "contiguous", 64, 6, 2, 3, 260, 4, 40, False)
 run_case("f16", "paged", 128, 8, 2, 2, 400, 6, None, True)     # garbage lengths and pages
 run_case("f32", "contiguous", 128, 8, 1, 1, 333, 5, None, True)
 run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)     # 8 rows, a window, garbage
+# Long caches: the merge's 512- and 1024-thread builds (decode.MERGE_THREADS).
+run_case("f16", "contiguous", 64, 4, 1, 1, 20000, 2, None, True)
+run_case("f32", "paged", 128, 2, 1, 1, 40000, 2, 500, False)
 # The kq tile's 3-CTA build and the 16-row tile's staged build, which grids as small as these
 # never pick (decode.KQ_FEW_WAVES, MMA_FEW_WAVES).
 kernels.KQ_FEW_WAVES, kernels.MMA_FEW_WAVES = 0, 0

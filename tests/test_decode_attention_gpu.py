@@ -330,6 +330,29 @@ def test_the_16_row_tiles_staged_build_gives_its_register_builds_bits(
     assert torch.equal(registers.out, staged.out) and torch.equal(registers.lse, staged.lse)
 
 
+@pytest.mark.parametrize(("capacity", "threads"),
+                         [(8192, 64), (9000, 256), (20000, 512), (40000, 1024)])
+@pytest.mark.parametrize(("element", "head_dim", "heads_q"), [("bf16", 128, 8), ("f32", 64, 2)])
+def test_each_merge_width_matches_the_reference(monkeypatch, capacity, threads, element,
+                                                head_dim, heads_q):
+    """The merge's threads follow the capacity's chunks (decode.MERGE_THREADS): 64, 256, 512
+    and 1024, whose slices take 1 to 20 chunks each (early loads, then the loop after them),
+    match the reference on lengths that fill the capacity, end inside a chunk, or are 1 or 0."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    desc = _descriptor(Cache("contiguous"), element, capacity, 4, heads_q=heads_q, heads_kv=2,
+                       head_dim=head_dim)
+    problem = make_problem(desc, [capacity, capacity - 300, 1, 0], seed=11)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    get_kernel, fetched = kernels.get_kernel, []
+    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
+        fetched.append(name), get_kernel(source, name, device))[1])
+    args = problem.args()
+    plan.run(args)
+    assert f"decode_merge_{element}_{threads}" in fetched
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
 def test_runs_repeat_bitwise_over_streams_and_workspaces():
     from opfacade.testing import repeat_runs
 

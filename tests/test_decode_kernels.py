@@ -361,7 +361,8 @@ def test_a_capacity_past_the_kernels_int_positions_is_unfit():
 
 def test_the_merge_threads_follow_the_capacity_alone():
     assert kernels.merge_threads_for(1) == kernels.merge_threads_for(16) == 64
-    assert kernels.merge_threads_for(17) == kernels.merge_threads_for(64) == 256
+    assert kernels.merge_threads_for(17) == kernels.merge_threads_for(32) == 256
+    assert kernels.merge_threads_for(33) == kernels.merge_threads_for(64) == 512
     assert kernels.merge_threads_for(65) == kernels.merge_threads_for(4096) == 1024
 
 

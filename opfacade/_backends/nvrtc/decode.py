@@ -53,10 +53,18 @@ THREADS = 128  # kThreads
 #   32 chunks (64 seqs of 1-8192): 256 threads 92.4, 1024 88.2 (bench calls 13 and 15)
 #   128 chunks (S32768), B1:       64 threads 60.3, 128 67.8, 256 72.4-73.2, 512 74.2, 1024 74.6
 #                        B8 paged: 256 threads 92.0-92.3, 1024 92.2-92.6
-# (Those ran at chunks of 256; at 512 the bench's caches of 1024 to 8192 keys take 64 threads
-# and of 32768 256, as the table says for their chunk counts.) The capacity picks, so one plan
-# always sums in one order.
-MERGE_THREADS = ((16, 64), (64, 256), (None, 1024))  # (up to this many chunks, threads)
+# (Those ran at chunks of 256; at 512 the bench's caches of 1024 to 8192 keys take 64 threads,
+# as the table says for their chunk counts.) At chunks of 512 a cache of 32768 keys has 64
+# chunks: 256 threads (8 slices of 8 chunks, 4 of them loaded early) against 512 (16 slices of
+# 4, all loaded early) and 1024, each twice (H200, scripts/decode_variants.py --merge-64;
+# record catalog/probes/decode_merge_64_H200.json):
+#   B1 S32768:           256 77.5, 77.5   512 79.2, 78.6   1024 79.4, 79.5
+#   B1 S32768 pages 16:  256 75.3, 75.0   512 77.4, 77.2   1024 77.3, 77.4
+#   B2 S32768:           256 85.6, 84.9   512 86.8, 86.5   1024 87.1, 86.8
+#   B8 S32768 pages 64:  256 96.8, 97.1   512 97.5, 97.3   1024 96.2, 96.4
+#   B8 S32768 q_len 4:   256 86.3, 86.4   512 85.6, 85.6   1024 81.9, 81.9
+# The capacity picks, so one plan always sums in one order.
+MERGE_THREADS = ((16, 64), (32, 256), (64, 512), (None, 1024))  # (up to this many chunks, threads)
 # The merge's CTAs launch while the partial kernel's last CTAs run and wait in the kernel for
 # its writes (programmatic dependent launch, sm_90), rather than after it on the stream.
 OVERLAP_MERGE = True
