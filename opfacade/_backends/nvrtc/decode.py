@@ -118,12 +118,14 @@ KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
 # The 16-row tile also builds with K and V staged through shared memory (``_16_staged``: each
 # warp's load batches land by cp.async in a ring of STAGES of them, around L1, and V's first
-# batches fly through the softmax; the register build spills at 168 registers, this one less).
-# Each lane copies and reads back its own fragments, so the sums and bits are the register
-# build's, and the choice may follow the grid: grids of more than MMA_FEW_WAVES waves of the
-# register build take the staged one. Whole step, % of a 1 GiB device copy, bf16 Hq 32 Hkv 8
-# d 128 q_len 4 unless named, two passes each (H200, scripts/decode_variants.py --staged;
-# record catalog/probes/decode_staged_H200.json):
+# batches fly through the softmax; the register build spills 68-120 bytes at 168 registers,
+# this one none at d 128). Each lane copies and reads back its own fragments, so the sums and
+# bits are the register build's, and the choice may follow the grid: grids of more than
+# MMA_FEW_WAVES waves of the register build take the staged one. Whole step, % of a 1 GiB
+# device copy, bf16 Hq 32 Hkv 8 d 128 q_len 4 unless named, two passes each (H200,
+# scripts/decode_variants.py --staged, before the copies' evict-first hint, which then read
+# within a point of this at d 128 and 3-4 points above at d 64; record
+# catalog/probes/decode_staged_H200.json):
 #                                     registers     staged
 #   B64 S4096 (10.3 waves)            80.7, 80.5    83.6, 83.5
 #   B64 S4096 pages 16                78.5, 78.1    79.8, 80.3
