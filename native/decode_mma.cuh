@@ -75,9 +75,9 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
 }
 
 // A warp's ring of load batches in shared memory for the staged build, each batch kVectors
-// 16-byte vectors a lane, laid out [stage][vector][lane]. Each lane copies
-// (cp.async, around L1) only the vectors it reads back itself, in its own fragments' layout, so
-// the sums and their order are the register pipeline's, no barrier guards a stage, and
+// 16-byte vectors a lane, laid out [stage][vector][lane]. Each lane copies (cp.async, around
+// L1) only the vectors it reads back itself, in its own fragments' layout, so the sums and
+// their order are the register pipeline's, no barrier guards a stage, and
 // cp.async.wait_group alone makes a lane's copies visible to it. A tile streams K's batches
 // then V's through one ring, kStages - 1 ahead of the batch it reads, so V's first batches fly
 // through the softmax. The copies bypass L1, which the register pipeline's loads fill, and
@@ -224,7 +224,9 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
 #pragma unroll
-            for (int v = 0; v < kVecs; ++v) fetch(u, v, warp_key0 + 8 * (t0 + u) + fr, 32 * v + 8 * fc);
+            for (int v = 0; v < kVecs; ++v) {
+                fetch(u, v, warp_key0 + 8 * (t0 + u) + fr, 32 * v + 8 * fc);
+            }
         }
     };
     auto load = [&](uint4 (&raw)[kBatch][kVecs], const T* base, int t0) {
@@ -238,7 +240,8 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         if (b < 2 * kBatches) {
             const T* base = b < kBatches ? k_base : v_base;
             vectors((b % kBatches) * kBatch, [&](int u, int v, int j, int column) {
-                ring.copy(b, u * kVecs + v, j < keys ? base + row_off[j] + column : base, j < keys);
+                const bool valid = j < keys;
+                ring.copy(b, u * kVecs + v, valid ? base + row_off[j] + column : base, valid);
             });
         }
         Ring::commit();
