@@ -26,7 +26,7 @@ import torch
 from noop_launch import noop_kernel  # scripts/noop_launch.py, beside this script
 
 from opfacade import DecodeAttentionArgs, DecodeAttentionDescriptor, DecodeAttentionPlan
-from opfacade._backends.nvrtc import compiler
+from opfacade._backends.nvrtc import compiler, launch
 from opfacade._backends.nvrtc import decode as kernels
 from opfacade.types import ArchSku
 
@@ -481,6 +481,9 @@ def main() -> None:
                 "MERGE_THREADS": kernels.MERGE_THREADS}
     for name, options in VARIANTS.items():
         module = modules(options)
+        # The kernel cache's memos are keyed by kernel handle (the shared memory allowed, the
+        # CTAs resident): a module loaded here may reuse a freed one's addresses.
+        launch.KERNELS.clear()
         kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
         for attribute, value in {**defaults, **PATCHES.get(name, {})}.items():
             setattr(kernels, attribute, value)

@@ -375,6 +375,36 @@ def test_a_kernel_module_loads_on_a_thread_without_a_context(monkeypatch):
     assert order == ["bind", "device", ("load", b"cubin")]
 
 
+def test_a_kernel_is_allowed_its_shared_memory_once_per_size(monkeypatch):
+    """allow_shared sets a kernel's dynamic shared memory attribute once: a launch path that
+    asks at every memo miss (decode's staged build, flash_f32) pays no driver call again for a
+    size already allowed; a larger size sets it again, and a driver refusal is a LaunchFailed
+    naming the kernel."""
+    cupy = pytest.importorskip("cupy")
+    from opfacade._backends.nvrtc import launch as launching
+    from opfacade.errors import LaunchFailed
+
+    calls = []
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device: _NoDevice(device))
+    monkeypatch.setattr(cupy.cuda.driver, "funcSetAttribute",
+                        lambda ptr, attribute, value: calls.append((ptr, value)))
+    cache, kernel = launching.KernelCache(), type("Kernel", (), {"ptr": 0xF00})()
+    for shared in (60000, 60000, 50000, 70000):
+        assert cache.allow_shared(kernel, "k", 0, shared) is kernel
+    assert calls == [(0xF00, 60000), (0xF00, 70000)]
+    cache.clear()
+    cache.allow_shared(kernel, "k", 0, 60000)
+    assert calls[-1] == (0xF00, 60000)
+
+    def refuse(ptr, attribute, value):  # the error, made without the driver it would name
+        error_type = cupy.cuda.driver.CUDADriverError
+        raise error_type.__new__(error_type)
+
+    monkeypatch.setattr(cupy.cuda.driver, "funcSetAttribute", refuse)
+    with pytest.raises(LaunchFailed, match="k cannot have 300000 bytes"):
+        cache.allow_shared(kernel, "k", 0, 300000)
+
+
 def test_a_graph_replay_on_a_thread_without_a_context(stand_in, monkeypatch):
     """GraphedLaunches' own capture check (a run with a workspace reaches it first): device 0's
     context made current, then the replay; another failure of the check is a LaunchFailed."""

@@ -65,6 +65,8 @@ class KernelCache:
         # (kernel handle, threads, dynamic shared bytes) -> CTAs a multiprocessor holds. Keyed
         # by handle, so cleared with the modules: a reloaded kernel may reuse an address.
         self._resident: dict[tuple[int, int, int], int] = {}
+        # kernel handle -> the dynamic shared memory it has been allowed (allow_shared).
+        self._allowed: dict[int, int] = {}
 
     def _module(self, source: str, device: int):
         key = (source, device)
@@ -114,11 +116,35 @@ class KernelCache:
         self._resident[key] = int(count)
         return int(count)
 
+    def allow_shared(self, kernel, name: str, device: int, shared_bytes: int):
+        """Lets ``kernel`` (named ``name``) launch with ``shared_bytes`` of dynamic shared
+        memory on ``device`` (past the 48 KiB default a kernel must opt in), once per kernel and
+        size: the attribute stays on the loaded kernel, and a launch path that asks for it at
+        every call (a memo miss) need not pay a driver call and a device switch each time.
+        Returns the kernel."""
+        key = int(kernel.ptr)
+        if self._allowed.get(key, -1) >= shared_bytes:
+            return kernel
+        import cupy
+
+        driver = cupy.cuda.driver
+        try:
+            with cupy.cuda.Device(device):
+                driver.funcSetAttribute(kernel.ptr,
+                                        driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        shared_bytes)
+        except driver.CUDADriverError as error:
+            raise LaunchFailed(f"{name} cannot have {shared_bytes} bytes of shared memory on "
+                               f"cuda:{device}: {error}") from error
+        self._allowed[key] = shared_bytes
+        return kernel
+
     def clear(self) -> None:
         with self._lock:
             self._modules.clear()
             self._functions.clear()
             self._resident.clear()
+            self._allowed.clear()
 
 
 KERNELS = KernelCache()
@@ -130,20 +156,8 @@ def get_kernel(source: str, name: str, device: int):
 
 
 def allow_shared(kernel, name: str, device: int, shared_bytes: int):
-    """Lets ``kernel`` (named ``name``) launch with ``shared_bytes`` of dynamic shared memory on
-    ``device`` (past the 48 KiB default a kernel must opt in); returns it."""
-    import cupy
-
-    driver = cupy.cuda.driver
-    try:
-        with cupy.cuda.Device(device):
-            driver.funcSetAttribute(kernel.ptr,
-                                    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    shared_bytes)
-    except driver.CUDADriverError as error:
-        raise LaunchFailed(f"{name} cannot have {shared_bytes} bytes of shared memory on "
-                           f"cuda:{device}: {error}") from error
-    return kernel
+    """Lets ``kernel`` launch with ``shared_bytes`` of dynamic shared memory (KernelCache's)."""
+    return KERNELS.allow_shared(kernel, name, device, shared_bytes)
 
 
 def kernel_with_shared(source: str, name: str, device: int, shared_bytes: int):
