@@ -10,8 +10,10 @@ by the bench's time_interleaved with different neighbours:
 - ``copy neighbour``: ours and a device copy of the same bytes: a neighbour that streams as
   hard as ours.
 
-Each set runs ROUNDS times in turn; with --clocks, nvidia-smi (run by the caller) samples the SM
-clock, and each set's start and end times are printed to line up with it.
+The first two again with the prepared step (a graph replay) in place of run(). The bench's 1 GiB
+copy is timed too, so each figure is given against both copies. Each set runs ROUNDS times in
+turn; with --clocks, nvidia-smi (run by the caller) samples the SM clock, and each set's start
+and end times are printed to line up with it.
 
     python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N]
 """
@@ -36,7 +38,7 @@ def main() -> int:
     case = bench.DecodeCase(1, 32768)
     p = bench.decode_problem(torch, case)
     notes: list[str] = []
-    run_call, _step = bench._ours(torch, p, notes)
+    run_call, step = bench._ours(torch, p, notes)
     peers = bench._peers(torch, RawCudnn(torch), p, notes)
     peer = peers["torch sdpa"].call
     moved = bench.kv_bytes(p.lengths)
@@ -44,6 +46,11 @@ def main() -> int:
     dst = torch.empty_like(src)
     copy_ms = time_interleaved({"copy": lambda: dst.copy_(src)}, REPS)["copy"]
     copy_rate = 2 * moved / copy_ms / 1e9
+    # The bench's own denominator: a 1 GiB copy (bench.COPY_BYTES), timed the bench's way.
+    big = torch.empty(bench.COPY_BYTES, dtype=torch.uint8, device="cuda")
+    big_out = torch.empty_like(big)
+    gib_rate = bench.copy_tbps(bench.COPY_BYTES, time_interleaved(
+        {"copy": lambda: big_out.copy_(big)}, REPS)["copy"])
     peer_ms = time_interleaved({"peer": peer}, REPS)["peer"]
     # torch.cuda._sleep spins for a number of cycles: about the peer's time at ~1.7 GHz.
     cycles = int(peer_ms * 1e-3 * 1.7e9)
@@ -52,6 +59,8 @@ def main() -> int:
         "torch peer": {"ours": run_call, "torch sdpa": peer},
         "idle neighbour": {"ours": run_call, "sleep": lambda: torch.cuda._sleep(cycles)},
         "copy neighbour": {"ours": run_call, "copy": lambda: dst.copy_(src)},
+        "alone, prepared step": {"ours": step},
+        "torch peer, prepared step": {"ours": step, "torch sdpa": peer},
     }
     found: dict[str, list[dict]] = {name: [] for name in sets}
     for round_ in range(ROUNDS):
@@ -59,12 +68,15 @@ def main() -> int:
             began = time.time()
             ms = time_interleaved(fns, REPS)
             found[name].append({"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
+                                "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate,
                                 "began": began, "ended": time.time()})
             print(f"round {round_} {name:16} ours {ms['ours']:.4f} ms "
                   f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy  "
                   + "  ".join(f"{k} {v:.4f}" for k, v in ms.items() if k != "ours")
-                  + f"  [{began:.2f} - {time.time():.2f}]")
-    record = {"copy_tbps": copy_rate, "peer_ms": peer_ms, "notes": notes, "sets": found}
+                  + f"  [{began:.2f} - {time.time():.2f}]"
+                  + f"  {moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy")
+    record = {"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
+              "notes": notes, "sets": found}
     for path in (a for a in sys.argv[1:] if a.endswith(".json")):
         with open(path, "w") as f:
             json.dump(record, f, indent=2)
