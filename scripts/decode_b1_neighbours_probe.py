@@ -10,7 +10,7 @@ by the bench's time_interleaved with different neighbours:
 - ``copy neighbour``: ours and a device copy of the same bytes: a neighbour that streams as
   hard as ours.
 
-The first two again with the prepared step (a graph replay) in place of run(). The bench's 1 GiB
+Each again with the prepared step (a graph replay) in place of run(). The bench's 1 GiB
 copy is timed too, so each figure is given against both copies. Each set runs ROUNDS times in
 turn; with --clocks, nvidia-smi (run by the caller) samples the SM clock, and each set's start
 and end times are printed to line up with it.
@@ -61,6 +61,9 @@ def main() -> int:
         "copy neighbour": {"ours": run_call, "copy": lambda: dst.copy_(src)},
         "alone, prepared step": {"ours": step},
         "torch peer, prepared step": {"ours": step, "torch sdpa": peer},
+        "idle neighbour, prepared step": {"ours": step,
+                                          "sleep": lambda: torch.cuda._sleep(cycles)},
+        "copy neighbour, prepared step": {"ours": step, "copy": lambda: dst.copy_(src)},
     }
     found: dict[str, list[dict]] = {name: [] for name in sets}
     for round_ in range(ROUNDS):
