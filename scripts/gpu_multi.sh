@@ -17,7 +17,11 @@
 #        and 420 s there (the former split, with every family after others:0/2, ran out).
 #        Measured with these halves (seventeenth session, call 1, 2x H100): others:0/2 435 s +
 #        sdpa 59 s; others:1/2 271 s, varlen 73 s, decode 76 s, linear 14 s, alibi 45 s,
-#        kv_append 7 s; the stage ended 511 s after it began.
+#        kv_append 7 s; the stage ended 511 s after it began. On 2x H200 (twenty-ninth
+#        session, call 6): others:0/2 299 s + sdpa 63 s; others:1/2 469 s + varlen 53 s, and
+#        the time ran out in decode (alone 126 s on one H200, linear 16 s, alibi 48 s,
+#        kv_append 6 s): at this size the suite needs 4 GPUs, or two calls here (the second
+#        with HALF0="decode_attention kv_append linear alibi" HALF1=" ").
 set -u
 stages=${*:-multi ddp}
 source "$(dirname "$0")/device_prelude.sh"
