@@ -82,8 +82,8 @@ __device__ __forceinline__ unsigned word(const uint4& v, int i) {
 // then V's through one ring, kStages - 1 ahead of the batch it reads, so V's first batches fly
 // through the softmax. The copies bypass L1, which the register pipeline's loads fill, and
 // carry an L2 evict-first policy: on an H200 the 16-row tile read 0-1 points of a copy more
-// with it at d 128, 3-4 more at d 64 (scripts/decode_variants.py --ring-hint, record
-// catalog/probes/decode_staged_H200.json). With the hint the copy takes no src-size operand
+// with it at d 128, 3-4 more at d 64 (scripts/decode_variants.py --ring-hint at 9891cbc,
+// record catalog/probes/decode_staged_H200.json). With the hint the copy takes no src-size operand
 // (that form faulted as an illegal instruction there), so a vector past the keys is not copied
 // and read() gives its zeros.
 template <int kStages, int kVectors>

@@ -10,7 +10,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --mma4 | --waves | --span-dense
                                        | --chunk512 | --chunk-other
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
-                                       | --staged | --ring-hint
+                                       | --staged
                                        | --merge-64]
                                        [--mma-only]
 """
@@ -33,7 +33,9 @@ from opfacade.types import ArchSku
 # Each mode's record (catalog/probes/) names the commit it ran at: a mode's "default" is the
 # build of that commit. (--waves and --chunk512 ran at 7919c26, when the chunk was 256 and the
 # half types' one-chunk 4-row tiles had a six-block build an H200 took: "512 dense" there ran
-# that build's -D flags through its dense kernels, "512 u4 b5" and "u2 b7" the plain ones.)
+# that build's -D flags through its dense kernels, "512 u4 b5" and "u2 b7" the plain ones.
+# --ring-hint, which compared the staged ring with and without its L2 evict-first policy, ran
+# at 9891cbc, when a build macro chose the policy; it went with the macro.)
 # The build's own per-tile choice first; then every tile at one setting (what it was chosen
 # against: docs/PERF-NOTES.md has the H100 figures).
 VARIANTS = {"per tile (default)": (),
@@ -289,18 +291,6 @@ if "--staged" in sys.argv:
              (64, 4096, "contiguous4", 0, {"element": "f16"}),
              (64, 4096, "paged4", 16, {"ragged": True}),
              (64, 4096, "contiguous", 0, {"ragged": True})]
-# The staged ring's copies with an L2 evict-first policy (at 9891cbc a build macro,
-# OPFACADE_MMA_RING_EVICT_FIRST; without src-size, so keys past the chunk are zeroed as they are
-# read) against the copies without it (same bits). The hint is the default since.
-if "--ring-hint" in sys.argv:
-    hint = ("-DOPFACADE_MMA_RING_EVICT_FIRST=1",)
-    VARIANTS = {"staged (default)": (), "evict-first ring": hint, "default again": (),
-                "evict-first ring again": hint}
-    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "contiguous4", 0),
-             (64, 4096, "contiguous4", 0, {"element": "f16"}),
-             (64, 4096, "contiguous4", 0, {"head_dim": 64}), (64, 4096, "contiguous3", 0),
-             (64, 4096, "paged4", 16, {"ragged": True}),
-             (64, 4096, "contiguous4", 0, {"ragged": True, "head_dim": 64})]
 # The merge's threads for caches of 33-64 chunks (S32768 at chunks of 512): 256 (the default:
 # 8 slices of 8 chunks, 4 loaded early) against 512 (16 slices of 4: every chunk early) and
 # 1024 (32 of 2). Another slice count sums in another order: the max difference is printed.
