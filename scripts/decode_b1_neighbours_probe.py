@@ -8,14 +8,22 @@ by the bench's time_interleaved with different neighbours:
 - ``idle neighbour``: ours and a kernel that spins for about the torch peer's time and reads
   nothing (torch.cuda._sleep): a neighbour that leaves the memory idle;
 - ``copy neighbour``: ours and a device copy of the same bytes: a neighbour that streams as
-  hard as ours.
+  hard as ours;
+- ``write neighbour`` and ``read neighbour`` (with ``--rw``): a memset of those bytes (writes
+  only) and a sum over them (reads only), to tell which half of the copy clears the state the
+  torch peer and the spinning kernel leave (twenty-ninth session: 42.0-42.5 us beside those,
+  40.5-41.1 alone after a copy; catalog/probes/decode_b1_neighbours_H200.json).
 
 Each again with the prepared step (a graph replay) in place of run(). The bench's 1 GiB
 copy is timed too, so each figure is given against both copies. Each set runs ROUNDS times in
 turn; with --clocks, nvidia-smi (run by the caller) samples the SM clock, and each set's start
 and end times are printed to line up with it.
 
-    python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N]
+    python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N] [--rw]
+
+To see whether the driver reports a reason, sample the clocks' event reasons beside it:
+``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,clocks_event_reasons.active
+--format=csv,noheader -lms 20``.
 """
 
 from __future__ import annotations
@@ -65,6 +73,10 @@ def main() -> int:
                                           "sleep": lambda: torch.cuda._sleep(cycles)},
         "copy neighbour, prepared step": {"ours": step, "copy": lambda: dst.copy_(src)},
     }
+    if "--rw" in sys.argv:
+        words = src.view(torch.int32)
+        sets["write neighbour"] = {"ours": run_call, "memset": lambda: dst.zero_()}
+        sets["read neighbour"] = {"ours": run_call, "sum": lambda: words.sum()}
     found: dict[str, list[dict]] = {name: [] for name in sets}
     for round_ in range(ROUNDS):
         for name, fns in sets.items():
