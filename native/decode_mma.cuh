@@ -29,9 +29,11 @@ namespace {
 // The warps split the chunk's keys (kWarpKeys each), then add their accumulators in warp
 // order. Every sum's order is fixed by D alone, so decode_attention.cu's batch invariance
 // argument holds.
-// The CTA's prologue and its two load pipelines are written out as in the CUDA-core tile:
-// shared helpers for them (a struct of the CTA's tile and chunk, a lambda for both pipelines)
-// measured 2-3 points of a copy slower on this tile on an H100 (docs/DECODE.md).
+// The CTA's prologue is written out as in the CUDA-core tile: shared helpers for it and the
+// load pipelines (a struct of the CTA's tile and chunk, a lambda for both pipelines) measured
+// 2-3 points of a copy slower on this tile on an H100 (docs/DECODE.md). K's and V's pipelines
+// now share one lambda a build (pipeline, stream) whose kernels' SASS is that of the pipelines
+// written out, instruction for instruction (nvdisasm, every kernel of decode_attention.cu).
 
 // Mma<T>: d += a b for one m16n8k16 product of T (f32 accumulators), packing two floats into a
 // word of two T (x0 in the low half, rounded to nearest), and each half back as a float. The
@@ -251,6 +253,30 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             raw[u][v] = ring.read(b, u * kVecs + v, j < keys);
         });
     };
+    // The warp's K or V through consume(batch, its first key tile). Registers: `base`'s batches
+    // load into raw_a and raw_b in turn, one flying while the other is consumed (the first
+    // already in raw_a).
+    uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
+    auto pipeline = [&](const T* base, auto&& consume) {
+#pragma unroll
+        for (int t = 0; t < kTiles; t += 2 * kBatch) {
+            load(raw_b, base, t + kBatch);
+            consume(raw_a, t);
+            if (t + 2 * kBatch < kTiles) load(raw_a, base, t + 2 * kBatch);
+            consume(raw_b, t + kBatch);
+        }
+    };
+    // Staged: the ring's batches [b0, b0 + kBatches) (K's from 0, V's from kBatches), each read
+    // once it has landed, after the batch kStages - 1 ahead is issued.
+    auto stream = [&](int b0, auto&& consume) {
+#pragma unroll
+        for (int b = b0; b < b0 + kBatches; ++b) {
+            issue(b + kStages - 1);
+            Ring::wait_oldest();  // batch b has landed
+            staged(raw_a, b);
+            consume(raw_a, (b - b0) * kBatch);
+        }
+    };
 
     // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
     float sc[kTiles][4];
@@ -268,7 +294,6 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     };
 
-    uint4 raw_a[kBatch][kVecs], raw_b[kBatch][kVecs];
     if constexpr (kStages > 0) {
 #pragma unroll
         for (int b = 0; b < kStages - 1; ++b) issue(b);
@@ -287,21 +312,9 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     }
     __syncthreads();  // q_frag
     if constexpr (kStages > 0) {
-#pragma unroll
-        for (int b = 0; b < kBatches; ++b) {
-            issue(b + kStages - 1);
-            Ring::wait_oldest();  // batch b has landed
-            staged(raw_a, b);
-            score(raw_a, b * kBatch);
-        }
+        stream(0, score);
     } else {
-#pragma unroll
-        for (int t = 0; t < kTiles; t += 2 * kBatch) {
-            load(raw_b, k_base, t + kBatch);
-            score(raw_a, t);
-            if (t + 2 * kBatch < kTiles) load(raw_a, k_base, t + 2 * kBatch);
-            score(raw_b, t + kBatch);
-        }
+        pipeline(k_base, score);
         load(raw_a, v_base, 0);  // V's first batch flies while the softmax runs
     }
 
@@ -378,22 +391,10 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     };
     if constexpr (kStages > 0) {
-#pragma unroll
-        for (int b = kBatches; b < 2 * kBatches; ++b) {
-            issue(b + kStages - 1);
-            Ring::wait_oldest();
-            staged(raw_a, b);
-            accumulate(raw_a, (b - kBatches) * kBatch);
-        }
+        stream(kBatches, accumulate);
         __syncwarp();  // the warp's lanes have read their last batch: its ring takes the sums
     } else {
-#pragma unroll
-        for (int t = 0; t < kTiles; t += 2 * kBatch) {
-            load(raw_b, v_base, t + kBatch);
-            accumulate(raw_a, t);
-            if (t + 2 * kBatch < kTiles) load(raw_a, v_base, t + 2 * kBatch);
-            accumulate(raw_b, t + kBatch);
-        }
+        pipeline(v_base, accumulate);
     }
 
     // The warps' accumulators, then their sum in warp order. (The register build keeps its own
