@@ -6,9 +6,10 @@
 // instructions a byte, where ncu measured 5.5 for the CUDA-core 4-row tile on an H200, whose
 // SMs could not issue them fast enough to keep up with its memory. f16 and bf16 at D 128 (the
 // output's d mapping below is written for D 128).
-// The CTA's prologue and its K and V pipelines are written out, as in the other tiles: shared
-// helpers for them measured 2-3 points of a copy slower on the 16-row tile (decode_mma.cuh);
-// they were not tried on this one.
+// The CTA's prologue is written out, as in the other tiles: shared helpers for it and the
+// pipelines measured 2-3 points of a copy slower on the 16-row tile (decode_mma.cuh). K's and
+// V's pipelines share one lambda (pipeline) whose kernels' SASS is that of the two loops
+// written out, instruction for instruction (nvdisasm).
 #pragma once
 #include "decode_mma.cuh"
 
@@ -108,6 +109,17 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             }
         }
     };
+    // K or V through consume(group's loads, group): the groups load into a and b in turn, one
+    // flying while the other is consumed (the first already in a).
+    auto pipeline = [&](auto& a, auto& b, auto&& load, auto&& consume) {
+#pragma unroll
+        for (int gi = 0; gi < kGroups; gi += 2) {
+            load(b, gi + 1);
+            consume(a, gi);
+            if (gi + 2 < kGroups) load(a, gi + 2);
+            consume(b, gi + 1);
+        }
+    };
     float sc[kGroups][4];
     auto score = [&](const uint4 (&raw)[2][kP], int gi) {
         sc[gi][0] = sc[gi][1] = sc[gi][2] = sc[gi][3] = 0.0f;
@@ -124,13 +136,7 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     {
         uint4 raw_a[2][kP], raw_b[2][kP];
         load_k(raw_a, 0);
-#pragma unroll
-        for (int gi = 0; gi < kGroups; gi += 2) {
-            load_k(raw_b, gi + 1);
-            score(raw_a, gi);
-            if (gi + 2 < kGroups) load_k(raw_a, gi + 2);
-            score(raw_b, gi + 1);
-        }
+        pipeline(raw_a, raw_b, load_k, score);
     }
 
     // V: group gi's keys 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (of warp_key0 + 16 gi), vectors
@@ -222,13 +228,7 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             Mma<T>::run(acc[mt], a[0], a[1], a[2], a[3], p_lo[gi][0], p_lo[gi][1]);
         }
     };
-#pragma unroll
-    for (int gi = 0; gi < kGroups; gi += 2) {
-        load_v(v_b, gi + 1);
-        accumulate(v_a, gi);
-        if (gi + 2 < kGroups) load_v(v_a, gi + 2);
-        accumulate(v_b, gi + 1);
-    }
+    pipeline(v_a, v_b, load_v, accumulate);
 
     // The warps' accumulators [warp][row][d], then their sum in warp order.
 #pragma unroll
