@@ -14,12 +14,22 @@ by the bench's time_interleaved with different neighbours:
   torch peer and the spinning kernel leave (twenty-ninth session: 42.0-42.5 us beside those,
   40.5-41.1 alone after a copy; catalog/probes/decode_b1_neighbours_H200.json).
 
+With ``--l2``, the sets run in an order that tells which neighbour sets the slow state and
+which clears it (thirtieth session: the torch peer's burst slows ours by 3.4% for as long as
+only ours, the peer or the spinning kernel run after it; a burst of a copy, a memset or a sum
+of another 134 MB clears it): each neighbour follows a clearing copy, and three kernels read
+another 134 MB with an L2 eviction policy each (``evict-last reader``, ``normal reader``,
+``evict-first reader``: createpolicy and ld.global.L2::cache_hint), to test whether lines the
+peer leaves marked evict-last are the state; ``reset persisting`` calls the driver's
+cuCtxResetPersistingL2Cache between bursts, which turns persisting lines back into normal ones.
+
 Each again with the prepared step (a graph replay) in place of run(). The bench's 1 GiB
 copy is timed too, so each figure is given against both copies. Each set runs ROUNDS times in
 turn; with --clocks, nvidia-smi (run by the caller) samples the SM clock, and each set's start
 and end times are printed to line up with it.
 
-    python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N] [--rw]
+    python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N] [--case B,S[,Q]]
+        [--rw | --l2 | --carveout | --settle]
 
 To see whether the driver reports a reason, sample the clocks' event reasons beside it:
 ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,clocks_event_reasons.active
@@ -32,18 +42,99 @@ import json
 import sys
 import time
 
+import numpy as np
 import torch
 
 from opfacade._bench import decode_attention as bench
-from opfacade._bench.common import time_interleaved
+from opfacade._bench.common import settle_by_zeroing, time_interleaved
 from opfacade._bench.cudnn_peers import RawCudnn
 
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
 REPS = 20
 
 
+# --l2: each neighbour after a clearing copy; the peer then the driver's reset of persisting lines.
+L2_ORDER = ["copy neighbour", "idle neighbour", "alone", "copy neighbour", "evict-last reader",
+            "alone", "copy neighbour", "normal reader", "alone", "copy neighbour",
+            "evict-first reader", "alone", "copy neighbour", "torch peer", "alone",
+            "reset persisting", "alone", "torch peer", "copy neighbour", "alone"]
+
+READER = r"""
+extern "C" __global__ void read_with_policy(const uint4* p, long long n, int policy_kind,
+                                            unsigned* sink) {
+    unsigned long long policy;
+    if (policy_kind == 0) {
+        asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    } else if (policy_kind == 1) {
+        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+    } else {
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    }
+    unsigned folded = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        unsigned a, b, c, d;
+        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p + i), "l"(policy));
+        folded ^= a ^ b ^ c ^ d;
+    }
+    if (folded == 0x9e3779b9u) sink[0] = folded;  // keeps the loads; never true for zeros
+}
+"""
+
+
+def l2_neighbours(nbytes: int) -> dict[str, dict]:
+    """The --l2 neighbours: readers of another ``nbytes`` with an L2 eviction policy each, and
+    the driver's reset of persisting L2 lines between bursts (cuCtxResetPersistingL2Cache)."""
+    import cupy
+    from cuda.bindings import driver
+
+    buffer = cupy.zeros(nbytes // 16 * 4, dtype=cupy.uint32)
+    sink = cupy.zeros(1, dtype=cupy.uint32)
+    kernel = cupy.RawKernel(READER, "read_with_policy", options=("-arch=sm_90",))
+    blocks = 132 * 8
+
+    def reader(kind: int):
+        return lambda: kernel((blocks,), (256,), (buffer, np.int64(nbytes // 16), np.int32(kind),
+                                                  sink))
+
+    def reset() -> None:
+        (status,) = driver.cuCtxResetPersistingL2Cache()
+        assert status == driver.CUresult.CUDA_SUCCESS, status
+
+    return {"evict-last reader": {"ours": None, "evict_last": reader(0)},
+            "normal reader": {"ours": None, "evict_normal": reader(1)},
+            "evict-first reader": {"ours": None, "evict_first": reader(2)},
+            "reset persisting": {"ours": None, "reset": reset}}
+
+
+# --carveout: the preferred shared memory carveout (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_
+# CARVEOUT, percent of the most shared memory an SM has; -1: none, the driver's choice) set on
+# every decode kernel loaded, each with a fresh prepared step, beside the peer and after a copy.
+CARVEOUTS = (-1, 0, 40, 100)
+CARVEOUT_ORDER = ["copy neighbour", "alone", "torch peer", "alone", "copy neighbour", "alone"]
+_CARVEOUT_ATTRIBUTE = 9  # cuda.h's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+
+
+def set_carveout(percent: int) -> list[str]:
+    """Sets ``percent`` on every loaded kernel of native/decode_attention.cu; their names."""
+    import cupy
+
+    from opfacade._backends.nvrtc.launch import KERNELS
+
+    names = []
+    for (source, name, _device), function in KERNELS._functions.items():
+        if source.startswith("decode_attention"):
+            cupy.cuda.driver.funcSetAttribute(function.ptr, _CARVEOUT_ATTRIBUTE, percent)
+            names.append(name)
+    return names
+
+
 def main() -> int:
-    case = bench.DecodeCase(1, 32768)
+    # --case B,S[,Q]: B sequences of S tokens, Q new tokens each (contiguous; torch sdpa's rows)
+    shape = ([int(x) for x in sys.argv[sys.argv.index("--case") + 1].split(",")]
+             if "--case" in sys.argv else [1, 32768])
+    case = bench.DecodeCase(shape[0], shape[1], q_len=shape[2] if len(shape) > 2 else 1)
     p = bench.decode_problem(torch, case)
     notes: list[str] = []
     run_call, step = bench._ours(torch, p, notes)
@@ -77,24 +168,84 @@ def main() -> int:
         words = src.view(torch.int32)
         sets["write neighbour"] = {"ours": run_call, "memset": lambda: dst.zero_()}
         sets["read neighbour"] = {"ours": run_call, "sum": lambda: words.sum()}
-    found: dict[str, list[dict]] = {name: [] for name in sets}
+    order = list(sets)
+    if "--settle" in sys.argv:
+        return settle_sets(run_call, peer, moved, copy_rate, gib_rate, peer_ms, notes)
+    if "--carveout" in sys.argv:
+        return carveout_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes)
+    if "--l2" in sys.argv:
+        for name, fns in l2_neighbours(src.numel()).items():
+            sets[name] = {**fns, "ours": run_call}
+        sets["alone"] = {"ours": run_call}
+        order = L2_ORDER
+    found: dict[str, list[dict]] = {name: [] for name in order}
     for round_ in range(ROUNDS):
-        for name, fns in sets.items():
+        for at, name in enumerate(order):
+            fns = sets[name]
             began = time.time()
             ms = time_interleaved(fns, REPS)
             found[name].append({"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
                                 "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate,
+                                "after": order[at - 1] if at else "the previous round's last",
                                 "began": began, "ended": time.time()})
             print(f"round {round_} {name:16} ours {ms['ours']:.4f} ms "
                   f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy  "
                   + "  ".join(f"{k} {v:.4f}" for k, v in ms.items() if k != "ours")
                   + f"  [{began:.2f} - {time.time():.2f}]"
                   + f"  {moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy")
-    record = {"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
-              "notes": notes, "sets": found}
+    save({"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
+          "notes": notes, "sets": found})
+    return 0
+
+
+def save(record: dict) -> None:
     for path in (a for a in sys.argv[1:] if a.endswith(".json")):
         with open(path, "w") as f:
             json.dump(record, f, indent=2)
+
+
+def settle_sets(run_call, peer, moved, copy_rate, gib_rate, peer_ms, notes) -> int:
+    """The --settle mode: ours and the torch peer as the bench times them, with and without
+    the bench's settle (a 256 MiB buffer zeroed before every burst), in turn."""
+    settle = settle_by_zeroing(torch)
+    found: dict[str, list[dict]] = {}
+    for round_ in range(ROUNDS):
+        for name, how in (("unsettled", None), ("settled", settle)):
+            ms = time_interleaved({"ours": run_call, "torch sdpa": peer}, REPS, settle=how)
+            found.setdefault(name, []).append(
+                {"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
+                 "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate,
+                 "peer_over_ours": ms["torch sdpa"] / ms["ours"]})
+            print(f"round {round_} {name:10} ours {ms['ours']:.4f} ms "
+                  f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy, "
+                  f"{moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy; torch sdpa "
+                  f"{ms['torch sdpa']:.4f} ms ({ms['torch sdpa'] / ms['ours']:.3f}x)")
+    save({"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
+          "notes": notes, "sets": found})
+    return 0
+
+
+def carveout_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes) -> int:
+    """The --carveout mode: CARVEOUT_ORDER's sets with a fresh prepared step per carveout."""
+    found: dict[str, list[dict]] = {}
+    for round_ in range(ROUNDS):
+        for percent in CARVEOUTS:
+            kernels = set_carveout(percent)
+            _, step = bench._ours(torch, p, notes)
+            sets = {"alone": {"ours": step}, "torch peer": {"ours": step, "torch sdpa": peer},
+                    "copy neighbour": {"ours": step, "copy": lambda: dst.copy_(src)}}
+            for at, name in enumerate(CARVEOUT_ORDER):
+                ms = time_interleaved(sets[name], REPS)
+                found.setdefault(f"carveout {percent}: {name}", []).append(
+                    {"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
+                     "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate,
+                     "after": CARVEOUT_ORDER[at - 1] if at else "the previous carveout's last"})
+                print(f"round {round_} carveout {percent:4d} {name:16} ours {ms['ours']:.4f} ms "
+                      f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy, "
+                      f"{moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy  "
+                      + "  ".join(f"{k} {v:.4f}" for k, v in ms.items() if k != "ours"))
+    save({"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
+          "notes": notes, "kernels": kernels, "sets": found})
     return 0
 
 

@@ -316,9 +316,18 @@ def modules(options: tuple[str, ...]):
 
     source = next((Path(o[len("source="):]).read_text() for o in options
                    if o.startswith("source=")), None)
-    options = tuple(o for o in options if not o.startswith("source="))
-    cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, source=source,
-                                   extra_options=options).cubin
+    # root=PATH: the kernel file and its headers from another copy of native/
+    root = next((Path(o[len("root="):]) for o in options if o.startswith("root=")), None)
+    options = tuple(o for o in options if not o.startswith(("source=", "root=")))
+    native_root = compiler._native_root
+    if root is not None:
+        compiler._native_root = lambda: root
+        source = (root / kernels.SOURCE).read_text()
+    try:
+        cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, source=source,
+                                       extra_options=options).cubin
+    finally:
+        compiler._native_root = native_root
     module = cupy.cuda.function.Module()
     module.load(cubin)
     return module

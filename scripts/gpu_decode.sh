@@ -35,7 +35,7 @@ if wants sanitize; then
 fi
 if wants variants; then
     stage variants
-    timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/decode_variants.py "$OUT/decode_variants.json" ${VARIANTS_FLAGS:-} 2>&1 | tail -40
+    timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/decode_variants.py "$OUT/decode_variants.json" ${VARIANTS_FLAGS:-} 2>&1 | tee "$OUT/decode_variants.log" | tail -${VARIANTS_TAIL:-40}
 fi
 if wants units; then
     stage units

@@ -110,7 +110,7 @@ def fake_timing(monkeypatch):
     calls = {}
 
     def install(gpu, host_us, graph=None, failed=None):
-        monkeypatch.setattr(common, "time_interleaved", lambda f, reps: dict(gpu))
+        monkeypatch.setattr(common, "time_interleaved", lambda f, reps, settle=None: dict(gpu))
         monkeypatch.setattr(common, "host_us_interleaved",
                             lambda f, calls, rounds: dict(host_us))
 
@@ -497,3 +497,33 @@ def test_the_python_floor_passes_torchs_cudnn_ops_what_their_schemas_name(monkey
     assert (bound["max_q"], bound["max_k"]) == (8, 9)
     assert bound["dropout_p"] == 0.0 and bound["is_causal"] is False
     assert all(torch.equal(grad, t.detach() * 3) for grad, t in zip(grads, (q, k, v), strict=True))
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["plain", "settled"])
+def test_a_settle_runs_before_every_burst_and_its_untimed_first_call(monkeypatch, settled):
+    """time_interleaved's order of work on the device, on fake CUDA events (1 ms a burst): each
+    burst is the untimed call then the timed calls, and a settle goes before each of those."""
+    done: list[str] = []
+
+    class Event:
+        def record(self, stream):
+            done.append("record")
+
+        def synchronize(self):
+            pass
+
+    cuda = types.SimpleNamespace(Event=Event, Stream=types.SimpleNamespace(null=None),
+                                 get_elapsed_time=lambda start, stop: 1.0)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(common, "burst_calls", lambda ms: 2)
+    fns = {name: (lambda n=name: done.append(n)) for name in ("ours", "peer")}
+    settle = (lambda: done.append("settle")) if settled else None
+    times = common.time_interleaved(fns, reps=2, warmup=1, settle=settle)
+    assert times == {"ours": 0.5, "peer": 0.5}  # 1 ms over a burst of 2 calls
+    first = ["settle"] if settled else []
+    assert done == ["ours", "record", "ours", "record",  # each one's warm-up, then a timed call
+                    "peer", "record", "peer", "record",
+                    *first, "ours", "record", "ours", "ours", "record",
+                    *first, "peer", "record", "peer", "peer", "record",
+                    *first, "peer", "record", "peer", "peer", "record",  # the order rotates
+                    *first, "ours", "record", "ours", "ours", "record"]

@@ -163,7 +163,7 @@ def test_a_row_builds_the_peers_it_names_and_a_failing_one_is_a_note(monkeypatch
 
 def test_a_row_without_ours_keeps_the_peers_and_says_so(monkeypatch):
     timings = Timings({"torch sdpa": 2.0}, {"torch sdpa": 0.01}, {}, [], "", "torch sdpa")
-    monkeypatch.setattr(decode, "time_contestants", lambda fns, reps, ours: timings)
+    monkeypatch.setattr(decode, "time_contestants", lambda fns, reps, ours, settle=None: timings)
     row = decode.peers_only_row("decode_attention", "c", {"torch sdpa": None}, 3,
                                 lambda ms: f"{ms:.1f} ms", ["ours: no SKU: x"])
     assert isinstance(row, BenchRow) and math.isnan(row.ours_ms)

@@ -48,6 +48,22 @@ class BenchRow:
 BURST_MS = 5.0
 # Calls in one burst at most (a CUDA graph of calls holds no more either).
 MAX_BURST_CALLS = 400
+# The buffer a settle (``settle_by_zeroing``) zeroes: larger than any GPU's L2 (50 MB on an
+# H100, 60 MB on an H200), as Triton's do_bench flushes the L2 between timings.
+SETTLE_BYTES = 256 << 20
+
+
+def settle_by_zeroing(torch, nbytes: int = SETTLE_BYTES) -> Callable[[], object]:
+    """A settle for ``time_interleaved``: zeroes a scratch buffer of ``nbytes`` on the device.
+
+    Why (docs/DECODE.md, "What the torch peer leaves behind"): on an H200 the decode step ran
+    2.5-3.4% slower in every burst after a burst of its torch peer than after a burst of a copy,
+    a memset or a sum of another buffer, and stayed slow for as long as only it, the peer or a
+    spinning kernel ran. With two contestants each always follows the other, so one of them was
+    always timed in the state the other left. A memory-writing kernel before every burst gives
+    each the same start."""
+    scratch = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    return scratch.zero_
 
 
 def burst_calls(ms_per_call: float) -> int:
@@ -62,7 +78,8 @@ def time_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
-                     warmup: int = 3) -> dict[str, float]:
+                     warmup: int = 3, settle: Callable[[], object] | None = None
+                     ) -> dict[str, float]:
     """Median GPU milliseconds per call of each function, sampled in alternating rounds.
 
     Each sample times a burst of back-to-back calls (about BURST_MS of work) between two CUDA
@@ -75,7 +92,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
     temperature lands on every peer alike instead of on whichever was timed last: back-to-back
     single measurements of one GEMM differ by up to 8% on an H100. The order rotates every
     round, so no function always follows the same one (a heavy peer changes the clocks the next
-    burst starts at).
+    burst starts at). ``settle``, where given, runs untimed before every burst (and its untimed
+    first call): ``settle_by_zeroing``.
     """
     import cupy
 
@@ -95,6 +113,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
     for round_ in range(reps):
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             fn = fns[name]
+            if settle is not None:
+                settle()
             fn()  # untimed: keeps the GPU busy while the host issues the burst
             start.record(cupy.cuda.Stream.null)
             for _ in range(bursts[name]):
@@ -272,14 +292,15 @@ def judge(gpu_ms: dict[str, float], host_ms: dict[str, float], graph_ms: dict[st
 
 def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
                      makers: dict[str, graph_timing.Maker] | None = None,
-                     ours: str = "ours") -> Timings:
+                     ours: str = "ours", settle: Callable[[], object] | None = None
+                     ) -> Timings:
     """GPU milliseconds per call in bursts (``time_interleaved``) and host milliseconds per call.
     When a contestant's host time comes near its burst time, every contestant is timed again by
     replaying its calls captured in a CUDA graph (``graph_timing``): contestants must launch on
     torch's current stream to be captured, and ``makers`` builds on the capture stream those
-    that need it (see ``Contest``)."""
+    that need it (see ``Contest``). ``settle``: time_interleaved's."""
     _require_default_stream()
-    gpu = time_interleaved(fns, reps)
+    gpu = time_interleaved(fns, reps, settle=settle)
     host = {name: us / 1e3 for name, us in host_us_interleaved(fns, HOST_CALLS, rounds=5).items()}
     suspect = suspects(gpu, host)
     if not suspect:

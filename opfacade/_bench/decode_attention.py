@@ -17,6 +17,9 @@ second, and as a fraction of a device-to-device copy timed once per run (bytes r
 written); the notes give it against a copy of the row's own KV bytes too. Notes carry our SKU
 and workspace, the host microseconds per call of run() and of the prepared step(), each peer's
 largest difference from ours, and why a peer is missing ("<peer>: <first line of its error>").
+A 256 MiB buffer is zeroed before every burst of every contestant (``settle_by_zeroing``): each
+burst follows the other contestant's, and the torch peer's leaves a state that cost our next
+bursts 2-3% on an H200 (docs/DECODE.md, "What the torch peer leaves behind").
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ..ops.decode_attention import (
     DecodeAttentionDescriptor,
     DecodeAttentionPlan,
 )
-from .common import BenchRow, step_host_note, time_contestants, time_ms
+from .common import BenchRow, settle_by_zeroing, step_host_note, time_contestants, time_ms
 from .cudnn_peers import RawCudnn, first_line
 from .decode_peers import Peer, build_peers, cudnn_paged, torch_sdpa
 
@@ -268,7 +271,8 @@ def _figure(moved: int, copy_rate: float) -> Callable[[float], str]:
     return figure
 
 
-def _row(torch, raw: RawCudnn, case: DecodeCase, copy_rate: float, reps: int) -> BenchRow:
+def _row(torch, raw: RawCudnn, case: DecodeCase, copy_rate: float, reps: int,
+         settle: Callable[[], object]) -> BenchRow:
     p = decode_problem(torch, case)
     notes: list[str] = []
     ours = _ours(torch, p, notes)
@@ -277,11 +281,11 @@ def _row(torch, raw: RawCudnn, case: DecodeCase, copy_rate: float, reps: int) ->
     figure = _figure(kv_bytes(p.lengths), copy_rate)
     fns = {name: peer.call for name, peer in peers.items()}
     if ours is None:
-        return peers_only_row(OP, case.label, fns, reps, figure, notes)
+        return peers_only_row(OP, case.label, fns, reps, figure, notes, settle)
     run_call, step = ours
     notes += _differences(p, peers)
     notes.append(step_host_note(run_call, step))
-    timings = time_contestants({"ours": run_call, **fns}, reps)
+    timings = time_contestants({"ours": run_call, **fns}, reps, settle=settle)
     notes.append(_against_same_bytes(torch, kv_bytes(p.lengths), timings.gpu_ms["ours"], reps))
     return timings.row(OP, case.label, figure, "; ".join(notes))
 
@@ -296,11 +300,12 @@ def _against_same_bytes(torch, moved: int, ours_ms: float, reps: int) -> str:
 
 
 def peers_only_row(op: str, label: str, fns: dict[str, Callable[[], object]], reps: int,
-                   figure: Callable[[float], str], notes: list[str]) -> BenchRow:
+                   figure: Callable[[float], str], notes: list[str],
+                   settle: Callable[[], object] | None = None) -> BenchRow:
     """A row without ours (no SKU): ours_ms NaN, the peers' times, the fastest peer's figure."""
     if not fns:
         return BenchRow(op, label, math.nan, "nothing ran", notes="; ".join(notes))
-    timings = time_contestants(fns, reps, ours=next(iter(fns)))
+    timings = time_contestants(fns, reps, ours=next(iter(fns)), settle=settle)
     best = min(timings.gpu_ms, key=timings.gpu_ms.get)
     return BenchRow(op, label, math.nan, f"no ours; {best} {figure(timings.gpu_ms[best])}",
                     dict(timings.gpu_ms), "; ".join(filter(None, (*notes, timings.graph_notes))),
@@ -334,8 +339,9 @@ def run(quick: bool = False) -> list[BenchRow]:
     copy = _copy_row(torch, nbytes, reps)
     torch.cuda.empty_cache()
     raw = RawCudnn(torch)
+    settle = settle_by_zeroing(torch)  # before every burst: each contestant starts alike
     rows = []
     for case in cases(quick):
-        rows.append(_row(torch, raw, case, copy_tbps(nbytes, copy.ours_ms), reps))
+        rows.append(_row(torch, raw, case, copy_tbps(nbytes, copy.ours_ms), reps, settle))
         torch.cuda.empty_cache()  # this case's caches, before the next case's
     return rows + [copy]
