@@ -11,7 +11,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --chunk512 | --chunk-other
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
                                        | --staged
-                                       | --merge-64]
+                                       | --merge-64 | --kq-pairs]
                                        [--mma-only]
 """
 
@@ -305,6 +305,30 @@ if "--merge-64" in sys.argv:
     CASES = [(1, 32768, "contiguous", 0), (1, 32768, "paged", 16), (1, 32768, "paged", 64),
              (2, 32768, "contiguous", 0), (8, 32768, "contiguous", 0), (8, 32768, "paged", 64),
              (8, 32768, "contiguous4", 0), (64, 4096, "contiguous", 0)]
+# Kv heads of 9-16 rows (q_len 4 at GQA 4) on two kq tiles of 8 rows each, against the 16-row
+# tensor-core tile (the default): each tile's CTA reads its kv head's K and V, and the two
+# CTAs of a head are neighbours in the grid, so they run together and the second reads what
+# the first brought into L2, if the loads' hint lets it stay there: the last-use hint (the
+# default), evict-first, or none (source=: decode_attention.cu with OPFACADE_STREAMING 0, made
+# by the caller at .scratch/decode_attention_plain.cu). Another tile sums in another order: the
+# largest difference from the default's output is printed.
+if "--kq-pairs" in sys.argv:
+    def kq_for_16(rows, element, dim, default=kernels.row_tile):
+        half = element.value in ("f16", "bf16")
+        if half and dim in kernels.KQ_DIMS and rows <= 2 * kernels.KQ_ROWS:
+            return kernels.Tile(kernels.KQ_ROWS, "kq")
+        return default(rows, element, dim)
+
+    PLAIN = "source=.scratch/decode_attention_plain.cu"
+    VARIANTS = {"16-row tile (default)": (), "kq pairs, last-use": (),
+                "kq pairs, evict-first": ("-DOPFACADE_STREAMING_EVICT_FIRST",),
+                "kq pairs, no hint": (PLAIN,), "default again": (), "kq pairs, last-use again": (),
+                "kq pairs, no hint again": (PLAIN,)}
+    PATCHES = {name: {"row_tile": kq_for_16} for name in VARIANTS if name.startswith("kq")}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "contiguous4", 0),
+             (8, 32768, "paged4", 64), (1, 32768, "contiguous4", 0), (256, 1024, "contiguous4", 0),
+             (64, 4096, "contiguous3", 0), (64, 4096, "contiguous4", 0, {"ragged": True})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 

@@ -110,12 +110,17 @@ def fake_timing(monkeypatch):
     calls = {}
 
     def install(gpu, host_us, graph=None, failed=None):
-        monkeypatch.setattr(common, "time_interleaved", lambda f, reps, settle=None: dict(gpu))
+        def bursts(fns, reps, settle=None):
+            if settle is not None:
+                calls["burst settle"] = settle
+            return dict(gpu)
+
+        monkeypatch.setattr(common, "time_interleaved", bursts)
         monkeypatch.setattr(common, "host_us_interleaved",
                             lambda f, calls, rounds: dict(host_us))
 
-        def graphs(fns, makers, counts, reps):
-            calls.update(fns=fns, makers=makers, counts=counts, reps=reps)
+        def graphs(fns, makers, counts, reps, settle=None):
+            calls.update(fns=fns, makers=makers, counts=counts, reps=reps, settle=settle)
             return dict(graph or {}), dict(failed or {})
 
         monkeypatch.setattr(graph_timing, "time_in_cuda_graphs", graphs)
@@ -133,6 +138,14 @@ def test_a_row_with_a_suspect_times_every_contestant_from_graphs(fake_timing):
     assert calls["fns"] is fns and calls["makers"] == {"autograd": "maker"}
     assert calls["counts"] == {"ours": 41, "autograd": 14, "gemms": 45}  # ~BURST_MS each
     assert timings.host_bound == ["autograd"] and timings.graph_ms["ours"] == 0.118
+
+
+def test_a_settle_reaches_the_bursts_and_the_graph_replays(fake_timing):
+    calls = fake_timing({"ours": 0.12, "peer": 0.35}, {"ours": 50.0, "peer": 260.0},
+                        {"ours": 0.118, "peer": 0.15})
+    settle = object()
+    common.time_contestants({"ours": None, "peer": None}, 7, settle=settle)
+    assert calls["burst settle"] is settle and calls["settle"] is settle
 
 
 def test_graph_capture_counts_are_bounded():

@@ -298,7 +298,7 @@ def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
     When a contestant's host time comes near its burst time, every contestant is timed again by
     replaying its calls captured in a CUDA graph (``graph_timing``): contestants must launch on
     torch's current stream to be captured, and ``makers`` builds on the capture stream those
-    that need it (see ``Contest``). ``settle``: time_interleaved's."""
+    that need it (see ``Contest``). ``settle``: time_interleaved's, before each graph replay too."""
     _require_default_stream()
     gpu = time_interleaved(fns, reps, settle=settle)
     host = {name: us / 1e3 for name, us in host_us_interleaved(fns, HOST_CALLS, rounds=5).items()}
@@ -310,7 +310,7 @@ def time_contestants(fns: dict[str, Callable[[], object]], reps: int = 20, *,
                        "host time at least half the burst time: the burst may measure the host "
                        "(graphs off: not timed again from CUDA graphs)", ours)
     graph, failed = graph_timing.time_in_cuda_graphs(
-        fns, makers or {}, {name: burst_calls(gpu[name]) for name in fns}, reps)
+        fns, makers or {}, {name: burst_calls(gpu[name]) for name in fns}, reps, settle)
     return judge(gpu, host, graph, failed, ours)
 
 

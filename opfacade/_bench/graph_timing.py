@@ -192,9 +192,11 @@ def _count(driver, graph) -> tuple[int | None, int | None]:
     return total, work
 
 
-def replay_ms(torch, captured: dict[str, Captured], rounds: int) -> dict[str, float]:
+def replay_ms(torch, captured: dict[str, Captured], rounds: int,
+              settle: Callable[[], object] | None = None) -> dict[str, float]:
     """Median GPU milliseconds per call of each graph, replayed on torch's current stream (the
-    default one, where the events are recorded too), in alternating rounds as the bursts are."""
+    default one, where the events are recorded too), in alternating rounds as the bursts are,
+    ``settle`` (untimed) before each as before each burst."""
     stream = torch.cuda.current_stream()
     if stream != torch.cuda.default_stream():
         raise RuntimeError(f"graph replays are timed on the default stream, but torch's current "
@@ -205,6 +207,8 @@ def replay_ms(torch, captured: dict[str, Captured], rounds: int) -> dict[str, fl
     for round_ in range(rounds):
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             graph = captured[name].graph
+            if settle is not None:
+                settle()
             graph.replay()  # untimed: the GPU is busy when the timed replay starts
             start.record(stream)
             graph.replay()
@@ -224,12 +228,14 @@ def release(torch, captured: dict[str, Captured]) -> None:
 
 
 def time_in_cuda_graphs(fns: dict[str, Callable[[], object]], makers: dict[str, Maker],
-                        calls: dict[str, int], reps: int
+                        calls: dict[str, int], reps: int,
+                        settle: Callable[[], object] | None = None
                         ) -> tuple[dict[str, float], dict[str, str]]:
     """Median GPU milliseconds per call of each contestant replayed from a CUDA graph of
     ``calls[name]`` of its calls (``makers[name](stream)`` builds the call to capture on the
     capture stream, e.g. an autograd backward whose forward must run there; otherwise
-    ``fns[name]``). Returns (times, why each contestant that has no time failed)."""
+    ``fns[name]``), each replay after ``settle`` where given (``common.settle_by_zeroing``).
+    Returns (times, why each contestant that has no time failed)."""
     import torch
 
     captured: dict[str, Captured] = {}
@@ -241,7 +247,8 @@ def time_in_cuda_graphs(fns: dict[str, Callable[[], object]], makers: dict[str, 
                 captured[name] = capture(torch, make, calls[name])
             except CaptureFailed as error:  # reported in the row, never hidden
                 failed[name] = str(error)
-        times = replay_ms(torch, captured, min(reps, MAX_REPLAY_ROUNDS)) if captured else {}
+        times = (replay_ms(torch, captured, min(reps, MAX_REPLAY_ROUNDS), settle) if captured
+                 else {})
     finally:
         release(torch, captured)
     return times, failed
