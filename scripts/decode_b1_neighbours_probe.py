@@ -23,13 +23,19 @@ another 134 MB with an L2 eviction policy each (``evict-last reader``, ``normal 
 peer leaves marked evict-last are the state; ``reset persisting`` calls the driver's
 cuCtxResetPersistingL2Cache between bursts, which turns persisting lines back into normal ones.
 
+With ``--which``, each of these after a clearing copy, then ours alone: the torch peer, torch's
+SDPA forced onto each of its backends (flash, efficient, cuDNN, math) on the peer's inputs, and
+a 4096^3 bf16 GEMM: which kernels leave the state. ``--settle``: ours and the peer timed as the
+bench times them, without and with its settle; ``--carveout``: with the preferred shared memory
+carveout set on our kernels.
+
 Each again with the prepared step (a graph replay) in place of run(). The bench's 1 GiB
 copy is timed too, so each figure is given against both copies. Each set runs ROUNDS times in
 turn; with --clocks, nvidia-smi (run by the caller) samples the SM clock, and each set's start
 and end times are printed to line up with it.
 
     python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N] [--case B,S[,Q]]
-        [--rw | --l2 | --carveout | --settle]
+        [--rw | --l2 | --carveout | --settle | --which]
 
 To see whether the driver reports a reason, sample the clocks' event reasons beside it:
 ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,clocks_event_reasons.active
@@ -41,6 +47,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -81,6 +88,34 @@ extern "C" __global__ void read_with_policy(const uint4* p, long long n, int pol
     if (folded == 0x9e3779b9u) sink[0] = folded;  // keeps the loads; never true for zeros
 }
 """
+
+
+# --which: which kernels set the state, each after a clearing copy: torch's SDPA forced onto
+# each of its backends on the peer's own inputs, and a bf16 GEMM (cuBLAS).
+def which_neighbours(p, peer) -> dict[str, Callable[[], object]]:
+    """The --which neighbours on the bench problem ``p`` (a backend that refuses is left out,
+    and printed)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    q = p.q.transpose(1, 2)
+    k, v = (x[:, :max(p.lengths)].transpose(1, 2) for x in (p.peer_k, p.peer_v))
+    found: dict[str, Callable[[], object]] = {"torch sdpa": peer}
+    for name, backend in (("sdpa flash", SDPBackend.FLASH_ATTENTION),
+                          ("sdpa efficient", SDPBackend.EFFICIENT_ATTENTION),
+                          ("sdpa cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("sdpa math", SDPBackend.MATH)):
+        def call(backend=backend):
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, enable_gqa=True)
+        try:
+            call()
+            found[name] = call
+        except RuntimeError as error:
+            print(f"{name}: refused ({str(error).splitlines()[0][:120]})")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    found["bf16 gemm"] = lambda: a @ a
+    return found
 
 
 def l2_neighbours(nbytes: int) -> dict[str, dict]:
@@ -173,6 +208,11 @@ def main() -> int:
         return settle_sets(run_call, peer, moved, copy_rate, gib_rate, peer_ms, notes)
     if "--carveout" in sys.argv:
         return carveout_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes)
+    if "--which" in sys.argv:
+        order = []
+        for name, call in which_neighbours(p, peer).items():
+            sets[name] = {"ours": run_call, name: call}
+            order += ["copy neighbour", name, "alone"]
     if "--l2" in sys.argv:
         for name, fns in l2_neighbours(src.numel()).items():
             sets[name] = {**fns, "ours": run_call}
