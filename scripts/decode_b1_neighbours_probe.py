@@ -25,7 +25,10 @@ cuCtxResetPersistingL2Cache between bursts, which turns persisting lines back in
 
 With ``--which``, each of these after a clearing copy, then ours alone: the torch peer, torch's
 SDPA forced onto each of its backends (flash, efficient, cuDNN, math) on the peer's inputs, and
-a 4096^3 bf16 GEMM: which kernels leave the state. ``--settle``: ours and the peer timed as the
+a 4096^3 bf16 GEMM: which kernels leave the state. ``--clearers``: after the peer, memsets of
+256 KiB to 128 MiB, a 4 MiB copy and torch's sum over 134 MB, each then ours alone: what clears
+it. ``--hints``: our kernels built with each load hint (last-use, evict-first, none), each
+after a copy and after the peer. ``--settle``: ours and the peer timed as the
 bench times them, without and with its settle; ``--carveout``: with the preferred shared memory
 carveout set on our kernels.
 
@@ -35,7 +38,8 @@ turn; with --clocks, nvidia-smi (run by the caller) samples the SM clock, and ea
 and end times are printed to line up with it.
 
     python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N] [--case B,S[,Q]]
-        [--rw | --l2 | --carveout | --settle | --which]
+        [--rw | --l2 | --carveout | --settle | --which
+        | --clearers | --hints]
 
 To see whether the driver reports a reason, sample the clocks' event reasons beside it:
 ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,clocks_event_reasons.active
@@ -48,6 +52,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -116,6 +121,47 @@ def which_neighbours(p, peer) -> dict[str, Callable[[], object]]:
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     found["bf16 gemm"] = lambda: a @ a
     return found
+
+
+# --clearers: which neighbours clear the state, each after the peer's burst sets it: memsets of
+# growing sizes, a small copy, and torch's sum over the copy's 134 MB source.
+CLEARER_BYTES = (1 << 18, 1 << 22, 1 << 25, 1 << 27)
+
+
+def clearers(src) -> dict[str, Callable[[], object]]:
+    scratch = torch.empty(CLEARER_BYTES[-1], dtype=torch.uint8, device="cuda")
+    small = torch.empty(2 << 22, dtype=torch.uint8, device="cuda")
+    found = {f"memset {n >> 10} KiB": scratch[:n].zero_ for n in CLEARER_BYTES}
+    found["copy 4 MiB"] = lambda: small[:1 << 22].copy_(small[1 << 22:])
+    words = src.view(torch.int32)
+    found["sum of 134 MB"] = words.sum
+    return found
+
+
+# --hints: our kernels built with each load hint (common.cuh's load16): last-use (the default),
+# evict-first, and none (decode_attention.cu with OPFACADE_STREAMING 0, which the caller puts
+# at .scratch/decode_attention_plain.cu), each after a copy and after the peer.
+HINT_BUILDS = {"last-use": (), "evict-first": ("-DOPFACADE_STREAMING_EVICT_FIRST",),
+               "no hint": ("source=.scratch/decode_attention_plain.cu",)}
+HINT_ORDER = ["copy neighbour", "alone", "torch peer", "alone"]
+
+
+def use_build(options: tuple[str, ...]) -> None:
+    """Makes the decode plans launch decode_attention.cu built with ``options``."""
+    import cupy
+
+    from opfacade._backends.nvrtc import compiler, launch
+    from opfacade._backends.nvrtc import decode as kernels
+    from opfacade.types import ArchSku
+
+    source = next((Path(o[len("source="):]).read_text() for o in options
+                   if o.startswith("source=")), None)
+    flags = tuple(o for o in options if not o.startswith("source="))
+    module = cupy.cuda.function.Module()
+    module.load(compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, source=source,
+                                       extra_options=flags).cubin)
+    launch.KERNELS.clear()
+    kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
 
 
 def l2_neighbours(nbytes: int) -> dict[str, dict]:
@@ -206,8 +252,17 @@ def main() -> int:
     order = list(sets)
     if "--settle" in sys.argv:
         return settle_sets(run_call, peer, moved, copy_rate, gib_rate, peer_ms, notes)
+    if "--hints" in sys.argv:
+        return hint_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes)
     if "--carveout" in sys.argv:
         return carveout_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes)
+    if "--clearers" in sys.argv:
+        order = []
+        sets["torch peer"] = {"ours": run_call, "torch sdpa": peer}
+        sets["alone"] = {"ours": run_call}
+        for name, call in clearers(src).items():
+            sets[name] = {"ours": run_call, name: call}
+            order += ["torch peer", name, "alone"]
     if "--which" in sys.argv:
         order = []
         for name, call in which_neighbours(p, peer).items():
@@ -260,6 +315,28 @@ def settle_sets(run_call, peer, moved, copy_rate, gib_rate, peer_ms, notes) -> i
                   f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy, "
                   f"{moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy; torch sdpa "
                   f"{ms['torch sdpa']:.4f} ms ({ms['torch sdpa'] / ms['ours']:.3f}x)")
+    save({"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
+          "notes": notes, "sets": found})
+    return 0
+
+
+def hint_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes) -> int:
+    """The --hints mode: HINT_ORDER's sets with a fresh prepared step per build."""
+    found: dict[str, list[dict]] = {}
+    for round_ in range(ROUNDS):
+        for build, options in HINT_BUILDS.items():
+            use_build(options)
+            _, step = bench._ours(torch, p, notes)
+            sets = {"alone": {"ours": step}, "torch peer": {"ours": step, "torch sdpa": peer},
+                    "copy neighbour": {"ours": step, "copy": lambda: dst.copy_(src)}}
+            for name in HINT_ORDER:
+                ms = time_interleaved(sets[name], REPS)
+                found.setdefault(f"{build}: {name}", []).append(
+                    {"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
+                     "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate})
+                print(f"round {round_} {build:12} {name:16} ours {ms['ours']:.4f} ms "
+                      f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy, "
+                      f"{moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy")
     save({"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
           "notes": notes, "sets": found})
     return 0
