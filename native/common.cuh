@@ -73,6 +73,8 @@ __device__ __forceinline__ uint4 load16(const void* p) {
     uint4 v;
 #ifdef OPFACADE_STREAMING_EVICT_FIRST  // the hint before, for scripts/decode_variants.py --lu
     asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+#elif defined(OPFACADE_STREAMING_LU_L2_256)  // a 256-byte L2 fetch: decode_b1_neighbours_probe
+    asm volatile("ld.global.lu.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
 #else
     asm volatile("ld.global.lu.v4.u32 {%0, %1, %2, %3}, [%4];"
 #endif

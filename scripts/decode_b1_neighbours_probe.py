@@ -27,10 +27,11 @@ With ``--which``, each of these after a clearing copy, then ours alone: the torc
 SDPA forced onto each of its backends (flash, efficient, cuDNN, math) on the peer's inputs, and
 a 4096^3 bf16 GEMM: which kernels leave the state. ``--clearers``: after the peer, memsets of
 256 KiB to 128 MiB, a 4 MiB copy and torch's sum over 134 MB, each then ours alone: what clears
-it. ``--hints``: our kernels built with each load hint (last-use, evict-first, none), each
-after a copy and after the peer. ``--settle``: ours and the peer timed as the
-bench times them, without and with its settle; ``--carveout``: with the preferred shared memory
-carveout set on our kernels.
+it. ``--hints``: our kernels built with each load hint (last-use, evict-first, none, and
+last-use with a 256-byte L2 fetch), each after a copy and after the peer. ``--promotion``:
+readers of another 134 MB with an L2 prefetch size (128 or 256 bytes), each after a copy.
+``--settle``: ours and the peer timed as the bench times them, without and with its settle;
+``--carveout``: with the preferred shared memory carveout set on our kernels.
 
 Each again with the prepared step (a graph replay) in place of run(). The bench's 1 GiB
 copy is timed too, so each figure is given against both copies. Each set runs ROUNDS times in
@@ -39,7 +40,7 @@ and end times are printed to line up with it.
 
     python3 scripts/decode_b1_neighbours_probe.py [out.json] [--rounds N] [--case B,S[,Q]]
         [--rw | --l2 | --carveout | --settle | --which
-        | --clearers | --hints]
+        | --clearers | --hints | --promotion]
 
 To see whether the driver reports a reason, sample the clocks' event reasons beside it:
 ``nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,clocks_event_reasons.active
@@ -66,6 +67,10 @@ REPS = 20
 
 
 # --l2: each neighbour after a clearing copy; the peer then the driver's reset of persisting lines.
+# --promotion: readers of another 134 MB with an L2 prefetch size (ld.global.L2::128B, ::256B,
+# as cp.async and TMA loads may carry), each after a clearing copy, then the peer.
+PROMOTION_ORDER = ["copy neighbour", "L2 128B reader", "alone", "copy neighbour",
+                   "L2 256B reader", "alone", "copy neighbour", "torch peer", "alone"]
 L2_ORDER = ["copy neighbour", "idle neighbour", "alone", "copy neighbour", "evict-last reader",
             "alone", "copy neighbour", "normal reader", "alone", "copy neighbour",
             "evict-first reader", "alone", "copy neighbour", "torch peer", "alone",
@@ -75,6 +80,23 @@ READER = r"""
 extern "C" __global__ void read_with_policy(const uint4* p, long long n, int policy_kind,
                                             unsigned* sink) {
     unsigned long long policy;
+    if (policy_kind >= 3) {  // plain loads with an L2 prefetch size: 128 or 256 bytes
+        unsigned folded = 0;
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+             i += (long long)gridDim.x * blockDim.x) {
+            unsigned a, b, c, d;
+            if (policy_kind == 3) {
+                asm volatile("ld.global.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p + i));
+            } else {
+                asm volatile("ld.global.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p + i));
+            }
+            folded ^= a ^ b ^ c ^ d;
+        }
+        if (folded == 0x9e3779b9u) sink[0] = folded;
+        return;
+    }
     if (policy_kind == 0) {
         asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
     } else if (policy_kind == 1) {
@@ -142,7 +164,8 @@ def clearers(src) -> dict[str, Callable[[], object]]:
 # evict-first, and none (decode_attention.cu with OPFACADE_STREAMING 0, which the caller puts
 # at .scratch/decode_attention_plain.cu), each after a copy and after the peer.
 HINT_BUILDS = {"last-use": (), "evict-first": ("-DOPFACADE_STREAMING_EVICT_FIRST",),
-               "no hint": ("source=.scratch/decode_attention_plain.cu",)}
+               "no hint": ("source=.scratch/decode_attention_plain.cu",),
+               "last-use 256B": ("-DOPFACADE_STREAMING_LU_L2_256",)}
 HINT_ORDER = ["copy neighbour", "alone", "torch peer", "alone"]
 
 
@@ -183,7 +206,9 @@ def l2_neighbours(nbytes: int) -> dict[str, dict]:
         (status,) = driver.cuCtxResetPersistingL2Cache()
         assert status == driver.CUresult.CUDA_SUCCESS, status
 
-    return {"evict-last reader": {"ours": None, "evict_last": reader(0)},
+    return {"L2 128B reader": {"ours": None, "l2_128": reader(3)},
+            "L2 256B reader": {"ours": None, "l2_256": reader(4)},
+            "evict-last reader": {"ours": None, "evict_last": reader(0)},
             "normal reader": {"ours": None, "evict_normal": reader(1)},
             "evict-first reader": {"ours": None, "evict_first": reader(2)},
             "reset persisting": {"ours": None, "reset": reset}}
@@ -268,11 +293,11 @@ def main() -> int:
         for name, call in which_neighbours(p, peer).items():
             sets[name] = {"ours": run_call, name: call}
             order += ["copy neighbour", name, "alone"]
-    if "--l2" in sys.argv:
+    if "--l2" in sys.argv or "--promotion" in sys.argv:
         for name, fns in l2_neighbours(src.numel()).items():
             sets[name] = {**fns, "ours": run_call}
         sets["alone"] = {"ours": run_call}
-        order = L2_ORDER
+        order = L2_ORDER if "--l2" in sys.argv else PROMOTION_ORDER
     found: dict[str, list[dict]] = {name: [] for name in order}
     for round_ in range(ROUNDS):
         for at, name in enumerate(order):
