@@ -277,10 +277,14 @@ def main() -> int:
     order = list(sets)
     if "--settle" in sys.argv:
         return settle_sets(run_call, peer, moved, copy_rate, gib_rate, peer_ms, notes)
-    if "--hints" in sys.argv:
-        return hint_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes)
-    if "--carveout" in sys.argv:
-        return carveout_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes)
+    if "--hints" in sys.argv or "--carveout" in sys.argv:
+        setups, order = (
+            ({build: lambda o=options: use_build(o) for build, options in HINT_BUILDS.items()},
+             HINT_ORDER) if "--hints" in sys.argv else
+            ({f"carveout {percent}": lambda c=percent: set_carveout(c) for percent in CARVEOUTS},
+             CARVEOUT_ORDER))
+        return setup_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes, setups,
+                          order)
     if "--clearers" in sys.argv:
         order = []
         sets["torch peer"] = {"ours": run_call, "torch sdpa": peer}
@@ -345,51 +349,29 @@ def settle_sets(run_call, peer, moved, copy_rate, gib_rate, peer_ms, notes) -> i
     return 0
 
 
-def hint_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes) -> int:
-    """The --hints mode: HINT_ORDER's sets with a fresh prepared step per build."""
+def setup_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes,
+               setups: dict[str, Callable[[], object]], order: list[str]) -> int:
+    """The --hints and --carveout modes: after each of ``setups`` (a build of our kernels, a
+    carveout set on them), a fresh prepared step of ours timed in ``order``'s sets."""
     found: dict[str, list[dict]] = {}
     for round_ in range(ROUNDS):
-        for build, options in HINT_BUILDS.items():
-            use_build(options)
+        for label, setup in setups.items():
+            setup()
             _, step = bench._ours(torch, p, notes)
             sets = {"alone": {"ours": step}, "torch peer": {"ours": step, "torch sdpa": peer},
                     "copy neighbour": {"ours": step, "copy": lambda: dst.copy_(src)}}
-            for name in HINT_ORDER:
+            for at, name in enumerate(order):
                 ms = time_interleaved(sets[name], REPS)
-                found.setdefault(f"{build}: {name}", []).append(
+                found.setdefault(f"{label}: {name}", []).append(
                     {"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
-                     "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate})
-                print(f"round {round_} {build:12} {name:16} ours {ms['ours']:.4f} ms "
+                     "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate,
+                     "after": order[at - 1] if at else "the previous setup's last"})
+                print(f"round {round_} {label:16} {name:16} ours {ms['ours']:.4f} ms "
                       f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy, "
                       f"{moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy")
     save({"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
           "notes": notes, "sets": found})
     return 0
-
-
-def carveout_sets(p, peer, dst, src, moved, copy_rate, gib_rate, peer_ms, notes) -> int:
-    """The --carveout mode: CARVEOUT_ORDER's sets with a fresh prepared step per carveout."""
-    found: dict[str, list[dict]] = {}
-    for round_ in range(ROUNDS):
-        for percent in CARVEOUTS:
-            kernels = set_carveout(percent)
-            _, step = bench._ours(torch, p, notes)
-            sets = {"alone": {"ours": step}, "torch peer": {"ours": step, "torch sdpa": peer},
-                    "copy neighbour": {"ours": step, "copy": lambda: dst.copy_(src)}}
-            for at, name in enumerate(CARVEOUT_ORDER):
-                ms = time_interleaved(sets[name], REPS)
-                found.setdefault(f"carveout {percent}: {name}", []).append(
-                    {"ms": ms, "ours_of_copy": moved / ms["ours"] / 1e9 / copy_rate,
-                     "ours_of_gib_copy": moved / ms["ours"] / 1e9 / gib_rate,
-                     "after": CARVEOUT_ORDER[at - 1] if at else "the previous carveout's last"})
-                print(f"round {round_} carveout {percent:4d} {name:16} ours {ms['ours']:.4f} ms "
-                      f"{moved / ms['ours'] / 1e9 / copy_rate:.1%} of copy, "
-                      f"{moved / ms['ours'] / 1e9 / gib_rate:.1%} of the 1 GiB copy  "
-                      + "  ".join(f"{k} {v:.4f}" for k, v in ms.items() if k != "ours"))
-    save({"copy_tbps": copy_rate, "gib_copy_tbps": gib_rate, "peer_ms": peer_ms,
-          "notes": notes, "kernels": kernels, "sets": found})
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
