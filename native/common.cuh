@@ -75,11 +75,21 @@ __device__ __forceinline__ uint4 load16(const void* p) {
     asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
 #elif defined(OPFACADE_STREAMING_LU_L2_256)  // a 256-byte L2 fetch: decode_b1_neighbours_probe
     asm volatile("ld.global.lu.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+#elif defined(OPFACADE_STREAMING_NO_ALLOCATE)  // L1::no_allocate alone: the neighbour probe
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+#elif defined(OPFACADE_STREAMING_POLICY_EVICT_FIRST)  // an L2 evict-first policy: the probe
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
+    return v;
 #else
     asm volatile("ld.global.lu.v4.u32 {%0, %1, %2, %3}, [%4];"
 #endif
+#ifndef OPFACADE_STREAMING_POLICY_EVICT_FIRST
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
+#endif
 #else
     return *reinterpret_cast<const uint4*>(p);
 #endif

@@ -27,8 +27,9 @@ With ``--which``, each of these after a clearing copy, then ours alone: the torc
 SDPA forced onto each of its backends (flash, efficient, cuDNN, math) on the peer's inputs, and
 a 4096^3 bf16 GEMM: which kernels leave the state. ``--clearers``: after the peer, memsets of
 256 KiB to 128 MiB, a 4 MiB copy and torch's sum over 134 MB, each then ours alone: what clears
-it. ``--hints``: our kernels built with each load hint (last-use, evict-first, none, and
-last-use with a 256-byte L2 fetch), each after a copy and after the peer. ``--promotion``:
+it. ``--hints``: our kernels built with each load hint (last-use, evict-first, none,
+last-use with a 256-byte L2 fetch, L1::no_allocate, an L2 evict-first policy with
+L1::no_allocate), each after a copy and after the peer. ``--promotion``:
 readers of another 134 MB with an L2 prefetch size (128 or 256 bytes), each after a copy.
 ``--settle``: ours and the peer timed as the bench times them, without and with its settle;
 ``--carveout``: with the preferred shared memory carveout set on our kernels.
@@ -165,7 +166,9 @@ def clearers(src) -> dict[str, Callable[[], object]]:
 # at .scratch/decode_attention_plain.cu), each after a copy and after the peer.
 HINT_BUILDS = {"last-use": (), "evict-first": ("-DOPFACADE_STREAMING_EVICT_FIRST",),
                "no hint": ("source=.scratch/decode_attention_plain.cu",),
-               "last-use 256B": ("-DOPFACADE_STREAMING_LU_L2_256",)}
+               "last-use 256B": ("-DOPFACADE_STREAMING_LU_L2_256",),
+               "L1 no-allocate": ("-DOPFACADE_STREAMING_NO_ALLOCATE",),
+               "policy evict-first": ("-DOPFACADE_STREAMING_POLICY_EVICT_FIRST",)}
 HINT_ORDER = ["copy neighbour", "alone", "torch peer", "alone"]
 
 
