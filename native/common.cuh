@@ -67,29 +67,35 @@ template <typename T> struct alignas(16) Pack {
 // faster with .lu loads than with .cs (q_len 4 73.5% -> 81.9%, B256 S1024 pages 16 91.0% ->
 // 93.4%, B1 S32768 75.2% -> 76.9%; B64 S4096 unchanged at 97.7%, f32 at 101%;
 // scripts/decode_variants.py --lu, record catalog/probes/decode_last_use_H200.json). SASS:
-// LDG.E.LU against LDG.E.EF. No H100 has run it.
+// LDG.E.LU against LDG.E.EF. No H100 has run it. After torch's flash or cuDNN attention kernels
+// every hint gains less, last-use the least less of those tried (a state those kernels leave:
+// docs/DECODE.md, "What the torch peer leaves behind").
+// The streamed loads' instruction: last-use, or for the probes another hint
+// (scripts/decode_variants.py --lu; scripts/decode_b1_neighbours_probe.py --hints, which also
+// builds OPFACADE_STREAMING_POLICY_EVICT_FIRST below).
+#if defined(OPFACADE_STREAMING_EVICT_FIRST)
+#define OPFACADE_LOAD16 "ld.global.cs.v4.u32"
+#elif defined(OPFACADE_STREAMING_LU_L2_256)
+#define OPFACADE_LOAD16 "ld.global.lu.L2::256B.v4.u32"
+#elif defined(OPFACADE_STREAMING_NO_ALLOCATE)
+#define OPFACADE_LOAD16 "ld.global.L1::no_allocate.v4.u32"
+#else
+#define OPFACADE_LOAD16 "ld.global.lu.v4.u32"
+#endif
+
 __device__ __forceinline__ uint4 load16(const void* p) {
 #if OPFACADE_STREAMING
     uint4 v;
-#ifdef OPFACADE_STREAMING_EVICT_FIRST  // the hint before, for scripts/decode_variants.py --lu
-    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
-#elif defined(OPFACADE_STREAMING_LU_L2_256)  // a 256-byte L2 fetch: decode_b1_neighbours_probe
-    asm volatile("ld.global.lu.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-#elif defined(OPFACADE_STREAMING_NO_ALLOCATE)  // L1::no_allocate alone: the neighbour probe
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-#elif defined(OPFACADE_STREAMING_POLICY_EVICT_FIRST)  // an L2 evict-first policy: the probe
+#ifdef OPFACADE_STREAMING_POLICY_EVICT_FIRST  // an L2 evict-first policy, for the probe
     unsigned long long policy;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
-    return v;
 #else
-    asm volatile("ld.global.lu.v4.u32 {%0, %1, %2, %3}, [%4];"
-#endif
-#ifndef OPFACADE_STREAMING_POLICY_EVICT_FIRST
+    asm volatile(OPFACADE_LOAD16 " {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
 #endif
+    return v;
 #else
     return *reinterpret_cast<const uint4*>(p);
 #endif
