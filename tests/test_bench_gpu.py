@@ -1,4 +1,4 @@
-"""The bench's timing on a GPU: the settle (common.settle_by_zeroing) runs on the device before
+"""The bench's timing on a GPU: the settle (common.settle_by_copying) runs on the device before
 the bursts and before the CUDA graph replays of a host-bound row."""
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("timing", ["bursts", "graph replays"])
-def test_the_settle_zeroes_its_buffer_on_the_device_before_the_timed_work(timing):
+def test_the_settle_copies_on_the_device_before_the_timed_work(timing):
     torch = pytest.importorskip("torch")
     from opfacade._bench import common, graph_timing
 
     x = torch.zeros(1 << 16, device="cuda")
-    settle = common.settle_by_zeroing(torch, 1 << 20)
-    scratch = settle.__self__  # the buffer it zeroes
-    scratch.fill_(7)
+    settle = common.settle_by_copying(torch, 1 << 20)
+    destination, (source,) = settle.func.__self__, settle.args
+    source.fill_(7)
+    destination.zero_()
     calls = {"add": lambda: x.add_(1)}
     if timing == "bursts":
         times = common.time_interleaved(calls, reps=2, warmup=1, settle=settle)
@@ -25,4 +26,4 @@ def test_the_settle_zeroes_its_buffer_on_the_device_before_the_timed_work(timing
         assert failed == {}
     torch.cuda.synchronize()
     assert times["add"] > 0
-    assert int(scratch.count_nonzero()) == 0 and scratch.numel() == 1 << 20
+    assert destination.numel() == 1 << 20 and bool((destination == 7).all())

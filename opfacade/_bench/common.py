@@ -48,22 +48,26 @@ class BenchRow:
 BURST_MS = 5.0
 # Calls in one burst at most (a CUDA graph of calls holds no more either).
 MAX_BURST_CALLS = 400
-# The buffer a settle (``settle_by_zeroing``) zeroes: larger than any GPU's L2 (50 MB on an
-# H100, 60 MB on an H200), as Triton's do_bench flushes the L2 between timings.
-SETTLE_BYTES = 256 << 20
+# The bytes a settle (``settle_by_copying``) copies: with the copy's destination more than any
+# GPU's L2 (50 MB on an H100, 60 MB on an H200), as Triton's do_bench flushes the L2 between
+# timings.
+SETTLE_BYTES = 128 << 20
 
 
-def settle_by_zeroing(torch, nbytes: int = SETTLE_BYTES) -> Callable[[], object]:
-    """A settle for ``time_interleaved``: zeroes a scratch buffer of ``nbytes`` on the device.
+def settle_by_copying(torch, nbytes: int = SETTLE_BYTES) -> Callable[[], object]:
+    """A settle for ``time_interleaved``: a device copy of ``nbytes`` between two scratch buffers
+    (a ``functools.partial`` of the destination's ``copy_``).
 
     Why (docs/DECODE.md, "What the torch peer leaves behind"): on an H200 the decode step ran
-    2.5-3.4% slower in every burst after a burst of its torch peer than after a burst of a copy,
-    a memset or a sum of another buffer, and stayed slow for as long as only it, the peer or a
+    2-3.4% slower after a burst of torch's flash or cuDNN attention kernels (the torch peer
+    among them) than after a copy, and stayed slow for as long as only it, the peer or a
     spinning kernel ran. With two contestants each always follows the other, so one of them was
-    always timed in the state the other left. A memory-writing kernel before every burst gives
-    each the same start."""
-    scratch = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    return scratch.zero_
+    always timed in the state the other left. A copy of 4 MiB or more cleared it in full, a
+    memset of 128 MiB in part. A copy before every burst gives each contestant the same start."""
+    import functools
+
+    source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    return functools.partial(torch.empty_like(source).copy_, source)
 
 
 def burst_calls(ms_per_call: float) -> int:
@@ -93,7 +97,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
     single measurements of one GEMM differ by up to 8% on an H100. The order rotates every
     round, so no function always follows the same one (a heavy peer changes the clocks the next
     burst starts at). ``settle``, where given, runs untimed before every burst (and its untimed
-    first call): ``settle_by_zeroing``.
+    first call): ``settle_by_copying``.
     """
     import cupy
 

@@ -17,7 +17,7 @@ second, and as a fraction of a device-to-device copy timed once per run (bytes r
 written); the notes give it against a copy of the row's own KV bytes too. Notes carry our SKU
 and workspace, the host microseconds per call of run() and of the prepared step(), each peer's
 largest difference from ours, and why a peer is missing ("<peer>: <first line of its error>").
-A 256 MiB buffer is zeroed before every burst of every contestant (``settle_by_zeroing``): each
+A 128 MiB device copy runs before every burst of every contestant (``settle_by_copying``): each
 burst follows the other contestant's, and the torch peer's leaves a state that cost our next
 bursts 2-3% on an H200 (docs/DECODE.md, "What the torch peer leaves behind").
 """
@@ -36,7 +36,7 @@ from ..ops.decode_attention import (
     DecodeAttentionDescriptor,
     DecodeAttentionPlan,
 )
-from .common import BenchRow, settle_by_zeroing, step_host_note, time_contestants, time_ms
+from .common import BenchRow, settle_by_copying, step_host_note, time_contestants, time_ms
 from .cudnn_peers import RawCudnn, first_line
 from .decode_peers import Peer, build_peers, cudnn_paged, torch_sdpa
 
@@ -339,7 +339,7 @@ def run(quick: bool = False) -> list[BenchRow]:
     copy = _copy_row(torch, nbytes, reps)
     torch.cuda.empty_cache()
     raw = RawCudnn(torch)
-    settle = settle_by_zeroing(torch)  # before every burst: each contestant starts alike
+    settle = settle_by_copying(torch)  # before every burst: each contestant starts alike
     rows = []
     for case in cases(quick):
         rows.append(_row(torch, raw, case, copy_tbps(nbytes, copy.ours_ms), reps, settle))

@@ -234,7 +234,7 @@ def time_in_cuda_graphs(fns: dict[str, Callable[[], object]], makers: dict[str, 
     """Median GPU milliseconds per call of each contestant replayed from a CUDA graph of
     ``calls[name]`` of its calls (``makers[name](stream)`` builds the call to capture on the
     capture stream, e.g. an autograd backward whose forward must run there; otherwise
-    ``fns[name]``), each replay after ``settle`` where given (``common.settle_by_zeroing``).
+    ``fns[name]``), each replay after ``settle`` where given (``common.settle_by_copying``).
     Returns (times, why each contestant that has no time failed)."""
     import torch
 
