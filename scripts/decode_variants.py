@@ -135,16 +135,25 @@ if "--chunk" in sys.argv:
     CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
              (256, 1024, "paged", 16), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
              (1, 32768, "paged", 16), (64, 4096, "contiguous4", 0)]
+
+
+def forced_tile(tile, dims: tuple[int, ...], most_rows: int, default=kernels.row_tile):
+    """A row_tile that puts kv heads of at most ``most_rows`` rows of a half type at ``dims``
+    on ``tile``, and every other on decode.py's choice."""
+    def row_tile(rows, element, dim):
+        if element.value in ("f16", "bf16") and dim in dims and rows <= most_rows:
+            return tile
+        return default(rows, element, dim)
+    return row_tile
+
+
 # The tensor-core tile for kv heads of 4 rows too (q_len 1, GQA 4): an H200's CUDA-core tile
 # issued an instruction on 73% of its cycles under ncu (72% of the SMs' compute throughput, at
 # 62.5% of the DRAM peak), where cuDNN's tensor-core kernel used 22%. The tile sums in another
 # order: the bits are not compared. Same cubin for every variant.
 if "--mma4" in sys.argv:
-    def _mma_for_four(rows, element, dim, _default=kernels.row_tile):
-        half = element.value in ("f16", "bf16") and dim in kernels.MMA_DIMS
-        if half and rows <= kernels.MMA_TILE:
-            return kernels.Tile(kernels.MMA_TILE, "mma")
-        return _default(rows, element, dim)
+    _mma_for_four = forced_tile(kernels.Tile(kernels.MMA_TILE, "mma"), kernels.MMA_DIMS,
+                                kernels.MMA_TILE)
     VARIANTS = {"per tile (default)": (), "tensor cores for 4 rows": (), "default again": (),
                 "tensor cores for 4 rows again": ()}
     PATCHES = {name: {"row_tile": _mma_for_four} for name in VARIANTS if "tensor" in name}
@@ -313,12 +322,8 @@ if "--merge-64" in sys.argv:
 # by the caller at .scratch/decode_attention_plain.cu). Another tile sums in another order: the
 # largest difference from the default's output is printed.
 if "--kq-pairs" in sys.argv:
-    def kq_for_16(rows, element, dim, default=kernels.row_tile):
-        half = element.value in ("f16", "bf16")
-        if half and dim in kernels.KQ_DIMS and rows <= 2 * kernels.KQ_ROWS:
-            return kernels.Tile(kernels.KQ_ROWS, "kq")
-        return default(rows, element, dim)
-
+    kq_for_16 = forced_tile(kernels.Tile(kernels.KQ_ROWS, "kq"), kernels.KQ_DIMS,
+                            2 * kernels.KQ_ROWS)
     PLAIN = "source=.scratch/decode_attention_plain.cu"
     VARIANTS = {"16-row tile (default)": (), "kq pairs, last-use": (),
                 "kq pairs, evict-first": ("-DOPFACADE_STREAMING_EVICT_FIRST",),
