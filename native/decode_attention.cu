@@ -321,8 +321,8 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
             l = warp_sum(l);
             if (warp_lane == 0) {
                 const i64 at = partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows);
-                ws_ml[2 * at] = m;
-                ws_ml[2 * at + 1] = l;
+                store_partial(ws_ml + 2 * at, m);
+                store_partial(ws_ml + 2 * at + 1, l);
             }
         }
         __syncthreads();
@@ -389,7 +389,8 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
             float total = 0.0f;
 #pragma unroll 8
             for (int k = 0; k < L::kGroups; ++k) total += sums[(k * R + r) * D + d];
-            ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d] = total;
+            const i64 at = partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows);
+            store_partial(ws_acc + (at * D + d), total);
         }
     }
 }

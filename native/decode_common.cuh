@@ -39,6 +39,53 @@ __device__ __forceinline__ i64 partial_index(int s, int g, int chunk, int r, int
     return (((i64)s * heads_kv + g) * chunks + chunk) * rows + r;
 }
 
+// The partials' life in L2. The partial kernels store them with an L2 evict-last policy, and
+// the merge drops each row's lines once it has read them (drop_partials), so a step's partials
+// stay in L2 for its merge, where the KV stream's last-use lines leave first, and never reach
+// DRAM. On an H200 the step read 1.1-1.3 points of a copy more on the many-wave rows, 3.5-6
+// more at q_len 4 (82.7% -> 86.3-86.6%, pages of 16 77.7-80.5% -> 84.3-84.4%), the same at B1
+// S32768 (scripts/decode_variants.py --partials-l2, record
+// catalog/probes/decode_partials_l2_H200.json); either alone gained about half of that. Cache
+// hints change no value. OPFACADE_PARTIALS_PLAIN (for that script) stores them plainly and
+// keeps the lines.
+template <typename V>
+__device__ __forceinline__ void store_partial(float* p, const V& v) {
+#ifdef OPFACADE_PARTIALS_PLAIN
+    *reinterpret_cast<V*>(p) = v;
+#else
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    if constexpr (sizeof(V) == 16) {
+        const float4& x = reinterpret_cast<const float4&>(v);
+        asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;"
+                     :: "l"(p), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w), "l"(policy) : "memory");
+    } else {
+        asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;"
+                     :: "l"(p), "f"(v), "l"(policy) : "memory");
+    }
+#endif
+}
+
+// Drops from L2, without a write-back, the accumulator rows the calling CTA's threads have read
+// (every load consumed, behind a barrier) and no one else reads this step: `count` rows of
+// `width` floats, `step` floats apart. discard's lines hold indeterminate values afterwards,
+// which the next step's partials overwrite before any read. Whole 128-byte lines only, so
+// nothing is dropped unless the rows start 128-byte aligned and are whole lines long.
+__device__ __forceinline__ void drop_partials(const float* first, i64 step, int count, int width,
+                                              int threads) {
+#ifndef OPFACADE_PARTIALS_PLAIN
+    if ((reinterpret_cast<unsigned long long>(first) & 127) != 0 || width % 32 != 0 ||
+        step % 32 != 0) {
+        return;
+    }
+    const int lines = width / 32;
+    for (int i = threadIdx.x; i < count * lines; i += threads) {
+        asm volatile("discard.global.L2 [%0], 128;"
+                     :: "l"(first + (i / lines) * step + (i % lines) * 32) : "memory");
+    }
+#endif
+}
+
 // Row r of a kv head's rows (r = t * group + the query head's place in its group) belongs to
 // new token r / group (its position: kv_cache.cuh's OPFACADE_TOKEN_POSITION). A macro for the
 // reason given there.
@@ -62,12 +109,13 @@ __device__ void write_unseen(const Cache& c, int s, int g, int chunk, int r0, in
     const int rows = group * q_len;
     for (int e = threadIdx.x; e < nr * D; e += kThreads) {
         const int r = e / D;
-        ws_acc[partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + e - r * D] = 0.0f;
+        const i64 at = partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows);
+        store_partial(ws_acc + (at * D + e - r * D), 0.0f);
     }
     if (threadIdx.x < nr) {
         const i64 at = partial_index(s, g, chunk, r0 + threadIdx.x, c.heads_kv, chunks, rows);
-        ws_ml[2 * at] = minus_infinity();
-        ws_ml[2 * at + 1] = 0.0f;
+        store_partial(ws_ml + 2 * at, minus_infinity());
+        store_partial(ws_ml + 2 * at + 1, 0.0f);
     }
 }
 

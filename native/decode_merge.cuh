@@ -82,6 +82,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
         slice_l[tid] = l;
     }
     __syncthreads();
+    drop_partials(acc_row, acc_step, n, dim_v, kMergeThreads);  // every chunk's row is read
     if (tid < width) {
         acc = slice_acc[tid];
         l = slice_l[tid];

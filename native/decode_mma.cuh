@@ -426,16 +426,16 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             total.z += x.z;
             total.w += x.w;
         }
-        *reinterpret_cast<float4*>(
-            ws_acc + partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d) = total;
+        store_partial(
+            ws_acc + partial_index(s, g, chunk, r0 + r, c.heads_kv, chunks, rows) * D + d, total);
     }
     if (tid < nr) {
         float row_m = minus_infinity(), row_l = 0.0f;
         for (int w = 0; w < kWarps; ++w) row_m = fmaxf(row_m, warp_m[w * R + tid]);
         for (int w = 0; w < kWarps; ++w) row_l += warp_l[w * R + tid];
         const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
-        ws_ml[2 * at] = row_m;
-        ws_ml[2 * at + 1] = row_l;
+        store_partial(ws_ml + 2 * at, row_m);
+        store_partial(ws_ml + 2 * at + 1, row_l);
     }
 }
 

@@ -11,7 +11,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --chunk512 | --chunk-other
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
                                        | --staged
-                                       | --merge-64 | --kq-pairs]
+                                       | --merge-64 | --kq-pairs | --partials-l2]
                                        [--mma-only]
 """
 
@@ -334,6 +334,18 @@ if "--kq-pairs" in sys.argv:
     CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "contiguous4", 0),
              (8, 32768, "paged4", 64), (1, 32768, "contiguous4", 0), (256, 1024, "contiguous4", 0),
              (64, 4096, "contiguous3", 0), (64, 4096, "contiguous4", 0, {"ragged": True})]
+# The partials kept in L2 for the merge (the default: decode_common.cuh's store_partial and
+# drop_partials) against plain stores whose lines stay (-DOPFACADE_PARTIALS_PLAIN); same bits.
+# (Its record, catalog/probes/decode_partials_l2_H200.json, also has each half alone: it ran
+# with probe macros for the two halves, before they became the default.)
+if "--partials-l2" in sys.argv:
+    plain = ("-DOPFACADE_PARTIALS_PLAIN=1",)
+    VARIANTS = {"partials in L2 (default)": (), "plain partials": plain, "default again": (),
+                "plain partials again": plain}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
+             (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
+             (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+             (64, 4096, "contiguous", 0, {"ragged": True})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
