@@ -12,7 +12,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2]
-                                       [--mma-only]
+                                       [--mma-only] [--set-aside=BYTES|max]
 """
 
 from __future__ import annotations
@@ -497,7 +497,24 @@ def overlap_ab(copy_tbps: float, rounds: int = 25, calls: int = 20) -> dict[str,
     return rows
 
 
+def set_aside() -> None:
+    """Prints the L2 set aside for persisting lines, and with --set-aside=BYTES (or =max) sets
+    it first: an evict-last policy may keep lines only within it (decode_common.cuh's
+    store_partial)."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    limit = 0x06  # cudaLimitPersistingL2CacheSize (driver_types.h)
+    wanted = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--set-aside=")),
+                  None)
+    if wanted is not None:
+        most = runtime.deviceGetAttribute(108, 0)  # cudaDevAttrMaxPersistingL2CacheSize
+        runtime.deviceSetLimit(limit, most if wanted == "max" else int(wanted))
+    print(f"L2 set aside for persisting lines: {runtime.deviceGetLimit(limit)} bytes")
+
+
 def main() -> None:
+    set_aside()
     floor = launch_floor()
     print("host floor:", ", ".join(f"{k} {v:.1f} us" for k, v in floor.items()))
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
