@@ -453,6 +453,20 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                           seq_lens, group, q_len, chunks);                                       \
     }
 
+// The rows merge's CTAs an SM the compiler fits its registers to (the variants script sets it).
+#ifndef OPFACADE_MERGE_ROWS_BLOCKS
+#define OPFACADE_MERGE_ROWS_BLOCKS 1
+#endif
+#define OPFACADE_MERGE_ROWS(SUFFIX, T)                                                           \
+    extern "C" __global__ void __launch_bounds__(kRowsThreads, OPFACADE_MERGE_ROWS_BLOCKS)       \
+        decode_merge_##SUFFIX##_rows(                                                            \
+        T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
+        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
+        int chunks, int sequences) {                                                             \
+        merge_rows<T>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS, seq_lens,  \
+                      group, q_len, chunks, sequences);                                          \
+    }
+
 #define OPFACADE_DECODE(SUFFIX, T)                                                               \
     OPFACADE_PARTIAL(SUFFIX, T, 64, 4)                                                           \
     OPFACADE_PARTIAL(SUFFIX, T, 64, 8)                                                           \
@@ -466,7 +480,8 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     OPFACADE_MERGE(SUFFIX, T, 64)                                                                \
     OPFACADE_MERGE(SUFFIX, T, 256)                                                               \
     OPFACADE_MERGE(SUFFIX, T, 512)                                                               \
-    OPFACADE_MERGE(SUFFIX, T, 1024)
+    OPFACADE_MERGE(SUFFIX, T, 1024)                                                              \
+    OPFACADE_MERGE_ROWS(SUFFIX, T)
 
 // Tensor-core tiles of 16 rows: half types, D 64 and 128 (decode.py's row_tile picks them).
 #define OPFACADE_DECODE_MMA(SUFFIX, T)                                                           \

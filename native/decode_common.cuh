@@ -71,15 +71,16 @@ __device__ __forceinline__ void store_partial(float* p, const V& v) {
 // `width` floats, `step` floats apart. discard's lines hold indeterminate values afterwards,
 // which the next step's partials overwrite before any read. Whole 128-byte lines only, so
 // nothing is dropped unless the rows start 128-byte aligned and are whole lines long.
+// Thread `index` of the `threads` sharing the work drops every threads-th line.
 __device__ __forceinline__ void drop_partials(const float* first, i64 step, int count, int width,
-                                              int threads) {
+                                              int index, int threads) {
 #ifndef OPFACADE_PARTIALS_PLAIN
     if ((reinterpret_cast<unsigned long long>(first) & 127) != 0 || width % 32 != 0 ||
         step % 32 != 0) {
         return;
     }
     const int lines = width / 32;
-    for (int i = threadIdx.x; i < count * lines; i += threads) {
+    for (int i = index; i < count * lines; i += threads) {
         asm volatile("discard.global.L2 [%0], 128;"
                      :: "l"(first + (i / lines) * step + (i % lines) * 32) : "memory");
     }

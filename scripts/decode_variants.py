@@ -11,7 +11,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --chunk512 | --chunk-other
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
                                        | --staged
-                                       | --merge-64 | --kq-pairs | --partials-l2]
+                                       | --merge-64 | --kq-pairs | --partials-l2
+                                       | --merge-rows]
                                        [--mma-only] [--set-aside=BYTES|max]
 """
 
@@ -346,6 +347,18 @@ if "--partials-l2" in sys.argv:
              (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
              (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
              (64, 4096, "contiguous", 0, {"ragged": True})]
+# The rows merge (the default for caches of up to 16 chunks: several rows a CTA) against the
+# 64-thread merge whose sums it reproduces (decode.MERGE_ROWS off); the same bits.
+if "--merge-rows" in sys.argv:
+    VARIANTS = {"rows merge (default)": (), "64-thread merge": (), "default again": (),
+                "64-thread merge again": ()}
+    PATCHES = {name: {"MERGE_ROWS": False} for name in VARIANTS if name.startswith("64")}
+    CASES = [(256, 1024, "contiguous", 0), (256, 1024, "paged", 16), (64, 4096, "contiguous", 0),
+             (64, 4096, "paged", 16), (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+             (64, 4096, "contiguous", 0, {"ragged": True}), (16, 4096, "contiguous", 0),
+             (64, 4096, "contiguous2", 0), (64, 4096, "contiguous", 0, {"head_dim": 64}),
+             (32, 4096, "contiguous", 0, {"head_dim": 256}),
+             (64, 4096, "contiguous", 0, {"element": "f32"})]
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
@@ -535,7 +548,7 @@ def main() -> None:
                 "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
                 "CHUNK": kernels.CHUNK, "KQ_DIMS": kernels.KQ_DIMS,
                 "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES,
-                "MERGE_THREADS": kernels.MERGE_THREADS}
+                "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS}
     for name, options in VARIANTS.items():
         module = modules(options)
         # The kernel cache's memos are keyed by kernel handle (the shared memory allowed, the

@@ -349,8 +349,42 @@ def test_each_merge_width_matches_the_reference(monkeypatch, capacity, threads, 
         fetched.append(name), get_kernel(source, name, device))[1])
     args = problem.args()
     plan.run(args)
-    assert f"decode_merge_{element}_{threads}" in fetched
+    assert f"decode_merge_{element}_{threads}" in fetched  # 8192: 16 chunks, past rows
     _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
+@pytest.mark.parametrize(("element", "head_dim", "q_len", "batch"),
+                         [("f32", 64, 1, 5), ("bf16", 128, 3, 7), ("f16", 256, 2, 3),
+                          ("bf16", 128, 1, 300)])
+def test_the_rows_merge_gives_the_64_thread_merges_bits(monkeypatch, element, head_dim, q_len,
+                                                        batch):
+    """Caches of up to 4 chunks merge in rows (several a CTA, decode.MERGE_ROWS) with the
+    64-thread merge's sums: the same bits for out and lse at Dv 64, 128 and 256 (4, 2 and 1 of
+    that merge's slices), with lengths of 0, 1, inside a chunk and full, and a batch whose rows
+    leave a CTA part-empty."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    capacity = kernels.ROWS_CHUNKS * CHUNK
+    desc = _descriptor(Cache("paged", "nhd", 16), element, capacity, batch, heads_q=6,
+                       heads_kv=2, head_dim=head_dim, q_len=q_len)
+    lengths = np.random.default_rng(batch).integers(0, capacity, batch, endpoint=True)
+    lengths[:3] = [capacity, 0, 1][:batch]
+    problem = make_problem(desc, lengths, seed=batch)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    get_kernel, fetched = kernels.get_kernel, []
+    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
+        fetched.append(name), get_kernel(source, name, device))[1])
+    outputs = []
+    for rows in (True, False):
+        monkeypatch.setattr(kernels, "MERGE_ROWS", rows)
+        args = problem.args()
+        plan.run(args)
+        outputs.append(args)
+    assert [name for name in fetched if name.startswith("decode_merge")] == [
+        f"decode_merge_{element}_rows", f"decode_merge_{element}_64"]
+    assert torch.equal(outputs[0].out, outputs[1].out)
+    assert torch.equal(outputs[0].lse, outputs[1].lse)
+    _check(problem, outputs[0], plan.precision_guarantee.max_rel_error)
 
 
 def test_runs_repeat_bitwise_over_streams_and_workspaces():

@@ -44,6 +44,7 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.KQ_DIMS for blocks in (3, 4)}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
+    merges |= {f"decode_merge_{e}_rows" for e in ELEMENTS}
     appends = {f"kv_append_{e}" for e in ELEMENTS}
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
@@ -99,10 +100,10 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     # 16 rows (4 heads x 4 tokens): one tensor-core tile for the half types, two of 8 for f32.
     tile = kernels.Tile(8) if element == ElementKind.f32 else kernels.Tile(16, "mma")
     assert names == [f"decode_partial_{element.value}_128_{tile.rows}",
-                     f"decode_merge_{element.value}_64",
+                     f"decode_merge_{element.value}_rows",
                      f"kv_append_{element.value}"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
-    blocks = {"merge": (kernels.merge_threads_for(4),), "partial": (kernels.THREADS,),
+    blocks = {"merge": (kernels.ROWS_THREADS,), "partial": (kernels.THREADS,),
               "kv_append": (per_head, min(8, 1024 // per_head))}
     for name, _, block, args, *_ in launched:
         assert block == next(b for part, b in blocks.items() if part in name)
@@ -110,7 +111,9 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     # 8 kv heads x 16 rows' tiles; 1024 tokens in chunks.
     assert launched[0][1] == (8 * (16 // tile.rows), 1024 // kernels.CHUNK, 5)
     assert launched[0][4] == kernels.shared_bytes(element, 128, tile)
-    assert launched[1][1] == (5, 32, 4)
+    # The rows merge (in place of the 64-thread one, up to 16 chunks): 5 x 32 x 4 rows, 4 a CTA
+    # at Dv 128.
+    assert launched[1][1] == (5 * 32 * 4 // 4, 1, 1)
     # Only the merge launches while the kernel before it (the partial) ends.
     assert [overlaps for *_, overlaps in launched] == [False, True, False]
     # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
@@ -153,6 +156,31 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
 def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
     assert kernels.row_tile(rows, ElementKind(element), dim) == kernels.Tile(*tile)
     assert -(-rows // tile[0]) == tiles
+
+
+@pytest.mark.parametrize(("capacity", "dim", "merge", "grid"), [
+    (2048, 64, "rows", (-(-3 * 24 * 2 // 8), 1, 1)),  # 4 chunks: rows, 8 a CTA at Dv 64
+    (1500, 256, "rows", (3 * 24 * 2 // 2, 1, 1)),  # 2 rows a CTA at Dv 256
+    (2049, 128, "64", (3, 24, 2)),  # 5 chunks: the 64-thread merge itself
+    (8193, 128, "256", (3, 24, 2))])  # 17 chunks: 256 threads
+def test_short_caches_merge_in_rows(monkeypatch, capacity, dim, merge, grid):
+    """Caches of up to 4 chunks take the rows merge (the 64-thread merge's sums), several
+    rows a CTA; longer ones a CTA a row (sequence, query head, new token)."""
+    launched = _record(monkeypatch)
+    desc = DecodeAttentionDescriptor(batch=3, heads_q=24, heads_kv=8, head_dim=dim,
+                                     element="bf16", cache="contiguous", max_seq=capacity,
+                                     q_len=2)
+    kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 3, 24, 2, 0.1, None,
+                        0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
+                        0x100000, 0)()
+    name, merge_grid, block, *_ = launched[1]
+    assert name == f"decode_merge_bf16_{merge}" and merge_grid == grid
+    assert block == ((kernels.ROWS_THREADS,) if merge == "rows" else (int(merge),))
+    monkeypatch.setattr(kernels, "MERGE_ROWS", False)  # the 64-thread merge it stands for
+    kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 3, 24, 2, 0.1, None,
+                        0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
+                        0x100000, 0)()
+    assert launched[3][0] == f"decode_merge_bf16_{'64' if merge == 'rows' else merge}"
 
 
 def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):

@@ -65,6 +65,26 @@ THREADS = 128  # kThreads
 #   B8 S32768 q_len 4:   256 86.3, 86.4   512 85.6, 85.6   1024 81.9, 81.9
 # The capacity picks, so one plan always sums in one order.
 MERGE_THREADS = ((16, 64), (32, 256), (64, 512), (None, 1024))  # (up to this many chunks, threads)
+# The 64-thread merge's sums also come from decode_merge_<T>_rows (decode_merge.cuh), which
+# merges a row with Dv / 4 threads, several rows a CTA, bit for bit as that merge does. Its
+# threads load their first 4 chunks with the chunks' maxima, so it takes caches of at most
+# ROWS_CHUNKS chunks, where it waits on one round trip to the partials as that merge does,
+# in a grid that fits. Whole step, % of a 1 GiB device copy, each twice (H200, bf16 Hq 32 Hkv
+# 8 d 128, scripts/decode_variants.py --merge-rows with the rows merge at up to 16 chunks then;
+# record catalog/probes/decode_merge_rows_H200.json):
+#                              rows merge    64-thread merge
+#   B256 S1024 (2 chunks)      98.8, 99.0    97.3, 97.3
+#   B256 S1024 pages 16        96.5, 96.0    94.8, 94.4
+#   B64 S4096 (8 chunks)       99.6, 99.7    99.7, 99.5
+#   B64 S4096 q_len 4          86.9, 87.2    87.3, 87.4
+#   B64 S4096 q_len 4 pages 16 85.0, 86.2    86.6, 86.3
+#   B64 S4096 q_len 2          95.8, 95.6    96.2, 96.2
+#   B64 S4096 f32              101.0, 102.0  101.9, 101.9
+# (at 8 chunks its threads wait on a second round trip for their last 4).
+MERGE_ROWS = True
+ROWS_CHUNKS = 4  # decode_merge.cuh's kRowsEarly
+ROWS_THREADS = 128  # decode_merge.cuh's kRowsThreads
+GRID_X_MAX = (1 << 31) - 1
 # The merge's CTAs launch while the partial kernel's last CTAs run and wait in the kernel for
 # its writes (programmatic dependent launch, sm_90), rather than after it on the stream.
 OVERLAP_MERGE = True
@@ -199,6 +219,11 @@ def merge_threads_for(n_chunks: int) -> int:
     return next(threads for most, threads in MERGE_THREADS if most is None or n_chunks <= most)
 
 
+def merges_in_rows(n_chunks: int) -> bool:
+    """Whether a cache of ``n_chunks`` chunks merges in rows (the 64-thread merge's sums)."""
+    return MERGE_ROWS and n_chunks <= ROWS_CHUNKS and merge_threads_for(n_chunks) == 64
+
+
 def chunks(capacity: int) -> int:
     return -(-capacity // CHUNK)
 
@@ -296,7 +321,13 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     suffix = element.value
     name = tile.kernel(element, cache.dim)
     merge_threads = merge_threads_for(n_chunks)
-    merge = get_kernel(SOURCE, f"decode_merge_{suffix}_{merge_threads}", device)
+    merge_grid, merge_block = (sequences, heads_q, q_len), merge_threads
+    merge_kernel, merge_extra = f"decode_merge_{suffix}_{merge_threads}", ()
+    rows_grid = -(-sequences * heads_q * q_len // (ROWS_THREADS // (cache.dim_v // 4)))
+    if merges_in_rows(n_chunks) and rows_grid <= GRID_X_MAX:  # the 64-thread merge's sums
+        merge_grid, merge_block = (rows_grid, 1, 1), ROWS_THREADS
+        merge_kernel, merge_extra = f"decode_merge_{suffix}_rows", (np.int32(sequences),)
+    merge = get_kernel(SOURCE, merge_kernel, device)
     cache_args = cache.args(k, v, table)
     partial_args = (np.uint64(q), *(np.int64(x) for x in q_strides), *cache_args,
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
@@ -326,14 +357,13 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
         partial = allow_shared(partial, name, device, shared)
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
-                  np.int32(group), np.int32(q_len), np.int32(n_chunks))
+                  np.int32(group), np.int32(q_len), np.int32(n_chunks), *merge_extra)
     partial_grid = (cache.heads_kv * tiles, -(-n_chunks // span), sequences)
-    merge_grid = (sequences, heads_q, q_len)
     overlap = overlaps_merge(device)
 
     def launches(on: int) -> list[Callable[[], None]]:
         return [launcher(partial, partial_grid, (THREADS,), partial_args, on, device, shared),
-                launcher(merge, merge_grid, (merge_threads,), merge_args, on, device,
+                launcher(merge, merge_grid, (merge_block,), merge_args, on, device,
                          overlap_previous=overlap)]
 
     return steps(launches, stream, device)
