@@ -15,8 +15,11 @@
 //                        to 8 rows there: decode_kq.cuh.
 //   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
 //                        chunks into out and lse in slices of chunks added in a fixed order
-//                        (decode_merge.cuh). Built with 64, 256 and 1024 threads; the launcher
-//                        picks one from the cache's capacity (decode.py), never from the batch.
+//                        (decode_merge.cuh). Built with 64, 256, 512 and 1024 threads; the
+//                        launcher picks one from the cache's capacity (decode.py), never from
+//                        the batch.
+//   decode_merge_<T>_rows  The 64-thread merge's sums, several rows a CTA, for caches of up to
+//                        4 chunks (decode_merge.cuh's merge_rows).
 //
 // Batch invariance: the chunk size is a constant, a chunk's work reads its own sequence's data
 // only, and every sum runs in an order fixed by D and R (which the descriptor fixes): a
