@@ -107,16 +107,18 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
     }
 }
 
-// The merge in rows, for caches of up to kRowsEarly chunks (decode.py's ROWS_CHUNKS): a row (sequence, query head, new
-// token) takes Dv / 4 threads (a float4 of columns each), so a 128-thread CTA merges 128 / (Dv
-// / 4) rows, and each thread adds every slice of the 64-thread merge above itself: slice j's
-// chunks j, j + slices, ... in order, then the slices in order, with the same weights. Its sums
-// are the 64-thread merge's, bit for bit (scripts/decode_variants.py --merge-rows compares
-// them). That merge spends a CTA and 64 threads on a row (48 registers each), so a batch of
-// many short rows (B256 S1024: 8192 rows of 2 chunks) took three waves of its CTAs on an H200;
-// this one holds a third more rows at once, and no barrier orders its sums. Past kRowsEarly
-// chunks its threads would wait on a second round trip where that merge's slices wait on one
-// (decode.py has the figures), so it merges any count of chunks but is given only those.
+// The merge in rows, for caches of up to kRowsEarly chunks (decode.py's ROWS_CHUNKS): a row
+// (sequence, query head, new token) takes Dv / 4 threads (a float4 of columns each), so a
+// 128-thread CTA merges 128 / (Dv / 4) rows, and each thread adds every slice of the 64-thread
+// merge above itself: slice j's chunks j, j + slices, ... in order, then the slices in order,
+// with the same weights. Its sums are the 64-thread merge's, bit for bit (a GPU test and
+// scripts/decode_variants.py --merge-rows compare them). That merge spends a CTA and 64
+// threads on a row (48 registers each), so a batch of many short rows (B256 S1024: 8192 rows
+// of 2 chunks) took three waves of its CTAs on an H200; this one holds a third more rows at
+// once, and no barrier orders its sums. Past kRowsEarly chunks its threads would wait on a
+// second round trip where that merge's slices wait on one (decode.py has the figures; a form
+// with two float4 a thread and 8 chunks loaded early did not beat that merge at 8 chunks), so
+// it merges any count of chunks but is given only those.
 constexpr int kRowsThreads = 128;
 constexpr int kRowsEarly = 4;  // chunks a thread loads before the chunks' largest max is known
 static_assert(kRowsEarly % 4 == 0, "chunk k0 + j of the loop after them is slice j's");
