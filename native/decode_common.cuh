@@ -42,9 +42,9 @@ __device__ __forceinline__ i64 partial_index(int s, int g, int chunk, int r, int
 // The partials' life in L2. The partial kernels store them with an L2 evict-last policy, and
 // the merge drops each row's lines once it has read them (drop_partials), so a step's partials
 // stay in L2 for its merge, where the KV stream's last-use lines leave first, and never reach
-// DRAM. On an H200 the step read 1.1-1.3 points of a copy more on the many-wave rows, 3.5-6
-// more at q_len 4 (82.7% -> 86.3-86.6%, pages of 16 77.7-80.5% -> 84.3-84.4%), the same at B1
-// S32768 (scripts/decode_variants.py --partials-l2, record
+// DRAM. On three H200s the step read 0.4-1.5 points of a copy more on the many-wave rows,
+// 2.3-4 more at q_len 4 (82.7-85.6% -> 86.3-88.2%; pages of 16 77.7-83.6% -> 83.5-86.6%), the
+// same at B1 S32768 (scripts/decode_variants.py --partials-l2, record
 // catalog/probes/decode_partials_l2_H200.json); either alone gained about half of that. Cache
 // hints change no value. OPFACADE_PARTIALS_PLAIN (for that script) stores them plainly and
 // keeps the lines.
