@@ -247,10 +247,10 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(monkeypatch, cach
         assert torch.equal(out, first_out) and torch.equal(lse, first_lse)
 
 
-def _runs_under(monkeypatch, desc, lengths, seed, settings):
+def _runs_under(monkeypatch, desc, lengths, seed, settings, kernel="decode_partial"):
     """One problem run once per (decode.py attribute, value) of ``settings``, each with a new
     out and lse (so the plan's memo builds the launches again): the problem, the plan, and each
-    run's args with the partial kernel it launched."""
+    run's args with the ``kernel`` (the partial or the merge) it launched."""
     from opfacade._backends.nvrtc import decode as kernels
 
     problem = make_problem(desc, lengths, seed=seed)
@@ -263,7 +263,7 @@ def _runs_under(monkeypatch, desc, lengths, seed, settings):
         monkeypatch.setattr(kernels, attribute, value)
         args = problem.args()
         plan.run(args)
-        runs.append((args, [name for name in fetched if name.startswith("decode_partial")][-1]))
+        runs.append((args, [name for name in fetched if name.startswith(kernel)][-1]))
     return problem, plan, runs
 
 
@@ -369,22 +369,12 @@ def test_the_rows_merge_gives_the_64_thread_merges_bits(monkeypatch, element, he
                        heads_kv=2, head_dim=head_dim, q_len=q_len)
     lengths = np.random.default_rng(batch).integers(0, capacity, batch, endpoint=True)
     lengths[:3] = [capacity, 0, 1][:batch]
-    problem = make_problem(desc, lengths, seed=batch)
-    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
-    get_kernel, fetched = kernels.get_kernel, []
-    monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: (
-        fetched.append(name), get_kernel(source, name, device))[1])
-    outputs = []
-    for rows in (True, False):
-        monkeypatch.setattr(kernels, "MERGE_ROWS", rows)
-        args = problem.args()
-        plan.run(args)
-        outputs.append(args)
-    assert [name for name in fetched if name.startswith("decode_merge")] == [
-        f"decode_merge_{element}_rows", f"decode_merge_{element}_64"]
-    assert torch.equal(outputs[0].out, outputs[1].out)
-    assert torch.equal(outputs[0].lse, outputs[1].lse)
-    _check(problem, outputs[0], plan.precision_guarantee.max_rel_error)
+    problem, plan, ((rows, in_rows), (whole, per_row)) = _runs_under(
+        monkeypatch, desc, lengths, batch, [("MERGE_ROWS", True), ("MERGE_ROWS", False)],
+        kernel="decode_merge")
+    assert (in_rows, per_row) == (f"decode_merge_{element}_rows", f"decode_merge_{element}_64")
+    assert torch.equal(rows.out, whole.out) and torch.equal(rows.lse, whole.lse)
+    _check(problem, rows, plan.precision_guarantee.max_rel_error)
 
 
 def test_runs_repeat_bitwise_over_streams_and_workspaces():
