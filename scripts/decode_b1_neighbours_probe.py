@@ -54,10 +54,10 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
+from decode_builds import load_build, use_module  # scripts/decode_builds.py, beside this script
 
 from opfacade._bench import decode_attention as bench
 from opfacade._bench.common import settle_by_copying, time_interleaved
@@ -174,20 +174,7 @@ HINT_ORDER = ["copy neighbour", "alone", "torch peer", "alone"]
 
 def use_build(options: tuple[str, ...]) -> None:
     """Makes the decode plans launch decode_attention.cu built with ``options``."""
-    import cupy
-
-    from opfacade._backends.nvrtc import compiler, launch
-    from opfacade._backends.nvrtc import decode as kernels
-    from opfacade.types import ArchSku
-
-    source = next((Path(o[len("source="):]).read_text() for o in options
-                   if o.startswith("source=")), None)
-    flags = tuple(o for o in options if not o.startswith("source="))
-    module = cupy.cuda.function.Module()
-    module.load(compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, source=source,
-                                       extra_options=flags).cubin)
-    launch.KERNELS.clear()
-    kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
+    use_module(load_build(options))
 
 
 def l2_neighbours(nbytes: int) -> dict[str, dict]:

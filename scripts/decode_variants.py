@@ -24,12 +24,11 @@ import time
 
 import numpy as np
 import torch
+from decode_builds import load_build, use_module  # beside this script, as is noop_launch
 from noop_launch import noop_kernel  # scripts/noop_launch.py, beside this script
 
 from opfacade import DecodeAttentionArgs, DecodeAttentionDescriptor, DecodeAttentionPlan
-from opfacade._backends.nvrtc import compiler, launch
 from opfacade._backends.nvrtc import decode as kernels
-from opfacade.types import ArchSku
 
 # Each mode's record (catalog/probes/) names the commit it ran at: a mode's "default" is the
 # build of that commit. (--waves and --chunk512 ran at 7919c26, when the chunk was 256 and the
@@ -363,30 +362,6 @@ if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len 
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 
 
-def modules(options: tuple[str, ...]):
-    from pathlib import Path
-
-    import cupy
-
-    source = next((Path(o[len("source="):]).read_text() for o in options
-                   if o.startswith("source=")), None)
-    # root=PATH: the kernel file and its headers from another copy of native/
-    root = next((Path(o[len("root="):]) for o in options if o.startswith("root=")), None)
-    options = tuple(o for o in options if not o.startswith(("source=", "root=")))
-    native_root = compiler._native_root
-    if root is not None:
-        compiler._native_root = lambda: root
-        source = (root / kernels.SOURCE).read_text()
-    try:
-        cubin = compiler.compile_cubin(kernels.SOURCE, ArchSku.sm90, source=source,
-                                       extra_options=options).cubin
-    finally:
-        compiler._native_root = native_root
-    module = cupy.cuda.function.Module()
-    module.load(cubin)
-    return module
-
-
 def case_tensors(batch, seq, cache, page_size, overrides=None):
     q_len = int(cache[-1]) if cache[-1].isdigit() else 1  # "contiguous4": q_len 4
     form = "paged" if cache.startswith("paged") else "contiguous"
@@ -550,11 +525,7 @@ def main() -> None:
                 "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES,
                 "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS}
     for name, options in VARIANTS.items():
-        module = modules(options)
-        # The kernel cache's memos are keyed by kernel handle (the shared memory allowed, the
-        # CTAs resident): a module loaded here may reuse a freed one's addresses.
-        launch.KERNELS.clear()
-        kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
+        use_module(load_build(options))
         for attribute, value in {**defaults, **PATCHES.get(name, {})}.items():
             setattr(kernels, attribute, value)
         for case in CASES:
