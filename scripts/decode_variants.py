@@ -346,8 +346,9 @@ if "--partials-l2" in sys.argv:
              (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
              (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
              (64, 4096, "contiguous", 0, {"ragged": True})]
-# The rows merge (the default for caches of up to 16 chunks: several rows a CTA) against the
-# 64-thread merge whose sums it reproduces (decode.MERGE_ROWS off); the same bits.
+# The rows merge (the default for caches of up to decode.ROWS_CHUNKS chunks: several rows a
+# CTA) against the 64-thread merge whose sums it reproduces (decode.MERGE_ROWS off); the same
+# bits. Its record's call 6 ran with the rows merge taking caches of up to 16 chunks.
 if "--merge-rows" in sys.argv:
     VARIANTS = {"rows merge (default)": (), "64-thread merge": (), "default again": (),
                 "64-thread merge again": ()}
@@ -487,8 +488,9 @@ def overlap_ab(copy_tbps: float, rounds: int = 25, calls: int = 20) -> dict[str,
 
 def set_aside() -> None:
     """Prints the L2 set aside for persisting lines, and with --set-aside=BYTES (or =max) sets
-    it first: an evict-last policy may keep lines only within it (decode_common.cuh's
-    store_partial)."""
+    it first: whether the partials' evict-last stores (decode_common.cuh's store_partial) need
+    one. On an H200 they did not: with 0 bytes set aside they kept their gain (record
+    catalog/probes/decode_partials_l2_H200.json, set_aside)."""
     import cupy
 
     runtime = cupy.cuda.runtime
