@@ -447,26 +447,23 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
                          q_len, group, tiles, chunks, scale, left);                              \
     }
 
+// The merge kernels' parameters, and their Outputs.
+#define OPFACADE_MERGE_PARAMS(T)                                                                 \
+    T *out, i64 o_sb, i64 o_st, i64 o_sh, float *lse, const float *ws_acc, const float *ws_ml,  \
+        OPFACADE_CACHE_PARAMS, const int *seq_lens, int group, int q_len, int chunks
+#define OPFACADE_MERGE_OUTPUTS(T) (Outputs<T>{out, o_sb, o_st, o_sh, lse})
+
 #define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
-    extern "C" __global__ void __launch_bounds__(THREADS) decode_merge_##SUFFIX##_##THREADS(     \
-        T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
-        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
-        int chunks) {                                                                            \
-        merge<T, THREADS>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS,        \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                        \
+        decode_merge_##SUFFIX##_##THREADS(OPFACADE_MERGE_PARAMS(T)) {                            \
+        merge<T, THREADS>(OPFACADE_MERGE_OUTPUTS(T), ws_acc, ws_ml, OPFACADE_CACHE_ARGS,         \
                           seq_lens, group, q_len, chunks);                                       \
     }
 
-// The rows merge's CTAs an SM the compiler fits its registers to (the variants script sets it).
-#ifndef OPFACADE_MERGE_ROWS_BLOCKS
-#define OPFACADE_MERGE_ROWS_BLOCKS 1
-#endif
 #define OPFACADE_MERGE_ROWS(SUFFIX, T)                                                           \
-    extern "C" __global__ void __launch_bounds__(kRowsThreads, OPFACADE_MERGE_ROWS_BLOCKS)       \
-        decode_merge_##SUFFIX##_rows(                                                            \
-        T* out, i64 o_sb, i64 o_st, i64 o_sh, float* lse, const float* ws_acc,                   \
-        const float* ws_ml, OPFACADE_CACHE_PARAMS, const int* seq_lens, int group, int q_len,    \
-        int chunks, int sequences) {                                                             \
-        merge_rows<T>(out, o_sb, o_st, o_sh, lse, ws_acc, ws_ml, OPFACADE_CACHE_ARGS, seq_lens,  \
+    extern "C" __global__ void __launch_bounds__(kRowsThreads)                                   \
+        decode_merge_##SUFFIX##_rows(OPFACADE_MERGE_PARAMS(T), int sequences) {                  \
+        merge_rows<T>(OPFACADE_MERGE_OUTPUTS(T), ws_acc, ws_ml, OPFACADE_CACHE_ARGS, seq_lens,   \
                       group, q_len, chunks, sequences);                                          \
     }
 

@@ -6,6 +6,73 @@
 
 namespace {
 
+// Where a merge writes: out [b, q_len, Hq, Dv] by element strides, and lse [b, q_len, Hq] or null.
+template <typename T>
+struct Outputs {
+    T* out;
+    i64 o_sb, o_st, o_sh;
+    float* lse;
+};
+
+// One output row (sequence s, new token t, query head h) as both merges read and write it: its
+// chunks' (m, l) and accumulators, `ml_step` and `acc_step` floats from one chunk's to the
+// next's, the n chunks it merges (none for a token before position 0), and where its output
+// and lse (or null) go. The partials are not __restrict__ here or in the merges: with it the
+// compiler reads them on the non-coherent path and may hoist those loads above the wait for
+// the partial grid (griddepcontrol.wait), which nvdisasm showed it doing in one form of the rows
+// merge (thirty-second session: wrong sums on a GPU).
+template <typename T>
+struct MergeRow {
+    const float* ml;
+    const float* acc;
+    i64 ml_step, acc_step;
+    int n;
+    T* out;
+    float* lse;
+};
+
+template <typename T>
+__device__ __forceinline__ MergeRow<T> merge_row(const Outputs<T>& o, const float* ws_acc,
+                                                 const float* ws_ml, const Cache& c, int len,
+                                                 int s, int t, int h, int group, int q_len,
+                                                 int chunks, bool valid) {
+    const int rows = group * q_len;
+    const i64 at = partial_index(s, h / group, 0, t * group + h % group, c.heads_kv, chunks, rows);
+    const int n = valid && OPFACADE_TOKEN_POSITION(len, q_len, t) >= 0
+                      ? min((len + kChunk - 1) / kChunk, chunks)
+                      : 0;
+    const i64 heads_q = (i64)c.heads_kv * group;
+    return {ws_ml + 2 * at, ws_acc + at * c.dim_v, 2 * (i64)rows, (i64)rows * c.dim_v, n,
+            o.out + s * o.o_sb + t * o.o_st + h * o.o_sh,
+            o.lse == nullptr ? nullptr : o.lse + ((i64)s * q_len + t) * heads_q + h};
+}
+
+// One chunk's partial (max mk, sum lk, accumulator x) added into a float4 of columns and the
+// row's sum, weighted exp(mk - base); a chunk no key of the row reached (mk = -inf) weighs 0.
+__device__ __forceinline__ void add_weighted(float4& acc, float& l, float base, float mk,
+                                             float lk, const float4& x) {
+    const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
+    acc.x = fmaf(x.x, w, acc.x);
+    acc.y = fmaf(x.y, w, acc.y);
+    acc.z = fmaf(x.z, w, acc.z);
+    acc.w = fmaf(x.w, w, acc.w);
+    l = fmaf(lk, w, l);
+}
+
+// A row's merged float4 at col (acc / l, zeros where no key was seen) and, from the thread of
+// column 0, its lse (m + log l, -inf where no key was seen).
+template <typename T>
+__device__ __forceinline__ void write_merged(const MergeRow<T>& row, int col, const float4& acc,
+                                             float l, float m) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    T* out = row.out + col;
+    out[0] = Math<T>::down(acc.x * inv);
+    out[1] = Math<T>::down(acc.y * inv);
+    out[2] = Math<T>::down(acc.z * inv);
+    out[3] = Math<T>::down(acc.w * inv);
+    if (row.lse != nullptr && col == 0) *row.lse = l > 0.0f ? m + logf(l) : minus_infinity();
+}
+
 // The merge: the block's threads form slices of Dv / 4 threads (a float4 of columns each); slice
 // k adds chunks k, k + slices, ... in turn, then the slices' sums are added in slice order. The
 // order depends on the sequence's own chunk count alone, so the result stays batch-invariant,
@@ -16,24 +83,19 @@ namespace {
 constexpr int kMergeEarly = 4;
 
 template <typename T, int kMergeThreads>
-__device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* __restrict__ lse,
-                      const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
+__device__ void merge(const Outputs<T>& o, const float* ws_acc, const float* ws_ml,
                       const Cache& c, const int* __restrict__ seq_lens, int group, int q_len,
                       int chunks) {
     __shared__ float4 slice_acc[kMergeThreads];
     __shared__ float slice_l[kMergeThreads];
     __shared__ float warp_max[kMergeThreads / 32];
     const int s = blockIdx.x, h = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const int g = h / group, rows = group * q_len, r = t * group + h % group, dim_v = c.dim_v;
-    const int len = sequence_length(c, seq_lens, s);
-    const int n =
-        OPFACADE_TOKEN_POSITION(len, q_len, t) >= 0 ? min((len + kChunk - 1) / kChunk, chunks) : 0;
-    const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
-    const i64 ml_step = 2 * (i64)rows;  // from one chunk's (m, l) of this row to the next's
-    const int width = dim_v / 4, slices = kMergeThreads / width;  // Dv in {64, 128, 256}
+    const MergeRow<T> row = merge_row(o, ws_acc, ws_ml, c, sequence_length(c, seq_lens, s), s,
+                                      t, h, group, q_len, chunks, true);
+    const float* ml = row.ml;
+    const i64 ml_step = row.ml_step;  // from one chunk's (m, l) of this row to the next's
+    const int n = row.n, width = c.dim_v / 4, slices = kMergeThreads / width;  // Dv 64-256
     const int slice = tid / width, col = (tid % width) * 4;
-    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
-    const i64 acc_step = (i64)rows * dim_v;
     wait_for_prerequisite_grid();  // the partials (seq_lens came before the partial kernel)
 
     // This slice's first chunks: k = slice + u * slices.
@@ -45,14 +107,16 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
         if (slice < slices && k < n) {
             early_m[u] = ml[k * ml_step];
             early_l[u] = ml[k * ml_step + 1];
-            early_acc[u] = *reinterpret_cast<const float4*>(acc_row + k * acc_step + col);
+            early_acc[u] = *reinterpret_cast<const float4*>(row.acc + k * row.acc_step + col);
         }
     }
 
     // The largest chunk max (a max is the same in any order).
     float m = minus_infinity();
     for (int k = tid; k < n; k += kMergeThreads) m = fmaxf(m, ml[k * ml_step]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int lanes = 16; lanes > 0; lanes >>= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, lanes));
+    }
     if ((tid & 31) == 0) warp_max[tid >> 5] = m;
     __syncthreads();
     for (int w = 0; w < kMergeThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
@@ -60,29 +124,22 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
 
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float l = 0.0f;
-    auto add = [&](float mk, float lk, const float4& x) {
-        const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
-        acc.x = fmaf(x.x, w, acc.x);
-        acc.y = fmaf(x.y, w, acc.y);
-        acc.z = fmaf(x.z, w, acc.z);
-        acc.w = fmaf(x.w, w, acc.w);
-        l = fmaf(lk, w, l);
-    };
     if (slice < slices) {
 #pragma unroll
         for (int u = 0; u < kMergeEarly; ++u) {
-            if (slice + u * slices < n) add(early_m[u], early_l[u], early_acc[u]);
+            if (slice + u * slices < n) add_weighted(acc, l, base, early_m[u], early_l[u],
+                                                     early_acc[u]);
         }
 #pragma unroll 8
         for (int k = slice + kMergeEarly * slices; k < n; k += slices) {
-            add(ml[k * ml_step], ml[k * ml_step + 1],
-                *reinterpret_cast<const float4*>(acc_row + k * acc_step + col));
+            add_weighted(acc, l, base, ml[k * ml_step], ml[k * ml_step + 1],
+                         *reinterpret_cast<const float4*>(row.acc + k * row.acc_step + col));
         }
         slice_acc[tid] = acc;
         slice_l[tid] = l;
     }
     __syncthreads();
-    drop_partials(acc_row, acc_step, n, dim_v, tid, kMergeThreads);  // every chunk's row is read
+    drop_partials(row.acc, row.acc_step, n, c.dim_v, tid, kMergeThreads);  // every row is read
     if (tid < width) {
         acc = slice_acc[tid];
         l = slice_l[tid];
@@ -94,16 +151,7 @@ __device__ void merge(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh, float* 
             acc.w += x.w;
             l += slice_l[k * width + tid];
         }
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        T* row = out + s * o_sb + t * o_st + h * o_sh + col;
-        row[0] = Math<T>::down(acc.x * inv);
-        row[1] = Math<T>::down(acc.y * inv);
-        row[2] = Math<T>::down(acc.z * inv);
-        row[3] = Math<T>::down(acc.w * inv);
-        if (lse != nullptr && tid == 0) {
-            lse[((i64)s * q_len + t) * (c.heads_kv * group) + h] =
-                l > 0.0f ? m + logf(l) : minus_infinity();
-        }
+        write_merged(row, col, acc, l, m);
     }
 }
 
@@ -124,10 +172,11 @@ constexpr int kRowsEarly = 4;  // chunks a thread loads before the chunks' large
 static_assert(kRowsEarly % 4 == 0, "chunk k0 + j of the loop after them is slice j's");
 
 template <int kSlices, typename T>
-__device__ void merge_row_slices(T* __restrict__ row_out, float* __restrict__ lse_at,
-                                 const float* __restrict__ ml, i64 ml_step,
-                                 const float* __restrict__ acc_row, i64 acc_step, int col, int n,
-                                 bool valid) {
+__device__ void merge_row_slices(const MergeRow<T>& row, int col, bool valid) {
+    const float* ml = row.ml;
+    const float* acc_row = row.acc;
+    const i64 ml_step = row.ml_step, acc_step = row.acc_step;
+    const int n = row.n;
     // This thread's first chunks, loaded with the chunks' maxima.
     float4 early_acc[kRowsEarly];
     float early_m[kRowsEarly], early_l[kRowsEarly];
@@ -155,17 +204,12 @@ __device__ void merge_row_slices(T* __restrict__ row_out, float* __restrict__ ls
         slice_acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         slice_l[j] = 0.0f;
     }
-    auto add = [&](int j, float mk, float lk, const float4& x) {  // to slice j
-        const float w = mk == minus_infinity() ? 0.0f : expf(mk - base);
-        slice_acc[j].x = fmaf(x.x, w, slice_acc[j].x);
-        slice_acc[j].y = fmaf(x.y, w, slice_acc[j].y);
-        slice_acc[j].z = fmaf(x.z, w, slice_acc[j].z);
-        slice_acc[j].w = fmaf(x.w, w, slice_acc[j].w);
-        slice_l[j] = fmaf(lk, w, slice_l[j]);
-    };
 #pragma unroll
-    for (int k = 0; k < kRowsEarly; ++k) {
-        if (k < n) add(k % kSlices, early_m[k], early_l[k], early_acc[k]);
+    for (int k = 0; k < kRowsEarly; ++k) {  // chunk k is slice k % kSlices's
+        if (k < n) {
+            add_weighted(slice_acc[k % kSlices], slice_l[k % kSlices], base, early_m[k],
+                         early_l[k], early_acc[k]);
+        }
     }
     // The rest, kSlices chunks at a time: chunk k0 + j is slice j's (kRowsEarly is a multiple
     // of kSlices).
@@ -175,8 +219,9 @@ __device__ void merge_row_slices(T* __restrict__ row_out, float* __restrict__ ls
         for (int j = 0; j < kSlices; ++j) {
             const int k = k0 + j;
             if (k < n) {
-                add(j, ml[k * ml_step], ml[k * ml_step + 1],
-                    *reinterpret_cast<const float4*>(acc_row + k * acc_step + col));
+                add_weighted(slice_acc[j], slice_l[j], base, ml[k * ml_step],
+                             ml[k * ml_step + 1],
+                             *reinterpret_cast<const float4*>(acc_row + k * acc_step + col));
             }
         }
     }
@@ -190,53 +235,33 @@ __device__ void merge_row_slices(T* __restrict__ row_out, float* __restrict__ ls
         acc.w += slice_acc[j].w;
         l += slice_l[j];
     }
-    if (valid) {
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        row_out[0] = Math<T>::down(acc.x * inv);
-        row_out[1] = Math<T>::down(acc.y * inv);
-        row_out[2] = Math<T>::down(acc.z * inv);
-        row_out[3] = Math<T>::down(acc.w * inv);
-        if (lse_at != nullptr && col == 0) *lse_at = l > 0.0f ? m + logf(l) : minus_infinity();
-    }
+    if (valid) write_merged(row, col, acc, l, m);
 }
 
 template <typename T>
-__device__ void merge_rows(T* __restrict__ out, i64 o_sb, i64 o_st, i64 o_sh,
-                           float* __restrict__ lse, const float* __restrict__ ws_acc,
-                           const float* __restrict__ ws_ml, const Cache& c,
-                           const int* __restrict__ seq_lens, int group, int q_len, int chunks,
-                           int sequences) {
+__device__ void merge_rows(const Outputs<T>& o, const float* ws_acc, const float* ws_ml,
+                           const Cache& c, const int* __restrict__ seq_lens, int group,
+                           int q_len, int chunks, int sequences) {
     const int dim_v = c.dim_v, width = dim_v / 4;  // Dv in {64, 128, 256}
     const int heads_q = c.heads_kv * group, tid = threadIdx.x;
-    const i64 row = (i64)blockIdx.x * (kRowsThreads / width) + tid / width;
-    const bool valid = row < (i64)sequences * q_len * heads_q;
+    const i64 index = (i64)blockIdx.x * (kRowsThreads / width) + tid / width;
+    const bool valid = index < (i64)sequences * q_len * heads_q;
     // Rows in (sequence, new token, query head) order: a CTA's rows share their (m, l) lines.
-    const int h = valid ? (int)(row % heads_q) : 0;
-    const int t = valid ? (int)(row / heads_q % q_len) : 0;
-    const int s = valid ? (int)(row / ((i64)heads_q * q_len)) : 0;
-    const int g = h / group, rows = group * q_len, r = t * group + h % group;
-    const int len = sequence_length(c, seq_lens, s);
-    const int n = valid && OPFACADE_TOKEN_POSITION(len, q_len, t) >= 0
-                      ? min((len + kChunk - 1) / kChunk, chunks)
-                      : 0;
-    const float* ml = ws_ml + 2 * partial_index(s, g, 0, r, c.heads_kv, chunks, rows);
-    const float* acc_row = ws_acc + partial_index(s, g, 0, r, c.heads_kv, chunks, rows) * dim_v;
-    const i64 ml_step = 2 * (i64)rows, acc_step = (i64)rows * dim_v;
+    const int h = valid ? (int)(index % heads_q) : 0;
+    const int t = valid ? (int)(index / heads_q % q_len) : 0;
+    const int s = valid ? (int)(index / ((i64)heads_q * q_len)) : 0;
+    const MergeRow<T> row = merge_row(o, ws_acc, ws_ml, c, sequence_length(c, seq_lens, s), s,
+                                      t, h, group, q_len, chunks, valid);
     const int col = (tid % width) * 4;
-    T* row_out = out + s * o_sb + t * o_st + h * o_sh + col;
-    float* lse_at = lse == nullptr ? nullptr : lse + ((i64)s * q_len + t) * heads_q + h;
     wait_for_prerequisite_grid();  // the partials (seq_lens came before the partial kernel)
     switch (64 / width) {  // the 64-thread merge's slices
-        case 1: merge_row_slices<1>(row_out, lse_at, ml, ml_step, acc_row, acc_step, col, n,
-                                    valid); break;
-        case 2: merge_row_slices<2>(row_out, lse_at, ml, ml_step, acc_row, acc_step, col, n,
-                                    valid); break;
-        default: merge_row_slices<4>(row_out, lse_at, ml, ml_step, acc_row, acc_step, col, n,
-                                     valid);
+        case 1: merge_row_slices<1>(row, col, valid); break;
+        case 2: merge_row_slices<2>(row, col, valid); break;
+        default: merge_row_slices<4>(row, col, valid);
     }
     __syncthreads();  // every row's loads consumed (a row of Dv 256 spans two warps)
     if (valid && tid % width < 32) {  // a row's first warp drops its lines
-        drop_partials(acc_row, acc_step, n, dim_v, tid % width, min(width, 32));
+        drop_partials(row.acc, row.acc_step, row.n, dim_v, tid % width, min(width, 32));
     }
 }
 

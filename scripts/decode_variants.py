@@ -13,7 +13,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows]
-                                       [--mma-only] [--set-aside=BYTES|max]
+                                       [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
 from __future__ import annotations
@@ -359,6 +359,11 @@ if "--merge-rows" in sys.argv:
              (64, 4096, "contiguous2", 0), (64, 4096, "contiguous", 0, {"head_dim": 64}),
              (32, 4096, "contiguous", 0, {"head_dim": 256}),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
+# --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
+# parameters) as a last variant, with the mode's default settings: its bits are compared too.
+BEFORE = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before=")), None)
+if BEFORE:
+    VARIANTS = {**VARIANTS, "before": (f"root={BEFORE}",)}
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
 

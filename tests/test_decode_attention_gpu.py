@@ -250,7 +250,7 @@ def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(monkeypatch, cach
 def _runs_under(monkeypatch, desc, lengths, seed, settings, kernel="decode_partial"):
     """One problem run once per (decode.py attribute, value) of ``settings``, each with a new
     out and lse (so the plan's memo builds the launches again): the problem, the plan, and each
-    run's args with the ``kernel`` (the partial or the merge) it launched."""
+    run's args with the ``kernel`` (the partial or the merge) that run fetched, or None."""
     from opfacade._backends.nvrtc import decode as kernels
 
     problem = make_problem(desc, lengths, seed=seed)
@@ -261,9 +261,10 @@ def _runs_under(monkeypatch, desc, lengths, seed, settings, kernel="decode_parti
     runs = []
     for attribute, value in settings:
         monkeypatch.setattr(kernels, attribute, value)
-        args = problem.args()
+        args, start = problem.args(), len(fetched)
         plan.run(args)
-        runs.append((args, [name for name in fetched if name.startswith(kernel)][-1]))
+        launched = [name for name in fetched[start:] if name.startswith(kernel)]
+        runs.append((args, launched[-1] if launched else None))
     return problem, plan, runs
 
 
