@@ -1,8 +1,10 @@
-"""Each kernel's parameter types, read from the PTX NVRTC makes of a native/ source for sm_90:
-what the tests of a launcher compare its packed arguments with, on a machine without a GPU."""
+"""The PTX NVRTC makes of a native/ source for sm_90, read on a machine without a GPU: each
+kernel's parameter types (what the tests of a launcher compare its packed arguments with) and
+each kernel's body (what NVVM made of it, for tests of its loads)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -19,6 +21,14 @@ PTX_TYPES = {"u64": (np.uint64, np.int64), "s64": (np.uint64, np.int64),
 
 def kernel_parameters(source_name: str) -> dict[str, list[str]]:
     """{kernel name: [PTX parameter type, ...]} for every entry of native/<source_name>."""
+    return {name: re.findall(r"\.param \.(\w+) ", params)
+            for name, (params, _) in kernel_ptx(source_name).items()}
+
+
+@functools.cache
+def kernel_ptx(source_name: str) -> dict[str, tuple[str, str]]:
+    """{kernel name: (its PTX parameter list, its PTX body)} for every entry of
+    native/<source_name>."""
     from cuda.bindings import nvrtc
 
     source = (NATIVE / source_name).read_text()
@@ -35,8 +45,11 @@ def kernel_parameters(source_name: str) -> dict[str, list[str]]:
         nvrtc.nvrtcGetPTX(program, ptx)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
-    entries = re.findall(r"\.entry (\w+)\((.*?)\)", bytes(ptx).decode(), re.S)
-    return {name: re.findall(r"\.param \.(\w+) ", params) for name, params in entries}
+    text = bytes(ptx).rstrip(b"\0").decode()
+    starts = list(re.finditer(r"\.entry (\w+)\((.*?)\)", text, re.S))
+    ends = [match.start() for match in starts[1:]] + [len(text)]
+    return {match.group(1): (match.group(2), text[match.end():end])
+            for match, end in zip(starts, ends, strict=True)}
 
 
 def assert_packed_like_declared(name: str, args: tuple, parameters: dict[str, list[str]]) -> None:

@@ -6,8 +6,10 @@ algorithm is attention. tests/test_decode_attention_gpu.py runs them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from ptx import assert_packed_like_declared, kernel_parameters
+from ptx import assert_packed_like_declared, kernel_parameters, kernel_ptx
 
 from opfacade._backends.nvrtc import compiler
 from opfacade._backends.nvrtc import decode as kernels
@@ -82,6 +84,20 @@ def _record(monkeypatch) -> list[tuple]:
     monkeypatch.setattr(kernels, "steps", lambda make, stream, device: lambda: [
         launch() for launch in make(stream)])
     return launched
+
+
+def test_no_merge_reads_a_partial_on_the_non_coherent_path():
+    """A merge kernel launches while the partial kernel runs (programmatic dependent launch) and
+    waits in the kernel (griddepcontrol.wait) before it reads a partial. A partial read on the
+    non-coherent path (ld.global.nc, from a const __restrict__ pointer) is a load the compiler
+    may treat as invariant: ptxas hoisted such loads of a rows merge above the wait (nvdisasm,
+    thirty-second session), and it merged stale partials on an H200. The wait itself is kept."""
+    merges = {name: body for name, (_, body) in kernel_ptx(kernels.SOURCE).items()
+              if name.startswith("decode_merge_")}
+    assert len(merges) == len(ELEMENTS) * (len(kernels.MERGE_THREADS) + 1)  # and the rows merge
+    for name, body in merges.items():
+        assert "griddepcontrol.wait" in body, name
+        assert not re.findall(r"ld\.global\.nc\S*\.f32", body), name
 
 
 @pytest.mark.parametrize("element", [ElementKind.f32, ElementKind.f16, ElementKind.bf16])
