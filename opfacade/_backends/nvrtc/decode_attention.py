@@ -104,8 +104,8 @@ CAPACITY_LIMIT = Limit("capacity", "capacity (page_size*max_pages or max_seq)", 
 
 DECODE_LIMITS: tuple[Limit[DecodeAttentionDescriptor], ...] = (
     CAPACITY_LIMIT,
-    Limit("chunks", "capacity / 256", "chunks", "the partial grid's y extent", GRID_YZ_MAX,
-          lambda d: kernels.chunks(d.capacity),
+    Limit("chunks", f"capacity / {kernels.CHUNK}", "chunks", "the partial grid's y extent",
+          GRID_YZ_MAX, lambda d: kernels.chunks(d.capacity),
           "decode.py: partial grid (heads_kv x tiles, chunks, batch)"),
     Limit("batch", "batch", "sequences", "the partial grid's z extent", GRID_YZ_MAX,
           lambda d: d.batch, "decode.py: partial grid (heads_kv x tiles, chunks, batch)"),
