@@ -12,7 +12,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
-                                       | --merge-rows]
+                                       | --merge-rows | --split]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -359,6 +359,17 @@ if "--merge-rows" in sys.argv:
              (64, 4096, "contiguous2", 0), (64, 4096, "contiguous", 0, {"head_dim": 64}),
              (32, 4096, "contiguous", 0, {"head_dim": 256}),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
+# The 16-row tile's batch in two halves on two streams (the default: decode.SPLIT_TILES)
+# against one grid for the whole batch; the same bits.
+if "--split" in sys.argv:
+    VARIANTS = {"two halves (default)": (), "one grid": (), "default again": (),
+                "one grid again": ()}
+    PATCHES = {name: {"SPLIT_TILES": ()} for name in VARIANTS if name.startswith("one grid")}
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (32, 4096, "contiguous4", 0),
+             (128, 4096, "contiguous4", 0), (8, 32768, "paged4", 64),
+             (64, 4096, "contiguous4", 0, {"head_dim": 64}),
+             (64, 4096, "contiguous4", 0, {"element": "f16"}),
+             (64, 4096, "contiguous3", 0)]
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before=")), None)
@@ -530,7 +541,8 @@ def main() -> None:
                 "MAX_SPAN": kernels.MAX_SPAN, "span_for": kernels.span_for,
                 "CHUNK": kernels.CHUNK, "KQ_DIMS": kernels.KQ_DIMS,
                 "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES,
-                "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS}
+                "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS,
+                "SPLIT_TILES": kernels.SPLIT_TILES}
     for name, options in VARIANTS.items():
         use_module(load_build(options))
         for attribute, value in {**defaults, **PATCHES.get(name, {})}.items():
@@ -553,9 +565,11 @@ def main() -> None:
             reference.setdefault(key, bits)
             row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)
             if name.endswith("(default)"):
-                # The step's two kernels alone (its direct launches), to place the gap.
-                partial, merge = step._call._direct
-                row["partial_ms"], row["merge_ms"] = gpu_ms(partial), gpu_ms(merge)
+                # The step's two kernels alone (its direct launches), to place the gap (a
+                # batch split in halves has a fork, two of each and a join: not timed apart).
+                if len(step._call._direct) == 2:
+                    partial, merge = step._call._direct
+                    row["partial_ms"], row["merge_ms"] = gpu_ms(partial), gpu_ms(merge)
                 row["host_us_step"] = host_us(step)
                 row["host_us_run"] = host_us(lambda p=plan, a=args, w=ws: p.run(a, workspace=w))
             results[f"{name} | {key}"] = row

@@ -89,4 +89,9 @@ run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)
 run_case("f16", "paged", 128, 32, 8, 4, 700, 5, None, False)
 run_case("f16", "contiguous", 64, 6, 2, 3, 260, 4, 40, False)
 run_case("f16", "paged", 64, 16, 2, 2, 900, 4, None, True)
+# The 16-row tile's batch in two halves (decode.splits_batch) on garbage lengths, contiguous
+# (each half's cache rows moved) and paged (its table rows), and an odd batch.
+kernels.MMA_FEW_WAVES, kernels.SPLIT_WAVES = 4, 0
+run_case("f16", "contiguous", 128, 16, 2, 2, 300, 5, None, True)
+run_case("f16", "paged", 128, 16, 2, 2, 600, 7, 100, True)
 print("sanitize_decode: done")

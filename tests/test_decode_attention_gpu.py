@@ -378,6 +378,27 @@ def test_the_rows_merge_gives_the_64_thread_merges_bits(monkeypatch, element, he
     _check(problem, rows, plan.precision_guarantee.max_rel_error)
 
 
+@pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
+@pytest.mark.parametrize(("element", "head_dim", "q_len", "heads_q", "batch"),
+                         [("bf16", 128, 4, 8, 6), ("f16", 64, 3, 10, 5)])
+def test_a_split_batch_gives_the_whole_grids_bits(monkeypatch, cache, element, head_dim, q_len,
+                                                  heads_q, batch):
+    """Kv heads of the 16-row tile run the batch as two halves on two streams
+    (decode.SPLIT_TILES): out and lse are the whole grid's bits and the reference's values,
+    with empty sequences, sequences shorter than q_len and lengths inside a chunk in either
+    half, and an odd batch."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    monkeypatch.setattr(kernels, "SPLIT_WAVES", 0)  # these grids are a few CTAs
+    desc = _descriptor(cache, element, 2100, batch, heads_q=heads_q, heads_kv=2,
+                       head_dim=head_dim, q_len=q_len)
+    lengths = [2100, 0, 1, 1000, 257, 2][:batch]
+    problem, plan, ((split, _), (whole, _)) = _runs_under(
+        monkeypatch, desc, lengths, 14, [("SPLIT_TILES", ("mma",)), ("SPLIT_TILES", ())])
+    _check(problem, split, plan.precision_guarantee.max_rel_error)
+    assert torch.equal(split.out, whole.out) and torch.equal(split.lse, whole.lse)
+
+
 def test_runs_repeat_bitwise_over_streams_and_workspaces():
     from opfacade.testing import repeat_runs
 
@@ -425,12 +446,17 @@ def test_a_query_of_unaligned_rows_gives_its_dense_twins_bits(q_len):
     _check(problem, sliced, plan.precision_guarantee.max_rel_error)
 
 
+@pytest.mark.parametrize("q_len", [1, 4])  # 4: a 16-row tile, its batch split on two streams
 @pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "nhd", 16)],
                          ids=lambda c: c.id)
-def test_one_captured_graph_replays_new_lengths_tables_and_batches(cache):
+def test_one_captured_graph_replays_new_lengths_tables_and_batches(monkeypatch, cache, q_len):
     """Captured once at the envelope's batch; replayed with new seq_lens and page tables written
     into the same buffers, and a batch whose tail slots are empty (length 0)."""
-    desc = _descriptor(cache, "bf16", 1500, 8, heads_q=32, heads_kv=8, head_dim=128)
+    from opfacade._backends.nvrtc import decode as kernels
+
+    monkeypatch.setattr(kernels, "SPLIT_WAVES", 0)  # q_len 4 splits its batch of a few CTAs
+    desc = _descriptor(cache, "bf16", 1500, 8, heads_q=32, heads_kv=8, head_dim=128,
+                       q_len=q_len)
     plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
     assert plan.precision_guarantee.capture_safe
     problem = make_problem(desc, [1500] * 8, seed=6)
@@ -446,11 +472,15 @@ def test_one_captured_graph_replays_new_lengths_tables_and_batches(cache):
         _check(fresh, args, plan.precision_guarantee.max_rel_error)
 
 
-def test_a_prepared_step_replays_as_one_graph_with_the_same_bits():
+@pytest.mark.parametrize("q_len", [1, 4])  # 4: the batch split on two streams
+def test_a_prepared_step_replays_as_one_graph_with_the_same_bits(monkeypatch, q_len):
     """From its second call a prepared step is one CUDA graph replay (launch host time), and
     gives the bits of its direct launches."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    monkeypatch.setattr(kernels, "SPLIT_WAVES", 0)  # q_len 4 splits its batch of a few CTAs
     desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 700, 5, heads_q=32, heads_kv=8,
-                       head_dim=128)
+                       head_dim=128, q_len=q_len)
     problem = make_problem(desc, [700, 0, 5, 300, 256], seed=13)
     args = problem.args()
     step = DecodeAttentionPlan.select(desc, device=0).prepare(args)

@@ -83,6 +83,9 @@ def _record(monkeypatch) -> list[tuple]:
     monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
     monkeypatch.setattr(kernels, "steps", lambda make, stream, device: lambda: [
         launch() for launch in make(stream)])
+    # A split batch's second half runs on stream 0x5ide, between a fork and a join.
+    monkeypatch.setattr(kernels, "forked", lambda on, device: (0x51DE, [
+        lambda: launched.append(("fork", on))], [lambda: launched.append(("join", on))]))
     return launched
 
 
@@ -103,6 +106,7 @@ def test_no_merge_reads_a_partial_on_the_non_coherent_path():
 @pytest.mark.parametrize("element", [ElementKind.f32, ElementKind.f16, ElementKind.bf16])
 def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, element):
     launched = _record(monkeypatch)
+    monkeypatch.setattr(kernels, "SPLIT_TILES", ())  # the whole batch in one grid (split: below)
     desc = DecodeAttentionDescriptor(batch=8, heads_q=32, heads_kv=8, head_dim=128,
                                      element=element, cache="paged", page_size=16,
                                      max_pages=64, q_len=4, save_lse=True)
@@ -134,6 +138,67 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     assert [overlaps for *_, overlaps in launched] == [False, True, False]
     # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
     assert launched[2][1] == (5, 4, 1)
+
+
+@pytest.mark.parametrize(("form", "layout"), [("contiguous", "nhd"), ("contiguous", "hnd"),
+                                            ("paged", "nhd"), ("pointers", "nhd")])
+def test_a_split_batch_runs_each_half_from_its_own_sequences(monkeypatch, signatures, form,
+                                                             layout):
+    """Kv heads of the 16-row tile run the batch as two halves (decode.splits_batch): the first
+    on the caller's stream, the second on a forked one, each a partial grid and its merge whose
+    pointers start at the half's first sequence and whose partials lie apart in the
+    workspace."""
+    launched, streams = _record(monkeypatch), []
+    monkeypatch.setattr(kernels, "SPLIT_WAVES", 0)  # a grid of any waves splits here
+    recording = kernels.launcher
+    monkeypatch.setattr(kernels, "launcher", lambda function, grid, block, args, stream, *a, **k: (
+        streams.append(stream), recording(function, grid, block, args, stream, *a, **k))[1])
+    where = dict(page_size=16, max_pages=64) if form == "paged" else dict(max_seq=1024)
+    desc = DecodeAttentionDescriptor(batch=8, heads_q=32, heads_kv=8, head_dim=128,
+                                     element="bf16", cache=form, kv_layout=layout, q_len=4,
+                                     save_lse=True, **where)
+    cache = kernels.DecodeCache.of(desc, pages=600)
+    strides = (4 * 32 * 128, 32 * 128, 128)
+    workspace = 0x100000
+    kernels.decode_call(ElementKind.bf16, 0, cache, 5, 32, 4, 0.088, None, 0x1000, strides,
+                        0x2000, 0x3000, 0x4000 if form == "paged" else 0, 0x5000, 0x6000,
+                        strides, 0x7000, workspace, 7)()
+    names = [entry[0] for entry in launched]
+    partial, merge = "decode_partial_bf16_128_16", "decode_merge_bf16_rows"
+    assert names == ["fork", partial, merge, partial, merge, "join"]
+    assert streams == [7, 7, 0x51DE, 0x51DE]
+    (_, grid_a, _, first, *_), (_, _, _, first_merge, *_) = launched[1], launched[2]
+    (_, grid_b, _, second, *_), (_, _, _, second_merge, *_) = launched[3], launched[4]
+    for name, args in ((partial, first), (merge, first_merge), (partial, second),
+                       (merge, second_merge)):
+        assert_packed_like_declared(name, args, signatures)
+    assert (grid_a[2], grid_b[2]) == (3, 2)  # sequences 0-2, then 3-4
+    moved = lambda a, b: int(b) - int(a)  # noqa: E731
+    # The partial's q, k, v, table, seq_lens and partials (acc, then (m, l)).
+    row = {"contiguous": 1024 * 8 * 128 * 2, "paged": 0, "pointers": 8}[form]
+    assert [moved(first[i], second[i]) for i in (0, 4, 5, 6, 16)] == [
+        3 * strides[0] * 2, 3 * row, 3 * row, 3 * 64 * 4 if form == "paged" else 0, 3 * 4]
+    partials = kernels.workspace_bytes(3, 32, 4, 1024, 128, halves=False)
+    assert moved(first[17], second[17]) == partials and int(first[17]) == workspace
+    # The merge's out and lse; its partials are the partial kernel's.
+    assert moved(first_merge[0], second_merge[0]) == 3 * strides[0] * 2
+    assert moved(first_merge[4], second_merge[4]) == 3 * 4 * 32 * 4
+    assert (second_merge[5], second_merge[6]) == (second[17], second[18])
+    # The second half's (m, l) end inside the envelope's workspace.
+    rows = 2 * 32 * 4 * kernels.chunks(1024)
+    assert int(second[18]) + rows * 2 * 4 <= workspace + kernels.workspace_bytes(8, 32, 4, 1024,
+                                                                                  128)
+
+
+@pytest.mark.parametrize(("rows", "element", "sequences", "waves", "split"), [
+    (16, "bf16", 64, 10.3, True), (16, "bf16", 64, 8, True), (16, "bf16", 32, 5.2, False),
+    (16, "bf16", 1, 20, False), (4, "bf16", 64, 20, False), (16, "f32", 64, 20, False)])
+def test_only_the_16_row_tiles_batches_of_many_waves_split(rows, element, sequences, waves,
+                                                          split):
+    """B64 S4096 q_len 4 is 10.3 waves of the 16-row tile on an H200, B32 5.2 (where the
+    halves lost: decode.SPLIT_WAVES)."""
+    tile = kernels.row_tile(rows, ElementKind(element), 128)
+    assert kernels.splits_batch(tile, sequences, round(waves * 396), 396) == split
 
 
 def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
@@ -183,6 +248,7 @@ def test_short_caches_merge_in_rows(monkeypatch, capacity, dim, merge, grid):
     """Caches of up to 4 chunks take the rows merge (the 64-thread merge's sums), several
     rows a CTA; longer ones a CTA a row (sequence, query head, new token)."""
     launched = _record(monkeypatch)
+    monkeypatch.setattr(kernels, "SPLIT_TILES", ())
     desc = DecodeAttentionDescriptor(batch=3, heads_q=24, heads_kv=8, head_dim=dim,
                                      element="bf16", cache="contiguous", max_seq=capacity,
                                      q_len=2)
@@ -201,6 +267,7 @@ def test_short_caches_merge_in_rows(monkeypatch, capacity, dim, merge, grid):
 
 def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     launched = _record(monkeypatch)
+    monkeypatch.setattr(kernels, "SPLIT_TILES", ())
     desc = DecodeAttentionDescriptor(batch=2, heads_q=32, heads_kv=1, head_dim=64,
                                      element="bf16", cache="contiguous", max_seq=600, q_len=2)
     kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,

@@ -159,6 +159,26 @@ KQ_FEW_WAVES = 2
 STAGES = 3  # native: OPFACADE_MMA_STAGES
 STAGED_VECTORS = 8  # 16-byte vectors a lane copies a batch
 MMA_FEW_WAVES = 4
+# The batch in two halves, each a partial grid and its merge, on two streams (a fork and a join
+# in the step's graph): one half's merge runs while the other's partial grid still streams,
+# where one grid's merge waits for all of it. Whole step, % of a 1 GiB device copy, bf16 Hq 32
+# Hkv 8 d 128, B64 S4096 (H200, scripts/decode_split_probe.py as two plans in one CUDA graph,
+# calls 7-10 of the thirty-second session on three machines; record
+# catalog/probes/decode_split_H200.json):
+#                          one grid       two halves     four parts
+#   q_len 4                87.2-88.1      88.6-89.7      82.8-84.6
+#   q_len 4 pages 16       85.1-87.3      86.7-89.1      81.2-83.4
+#   q_len 1 (kq tile)      97.2-99.9      97.0-99.6      96.4-99.0
+# The product's split (scripts/decode_variants.py --split, call 13, one machine, twice each):
+# B64 S4096 q_len 4 88.7, 88.2 against 86.9, 87.2 as one grid; pages of 16 88.0, 87.8 against
+# 86.1, 86.8; B128 90.4, 90.5 against 89.1, 89.2; B8 S32768 pages of 64 87.8, 89.2 against 87.3,
+# 87.4; d 64 83.8, 84.3 against 81.9, 82.6; but B32 (5.2 waves of the register build) 77.3,
+# 78.5 against 82.7, 82.5: a half of a few waves pays its own tail. So the 16-row tile's kv
+# heads split on grids of at least SPLIT_WAVES waves (B64 S4096 is 10.3 on an H200). The
+# price is the host's: a graph of two branches costs a replay about 2-3 us more (the bench's
+# q_len 4 rows, call 11: prepared step 4.7 and 5.9 us against 2.4 in call 4).
+SPLIT_TILES = ("mma",)
+SPLIT_WAVES = 8
 CHECK_THREADS = 256
 DEFAULT_SHARED = 48 << 10  # dynamic shared memory a kernel has without opting in
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
@@ -293,16 +313,41 @@ def kq_build(ctas: int, resident_at_4: int) -> str:
     return "_b4" if ctas <= KQ_FEW_WAVES * resident_at_4 else "_b3"
 
 
+def splits_batch(tile: Tile, sequences: int, ctas: int, resident: int) -> bool:
+    """Whether a step runs its batch as two halves on two streams: kv heads of the 16-row tile
+    (SPLIT_TILES), at least two sequences, and a grid of ``ctas`` of at least SPLIT_WAVES
+    waves of ``resident`` CTAs. Each half is the same kernels over its own sequences, so the
+    bits are the whole batch's (batch invariance), and the choice may follow the grid."""
+    return (tile.kind in SPLIT_TILES and sequences >= 2
+            and ctas >= SPLIT_WAVES * max(resident, 1))
+
+
+def resident_ctas(element: ElementKind, device: int, cache: DecodeCache, tile: Tile,
+                  kernel: str) -> int:
+    """CTAs of partial ``kernel`` (a register build, one-chunk shared memory) held at once."""
+    function = get_kernel(SOURCE, kernel, device)
+    shared = shared_bytes(element, cache.dim, tile)
+    return device_sm_count(device) * resident_blocks(function, THREADS, shared, device)
+
+
 def mma_build(ctas: int, resident: int) -> str:
     """The 16-row tile's build for a grid of ``ctas`` on a device holding ``resident`` of its
     register build's CTAs at once: staged above MMA_FEW_WAVES of their waves."""
     return "_staged" if ctas > MMA_FEW_WAVES * resident else ""
 
 
-def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int) -> int:
-    """The partials of ``batch`` sequences: acc (Dv floats) and (m, l) per query row and chunk."""
+def workspace_bytes(batch: int, heads_q: int, q_len: int, capacity: int, dim_v: int,
+                    halves: bool = True) -> int:
+    """The partials of ``batch`` sequences: acc (Dv floats) and (m, l) per query row and chunk;
+    with ``halves``, enough for the two halves' partials where the batch splits
+    (``splits_batch``): each half's are rounded up on their own."""
     rows = batch * heads_q * q_len * chunks(capacity)
-    return Workspace.round_up(rows * dim_v * 4) + Workspace.round_up(rows * 2 * 4)
+    whole = Workspace.round_up(rows * dim_v * 4) + Workspace.round_up(rows * 2 * 4)
+    if not halves or batch < 2:
+        return whole
+    half = -(-batch // 2)
+    return max(whole, workspace_bytes(half, heads_q, q_len, capacity, dim_v, False)
+               + workspace_bytes(batch - half, heads_q, q_len, capacity, dim_v, False))
 
 
 def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences: int,
@@ -310,10 +355,57 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                 q: int, q_strides: tuple[int, int, int], k: int, v: int, table: int,
                 seq_lens: int, out: int, out_strides: tuple[int, int, int], lse: int | None,
                 workspace: int, stream: int) -> Callable[[], None]:
-    """The two launches of one decode step over ``sequences`` sequences (strides in elements:
-    batch, token, head)."""
+    """One decode step over ``sequences`` sequences (strides in elements: batch, token, head):
+    the partial and merge launches, or, where the batch splits (``splits_batch``), theirs for
+    each half, the second half on a stream forked from ``stream`` and joined to it."""
+    tile = row_tile(heads_q // cache.heads_kv * q_len, element, cache.dim)
+
+    def part(first: int, count: int, at: int) -> Callable[[int], list[Callable[[], None]]]:
+        """The launches of sequences [first, first + count), with their partials at ``at``:
+        every pointer moved to the part's first sequence (a cache's table rows, or its own rows
+        where it has them; the pages are shared)."""
+        size = element.itemsize
+        rows_k = cache.capacity * cache.heads_kv * cache.dim * size  # a contiguous cache's row
+        rows_v = cache.capacity * cache.heads_kv * cache.dim_v * size
+        step_k, step_v, step_table = {"contiguous": (rows_k, rows_v, 0),
+                                      "paged": (0, 0, 4 * cache.max_pages),
+                                      "pointers": (8, 8, 0)}[cache.kind]
+        return part_launches(
+            element, device, cache, tile, count, heads_q, q_len, scale, window_left,
+            q + first * q_strides[0] * size, q_strides, k + first * step_k, v + first * step_v,
+            table + first * step_table if table else table, seq_lens + 4 * first,
+            out + first * out_strides[0] * size, out_strides,
+            None if lse is None else lse + 4 * first * q_len * heads_q, at)
+
     group = heads_q // cache.heads_kv
-    tile = row_tile(group * q_len, element, cache.dim)
+    ctas = cache.heads_kv * -(-group * q_len // tile.rows) * chunks(cache.capacity) * sequences
+    # (The occupancy query only where a split is possible.)
+    if not (tile.kind in SPLIT_TILES and splits_batch(
+            tile, sequences, ctas,
+            resident_ctas(element, device, cache, tile, tile.kernel(element, cache.dim)))):
+        return steps(part(0, sequences, workspace), stream, device)
+    half = -(-sequences // 2)
+    first = part(0, half, workspace)
+    second = part(half, sequences - half,
+                  workspace + workspace_bytes(half, heads_q, q_len, cache.capacity, cache.dim_v,
+                                              halves=False))
+
+    def launches(on: int) -> list[Callable[[], None]]:
+        side, fork, join = forked(on, device)
+        return [*fork, *first(on), *second(side), *join]
+
+    return steps(launches, stream, device)
+
+
+def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: Tile,
+                  sequences: int, heads_q: int, q_len: int, scale: float,
+                  window_left: int | None, q: int, q_strides: tuple[int, int, int], k: int,
+                  v: int, table: int, seq_lens: int, out: int,
+                  out_strides: tuple[int, int, int], lse: int | None, workspace: int
+                  ) -> Callable[[int], list[Callable[[], None]]]:
+    """The two launches of a decode step over ``sequences`` sequences, on a stream to be named:
+    ``decode_partial`` then ``decode_merge``."""
+    group = heads_q // cache.heads_kv
     tiles = -(-group * q_len // tile.rows)
     n_chunks = chunks(cache.capacity)
     rows = sequences * heads_q * q_len * n_chunks
@@ -335,10 +427,8 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                     np.int32(-1 if window_left is None else window_left))
     ctas = cache.heads_kv * tiles * n_chunks * sequences
 
-    def resident(kernel: str) -> int:  # CTAs of ``kernel`` (a register build) held at once
-        function = get_kernel(SOURCE, kernel, device)
-        shared = shared_bytes(element, cache.dim, tile)
-        return device_sm_count(device) * resident_blocks(function, THREADS, shared, device)
+    def resident(kernel: str) -> int:
+        return resident_ctas(element, device, cache, tile, kernel)
 
     span, build = 1, ""
     if tile.kind == "kq":
@@ -366,7 +456,32 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                 launcher(merge, merge_grid, (merge_block,), merge_args, on, device,
                          overlap_previous=overlap)]
 
-    return steps(launches, stream, device)
+    return launches
+
+
+def forked(on: int, device: int) -> tuple[int, list[Callable[[], None]],
+                                          list[Callable[[], None]]]:
+    """A stream of our own forked from ``on`` and joined back: (its handle, the fork's calls,
+    the join's calls). The calls record an event on one stream and make the other wait for it,
+    so work launched on the side stream between them follows what ``on`` held before the fork
+    and precedes what ``on`` runs after the join; under a stream capture the side stream joins
+    the capture, as CUDA allows."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    with cupy.cuda.Device(device):
+        side = cupy.cuda.Stream(non_blocking=True)
+        forks, joins = cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)
+
+    def fork() -> None:
+        runtime.eventRecord(forks.ptr, on)
+        runtime.streamWaitEvent(side.ptr, forks.ptr, 0)
+
+    def join() -> None:
+        runtime.eventRecord(joins.ptr, side.ptr)
+        runtime.streamWaitEvent(on, joins.ptr, 0)
+
+    return side.ptr, [fork], [join]
 
 
 def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences: int,
