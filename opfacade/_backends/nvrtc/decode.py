@@ -3,7 +3,9 @@
 
 A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
 sequence), then ``decode_merge`` over (sequence, query head, new token), which on sm_90 launches
-while the partial kernel ends and waits in the kernel for its writes. The partials live in
+while the partial kernel ends and waits in the kernel for its writes. A batch of the 16-row
+tile on a grid of many waves runs as two halves, each those two launches, the second half on a
+stream forked from the call's and joined back (``splits_batch``). The partials live in
 the workspace, sized for the descriptor's envelope (``workspace_bytes``). Everything the kernels
 read about lengths and pages is device data: a call may be captured and replayed with new
 seq_lens, page tables and batch composition, for any batch up to the envelope's.
