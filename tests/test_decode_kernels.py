@@ -198,7 +198,7 @@ def test_only_the_16_row_tiles_batches_of_many_waves_split(rows, element, sequen
     """B64 S4096 q_len 4 is 10.3 waves of the 16-row tile on an H200, B32 5.2 (where the
     halves lost: decode.SPLIT_WAVES)."""
     tile = kernels.row_tile(rows, ElementKind(element), 128)
-    assert kernels.splits_batch(tile, sequences, round(waves * 396), 396) == split
+    assert kernels.splits_batch(tile, sequences, round(waves * 396), lambda: 396) == split
 
 
 def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):

@@ -315,13 +315,26 @@ def kq_build(ctas: int, resident_at_4: int) -> str:
     return "_b4" if ctas <= KQ_FEW_WAVES * resident_at_4 else "_b3"
 
 
-def splits_batch(tile: Tile, sequences: int, ctas: int, resident: int) -> bool:
+def splits_batch(tile: Tile, sequences: int, ctas: int, resident: Callable[[], int]) -> bool:
     """Whether a step runs its batch as two halves on two streams: kv heads of the 16-row tile
     (SPLIT_TILES), at least two sequences, and a grid of ``ctas`` of at least SPLIT_WAVES
-    waves of ``resident`` CTAs. Each half is the same kernels over its own sequences, so the
-    bits are the whole batch's (batch invariance), and the choice may follow the grid."""
+    waves of ``resident()`` CTAs (an occupancy query, asked only where the rest allows a
+    split). Each half is the same kernels over its own sequences, so the bits are the whole
+    batch's (batch invariance), and the choice may follow the grid."""
     return (tile.kind in SPLIT_TILES and sequences >= 2
-            and ctas >= SPLIT_WAVES * max(resident, 1))
+            and ctas >= SPLIT_WAVES * max(resident(), 1))
+
+
+def row_tiles(heads_q: int, heads_kv: int, q_len: int, tile: Tile) -> int:
+    """The tiles of one kv head's query rows (its group's heads times the new tokens)."""
+    return -(-(heads_q // heads_kv * q_len) // tile.rows)
+
+
+def partial_ctas(cache: DecodeCache, tile: Tile, heads_q: int, q_len: int,
+                 sequences: int) -> int:
+    """The partial grid's CTAs at one chunk a CTA: (kv head x row tile, chunk, sequence)."""
+    return (cache.heads_kv * row_tiles(heads_q, cache.heads_kv, q_len, tile)
+            * chunks(cache.capacity) * sequences)
 
 
 def resident_ctas(element: ElementKind, device: int, cache: DecodeCache, tile: Tile,
@@ -379,12 +392,9 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
             out + first * out_strides[0] * size, out_strides,
             None if lse is None else lse + 4 * first * q_len * heads_q, at)
 
-    group = heads_q // cache.heads_kv
-    ctas = cache.heads_kv * -(-group * q_len // tile.rows) * chunks(cache.capacity) * sequences
-    # (The occupancy query only where a split is possible.)
-    if not (tile.kind in SPLIT_TILES and splits_batch(
-            tile, sequences, ctas,
-            resident_ctas(element, device, cache, tile, tile.kernel(element, cache.dim)))):
+    ctas = partial_ctas(cache, tile, heads_q, q_len, sequences)
+    if not splits_batch(tile, sequences, ctas, lambda: resident_ctas(
+            element, device, cache, tile, tile.kernel(element, cache.dim))):
         return steps(part(0, sequences, workspace), stream, device)
     half = -(-sequences // 2)
     first = part(0, half, workspace)
@@ -408,7 +418,7 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
     """The two launches of a decode step over ``sequences`` sequences, on a stream to be named:
     ``decode_partial`` then ``decode_merge``."""
     group = heads_q // cache.heads_kv
-    tiles = -(-group * q_len // tile.rows)
+    tiles = row_tiles(heads_q, cache.heads_kv, q_len, tile)
     n_chunks = chunks(cache.capacity)
     rows = sequences * heads_q * q_len * n_chunks
     ws_acc, ws_ml = workspace, workspace + Workspace.round_up(rows * cache.dim_v * 4)
@@ -427,7 +437,7 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
                     np.uint64(seq_lens), np.uint64(ws_acc), np.uint64(ws_ml), np.int32(q_len),
                     np.int32(group), np.int32(tiles), np.int32(n_chunks), np.float32(scale),
                     np.int32(-1 if window_left is None else window_left))
-    ctas = cache.heads_kv * tiles * n_chunks * sequences
+    ctas = partial_ctas(cache, tile, heads_q, q_len, sequences)
 
     def resident(kernel: str) -> int:
         return resident_ctas(element, device, cache, tile, kernel)
