@@ -21,6 +21,7 @@ import numpy as np
 from ..._internal.device import device_arch, device_sm_count
 from ..._internal.graph_replay import GraphedLaunches
 from ..._internal.sku import Workspace
+from ..._internal.stream_fork import forked
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
@@ -32,57 +33,22 @@ __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
-# Keys per chunk: kChunk, a constant (batch invariance rests on it, and bit stability on its
-# not following the device). Each chunk costs its CTA a softmax pause and an epilogue, and the
-# step a partial (f32, per row) and its merge; fewer chunks leave fewer CTAs to spread. Whole
-# step, % of a 1 GiB device copy, chunks of 256 / 512, same process, bf16 Hq 32 Hkv 8 d 128
-# (scripts/decode_variants.py --chunk and --chunk512; records catalog/probes/decode_chunk_*):
-#                          H100 (twice each)          H200 (256: the six-block build it ran then)
-#   B64 S4096              94.8, 94.9 / 94.8, 94.6    85.7, 86.6 / 85.3
-#   B256 S1024 pages 16    89.6, 89.3 / 90.4, 90.3    79.7, 82.1 / 82.1
-#   B8 S32768 pages 64     92.7, 92.5 / 93.0, 92.6    85.0, 84.6 / 84.6
-#   B1 S32768              77.1, 77.0 / 80.7, 80.0    60.6, 60.3 / 64.7
-#   B64 S4096 q_len 4      81.4, 80.6 / 82.0, 81.9    70.1, 69.4 / 73.4
-# Chunks of 1024 lost on both (B1 S32768 62.8% on the H100), and of 128 on the H200 (71% at B64).
+# Keys per chunk: kChunk, a constant (batch invariance rests on it, and bit stability on
+# its not following the device). Each chunk costs its CTA a softmax pause and an epilogue,
+# the step a row of f32 partials and its merge; fewer chunks leave fewer CTAs to spread.
+# 512 read as fast as 256 or faster on both GPUs, 128 and 1024 slower (docs/DECODE.md,
+# "decode.py's constants").
 CHUNK = 512
 THREADS = 128  # kThreads
-# The merge kernel's threads (it is built with each), by the capacity's chunks: more slices of
-# chunks in flight pay for long caches, small CTAs (more of them resident) for short ones and
-# for batches of many sequences. On an H100 (scripts/decode_variants.py, 2026-11-26, % of a
-# copy for the whole step; records catalog/probes/decode_merge_*_H100.json and the bench):
-#   4 chunks (S1024), B256:        64 threads 92.2, 128 91.3, 256 89.4
-#   16 chunks (S4096), B64:        64 threads 95.0, 128 94.2, 256 94.2 (q_len 4: 81.7 / 81.7 / 80.7)
-#   32 chunks (64 seqs of 1-8192): 256 threads 92.4, 1024 88.2 (bench calls 13 and 15)
-#   128 chunks (S32768), B1:       64 threads 60.3, 128 67.8, 256 72.4-73.2, 512 74.2, 1024 74.6
-#                        B8 paged: 256 threads 92.0-92.3, 1024 92.2-92.6
-# (Those ran at chunks of 256; at 512 the bench's caches of 1024 to 8192 keys take 64 threads,
-# as the table says for their chunk counts.) At chunks of 512 a cache of 32768 keys has 64
-# chunks: 256 threads (8 slices of 8 chunks, 4 of them loaded early) against 512 (16 slices of
-# 4, all loaded early) and 1024, each twice (H200, scripts/decode_variants.py --merge-64;
-# record catalog/probes/decode_merge_64_H200.json):
-#   B1 S32768:           256 77.5, 77.5   512 79.2, 78.6   1024 79.4, 79.5
-#   B1 S32768 pages 16:  256 75.3, 75.0   512 77.4, 77.2   1024 77.3, 77.4
-#   B2 S32768:           256 85.6, 84.9   512 86.8, 86.5   1024 87.1, 86.8
-#   B8 S32768 pages 64:  256 96.8, 97.1   512 97.5, 97.3   1024 96.2, 96.4
-#   B8 S32768 q_len 4:   256 86.3, 86.4   512 85.6, 85.6   1024 81.9, 81.9
-# The capacity picks, so one plan always sums in one order.
+# The merge kernel's threads (it is built with each), by the capacity's chunks: more slices
+# of chunks in flight pay for long caches, small CTAs (more of them resident) for short
+# ones and for batches of many sequences. The capacity picks, so one plan always sums in
+# one order (docs/DECODE.md, "decode.py's constants").
 MERGE_THREADS = ((16, 64), (32, 256), (64, 512), (None, 1024))  # (up to this many chunks, threads)
 # The 64-thread merge's sums also come from decode_merge_<T>_rows (decode_merge.cuh), which
-# merges a row with Dv / 4 threads, several rows a CTA, bit for bit as that merge does. Its
-# threads load their first 4 chunks with the chunks' maxima, so it takes caches of at most
-# ROWS_CHUNKS chunks, where it waits on one round trip to the partials as that merge does,
-# in a grid that fits. Whole step, % of a 1 GiB device copy, each twice (H200, bf16 Hq 32 Hkv
-# 8 d 128, scripts/decode_variants.py --merge-rows with the rows merge at up to 16 chunks then;
-# record catalog/probes/decode_merge_rows_H200.json):
-#                              rows merge    64-thread merge
-#   B256 S1024 (2 chunks)      98.8, 99.0    97.3, 97.3
-#   B256 S1024 pages 16        96.5, 96.0    94.8, 94.4
-#   B64 S4096 (8 chunks)       99.6, 99.7    99.7, 99.5
-#   B64 S4096 q_len 4          86.9, 87.2    87.3, 87.4
-#   B64 S4096 q_len 4 pages 16 85.0, 86.2    86.6, 86.3
-#   B64 S4096 q_len 2          95.8, 95.6    96.2, 96.2
-#   B64 S4096 f32              101.0, 102.0  101.9, 101.9
-# (at 8 chunks its threads wait on a second round trip for their last 4).
+# merges a row with Dv / 4 threads, several rows a CTA, bit for bit as that merge does, for
+# caches of at most ROWS_CHUNKS chunks (its threads load their first 4 with the maxima)
+# in a grid that fits (docs/DECODE.md, "decode.py's constants").
 MERGE_ROWS = True
 ROWS_CHUNKS = 4  # decode_merge.cuh's kRowsEarly
 ROWS_THREADS = 128  # decode_merge.cuh's kRowsThreads
@@ -99,86 +65,35 @@ TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 MMA_TILE = 16
 MMA_DIMS = (64, 128)
 MMA_WARPS = THREADS // 32
-# A 4-row partial CTA may run several consecutive chunks of its sequence (its span), loading the
-# next chunk's first keys while it writes the last one's partials. Each chunk's partial is
-# computed exactly as alone, so the span changes no bit and may follow the grid. A grid of a
-# few waves (B2 S32768: 1024 CTAs, 660 resident on an H100) becomes one wave of CTAs with
-# spans, which pays each CTA's start and end once; a grid of many waves stays at one chunk a
-# CTA (the plain kernel, which holds fewer registers), its CTAs' starts already spread out. Up
-# to MAX_SPAN chunks a CTA. H100, scripts/decode_variants.py --span, % of a device copy for
-# the whole step, each twice in one run, at chunks of 256 (B1 S32768 then had 1024 CTAs; it
-# has 512 now, one wave without spans) (record catalog/probes/decode_spans_H100.json):
-#                         spans        one chunk a CTA   the kernel before spans
-#   B1 S32768 contiguous  77.2 / 77.3  75.6 / 75.8       75.4 / 73.8
-#   B1 S32768 paged 16    76.1 / 75.8  74.5 / 75.0       74.5 / 74.1
-#   B4 S16384             86.8 / 86.5  83.2 / 83.6       83.4 / 83.0
-#   B64 S4096 (no span)   94.9 / 94.8  94.6 / 94.8       94.2 / 94.3
+# A 4-row partial CTA may run several consecutive chunks of its sequence (its span), loading
+# the next chunk's first keys while it writes the last one's partials. Each chunk's partial
+# is computed exactly as alone, so the span changes no bit and may follow the grid: a grid
+# of a few waves becomes one wave of CTAs with spans (up to MAX_SPAN chunks a CTA), a grid
+# of many stays at one chunk a CTA (docs/DECODE.md, "decode.py's constants").
 MAX_SPAN = 4
-# The kq tile (decode_partial_*_128_8kq_b*, native/decode_kq.cuh): every kv head of up to 8 rows
-# in f16/bf16 at D 128, on tensor cores with K and V as mma's A operand. Against the tiles
-# before it (4-row CUDA-core tiles; the 16-row tensor-core tile for 8 rows), whole step, % of a
-# 1 GiB device copy, bf16 Hq 32 Hkv 8 d 128, one process each, with the evict-first hint then
-# (H200, 2026-11-28, scripts/decode_variants.py --kq in its first form; records
-# catalog/probes/decode_kq_H200.json and, for B64 S4096, B1, B2 and Hq 64, the next call's
-# decode_kq_rows_H200.json):
-#                               before        kq, 3 CTAs an SM   kq, 4 CTAs an SM
-#   B64 S4096                   84.4, 84.5    94.4, 94.6         93.0
-#   B64 S4096 pages 16          82.4, 83.0    89.6, 89.6         87.6
-#   B256 S1024 pages 16         80.6, 81.5    88.1, 88.2         85.8
-#   B8 S32768 pages 64          83.0, 83.5    90.0, 90.3         87.7
-#   B64 S4096 q_len 2 (8 rows)  77.7, 78.0    89.9, 90.0         87.9
-#   B64 S4096 Hq 64 (8 rows)    77.3, 78.5    89.0, 89.2         87.2
-#   B1 S32768                   65.0, 64.7    61.5, 61.7         72.4
-#   B2 S32768                   71.1, 70.9    76.9, 77.4         78.3
-# Kv heads of 16 rows (q_len 4) stay on the 16-row tile: two kq tiles over the same keys read
-# at 61% against its 73%. The kq tile is built for 3 CTAs an SM (168 registers, best on grids
-# of many waves) and for 4 (128 registers), which takes grids of at most KQ_FEW_WAVES of its
-# waves: B1 S32768's 512 CTAs are 1.3 waves at 3 an SM on 132 SMs and one wave at 4. The two
-# builds compute alike, so the choice (which follows the grid and the device) changes no bit.
+# The kq tile (decode_partial_*_128_8kq_b*, native/decode_kq.cuh): every kv head of up to 8
+# rows in f16/bf16 at D 128, on tensor cores with K and V as mma's A operand. Built for 3
+# CTAs an SM (168 registers, best on grids of many waves) and for 4 (128 registers), which
+# takes grids of at most KQ_FEW_WAVES of its waves. The builds compute alike, so the choice
+# changes no bit. Kv heads of 16 rows stay on the 16-row tile (docs/DECODE.md, "decode.py's
+# constants").
 KQ_ROWS = 8
 KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
-# The 16-row tile also builds with K and V staged through shared memory (``_16_staged``: each
-# warp's load batches land by cp.async in a ring of STAGES of them, around L1, and V's first
-# batches fly through the softmax; the register build spills 68-120 bytes at 168 registers,
-# this one none at d 128). Each lane copies and reads back its own fragments, so the sums and
-# bits are the register build's, and the choice may follow the grid: grids of more than
-# MMA_FEW_WAVES waves of the register build take the staged one. Whole step, % of a 1 GiB
-# device copy, bf16 Hq 32 Hkv 8 d 128 q_len 4 unless named, two passes each (H200,
-# scripts/decode_variants.py --staged, before the copies' evict-first hint, which then read
-# within a point of this at d 128 and 3-4 points above at d 64; record
-# catalog/probes/decode_staged_H200.json):
-#                                     registers     staged
-#   B64 S4096 (10.3 waves)            80.7, 80.5    83.6, 83.5
-#   B64 S4096 pages 16                78.5, 78.1    79.8, 80.3
-#   B64 S4096 f16                     76.5, 76.5    82.9, 83.0
-#   B64 S4096 d 64                    64.1, 63.7    76.8, 78.6
-#   B32 S4096 (5.2 waves)             78.5, 77.9    76.2, 78.6
-#   B16 S4096 (2.6 waves)             72.4, 72.1    71.3
-#   B1 S32768 (1.3 waves)             58.1, 57.9    52.9, 54.3
-# The same ring on the kq tile's 3-CTA build read 68-71% where its register build read 91-97%
-# on every grid of many waves (branch exp/staged-both): the kq tile stays in registers.
+# The 16-row tile also builds with K and V staged through shared memory (``_16_staged``:
+# each warp's load batches land by cp.async in a ring of STAGES of them, and V's first
+# batches fly through the softmax; the register build spills at 168 registers, this one
+# not at d 128). Each lane reads back its own fragments, so the bits are the register
+# build's: grids of more than MMA_FEW_WAVES waves of the register build take the staged
+# one. The same ring lost on the kq tile (docs/DECODE.md, "decode.py's constants").
 STAGES = 3  # native: OPFACADE_MMA_STAGES
 STAGED_VECTORS = 8  # 16-byte vectors a lane copies a batch
 MMA_FEW_WAVES = 4
-# The batch in two halves, each a partial grid and its merge, on two streams (a fork and a join
-# in the step's graph): one half's merge runs while the other's partial grid still streams,
-# where one grid's merge waits for all of it. Whole step, % of a 1 GiB device copy, bf16 Hq 32
-# Hkv 8 d 128, B64 S4096 (H200, scripts/decode_split_probe.py as two plans in one CUDA graph,
-# calls 7-10 of the thirty-second session on three machines; record
-# catalog/probes/decode_split_H200.json):
-#                          one grid       two halves     four parts
-#   q_len 4                87.2-88.1      88.6-89.7      82.8-84.6
-#   q_len 4 pages 16       85.1-87.3      86.7-89.1      81.2-83.4
-#   q_len 1 (kq tile)      97.2-99.9      97.0-99.6      96.4-99.0
-# The product's split (scripts/decode_variants.py --split, call 13, one machine, twice each):
-# B64 S4096 q_len 4 88.7, 88.2 against 86.9, 87.2 as one grid; pages of 16 88.0, 87.8 against
-# 86.1, 86.8; B128 90.4, 90.5 against 89.1, 89.2; B8 S32768 pages of 64 87.8, 89.2 against 87.3,
-# 87.4; d 64 83.8, 84.3 against 81.9, 82.6; but B32 (5.2 waves of the register build) 77.3,
-# 78.5 against 82.7, 82.5: a half of a few waves pays its own tail. So the 16-row tile's kv
-# heads split on grids of at least SPLIT_WAVES waves (B64 S4096 is 10.3 on an H200). The
-# price is the host's: a graph of two branches costs a replay about 2-3 us more (the bench's
-# q_len 4 rows, call 11: prepared step 4.7 and 5.9 us against 2.4 in call 4).
+# The batch in two halves, each a partial grid and its merge, on two streams (a fork and a
+# join in the step's graph): one half's merge runs while the other's partial grid still
+# streams, where one grid's merge waits for all of it. It gained 1.3-1.9 points of a copy
+# at q_len 4 and lost on grids of a few waves, hence SPLIT_WAVES; a graph of two branches
+# costs a replay 2-3 us more (docs/DECODE.md, "decode.py's constants").
 SPLIT_TILES = ("mma",)
 SPLIT_WAVES = 8
 CHECK_THREADS = 256
@@ -469,31 +384,6 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
                          overlap_previous=overlap)]
 
     return launches
-
-
-def forked(on: int, device: int) -> tuple[int, list[Callable[[], None]],
-                                          list[Callable[[], None]]]:
-    """A stream of our own forked from ``on`` and joined back: (its handle, the fork's calls,
-    the join's calls). The calls record an event on one stream and make the other wait for it,
-    so work launched on the side stream between them follows what ``on`` held before the fork
-    and precedes what ``on`` runs after the join; under a stream capture the side stream joins
-    the capture, as CUDA allows."""
-    import cupy
-
-    runtime = cupy.cuda.runtime
-    with cupy.cuda.Device(device):
-        side = cupy.cuda.Stream(non_blocking=True)
-        forks, joins = cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)
-
-    def fork() -> None:
-        runtime.eventRecord(forks.ptr, on)
-        runtime.streamWaitEvent(side.ptr, forks.ptr, 0)
-
-    def join() -> None:
-        runtime.eventRecord(joins.ptr, side.ptr)
-        runtime.streamWaitEvent(on, joins.ptr, 0)
-
-    return side.ptr, [fork], [join]
 
 
 def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences: int,
