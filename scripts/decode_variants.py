@@ -449,15 +449,12 @@ def launch_floor() -> dict[str, float]:
     sequence), packed once (PackedLaunch, as our steps launch), and of one replay of a CUDA
     graph holding it: the floor under any prepared call's host time on this machine."""
     from opfacade._backends.nvrtc.launch import PackedLaunch
-    from opfacade._internal.graph_replay import GraphedLaunches
+    from opfacade._bench.host_floor import replay_floor
 
     kernel, args, _verdict = noop_kernel(torch)
     stream = torch.cuda.current_stream().cuda_stream
     packed = PackedLaunch(kernel, (1,), (256,), args, stream, 0)
-    graphed = GraphedLaunches(lambda on: [PackedLaunch(kernel, (1,), (256,), args, on, 0)],
-                              stream, 0)
-    graphed()
-    return {"one packed launch": host_us(packed), "one graph replay": host_us(graphed)}
+    return {"one packed launch": host_us(packed), "one graph replay": host_us(replay_floor(torch))}
 
 
 def overlap_ab(copy_tbps: float, rounds: int = 25, calls: int = 20) -> dict[str, dict]:

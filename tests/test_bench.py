@@ -423,6 +423,25 @@ def test_first_untimed_leaves_out_each_batchs_first_call(monkeypatch):
     assert len(calls) == 2 * 4 + 3 * 4 + 3 * 5  # warm-ups, then the batches
 
 
+def test_the_step_host_note_times_the_replay_floor_among_the_calls_it_is_the_floor_of(
+        monkeypatch):
+    # The floor is interleaved with run() and the step (the same batches, the same host state)
+    # and reported from the batches that leave each first call out, as the step's own figure.
+    timed = []
+
+    def interleaved(fns, calls, rounds=7, first_untimed=False):
+        timed.append((sorted(fns), first_untimed))
+        return {"run": 9.0 + first_untimed, "step": 5.0 + first_untimed,
+                "floor": 4.0 + first_untimed}
+
+    monkeypatch.setattr(common, "host_us_interleaved", interleaved)
+    note = common.step_host_note(lambda: None, lambda: None, lambda: None)
+    assert timed == [(["floor", "run", "step"], False), (["floor", "run", "step"], True)]
+    assert note.endswith("prepared step() 6.0 us, one graph replay of a kernel that does "
+                         "nothing 5.0 us")
+    assert "nothing" not in common.step_host_note(lambda: None, lambda: None)
+
+
 # -- the host rows' torch training forward -------------------------------------------------------
 @pytest.mark.parametrize("choice", [1, 2, 3])
 def test_the_torch_training_forward_is_the_aten_op_of_torchs_choice_with_its_logsumexp(

@@ -248,17 +248,22 @@ PLAUSIBLE_FRACTION = 0.5
 RETIME_IN_GRAPHS = True
 
 
-def step_host_note(run_call: Callable[[], object], step: Callable[[], object]) -> str:
+def step_host_note(run_call: Callable[[], object], step: Callable[[], object],
+                   floor: Callable[[], object] | None = None) -> str:
     """The decode and kv_append rows' host figures (issue 13 §5): run() with a workspace and the
     prepared step, each timed in batches of HOST_CALLS begun on an idle GPU, and again with each
     batch's first call untimed: the host's wake-up from its wait on the GPU, which that first
-    call pays, left out (host_us_interleaved's first_untimed)."""
-    fns = {"run": run_call, "step": step}
+    call pays, left out (host_us_interleaved's first_untimed). ``floor`` (host_floor.replay_floor),
+    timed among them: one graph replay of a kernel that does nothing, what this host and driver
+    take for any prepared step (the hosts differ by 2x)."""
+    fns = {"run": run_call, "step": step, **({"floor": floor} if floor else {})}
     batch = host_us_interleaved(fns, HOST_CALLS)
     steady = host_us_interleaved(fns, HOST_CALLS, first_untimed=True)
+    floor_note = (f", one graph replay of a kernel that does nothing {steady['floor']:.1f} us"
+                  if floor else "")
     return (f"host per call: run() {batch['run']:.1f} us, prepared step() {batch['step']:.1f} "
             f"us; after each batch's first call: run() {steady['run']:.1f} us, prepared step() "
-            f"{steady['step']:.1f} us")
+            f"{steady['step']:.1f} us{floor_note}")
 
 
 def suspects(gpu_ms: dict[str, float], host_ms: dict[str, float]) -> list[str]:

@@ -39,6 +39,7 @@ from ..ops.decode_attention import (
 from .common import BenchRow, settle_by_copying, step_host_note, time_contestants, time_ms
 from .cudnn_peers import RawCudnn, first_line
 from .decode_peers import Peer, build_peers, cudnn_paged, torch_sdpa
+from .host_floor import replay_floor
 
 OP = "decode_attention"
 HEADS_Q, HEADS_KV, HEAD_DIM, ITEMSIZE = 32, 8, 128, 2  # bf16
@@ -284,7 +285,7 @@ def _row(torch, raw: RawCudnn, case: DecodeCase, copy_rate: float, reps: int,
         return peers_only_row(OP, case.label, fns, reps, figure, notes, settle)
     run_call, step = ours
     notes += _differences(p, peers)
-    notes.append(step_host_note(run_call, step))
+    notes.append(step_host_note(run_call, step, replay_floor(torch)))
     timings = time_contestants({"ours": run_call, **fns}, reps, settle=settle)
     notes.append(_against_same_bytes(torch, kv_bytes(p.lengths), timings.gpu_ms["ours"], reps))
     return timings.row(OP, case.label, figure, "; ".join(notes))

@@ -30,6 +30,7 @@ from ..ops.kv_append import KvAppendArgs, KvAppendDescriptor, KvAppendPlan
 from .common import BenchRow, Timings, step_host_note, time_contestants
 from .cudnn_peers import first_line
 from .decode_attention import CacheShape, our_calls, page_order, peers_only_row
+from .host_floor import replay_floor
 
 OP = "kv_append"
 HEADS_KV, HEAD_DIM, ITEMSIZE = 8, 128, 2  # bf16
@@ -191,7 +192,7 @@ def _row(torch, case: AppendCase, reps: int) -> BenchRow:
     if ours is None:
         return peers_only_row(OP, case.label, fns, reps, figure, notes)
     run_call, step = ours
-    notes.append(step_host_note(run_call, step))
+    notes.append(step_host_note(run_call, step, replay_floor(torch)))
     timings = time_contestants({"ours": run_call, **fns}, reps)
     return timings.row(OP, case.label, figure, "; ".join(notes))
 

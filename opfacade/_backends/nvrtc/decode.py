@@ -92,8 +92,9 @@ MMA_FEW_WAVES = 4
 # The batch in two halves, each a partial grid and its merge, on two streams (a fork and a
 # join in the step's graph): one half's merge runs while the other's partial grid still
 # streams, where one grid's merge waits for all of it. It gained 1.3-1.9 points of a copy
-# at q_len 4 and lost on grids of a few waves, hence SPLIT_WAVES; a graph of two branches
-# costs a replay 2-3 us more (docs/DECODE.md, "decode.py's constants").
+# at q_len 4 and lost on grids of a few waves, hence SPLIT_WAVES. The fork costs a prepared
+# step's replay about 1.2 us of host time (scripts/decode_host_probe.py, one process; record
+# catalog/probes/decode_host_H200.json) (docs/DECODE.md, "decode.py's constants").
 SPLIT_TILES = ("mma",)
 SPLIT_WAVES = 8
 CHECK_THREADS = 256
