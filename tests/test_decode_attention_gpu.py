@@ -494,6 +494,44 @@ def test_a_prepared_step_replays_as_one_graph_with_the_same_bits(monkeypatch, q_
     assert step._call._exec is not None, "the step did not become a graph"
 
 
+def test_split_steps_share_their_callers_side_stream_and_keep_their_bits(monkeypatch):
+    """Every split call forked from one caller's stream forks onto that stream's one side stream
+    (stream_fork._SIDES); calls from another stream fork onto their own, and run beside them."""
+    from opfacade._backends.nvrtc import decode as kernels
+    from opfacade._internal import stream_fork
+
+    monkeypatch.setattr(kernels, "SPLIT_WAVES", 0)  # q_len 4 splits its batch of a few CTAs
+    monkeypatch.setattr(stream_fork, "_SIDES", stream_fork.BuildOnceLRU("test sides", 16))
+    desc = _descriptor(Cache("contiguous"), "bf16", 700, 4, heads_q=32, heads_kv=8,
+                       head_dim=128, q_len=4)
+    plan = DecodeAttentionPlan.select(desc, device=0)
+    problems = [make_problem(desc, lengths, seed=seed)
+                for seed, lengths in ((20, [700, 3, 512, 1]), (21, [0, 699, 64, 300]))]
+    args = [problem.args() for problem in problems]
+    caller = torch.cuda.current_stream().cuda_stream
+    plan.run(args[0])
+    side = stream_fork._SIDES.peek((0, caller))
+    assert side is not None, "the q_len 4 call did not fork"
+    plan.run(args[1])  # new addresses: a call prepared again, on the same side stream
+    assert stream_fork._SIDES.peek((0, caller)) is side
+    torch.cuda.synchronize()
+    for problem, call in zip(problems, args, strict=True):
+        _check(problem, call, plan.precision_guarantee.max_rel_error)
+    expected = [(call.out.clone(), call.lse.clone()) for call in args]
+    other = torch.cuda.Stream()
+    steps = [plan.prepare(args[0]), plan.prepare(args[1], stream=other)]
+    for _ in range(3):  # direct launches, then graph replays, the two streams side by side
+        for call in args:
+            call.out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for step in steps:
+            step()
+        torch.cuda.synchronize()
+        for call, (out, lse) in zip(args, expected, strict=True):
+            assert torch.equal(call.out, out) and torch.equal(call.lse, lse)
+    assert stream_fork._SIDES.peek((0, other.cuda_stream)) not in (None, side)
+
+
 @pytest.mark.parametrize(("cache", "lengths", "table_fix", "argument", "message"), [
     (Cache("contiguous"), [5, 9000, 3], None, "seq_lens", r"seq_lens\[1\] = 9000"),
     (Cache("contiguous"), [5, -2, 3], None, "seq_lens", r"seq_lens\[1\] = -2"),

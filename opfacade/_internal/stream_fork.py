@@ -5,7 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .lru import BuildOnceLRU
+
 __all__ = ["forked"]
+
+# One side stream and its two events per (device, caller's stream), made on the first fork from
+# that stream: a call prepared again for new addresses (run()'s retargeted calls) would otherwise
+# create a stream and two events each time. Work on a caller's stream runs in its order, so
+# steps forked from it may share one side stream; two callers' streams never share one, which
+# would order their work against each other. A fork's calls hold their objects, so an entry
+# evicted while a prepared call still forks through it stays alive for that call.
+_SIDES: BuildOnceLRU[tuple] = BuildOnceLRU("side stream", 64)
+
+
+def _side(device: int) -> tuple:
+    import cupy
+
+    with cupy.cuda.Device(device):
+        return (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(disable_timing=True),
+                cupy.cuda.Event(disable_timing=True))
 
 
 def forked(on: int, device: int) -> tuple[int, list[Callable[[], None]],
@@ -18,9 +36,7 @@ def forked(on: int, device: int) -> tuple[int, list[Callable[[], None]],
     import cupy
 
     runtime = cupy.cuda.runtime
-    with cupy.cuda.Device(device):
-        side = cupy.cuda.Stream(non_blocking=True)
-        forks, joins = cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True)
+    side, forks, joins = _SIDES.get((device, on), lambda: _side(device))
 
     def fork() -> None:
         runtime.eventRecord(forks.ptr, on)

@@ -1,0 +1,55 @@
+"""``forked`` (``_internal/stream_fork.py``): one side stream and its events per (device, caller's
+stream), reused by every fork from that stream. Driven here by a fake CuPy that records the
+runtime calls; tests/test_decode_attention_gpu.py runs the split batch through it on a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import types
+
+import pytest
+
+from opfacade._internal import stream_fork
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    handles, calls = itertools.count(0x100), []
+
+    def handle(kind):
+        return types.SimpleNamespace(ptr=next(handles), kind=kind)
+
+    runtime = types.SimpleNamespace(
+        eventRecord=lambda event, stream: calls.append(("record", event, stream)),
+        streamWaitEvent=lambda stream, event, flags: calls.append(("wait", stream, event)))
+    cuda = types.SimpleNamespace(
+        runtime=runtime, Device=lambda device: contextlib.nullcontext(),
+        Stream=lambda non_blocking: handle("stream"),
+        Event=lambda disable_timing: handle("event"))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(stream_fork, "_SIDES", stream_fork.BuildOnceLRU("test sides", 2))
+    return calls
+
+
+def test_forks_from_one_stream_share_a_side_stream_and_other_streams_get_their_own(fake_cupy):
+    side, fork, join = stream_fork.forked(7, 0)
+    assert stream_fork.forked(7, 0)[0] == side  # a call prepared again: no new stream
+    assert stream_fork.forked(8, 0)[0] != side  # another caller's stream
+    assert stream_fork.forked(7, 1)[0] not in (side, stream_fork.forked(8, 0)[0])  # device 1
+    fork[0](), join[0]()
+    record_fork, wait_fork, record_join, wait_join = fake_cupy
+    assert record_fork[0] == "record" and record_fork[2] == 7  # on the caller's stream
+    assert wait_fork == ("wait", side, record_fork[1])  # the side waits for it
+    assert record_join[0] == "record" and record_join[2] == side
+    assert wait_join == ("wait", 7, record_join[1])  # the caller waits for the side
+
+
+def test_a_fork_keeps_working_after_its_side_stream_leaves_the_cache(fake_cupy):
+    side, fork, join = stream_fork.forked(7, 0)
+    for stream in (8, 9, 10):  # the cache holds 2: stream 7's entry goes
+        stream_fork.forked(stream, 0)
+    assert stream_fork.forked(7, 0)[0] != side  # made again
+    fork[0](), join[0]()  # the first fork's calls still name their own stream and events
+    assert fake_cupy[1] == ("wait", side, fake_cupy[0][1])
