@@ -13,12 +13,11 @@ A probe for issue 13's prepared-step target (docs/DECODE.md, "Not met yet").
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 
 import torch
 from decode_variants import case_key, case_tensors  # beside this script
 from noop_launch import noop_kernel  # beside this script
+from probe_record import write_to_argument  # beside this script
 
 from opfacade import DecodeAttentionPlan
 from opfacade._backends.nvrtc import decode as kernels
@@ -95,10 +94,7 @@ def main() -> None:
         print(f"{name:{width}}  {steady[name]:9.2f}  {batch[name]:8.2f}")
     record = {"device": torch.cuda.get_device_name(), "calls": HOST_CALLS, "rounds": ROUNDS,
               "host_us_first_untimed": steady, "host_us_batch": batch}
-    paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-    if paths:
-        with open(paths[0], "w") as handle:
-            json.dump(record, handle, indent=1)
+    write_to_argument(record)
 
 
 if __name__ == "__main__":

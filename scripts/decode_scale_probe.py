@@ -9,10 +9,10 @@ ratio rises with the batch; if by a rate, it stays.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
+from probe_record import write_to_argument  # beside this script
 
 from opfacade._bench import decode_attention as bench
 from opfacade._bench.common import settle_by_copying
@@ -42,10 +42,7 @@ def main() -> None:
                            for peer, ms in row.peers_ms.items()))
             rows.append(dict(case=case.label, ours_ms=row.ours_ms, figure=row.figure,
                              peers_ms=row.peers_ms, ratios=ratios))
-    paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-    if paths:
-        with open(paths[0], "w") as handle:
-            json.dump(dict(copy_tbps=rate, rows=rows), handle, indent=1)
+    write_to_argument(dict(copy_tbps=rate, rows=rows))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,10 @@ issue 13's q_len 4 row (docs/DECODE.md, "Not met yet"), not a product path.
 
 from __future__ import annotations
 
-import json
-import sys
-
 import numpy as np
 import torch
 from decode_variants import case_key, case_tensors, gpu_ms  # beside this script
+from probe_record import write_to_argument  # beside this script
 
 from opfacade import DecodeAttentionArgs, DecodeAttentionPlan
 
@@ -120,10 +118,7 @@ def main() -> None:
             for name, row in rows[key].items()))
         for used in {id(p): p for p in (plan, *(g.plan for g in graphs.values()))}.values():
             used.free()  # each plan once (the whole batch's graph runs the direct launch's)
-    paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-    if paths:
-        with open(paths[0], "w") as handle:
-            json.dump(dict(copy_tbps=copy_tbps, rows=rows), handle, indent=1)
+    write_to_argument(dict(copy_tbps=copy_tbps, rows=rows))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ change no sum's order, so every variant's output is checked bitwise against the 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 from decode_builds import load_build, use_module  # beside this script, as is noop_launch
 from noop_launch import noop_kernel  # scripts/noop_launch.py, beside this script
+from probe_record import write_to_argument  # beside this script
 
 from opfacade import DecodeAttentionArgs, DecodeAttentionDescriptor, DecodeAttentionPlan
 from opfacade._backends.nvrtc import decode as kernels
@@ -526,11 +526,7 @@ def main() -> None:
     print(f"device copy {copy_tbps:.2f} TB/s")
     if "--overlap-ab" in sys.argv:
         rows = overlap_ab(copy_tbps)
-        paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-        if paths:
-            with open(paths[0], "w") as handle:
-                json.dump(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=rows), handle,
-                          indent=1)
+        write_to_argument(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=rows))
         return
     results, reference = {}, {}
     original = kernels.get_kernel
@@ -580,11 +576,7 @@ def main() -> None:
     kernels.get_kernel = original
     for attribute, value in defaults.items():
         setattr(kernels, attribute, value)
-    paths = [arg for arg in sys.argv[1:] if not arg.startswith("--")]
-    if paths:
-        with open(paths[0], "w") as handle:
-            json.dump(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=results), handle,
-                      indent=1)
+    write_to_argument(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=results))
 
 
 if __name__ == "__main__":
