@@ -35,9 +35,11 @@ __all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches"]
 
 def clear_caches() -> None:
     """Drops every in-process cache: plans, cuDNN graphs, cuBLASLt recipes, loaded kernels,
-    stream objects, the streams' scratch blocks (after the devices finish their work)."""
+    stream objects, the side streams split steps fork onto, the streams' scratch blocks (after
+    the devices finish their work)."""
     from ._internal import guarded, streams
     from ._internal.memory import STREAM_SCRATCH
+    from ._internal.stream_fork import SIDE_STREAMS
     from .plan import FACTS_CACHE, PLAN_CACHE
 
     PLAN_CACHE.clear()
@@ -45,6 +47,7 @@ def clear_caches() -> None:
     streams.cupy_stream.clear()
     streams.torch_stream.clear()
     STREAM_SCRATCH.clear()
+    SIDE_STREAMS.clear()
     for backend in (cudnn, cublaslt, nvrtc):
         backend.clear_caches()
     guarded.clear_all()

@@ -496,12 +496,13 @@ def test_a_prepared_step_replays_as_one_graph_with_the_same_bits(monkeypatch, q_
 
 def test_split_steps_share_their_callers_side_stream_and_keep_their_bits(monkeypatch):
     """Every split call forked from one caller's stream forks onto that stream's one side stream
-    (stream_fork._SIDES); calls from another stream fork onto their own, and run beside them."""
+    (stream_fork.SIDE_STREAMS); calls from another stream fork onto their own, and run beside
+    them."""
     from opfacade._backends.nvrtc import decode as kernels
     from opfacade._internal import stream_fork
 
     monkeypatch.setattr(kernels, "SPLIT_WAVES", 0)  # q_len 4 splits its batch of a few CTAs
-    monkeypatch.setattr(stream_fork, "_SIDES", stream_fork.BuildOnceLRU("test sides", 16))
+    monkeypatch.setattr(stream_fork, "SIDE_STREAMS", stream_fork.BuildOnceLRU("test sides", 16))
     desc = _descriptor(Cache("contiguous"), "bf16", 700, 4, heads_q=32, heads_kv=8,
                        head_dim=128, q_len=4)
     plan = DecodeAttentionPlan.select(desc, device=0)
@@ -510,10 +511,10 @@ def test_split_steps_share_their_callers_side_stream_and_keep_their_bits(monkeyp
     args = [problem.args() for problem in problems]
     caller = torch.cuda.current_stream().cuda_stream
     plan.run(args[0])
-    side = stream_fork._SIDES.peek((0, caller))
+    side = stream_fork.SIDE_STREAMS.peek((0, caller))
     assert side is not None, "the q_len 4 call did not fork"
     plan.run(args[1])  # new addresses: a call prepared again, on the same side stream
-    assert stream_fork._SIDES.peek((0, caller)) is side
+    assert stream_fork.SIDE_STREAMS.peek((0, caller)) is side
     torch.cuda.synchronize()
     for problem, call in zip(problems, args, strict=True):
         _check(problem, call, plan.precision_guarantee.max_rel_error)
@@ -529,7 +530,7 @@ def test_split_steps_share_their_callers_side_stream_and_keep_their_bits(monkeyp
         torch.cuda.synchronize()
         for call, (out, lse) in zip(args, expected, strict=True):
             assert torch.equal(call.out, out) and torch.equal(call.lse, lse)
-    assert stream_fork._SIDES.peek((0, other.cuda_stream)) not in (None, side)
+    assert stream_fork.SIDE_STREAMS.peek((0, other.cuda_stream)) not in (None, side)
 
 
 @pytest.mark.parametrize(("cache", "lengths", "table_fix", "argument", "message"), [

@@ -29,7 +29,7 @@ def fake_cupy(monkeypatch):
         Stream=lambda non_blocking: handle("stream"),
         Event=lambda disable_timing: handle("event"))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(stream_fork, "_SIDES", stream_fork.BuildOnceLRU("test sides", 2))
+    monkeypatch.setattr(stream_fork, "SIDE_STREAMS", stream_fork.BuildOnceLRU("test sides", 2))
     return calls
 
 
@@ -53,3 +53,12 @@ def test_a_fork_keeps_working_after_its_side_stream_leaves_the_cache(fake_cupy):
     assert stream_fork.forked(7, 0)[0] != side  # made again
     fork[0](), join[0]()  # the first fork's calls still name their own stream and events
     assert fake_cupy[1] == ("wait", side, fake_cupy[0][1])
+
+
+def test_clear_caches_drops_the_side_streams(fake_cupy):
+    import opfacade
+
+    side = stream_fork.forked(7, 0)[0]
+    opfacade.clear_caches()
+    assert stream_fork.SIDE_STREAMS.peek((0, 7)) is None
+    assert stream_fork.forked(7, 0)[0] != side  # made again

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from .lru import BuildOnceLRU
 
-__all__ = ["forked"]
+__all__ = ["SIDE_STREAMS", "forked"]
 
 # One side stream and its two events per (device, caller's stream), made on the first fork from
 # that stream: a call prepared again for new addresses (run()'s retargeted calls) would otherwise
@@ -15,7 +15,8 @@ __all__ = ["forked"]
 # steps forked from it may share one side stream; two callers' streams never share one, which
 # would order their work against each other. A fork's calls hold their objects, so an entry
 # evicted while a prepared call still forks through it stays alive for that call.
-_SIDES: BuildOnceLRU[tuple] = BuildOnceLRU("side stream", 64)
+# opfacade.clear_caches() empties it.
+SIDE_STREAMS: BuildOnceLRU[tuple] = BuildOnceLRU("side stream", 64)
 
 
 def _side(device: int) -> tuple:
@@ -36,7 +37,7 @@ def forked(on: int, device: int) -> tuple[int, list[Callable[[], None]],
     import cupy
 
     runtime = cupy.cuda.runtime
-    side, forks, joins = _SIDES.get((device, on), lambda: _side(device))
+    side, forks, joins = SIDE_STREAMS.get((device, on), lambda: _side(device))
 
     def fork() -> None:
         runtime.eventRecord(forks.ptr, on)
