@@ -23,6 +23,7 @@ from opfacade import DecodeAttentionPlan
 from opfacade._backends.nvrtc import decode as kernels
 from opfacade._backends.nvrtc.launch import PackedLaunch
 from opfacade._bench.common import HOST_CALLS, host_us_interleaved
+from opfacade._bench.host_floor import replay_floor
 from opfacade._internal.graph_replay import GraphedLaunches
 from opfacade._internal.stream_fork import forked
 
@@ -46,12 +47,12 @@ def noop_graphs(stream: int) -> dict[str, GraphedLaunches]:
         return [*fork, *chain(on), *chain(side), *join]
 
     big = ((64, 8, 8), (64, 32, 1))  # B64 S4096 q_len 1: the kq partial grid, the merge grid
-    makes = {"noop: one node": lambda on: [noop(on)],
-             "noop: chain of two, programmatic": chain,
+    makes = {"noop: chain of two, programmatic": chain,
              "noop: chain of two, plain": lambda on: [noop(on), noop(on)],
              "noop: chain at B64 S4096's grids": lambda on: chain(on, big),
              "noop: two chains, forked": halves}
-    graphs = {name: GraphedLaunches(make, stream, 0) for name, make in makes.items()}
+    graphs = {"noop: one node": replay_floor(torch),  # the bench's floor
+              **{name: GraphedLaunches(make, stream, 0) for name, make in makes.items()}}
     graphs["_keep"] = keep
     return graphs
 
