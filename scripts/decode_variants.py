@@ -12,7 +12,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
-                                       | --merge-rows | --split]
+                                       | --merge-rows | --split | --offsets]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -370,10 +370,23 @@ if "--split" in sys.argv:
              (64, 4096, "contiguous4", 0, {"head_dim": 64}),
              (64, 4096, "contiguous4", 0, {"element": "f16"}),
              (64, 4096, "contiguous3", 0)]
+# The 16-row staged tile reading each load batch's row offsets once, before the batch's copies
+# (the default), against the tree given by --before=DIR (its offsets read again for every
+# vector), alternating twice; the same bits.
+if "--offsets" in sys.argv:
+    before = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before="))
+    VARIANTS = {"offsets once (default)": (), "offsets per vector": (f"root={before}",),
+                "default again": (), "offsets per vector again": (f"root={before}",)}
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "paged4", 64),
+             (128, 4096, "contiguous4", 0), (256, 1024, "paged4", 16),
+             (64, 4096, "contiguous3", 0), (64, 4096, "contiguous4", 0, {"head_dim": 64}),
+             (64, 4096, "contiguous4", 0, {"element": "f16"}),
+             (64, 4096, "contiguous2", 0, {"heads_q": 64}),
+             (64, 4096, "contiguous4", 0, {"ragged": True})]
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before=")), None)
-if BEFORE:
+if BEFORE and "--offsets" not in sys.argv:
     VARIANTS = {**VARIANTS, "before": (f"root={BEFORE}",)}
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]

@@ -3,6 +3,10 @@
 # distribution's precision test, verify, compute-sanitizer memcheck and racecheck on the decode
 # kernels, the bench rows, and the f32 units probe (which units torch's f32 SDPA runs on).
 #   bash scripts/gpu_decode.sh [stages...]   stages: tests verify sanitize bench units variants
+#                                                    stalls
+# stalls: ncu's sections and per-SASS-instruction stall samples of one step of ours (and torch's
+# SDPA beside a contiguous cache) on NCU_CASE (scripts/decode_ncu_probe.py's arguments, default
+# "64 4096 bf16 contiguous4"), the pages back as $OUT/ncu_decode.tar.gz
 set -u
 stages=${*:-tests verify sanitize bench}
 source "$(dirname "$0")/device_prelude.sh"
@@ -43,6 +47,24 @@ if wants units; then
         python3 scripts/f32_units_probe.py run > "$OUT/f32_units.csv" 2> "$OUT/f32_units.err"
     echo "ncu exit $?"; tail -3 "$OUT/f32_units.err"
     python3 scripts/f32_units_probe.py parse "$OUT/f32_units.csv"
+fi
+if wants stalls; then
+    stage stalls
+    timeout ${STALLS_TIMEOUT:-240} ncu --profile-from-start off --section SourceCounters \
+        --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section LaunchStats --import-source no -f -o /tmp/decode_stalls \
+        python3 scripts/decode_ncu_probe.py ${NCU_CASE:-64 4096 bf16 contiguous4} \
+        > "$OUT/ncu_decode.log" 2>&1
+    echo "ncu exit $?"; tail -3 "$OUT/ncu_decode.log"
+    mkdir -p /tmp/decode_pages  # one archive: a call brings back few files
+    ncu --import /tmp/decode_stalls.ncu-rep --page details > /tmp/decode_pages/details.txt 2>&1
+    ncu --import /tmp/decode_stalls.ncu-rep --page raw --csv > /tmp/decode_pages/raw.csv 2>&1
+    python3 scripts/ncu_pipes.py /tmp/decode_pages/raw.csv | tee /tmp/decode_pages/pipes.txt \
+        | grep -E "###|duration|dram|pct|ratio" | grep -v -E " 0\.0[0-9]* " | head -${STALLS_TAIL:-90}
+    ncu --import /tmp/decode_stalls.ncu-rep --page source --csv --print-source sass \
+        > /tmp/decode_pages/sass.csv 2>&1
+    tar -czf "$OUT/ncu_decode.tar.gz" -C /tmp decode_pages
 fi
 if wants bench; then
     stage bench
