@@ -68,10 +68,15 @@ def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] 
                                  "it with: pip install torch")
     name = device_name(device)
     from ._bench import common
+    from ._bench.device_state import device_state, format_state
 
     common.RETIME_IN_GRAPHS = graphs
     print(f"opfacade bench on {name}{' (quick sizes)' if quick else ''}")
     _warm_up()
+    # The clocks and power the rows ran under, after the warm-up and at the end: hosts of one
+    # kind differ (_bench/device_state.py says by how much), and the record should say which.
+    states = {"after_warm_up": device_state(device)}
+    print(format_state(states["after_warm_up"]), flush=True)
     rows: list[BenchRow] = []
     for family, run in _families().items():
         if ops and family not in ops:
@@ -79,8 +84,10 @@ def run_bench(json_path: str | None = None, quick: bool = False, ops: list[str] 
         found = run(quick=quick)
         print(format_rows(found), flush=True)
         rows += found
+    states["at_end"] = device_state(device)
+    print(format_state(states["at_end"]))
     if json_path:
         with open(json_path, "w") as out:
-            json.dump({"gpu": name, "quick": quick, "rows": [asdict(r) for r in rows]}, out,
-                      indent=2)
+            json.dump({"gpu": name, "quick": quick, "device_state": states,
+                       "rows": [asdict(r) for r in rows]}, out, indent=2)
     return rows

@@ -29,6 +29,7 @@ from probe_record import write_to_argument  # beside this script
 
 from opfacade import DecodeAttentionArgs, DecodeAttentionDescriptor, DecodeAttentionPlan
 from opfacade._backends.nvrtc import decode as kernels
+from opfacade._bench.device_state import device_state, format_state
 
 # Each mode's record (catalog/probes/) names the commit it ran at: a mode's "default" is the
 # build of that commit. (--waves and --chunk512 ran at 7919c26, when the chunk was 256 and the
@@ -537,6 +538,8 @@ def main() -> None:
     dst = torch.empty_like(src)
     copy_tbps = 2 * src.numel() / gpu_ms(lambda: dst.copy_(src)) / 1e9
     print(f"device copy {copy_tbps:.2f} TB/s")
+    state = device_state(0)  # after the copy: the clocks under load (the bench records them too)
+    print(format_state(state))
     if "--overlap-ab" in sys.argv:
         rows = overlap_ab(copy_tbps)
         write_to_argument(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=rows))
@@ -589,7 +592,8 @@ def main() -> None:
     kernels.get_kernel = original
     for attribute, value in defaults.items():
         setattr(kernels, attribute, value)
-    write_to_argument(dict(copy_tbps=copy_tbps, host_floor_us=floor, rows=results))
+    write_to_argument(dict(copy_tbps=copy_tbps, host_floor_us=floor, device_state=state,
+                           rows=results))
 
 
 if __name__ == "__main__":

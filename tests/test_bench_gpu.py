@@ -27,3 +27,13 @@ def test_the_settle_copies_on_the_device_before_the_timed_work(timing):
     torch.cuda.synchronize()
     assert times["add"] > 0
     assert destination.numel() == 1 << 20 and bool((destination == 7).all())
+
+
+def test_the_bench_reads_the_clocks_and_power_it_runs_under():
+    from opfacade._bench.device_state import device_state
+
+    state = device_state(0)
+    assert state is not None, "NVML should answer on a GPU host"
+    assert 0 < state["sm_clock_mhz"] <= state["sm_clock_max_mhz"]
+    assert state["memory_clock_max_mhz"] > 0 and state["power_limit_w"] > 50
+    assert 0 < state["temperature_c"] < 110 and state["clock_event_reasons"] is not None
