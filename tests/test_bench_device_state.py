@@ -52,7 +52,7 @@ def test_readings_come_back_in_mhz_watts_and_degrees(monkeypatch):
                      "clock_event_reasons": 4}
     line = state_module.format_state(state)
     assert "SM 1755 MHz (max 1980 MHz)" in line and "power 612 W of 700 W" in line
-    assert "61 C" in line and "0x4" in line
+    assert "61 C" in line and "reasons 0x4 software power cap" in line
 
 
 def test_a_field_the_driver_refuses_is_none_and_prints_as_unknown(monkeypatch):

@@ -18,6 +18,10 @@ __all__ = ["device_state", "format_state"]
 # nvmlClockType_t and nvmlTemperatureSensors_t (nvml.h).
 _SM, _MEMORY = 1, 2
 _GPU_SENSOR = 0
+# nvmlClocksEventReasons (nvml.h): why the SM clock is below its most, bit by bit.
+REASONS = {0x1: "idle", 0x2: "applications clocks", 0x4: "software power cap",
+           0x8: "hardware slowdown", 0x10: "sync boost", 0x20: "software thermal",
+           0x40: "hardware thermal", 0x80: "hardware power brake", 0x100: "display clock"}
 
 
 def _nvml():
@@ -84,8 +88,9 @@ def format_state(state: dict | None) -> str:
         return "?" if found is None else f"{found:.0f} {unit}"
 
     reasons = state.get("clock_event_reasons")
+    named = "?" if reasons is None else hex(reasons) + "".join(
+        f" {name}" for bit, name in REASONS.items() if reasons & bit)
     return (f"device state: SM {value('sm_clock_mhz', 'MHz')} (max "
             f"{value('sm_clock_max_mhz', 'MHz')}), memory {value('memory_clock_mhz', 'MHz')}, "
             f"power {value('power_draw_w', 'W')} of {value('power_limit_w', 'W')}, "
-            f"{value('temperature_c', 'C')}, clock-event reasons "
-            f"{'?' if reasons is None else hex(reasons)}")
+            f"{value('temperature_c', 'C')}, clock-event reasons {named}")
