@@ -371,9 +371,11 @@ if "--split" in sys.argv:
              (64, 4096, "contiguous4", 0, {"head_dim": 64}),
              (64, 4096, "contiguous4", 0, {"element": "f16"}),
              (64, 4096, "contiguous3", 0)]
-# The 16-row staged tile reading each load batch's row offsets once, before the batch's copies
-# (the default), against the tree given by --before=DIR (its offsets read again for every
-# vector), alternating twice; the same bits.
+# This tree against another copy of native/ given by --before=DIR, alternating twice, on the
+# 16-row tile's rows; their bits are compared. The thirty-fourth session ran it
+# with docs/experiments/mma-offsets-once.patch applied here and 0cc2ab6's native/ as DIR (record
+# catalog/probes/decode_mma_offsets_H200.json), so its labels name that A/B; the patch was not
+# kept.
 if "--offsets" in sys.argv:
     before = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before="))
     VARIANTS = {"offsets once (default)": (), "offsets per vector": (f"root={before}",),
