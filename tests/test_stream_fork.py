@@ -62,3 +62,36 @@ def test_clear_caches_drops_the_side_streams(fake_cupy):
     opfacade.clear_caches()
     assert stream_fork.SIDE_STREAMS.peek((0, 7)) is None
     assert stream_fork.forked(7, 0)[0] != side  # made again
+
+
+def test_threads_forking_from_one_stream_at_once_make_one_side_stream(fake_cupy, monkeypatch):
+    """Two threads that prepare split calls on one caller's stream at the same moment (each
+    thread's first call, so the entry is missing for both) get the same side stream. The cache
+    builds outside its lock, so both may build one, but the first stored wins for both and the
+    other is dropped unused: one side stream per caller's stream, as single-threaded."""
+    import threading
+
+    made, release = [], threading.Event()
+    side = stream_fork._side
+
+    def slow_side(device):  # holds the first builder inside the build until both have asked
+        made.append(device)
+        release.wait(5)
+        return side(device)
+
+    monkeypatch.setattr(stream_fork, "_side", slow_side)
+    sides, start = [], threading.Barrier(2)
+
+    def prepare():
+        start.wait(5)
+        sides.append(stream_fork.forked(7, 0)[0])
+
+    threads = [threading.Thread(target=prepare) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    threading.Timer(0.2, release.set).start()
+    for thread in threads:
+        thread.join(10)
+    assert len(sides) == 2 and sides[0] == sides[1]
+    assert made in ([0], [0, 0])  # each thread may build; one side stream is kept
+    assert stream_fork.forked(7, 0)[0] == sides[0]
