@@ -60,8 +60,10 @@ if wants stalls; then
     mkdir -p /tmp/decode_pages  # one archive: a call brings back few files
     ncu --import /tmp/decode_stalls.ncu-rep --page details > /tmp/decode_pages/details.txt 2>&1
     ncu --import /tmp/decode_stalls.ncu-rep --page raw --csv > /tmp/decode_pages/raw.csv 2>&1
-    python3 scripts/ncu_pipes.py /tmp/decode_pages/raw.csv | tee /tmp/decode_pages/pipes.txt \
-        | grep -E "###|duration|dram|pct|ratio" | grep -v -E " 0\.0[0-9]* " | head -${STALLS_TAIL:-90}
+    # Whole to the file first: a `head` on a tee would cut the file short when it stops reading.
+    python3 scripts/ncu_pipes.py /tmp/decode_pages/raw.csv > /tmp/decode_pages/pipes.txt
+    grep -E "###|duration|dram|pct|ratio" /tmp/decode_pages/pipes.txt \
+        | grep -v -E " 0\.0[0-9]* " | head -${STALLS_TAIL:-90}
     ncu --import /tmp/decode_stalls.ncu-rep --page source --csv --print-source sass \
         > /tmp/decode_pages/sass.csv 2>&1
     tar -czf "$OUT/ncu_decode.tar.gz" -C /tmp decode_pages
