@@ -1,8 +1,9 @@
 """The SM clock and power each contestant of two close bench rows runs at, sampled by NVML
 while it runs back to back: the f32 d128 dense forward (ours against torch's f32 SDPA, 0.9986x
-on two H200s) and the bf16 decode step at B64 S4096 (ours against torch's SDPA over the same
-cache). The bench reads its clocks only after its warm-up and at its end
-(_bench/device_state.py); this says whether a contestant is held by the power cap while it runs.
+on two H200s; our CUDA-core forward beside them) and the bf16 decode step at B64 S4096 (ours
+against torch's SDPA over the same cache). The bench reads its clocks only after its warm-up
+and at its end (_bench/device_state.py); this says whether a contestant is held by the power
+cap while it runs.
 
     python3 scripts/clock_probe.py [out.json]
 
@@ -37,8 +38,19 @@ def f32_contestants() -> dict:
     q, k, v = (torch.rand((b, h, s, d), generator=gen, device="cuda") * 2 - 1 for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty((b, h, s), device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
-    ours = f.forward_call(problem, 0, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                          lse.data_ptr(), 0, 0, f.FlashStrides.contiguous(problem), stream)
+    def forward(out):
+        return f.forward_call(problem, 0, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                              out.data_ptr(), lse.data_ptr(), 0, 0,
+                              f.FlashStrides.contiguous(problem), stream)
+
+    ours = forward(out)
+    # The CUDA-core forward (f32 FMA only, fwd_wide), which sm_90 gives up for the FP64 tensor
+    # cores: whether it draws less power per FLOP. (Another order of sums: not the same bits.)
+    mma_arches, f.MMA_ARCHES = f.MMA_ARCHES, frozenset()
+    try:
+        fma = forward(torch.empty_like(out))
+    finally:
+        f.MMA_ARCHES = mma_arches
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -46,7 +58,8 @@ def f32_contestants() -> dict:
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
             sdpa(q, k, v)
 
-    return {"f32 d128 forward, ours": ours, "f32 d128 forward, torch sdpa f32": peer}
+    return {"f32 d128 forward, ours": ours, "f32 d128 forward, ours on FMA": fma,
+            "f32 d128 forward, torch sdpa f32": peer}
 
 
 def decode_contestants() -> dict:
