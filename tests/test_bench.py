@@ -396,7 +396,7 @@ def test_rows_are_plain_data_for_the_json_record():
     row = BenchRow("linear", "c", 1.0, "f", {"p": 2.0}, host_ms={"ours": 0.1},
                    graph_ms={"ours": 0.9}, host_bound=["p"])
     assert set(vars(row)) == {"op", "case", "ours_ms", "figure", "peers_ms", "notes", "host_ms",
-                              "graph_ms", "host_bound"}
+                              "graph_ms", "host_bound", "sustained_ms"}
 
 
 def test_first_untimed_leaves_out_each_batchs_first_call(monkeypatch):

@@ -37,3 +37,14 @@ def test_the_bench_reads_the_clocks_and_power_it_runs_under():
     assert 0 < state["sm_clock_mhz"] <= state["sm_clock_max_mhz"]
     assert state["memory_clock_max_mhz"] > 0 and state["power_limit_w"] > 50
     assert 0 < state["temperature_c"] < 110 and state["clock_event_reasons"] is not None
+
+
+def test_a_contestant_timed_alone_gives_a_time_and_its_clock():
+    torch = pytest.importorskip("torch")
+    from opfacade._bench.sustained import time_sustained
+
+    x = torch.zeros(1 << 24, device="cuda")
+    result = time_sustained({"ours": lambda: x.add_(1)}, seconds=0.2)["ours"]
+    torch.cuda.synchronize()
+    assert 0 < result.ms < 10 and result.sm_clock_mhz and result.sm_clock_mhz > 0
+    assert float(x[0]) >= 1

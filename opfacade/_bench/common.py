@@ -21,7 +21,9 @@ class BenchRow:
     the host, not the GPU: every contestant is then timed again from a CUDA graph that replays
     its captured calls (``graph_ms``, "ours" under that name), and the GPU ratios to read are
     those. A host-bound row without ``graph_ms`` says in its notes why (not captured, or the
-    graph timing was implausible).
+    graph timing was implausible). ``sustained_ms``, where a row has it, is each contestant
+    alone, back to back for a second ("ours" included; ``_bench/sustained.py``): the figure a
+    loop of one power-hungry kernel gets, which the alternating bursts can flatter.
     """
 
     op: str
@@ -33,6 +35,7 @@ class BenchRow:
     host_ms: dict[str, float] = field(default_factory=dict)
     graph_ms: dict[str, float] = field(default_factory=dict)
     host_bound: list[str] = field(default_factory=list)
+    sustained_ms: dict[str, float] = field(default_factory=dict)
 
     def speedup(self, peer: str) -> float:
         return self.peers_ms[peer] / self.ours_ms
@@ -175,6 +178,12 @@ def format_rows(rows: list[BenchRow]) -> str:
             lines.append(f"{'':16} {'  HOST-BOUND: ' + ', '.join(r.host_bound):44} "
                          f"{r.graph_ms.get('ours', float('nan')):9.3f}  {'CUDA-graph replay':28} "
                          f"{_graph_ratios(r)}")
+        if "ours" in r.sustained_ms:
+            ours = r.sustained_ms["ours"]
+            ratios = ", ".join(f"{name} {r.sustained_ms[name] / ours:.2f}x"
+                               for name in r.peers_ms if name in r.sustained_ms)
+            lines.append(f"{'':16} {'  SUSTAINED (each alone)':44} {ours:9.3f}  "
+                         f"{'back to back, 1 s':28} {ratios}")
     return "\n".join(lines)
 
 

@@ -54,6 +54,7 @@ from .common import (
     time_interleaved,
 )
 from .cudnn_peers import RawCudnn, first_line
+from .sustained import sustained_note, time_sustained
 from .varlen_peers import (
     Contestant,
     Packed,
@@ -192,16 +193,22 @@ def _timings(fns: dict[str, Callable[[], object]], reps: int,
 
 
 def _row(op: str, case: str, fns: dict[str, Callable[[], object]],
-         makers: dict[str, graph_timing.Maker], reps: int, flops: float, notes: list[str]
-         ) -> BenchRow:
+         makers: dict[str, graph_timing.Maker], reps: int, flops: float, notes: list[str],
+         sustained: bool = False) -> BenchRow:
     """One row: ours against the peers in ``fns``; without ours (no SKU), the peers alone, with
-    ours_ms NaN and the fastest peer's figure."""
+    ours_ms NaN and the fastest peer's figure. ``sustained``: each contestant also alone, back to
+    back (``_bench/sustained.py``; the f32 rows, whose kernels meet the power cap)."""
     note = "; ".join(n for n in notes if n)
     if not fns:
         return BenchRow(op, case, math.nan, "nothing ran", notes=note)
     timings = _timings(fns, reps, makers)
     if "ours" in fns:
-        return timings.row(op, case, lambda ms: _tflops(flops, ms), note)
+        row = timings.row(op, case, lambda ms: _tflops(flops, ms), note)
+        if sustained:
+            alone = time_sustained(fns)
+            row.sustained_ms = {name: r.ms for name, r in alone.items()}
+            row.notes = "; ".join(filter(None, (row.notes, sustained_note(alone))))
+        return row
     best = min(timings.gpu_ms, key=timings.gpu_ms.get)
     return BenchRow(op, case, math.nan, f"no ours; {best} {_tflops(flops, timings.gpu_ms[best])}",
                     dict(timings.gpu_ms), "; ".join(filter(None, (note, timings.graph_notes))),
@@ -210,16 +217,18 @@ def _row(op: str, case: str, fns: dict[str, Callable[[], object]],
 
 
 def _training_rows(case: str, contestants: dict[str, Contestant], reps: int, flops: float,
-                   notes: list[str]) -> list[BenchRow]:
+                   notes: list[str], sustained: bool = False) -> list[BenchRow]:
     """The forward row (``flops`` of work) and the backward row (2.5 times that) of the
-    contestants that have each."""
+    contestants that have each; ``sustained`` as ``_row``'s."""
     backward = {n: c for n, c in contestants.items() if c.backward is not None}
     return [
         _row("varlen_attention_forward", case, {n: c.forward for n, c in contestants.items()},
-             {}, reps, flops, notes + [c.forward_note for c in contestants.values()]),
+             {}, reps, flops, notes + [c.forward_note for c in contestants.values()],
+             sustained),
         _row("varlen_attention_backward", case, {n: c.backward for n, c in backward.items()},
              {n: c.backward_on for n, c in backward.items() if c.backward_on is not None},
-             reps, 2.5 * flops, notes + [c.backward_note for c in backward.values()]),
+             reps, 2.5 * flops, notes + [c.backward_note for c in backward.values()],
+             sustained),
     ]
 
 
@@ -297,7 +306,8 @@ def _f32_varlen_rows(torch, raw: RawCudnn, spec: VarlenSet, reps: int) -> list[B
                                              SDPBackend.EFFICIENT_ATTENTION, "torch sdpa f32"),
         "cudnn f32": lambda: cudnn_ragged(raw, p, bucket, False, "cudnn f32"),
     }, notes))
-    return _training_rows(p.case("f32"), contestants, reps, _varlen_flops(p), notes)
+    return _training_rows(p.case("f32"), contestants, reps, _varlen_flops(p), notes,
+                          sustained=True)
 
 
 def _dense_rows(torch, raw: RawCudnn, shape: tuple[int, int, int, int], causal: bool,
@@ -320,7 +330,7 @@ def _dense_rows(torch, raw: RawCudnn, shape: tuple[int, int, int, int], causal: 
     }, notes))
     pairs = b * h * (_causal_pairs(s) if causal else s * s)
     case = f"f32 dense d{d} B{b} H{h} S{s}" + (" causal" if causal else "")
-    return _training_rows(case, contestants, reps, 4.0 * pairs * d, notes)
+    return _training_rows(case, contestants, reps, 4.0 * pairs * d, notes, sustained=True)
 
 
 def run(quick: bool = False) -> list[BenchRow]:
