@@ -4,6 +4,7 @@ the sampled calls, a fake NVML reading answers the samples; the row's note and t
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import pytest
@@ -39,14 +40,16 @@ def test_each_contestant_alone_gives_its_time_per_call_clock_and_cap(fake_cupy, 
     monkeypatch.setattr(sustained, "device_state", lambda device: readings[running["name"]])
 
     def contestant(name):
-        def call():
+        def call():  # a call that takes host time, so the reader samples while calls run
             running["name"] = name
             fake_cupy["n"] += 1
+            time.sleep(0.001)
         return call
 
     results = sustained.time_sustained({"ours": contestant("ours"), "peer": contestant("peer")},
                                        seconds=0.05)
     assert results["ours"].ms == pytest.approx(2.0) and results["peer"].ms == pytest.approx(2.0)
+    assert fake_cupy["n"] == 2 * (1 + 5 + 1 + 25)  # timed once, 10 ms unsampled, once, 50 ms
     assert results["ours"].sm_clock_mhz == 1860 and results["ours"].power_capped
     assert results["peer"].power_w == 555.0 and not results["peer"].power_capped
     note = sustained.sustained_note(results)
@@ -74,3 +77,13 @@ def test_a_row_with_sustained_figures_prints_their_ratios():
     assert "SUSTAINED (each alone)" in table and "torch sdpa f32 0.96x" in table
     assert "cudnn f32" not in table.splitlines()[-1]  # not timed alone: no ratio invented
     assert "SUSTAINED" not in format_rows([BenchRow("x", "y", 1.0, "f", {"p": 1.0})])
+
+
+def test_the_run_is_sized_by_gpu_time_not_the_hosts_clock(fake_cupy):
+    # A call the host queues in no time but the GPU runs for 2 ms: 0.2 s of GPU time is 100
+    # calls, however fast the host issues them; a tiny kernel stops at _MOST_CALLS.
+    def call():
+        fake_cupy["n"] += 1
+
+    assert sustained._calls_lasting(call, 0.2) == 100
+    assert sustained._calls_lasting(call, 1e6) == sustained._MOST_CALLS

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ SUSTAINED_S = 1.0  # sampled seconds of calls a contestant
 _UNSAMPLED_S = 0.3  # calls first, so the clock has settled to this load
 _SAMPLE_EVERY_S = 0.02
 _POWER_CAP = 0x4  # nvmlClocksEventReasons' software power cap
+_MOST_CALLS = 2000  # a short kernel's count is bounded by its host time, not this module's aim
 
 
 @dataclass(frozen=True)
@@ -40,25 +40,34 @@ class Sustained:
     power_capped: bool
 
 
-def _run_for(fn: Callable[[], object], seconds: float) -> int:
-    calls, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        fn()
-        calls += 1
-    return calls
+def _calls_lasting(fn: Callable[[], object], seconds: float) -> int:
+    """How many calls of ``fn`` take ``seconds`` of GPU time, from one timed call. The count,
+    not the host's clock, bounds a run: calls are queued far faster than a long kernel runs,
+    so a second of the host's calls can be many seconds of the GPU's."""
+    import cupy
+
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(cupy.cuda.Stream.null)
+    fn()
+    end.record(cupy.cuda.Stream.null)
+    end.synchronize()
+    once = max(cupy.cuda.get_elapsed_time(start, end), 1e-3)
+    return min(_MOST_CALLS, max(1, round(seconds * 1e3 / once)))
 
 
 def time_sustained(fns: dict[str, Callable[[], object]], seconds: float = SUSTAINED_S,
                    device: int = 0) -> dict[str, Sustained]:
     """Each of ``fns`` (launching on the legacy default stream, as the bursts' contestants do)
-    alone: ``_UNSAMPLED_S`` of calls, then ``seconds`` of calls between two CUDA events while a
-    thread reads NVML every ``_SAMPLE_EVERY_S``."""
+    alone: ``_UNSAMPLED_S`` of GPU time in calls, then ``seconds`` of it between two CUDA events
+    while a thread reads NVML every ``_SAMPLE_EVERY_S``."""
     import cupy
 
     null = cupy.cuda.Stream.null
     results = {}
     for name, fn in fns.items():
-        _run_for(fn, _UNSAMPLED_S)
+        for _ in range(_calls_lasting(fn, _UNSAMPLED_S)):
+            fn()
+        calls = _calls_lasting(fn, seconds)
         samples, stop = [], threading.Event()
 
         def sample(samples=samples, stop=stop):
@@ -70,7 +79,8 @@ def time_sustained(fns: dict[str, Callable[[], object]], seconds: float = SUSTAI
         reader = threading.Thread(target=sample, daemon=True)
         reader.start()
         start.record(null)
-        calls = _run_for(fn, seconds)
+        for _ in range(calls):
+            fn()
         end.record(null)
         end.synchronize()
         stop.set()
