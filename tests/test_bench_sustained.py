@@ -87,3 +87,24 @@ def test_the_run_is_sized_by_gpu_time_not_the_hosts_clock(fake_cupy):
 
     assert sustained._calls_lasting(call, 0.2) == 100
     assert sustained._calls_lasting(call, 1e6) == sustained._MOST_CALLS
+
+
+def test_the_varlen_benchs_f32_rows_carry_the_sustained_figures(monkeypatch):
+    from opfacade._bench import varlen_attention as bench
+    from opfacade._bench.common import Timings
+
+    monkeypatch.setattr(bench, "_timings", lambda fns, reps, makers: Timings(
+        {"ours": 3.04, "torch sdpa f32": 3.035}, {"ours": 0.05, "torch sdpa f32": 0.1}, {}, []))
+    alone = {"ours": sustained.Sustained(3.2, 1860.0, 698.0, True),
+             "torch sdpa f32": sustained.Sustained(3.06, 1980.0, 555.0, False)}
+    asked = []
+    monkeypatch.setattr(bench, "time_sustained", lambda fns: asked.append(set(fns)) or alone)
+    fns = {"ours": lambda: None, "torch sdpa f32": lambda: None}
+    row = bench._row("varlen_attention_forward", "f32 dense d128", fns, {}, 3, 1e12, ["n"],
+                     sustained=True)
+    assert asked == [set(fns)]
+    assert row.sustained_ms == {"ours": 3.2, "torch sdpa f32": 3.06}
+    assert row.notes.startswith("n; sustained (each alone")
+    assert "torch sdpa f32 3.060 ms at SM 1980 MHz, 555 W (0.96x)" in row.notes
+    plain = bench._row("varlen_attention_forward", "bf16", fns, {}, 3, 1e12, [])
+    assert plain.sustained_ms == {} and len(asked) == 1  # the bf16 rows are not timed alone
