@@ -11,6 +11,17 @@ import pytest
 from opfacade._bench import device_state as state_module
 
 
+@pytest.fixture(autouse=True)
+def _fresh_lookups():
+    """NVML and each device's handle are looked up once a process: each test looks again."""
+    cached = (state_module._nvml, state_module._handle)  # as defined, not as a test patches
+    for function in cached:
+        function.cache_clear()
+    yield
+    for function in cached:
+        function.cache_clear()
+
+
 class _FakeNvml:
     """NVML's calls device_state makes, answering from ``values`` (name -> value, or a
     non-zero status where a name is missing)."""

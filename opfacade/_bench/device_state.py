@@ -12,6 +12,7 @@ NVML, or a field the driver refuses, gives None, never an error.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 __all__ = ["device_state", "format_state"]
 
@@ -24,7 +25,9 @@ REASONS = {0x1: "idle", 0x2: "applications clocks", 0x4: "software power cap",
            0x40: "hardware thermal", 0x80: "hardware power brake", 0x100: "display clock"}
 
 
+@functools.cache
 def _nvml():
+    """libnvidia-ml opened and initialised once a process, or None."""
     try:
         library = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
@@ -47,9 +50,10 @@ def _pci_bus_id(device: int) -> bytes | None:
     return bus.value
 
 
-def device_state(device: int = 0) -> dict | None:
-    """NVML's readings of CUDA device ``device`` (MHz, W, degrees C, the reasons as NVML's
-    bitmask), or None where NVML or the device cannot be reached."""
+@functools.cache
+def _handle(device: int) -> tuple | None:
+    """(NVML, its handle of CUDA device ``device``), looked up once: sustained.py reads the
+    state every 20 ms while kernels run."""
     nvml = _nvml()
     bus = _pci_bus_id(device) if nvml is not None else None
     if bus is None:
@@ -57,6 +61,16 @@ def device_state(device: int = 0) -> dict | None:
     handle = ctypes.c_void_p()
     if nvml.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(handle)) != 0:
         return None
+    return nvml, handle
+
+
+def device_state(device: int = 0) -> dict | None:
+    """NVML's readings of CUDA device ``device`` (MHz, W, degrees C, the reasons as NVML's
+    bitmask), or None where NVML or the device cannot be reached."""
+    found = _handle(device)
+    if found is None:
+        return None
+    nvml, handle = found
 
     def read(function: str, *args, scale: float = 1.0):
         value = ctypes.c_ulonglong(0) if function.endswith("Reasons") else ctypes.c_uint(0)
