@@ -15,7 +15,6 @@ three rounds.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import torch
@@ -24,7 +23,8 @@ from probe_record import write_to_argument  # beside this script
 
 from opfacade import DecodeAttentionPlan
 from opfacade._bench.decode_peers import torch_sdpa
-from opfacade._bench.device_state import REASONS, device_state
+from opfacade._bench.device_state import REASONS
+from opfacade._bench.sustained import nvml_samples
 
 
 def f32_contestants() -> dict:
@@ -72,29 +72,18 @@ def decode_contestants() -> dict:
 
 
 def sampled(call, seconds: float = 1.5, settle: float = 0.5) -> dict:
-    samples, stop = [], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            samples.append(device_state(0))
-            time.sleep(0.02)
-
     end = time.perf_counter() + settle
     while time.perf_counter() < end:
         call()
     torch.cuda.synchronize()
-    thread = threading.Thread(target=sample)
-    thread.start()
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(10):
-            call()
-        calls += 10
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    stop.set()
-    thread.join()
-    samples = [s for s in samples if s]
+    with nvml_samples(0) as samples:
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for _ in range(10):
+                call()
+            calls += 10
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
     reasons = 0
     for s in samples:
         reasons |= s["clock_event_reasons"] or 0

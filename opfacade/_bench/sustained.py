@@ -12,6 +12,7 @@ Rows whose kernels are compute-bound give both figures.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from .device_state import device_state
 
-__all__ = ["SUSTAINED_S", "Sustained", "sustained_note", "time_sustained"]
+__all__ = ["SUSTAINED_S", "Sustained", "nvml_samples", "sustained_note", "time_sustained"]
 
 SUSTAINED_S = 1.0  # sampled seconds of calls a contestant
 _UNSAMPLED_S = 0.3  # calls first, so the clock has settled to this load
@@ -38,6 +39,28 @@ class Sustained:
     sm_clock_mhz: float | None
     power_w: float | None
     power_capped: bool
+
+
+@contextlib.contextmanager
+def nvml_samples(device: int = 0):
+    """NVML's readings of ``device`` (``device_state``), one every ``_SAMPLE_EVERY_S`` from a
+    thread while the block runs: the list it yields fills meanwhile, and holds the readings
+    that succeeded once the block is left."""
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            samples.append(device_state(device))
+            stop.wait(_SAMPLE_EVERY_S)
+
+    reader = threading.Thread(target=sample, daemon=True)
+    reader.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        reader.join()
+        samples[:] = [reading for reading in samples if reading]
 
 
 def _calls_lasting(fn: Callable[[], object], seconds: float) -> int:
@@ -68,24 +91,13 @@ def time_sustained(fns: dict[str, Callable[[], object]], seconds: float = SUSTAI
         for _ in range(_calls_lasting(fn, _UNSAMPLED_S)):
             fn()
         calls = _calls_lasting(fn, seconds)
-        samples, stop = [], threading.Event()
-
-        def sample(samples=samples, stop=stop):
-            while not stop.is_set():
-                samples.append(device_state(device))
-                stop.wait(_SAMPLE_EVERY_S)
-
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        reader = threading.Thread(target=sample, daemon=True)
-        reader.start()
-        start.record(null)
-        for _ in range(calls):
-            fn()
-        end.record(null)
-        end.synchronize()
-        stop.set()
-        reader.join()
-        read = [s for s in samples if s]
+        with nvml_samples(device) as read:
+            start.record(null)
+            for _ in range(calls):
+                fn()
+            end.record(null)
+            end.synchronize()
 
         def median(key: str, read=read) -> float | None:
             values = [s[key] for s in read if s.get(key) is not None]
