@@ -36,7 +36,8 @@ __all__ = ["DiskCache", "clear_caches", "clear_disk_caches", "disk_caches"]
 def clear_caches() -> None:
     """Drops every in-process cache: plans, cuDNN graphs, cuBLASLt recipes, loaded kernels,
     stream objects, the side streams split steps fork onto, the streams' scratch blocks (after
-    the devices finish their work)."""
+    the devices finish their work), the bench's NVML handles."""
+    from ._bench import device_state
     from ._internal import guarded, streams
     from ._internal.memory import STREAM_SCRATCH
     from ._internal.stream_fork import SIDE_STREAMS
@@ -48,6 +49,7 @@ def clear_caches() -> None:
     streams.torch_stream.clear()
     STREAM_SCRATCH.clear()
     SIDE_STREAMS.clear()
+    device_state.forget()
     for backend in (cudnn, cublaslt, nvrtc):
         backend.clear_caches()
     guarded.clear_all()

@@ -96,3 +96,16 @@ def test_an_entry_point_an_older_nvml_lacks_is_none(monkeypatch):
     monkeypatch.setattr(state_module, "_nvml", lambda: _Older({}, []))
     monkeypatch.setattr(state_module, "_pci_bus_id", lambda device: b"0")
     assert state_module.device_state(0)["clock_event_reasons"] is None
+
+
+def test_clear_caches_forgets_the_handles(monkeypatch):
+    import opfacade
+
+    opened = []
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: opened.append(name) or _FakeNvml({}, []))
+    monkeypatch.setattr(state_module, "_pci_bus_id", lambda device: b"0")
+    state_module.device_state(0), state_module.device_state(0)
+    assert opened == ["libnvidia-ml.so.1"]  # opened once
+    opfacade.clear_caches()
+    state_module.device_state(0)
+    assert opened == ["libnvidia-ml.so.1"] * 2  # opened again

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-__all__ = ["device_state", "format_state"]
+__all__ = ["device_state", "forget", "format_state"]
 
 # nvmlClockType_t and nvmlTemperatureSensors_t (nvml.h).
 _SM, _MEMORY = 1, 2
@@ -62,6 +62,13 @@ def _handle(device: int) -> tuple | None:
     if nvml.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(handle)) != 0:
         return None
     return nvml, handle
+
+
+def forget() -> None:
+    """Drops NVML's library and handles (opfacade.clear_caches()): the next reading looks them
+    up again."""
+    _nvml.cache_clear()
+    _handle.cache_clear()
 
 
 def device_state(device: int = 0) -> dict | None:
