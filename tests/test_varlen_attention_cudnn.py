@@ -16,6 +16,7 @@ from opfacade import (
     VarlenAttentionBackwardDescriptor,
     VarlenAttentionDescriptor,
 )
+from opfacade._backends.cudnn import limits as cudnn_limits
 from opfacade._backends.cudnn import runtime
 from opfacade._backends.cudnn import varlen as cudnn_varlen
 from opfacade._backends.cudnn.ragged import RaggedKey, RaggedLayout
@@ -135,6 +136,21 @@ def test_explain_on_sm90_picks_cudnn_for_bf16_and_names_the_path():
     assert "ragged offsets, the bucket as graph dimensions" in report
     f32 = Plan.select(desc.model_copy(update={"element": ElementKind.f32}), arch="sm90")
     assert f32.sku.id == "varlen_attention_forward.nvrtc.f32"
+
+
+@pytest.mark.parametrize("version, offered", [
+    (91900, []), (92100, ["override shapes"]), (92401, ["override shapes", "cu_seq_len inputs"]),
+    (None, ["override shapes", "cu_seq_len inputs"])])
+def test_the_path_says_why_a_newer_cudnns_inputs_are_not_used(version, offered):
+    path = cudnn_varlen._path(version)
+    assert path.split(":")[0] == ("cuDNN" if version is None
+                                  else f"cuDNN {cudnn_limits.format_version(version)}")
+    assert "ragged offsets, the bucket as graph dimensions" in path
+    for name in ("override shapes", "cu_seq_len inputs"):
+        assert (f"{name} (" in path) == (name in offered)
+    assert ("not used" in path) == bool(offered)
+    if "cu_seq_len inputs" in offered:
+        assert "clamp" in path  # the reason that holds on any version
 
 
 def test_a_workspace_limit_rejects_the_deterministic_backward_with_the_number():

@@ -2,7 +2,8 @@
 
 cuDNN 9.19 has no cu_seqlens input (9.24) and no override shapes (9.21), so the graph's batch
 and longest sequences are its dimensions: the descriptor's capacities (``batch``,
-``max_seqlen_q``, ``max_seqlen_kv``; ``bucketed()`` rounds them to the ladder). Every packed
+``max_seqlen_q``, ``max_seqlen_kv``; ``bucketed()`` rounds them to the ladder). The graphs keep
+this form on newer cuDNNs too (``varlen.py`` says why). Every packed
 tensor [T, H, D] is declared [B, H, S, D] with strides [S * ts, hs, ts, 1] (ts, hs its token and
 head strides) and a ragged offset: per sequence, the element where it starts. The batch stride
 is nominal; the offsets place the sequences. Tensors that share a side (q, out, grad_out, grad_q

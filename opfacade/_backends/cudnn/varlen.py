@@ -30,8 +30,11 @@ may differ in their last bits, so a deterministic plan repeats bitwise for a giv
 buffers.
 
 cuDNN 9.19 takes the bucket as graph dimensions. cuDNN 9.21's override shapes and 9.24's
-cu_seq_len inputs would lift that, but this module does not use them yet: explain says which
-path a plan takes.
+cu_seq_len inputs (with its ragged offset multiplier) were measured on cuDNN 9.24.1 on an H200
+and are not used on any version: the forward ran no faster with them, even in a bucket of twice
+the batch and length; the ragged backward, where a bucket costs, declined override shapes; and
+the caller's cu_seqlens bound as is would skip step 1's clamp. explain says so
+(``_NEWER_UNUSED``; docs/VARLEN-CUDNN.md).
 """
 
 from __future__ import annotations
@@ -119,16 +122,25 @@ def estimate_graph_workspace(desc: VarlenAttentionDescriptor | VarlenAttentionBa
     return Workspace.round_up(d_p + accumulator + rows * 4)
 
 
+# Why a plan on a newer cuDNN keeps the offsets form, as explain says it (measured on cuDNN
+# 9.24.1 on an H200: docs/VARLEN-CUDNN.md, "What a newer cuDNN offers").
+_NEWER_UNUSED = {
+    OVERRIDE_SHAPES_VERSION: ("override shapes",
+                              "declined for the ragged backward, no faster forward"),
+    CU_SEQ_LEN_VERSION: ("cu_seq_len inputs", "the same results in the same time, and cu_seqlens "
+                         "bound as is would skip the clamp of garbage offsets"),
+}
+
+
 def _path(version: int | None) -> str:
-    """Which of cuDNN's varlen paths a plan takes, for explain."""
+    """Which of cuDNN's varlen paths a plan takes, for explain; where the cuDNN found offers
+    newer inputs (or its version is unknown), why they are not used."""
     found = "cuDNN" if version is None else f"cuDNN {limits.format_version(version)}"
-    newer = []
-    if version is None or version >= OVERRIDE_SHAPES_VERSION:
-        newer.append(f"override shapes ({limits.format_version(OVERRIDE_SHAPES_VERSION)})")
-    if version is None or version >= CU_SEQ_LEN_VERSION:
-        newer.append(f"cu_seq_len inputs ({limits.format_version(CU_SEQ_LEN_VERSION)})")
-    unused = f"; {' and '.join(newer)} not used yet" if newer else ""
-    return f"{found}: ragged offsets, the bucket as graph dimensions{unused}"
+    unused = [f"{name} ({limits.format_version(since)}): {why}"
+              for since, (name, why) in _NEWER_UNUSED.items()
+              if version is None or version >= since]
+    why = f"; not used: {'; '.join(unused)}" if unused else ""
+    return f"{found}: ragged offsets, the bucket as graph dimensions{why}"
 
 
 class _RaggedSku(GraphSelection, SkuImpl[P]):
