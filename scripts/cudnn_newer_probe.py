@@ -14,7 +14,7 @@ and the backward (default and deterministic) with and without override shapes. C
 torch (torch would load its own cuDNN). Results: docs/VARLEN-CUDNN.md, "What a newer cuDNN
 offers"; record catalog/probes/cudnn_newer_H200.json.
 
-    python3 scripts/cudnn_newer_probe.py [--out FILE] [--skip-timing]
+    python3 scripts/cudnn_newer_probe.py [--out FILE] [--skip-timing] [--backward-check]
 """
 
 from __future__ import annotations
@@ -242,6 +242,36 @@ def check(forms, handle) -> dict:
     return results
 
 
+def backward_check(handle) -> dict:
+    """The ragged backward with override shapes on the check's small problem, default and
+    deterministic: built or declined, and its gradients against the offsets form's."""
+    results = {}
+    for deterministic in (False, True):
+        grads = {}
+        for form in ("offsets", "override_offsets"):
+            name = f"backward{' deterministic' if deterministic else ''} {form}"
+            try:
+                p = Problem([1, 7, 100, 333, 64, 257], heads_q=4, heads_kv=2, dim=128, bucket=8,
+                            seq_bucket=512)
+                forward, _ = runner(p, "offsets", build(p, "offsets", handle, stats=True),
+                                    handle, stats=True)
+                forward()
+                g = build(p, form, handle, backward=True, deterministic=deterministic)
+                call, size = runner(p, form, g, handle, backward=True)
+                call()
+                cp.cuda.Device().synchronize()
+                grads[form] = [cp.asnumpy(t).astype(np.float64) for t in (p.dq, p.dk, p.dv)]
+                results[name] = dict(built=True, workspace=size)
+                if form != "offsets" and "offsets" in grads:
+                    results[name]["max_abs_difference_from_offsets"] = max(
+                        float(np.abs(a - b).max())
+                        for a, b in zip(grads[form], grads["offsets"], strict=True))
+            except Exception as error:
+                results[name] = dict(built=False, error=first_line(error))
+            print(name, results[name], flush=True)
+    return results
+
+
 def _median_ms(call, reps: int = 10) -> float:
     for _ in range(3):
         call()
@@ -326,6 +356,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--backward-check", action="store_true",
+                        help="also the override backward on the check's small problem")
     args = parser.parse_args()
     handle = cudnn.create_handle()
     cudnn.set_stream(handle=handle, stream=cp.cuda.get_current_stream().ptr)
@@ -334,6 +366,8 @@ def main() -> None:
                   device=cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
     print(record, flush=True)
     record["check"] = check(forms, handle)
+    if args.backward_check:
+        record["backward_check"] = backward_check(handle)
     if not args.skip_timing:
         record["timing"] = timing(forms, handle)
         record["backward_timing"] = backward_timing(handle)

@@ -30,11 +30,11 @@ may differ in their last bits, so a deterministic plan repeats bitwise for a giv
 buffers.
 
 cuDNN 9.19 takes the bucket as graph dimensions. cuDNN 9.21's override shapes and 9.24's
-cu_seq_len inputs (with its ragged offset multiplier) were measured on cuDNN 9.24.1 on an H200
-and are not used on any version: the forward ran no faster with them, even in a bucket of twice
-the batch and length; the ragged backward, where a bucket costs, declined override shapes; and
-the caller's cu_seqlens bound as is would skip step 1's clamp. explain says so
-(``_NEWER_UNUSED``; docs/VARLEN-CUDNN.md).
+cu_seq_len inputs (with its ragged offset multiplier) were measured on cuDNN 9.24.1 and 9.28.1
+on an H200 and are not used on any version: the forward ran no faster with them, even in a
+bucket of twice the batch and length; the ragged backward, where a bucket costs, declined
+override shapes; and the caller's cu_seqlens bound as is would skip step 1's clamp. explain
+says so (``_NEWER_UNUSED``; docs/VARLEN-CUDNN.md).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def estimate_graph_workspace(desc: VarlenAttentionDescriptor | VarlenAttentionBa
 
 
 # Why a plan on a newer cuDNN keeps the offsets form, as explain says it (measured on cuDNN
-# 9.24.1 on an H200: docs/VARLEN-CUDNN.md, "What a newer cuDNN offers").
+# 9.24.1 and 9.28.1 on an H200: docs/VARLEN-CUDNN.md, "What a newer cuDNN offers").
 _NEWER_UNUSED = {
     OVERRIDE_SHAPES_VERSION: ("override shapes",
                               "declined for the ragged backward, no faster forward"),
