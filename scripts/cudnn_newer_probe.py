@@ -28,6 +28,8 @@ import cudnn
 import cupy as cp
 import numpy as np
 
+from opfacade._backends.cudnn.graphs import build_in_order
+
 # UIDs: the tensors each form binds.
 Q, K, V, OUT, STATS, SEQ_Q, SEQ_KV, RAG_Q, RAG_KV, CU_Q, CU_KV, DO, DQ, DK, DV = range(1, 16)
 F16 = cudnn.data_type.HALF
@@ -151,12 +153,7 @@ def build(p: Problem, form: str, handle, stats: bool = False, backward: bool = F
         if stats:
             st.set_output(True).set_dim(stats_dims[0]).set_stride(stats_dims[1])
             st.set_data_type(F32).set_uid(STATS)
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
-    return g
+    return build_in_order(g, cudnn)
 
 
 def runner(p: Problem, form: str, g, handle, stats: bool = False, backward: bool = False):

@@ -30,6 +30,8 @@ import cudnn
 import numpy as np
 import torch
 
+from opfacade._backends.cudnn.graphs import build_in_order
+
 HQ, HKV, D = 32, 8, 128
 LENGTHS = [int(n) for n in np.random.default_rng(12).integers(512, 8192, 16, endpoint=True)]
 RESULTS: dict = {"cudnn": cudnn.backend_version(), "lengths": LENGTHS, "cases": {}}
@@ -51,12 +53,7 @@ def elapsed(fn, reps: int = 5) -> float:
 
 
 def built(g):
-    g.validate()
-    g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
-    return g
+    return build_in_order(g, cudnn)
 
 
 def graph():

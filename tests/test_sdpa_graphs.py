@@ -113,6 +113,36 @@ def bound_views(desc, base=1 << 32):
     return args, _bind_forward(desc, args)
 
 
+# ----------------------------------------------------------------------------- the build order
+
+
+def test_build_in_order_runs_the_frontends_steps_in_the_fixed_order_and_stops_at_a_decline():
+    class Cudnn:
+        class heur_mode:  # noqa: N801 - the frontend's name
+            A, FALLBACK = "A", "FALLBACK"
+
+    class Graph:
+        def __init__(self, refuse_at=None):
+            self.steps, self.refuse_at = [], refuse_at
+
+        def __getattr__(self, step):
+            def call(*args):
+                self.steps.append((step, *args))
+                if step == self.refuse_at:
+                    raise RuntimeError(f"{step}: not supported")
+            return call
+
+    graph = Graph()
+    assert graphs.build_in_order(graph, Cudnn) is graph
+    assert graph.steps == [("validate",), ("build_operation_graph",),
+                           ("create_execution_plans", ["A", "FALLBACK"]), ("check_support",),
+                           ("build_plans",)]
+    refusing = Graph(refuse_at="check_support")
+    with pytest.raises(RuntimeError, match="check_support: not supported"):
+        graphs.build_in_order(refusing, Cudnn)
+    assert [step[0] for step in refusing.steps][-1] == "check_support"
+
+
 # ----------------------------------------------------------------------------- what is cached
 
 

@@ -50,8 +50,8 @@ from . import plan_store, runtime
 from .limits import format_version
 
 __all__ = ["EXECUTE_PATH", "GRAPHS", "BuiltGraph", "Declined", "GraphCache", "GraphKey", "Uid",
-           "backward_graph", "built_or_unfit", "declare_backward", "declare_forward",
-           "diagonal_band", "forward_graph", "mask_options"]
+           "backward_graph", "build_in_order", "built_or_unfit", "declare_backward",
+           "declare_forward", "diagonal_band", "forward_graph", "mask_options"]
 
 # "auto": the backend's raw-pointer call when available; "public": always pygraph.execute.
 EXECUTE_PATH = "auto"
@@ -210,6 +210,18 @@ def _dtypes(cudnn, element: ElementKind):
     return io, cudnn.data_type.FLOAT
 
 
+def build_in_order(graph, cudnn):
+    """``graph`` built in the fixed order (the module's docstring), and returned; the
+    frontend's "not supported" at any step comes back as it raised it. The probes in scripts/
+    build their graphs this way too."""
+    graph.validate()  # the frontend's own checks of the support surface; needs no GPU
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    return graph
+
+
 class _Builder:
     """Declares one graph's user tensors with fixed UIDs."""
 
@@ -263,13 +275,7 @@ class _Builder:
 
     def finish(self) -> BuiltGraph:
         """The fixed build order; declines come back as the frontend raised them."""
-        g, cudnn = self.graph, self.cudnn
-        g.validate()  # the frontend's own checks of the support surface; needs no GPU
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-        return self.adopt(g)
+        return self.adopt(build_in_order(self.graph, self.cudnn))
 
     def adopt(self, graph, source: str | None = None) -> BuiltGraph:
         """A built graph whose operands are this declaration's: the one ``finish`` built, or one
