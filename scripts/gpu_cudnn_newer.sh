@@ -10,7 +10,8 @@
 #   call 2 (carry [".whl", ".cd/pab", ".scratch/nv34.tar.xz"]):
 #       bash scripts/gpu_cudnn_newer.sh [stages...]   stages: image newer quick tests compat
 #   (default: image newer tests; quick: the probe's checks and the override backward, no
-#   timing; compat: every GPU test of our cuDNN SKUs on the newer cuDNN)
+#   timing; compat: the sdpa GPU test files, the cuDNN cases of the decode, precision and varlen
+#   ones and the held-out problems of every cuDNN SKU, on the newer cuDNN)
 # The pieces: split -b 40M of `tar cf - libcudnn.so.9 libcudnn_graph.so.9
 # libcudnn_engines_runtime_compiled.so.9 libcudnn_heuristic.so.9 | xz -9e` from the
 # nvidia-cudnn-cu13 wheel's nvidia/cudnn/lib.
