@@ -48,7 +48,21 @@ def _versions() -> dict[str, str]:
         "cuda_driver": str(runtime.driverGetVersion()),
         "cuda_runtime": str(runtime.runtimeGetVersion()),
         "nvrtc": "{}.{}".format(*nvrtc_version()),
+        **_cudnn_versions(),
     }
+
+
+def _cudnn_versions() -> dict[str, str]:
+    """The cuDNN library and frontend the cuDNN SKUs ran on: pip's pick for the cu13 extra may
+    be newer than the one a record was made with (README), so each record names its own."""
+    from ._backends.cudnn import runtime
+    from ._backends.cudnn.limits import format_version
+
+    version = runtime.backend_version()
+    if version is None:
+        return {"cudnn": "absent", "cudnn_frontend": "absent"}
+    return {"cudnn": format_version(version),
+            "cudnn_frontend": str(getattr(runtime.cudnn_module(), "__version__", "unknown"))}
 
 
 def record_path(out_dir: str | Path, gpu: str) -> Path:

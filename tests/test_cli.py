@@ -233,3 +233,13 @@ def test_any_argv_ends_in_a_documented_exit_code(argv):
     assert "Traceback" not in err
     if err.startswith("opfacade ") and ": error: " not in err.splitlines()[-1]:
         assert err.count("\n") == 1, err  # a typed error: one line
+
+
+def test_a_verify_record_names_the_cudnn_it_ran_on(monkeypatch):
+    from opfacade._backends.cudnn import runtime
+
+    monkeypatch.setattr(runtime, "backend_version", lambda: 92801)
+    monkeypatch.setattr(runtime, "cudnn_module", lambda: mock.Mock(__version__="1.32.0"))
+    assert verify._cudnn_versions() == {"cudnn": "9.28.1", "cudnn_frontend": "1.32.0"}
+    monkeypatch.setattr(runtime, "backend_version", lambda: None)
+    assert verify._cudnn_versions() == {"cudnn": "absent", "cudnn_frontend": "absent"}
