@@ -3,12 +3,12 @@
 cuDNN 9.19 has no cu_seqlens input (9.24) and no override shapes (9.21), so the graph's batch
 and longest sequences are its dimensions: the descriptor's capacities (``batch``,
 ``max_seqlen_q``, ``max_seqlen_kv``; ``bucketed()`` rounds them to the ladder). The graphs keep
-this form on newer cuDNNs too (``varlen.py`` says why). Every packed
-tensor [T, H, D] is declared [B, H, S, D] with strides [S * ts, hs, ts, 1] (ts, hs its token and
-head strides) and a ragged offset: per sequence, the element where it starts. The batch stride
-is nominal; the offsets place the sequences. Tensors that share a side (q, out, grad_out, grad_q
-on the query side; k, v, grad_k, grad_v on the key side) and a token stride share one offsets
-tensor, so a compact problem has two and views into one packed QKV at most eight.
+this form on newer cuDNNs too (``varlen.py`` says why). Every packed tensor [T, H, D] is
+declared [B, H, S, D] with strides [S * ts, hs, ts, 1] (ts, hs its token and head strides) and a
+ragged offset: per sequence, the element where it starts. The batch stride is nominal; the
+offsets place the sequences. Tensors that share a side (q, out, grad_out, grad_q on the query
+side; k, v, grad_k, grad_v on the key side) and a token stride share one offsets tensor, so a
+compact problem has two and views into one packed QKV at most eight.
 
 The padding mask reads each sequence's lengths (int32 [B, 1, 1, 1]). Softmax stats stay padded
 [B, Hq, S_q, 1] f32 in the SKU's workspace (``varlen.py`` moves them to and from the contract's
