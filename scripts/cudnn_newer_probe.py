@@ -29,6 +29,7 @@ import cupy as cp
 import numpy as np
 
 from opfacade._backends.cudnn.graphs import build_in_order
+from opfacade._bench.common import time_ms
 
 # UIDs: the tensors each form binds.
 Q, K, V, OUT, STATS, SEQ_Q, SEQ_KV, RAG_Q, RAG_KV, CU_Q, CU_KV, DO, DQ, DK, DV = range(1, 16)
@@ -269,21 +270,6 @@ def backward_check(handle) -> dict:
     return results
 
 
-def _median_ms(call, reps: int = 10) -> float:
-    for _ in range(3):
-        call()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(reps):
-            call()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / reps)
-    return float(np.median(times))
-
-
 def _bench_set(bucket: int, seq_bucket: int) -> Problem:
     """The bench's set: 16 sequences of lengths 512-8192 (seed 12), H 32/8, d 128, f16."""
     lengths = np.random.default_rng(12).integers(512, 8192, 16, endpoint=True)
@@ -303,7 +289,7 @@ def timing(forms, handle) -> dict:
         try:
             p = _bench_set(bucket, seq_bucket)
             call, size = runner(p, form, build(p, form, handle), handle)
-            rows[name] = dict(ms=_median_ms(call), workspace=size)
+            rows[name] = dict(ms=time_ms(call), workspace=size)
         except Exception as error:
             rows[name] = dict(error=first_line(error))
         print(name, rows[name], flush=True)
@@ -332,7 +318,7 @@ def backward_timing(handle) -> dict:
                     rows[name] = dict(workspace=int(size), ms=None)
                 else:
                     call, size = runner(p, form, g, handle, backward=True)
-                    rows[name] = dict(ms=_median_ms(call, reps=3), workspace=size)
+                    rows[name] = dict(ms=time_ms(call), workspace=size)
                     grads = [cp.asnumpy(t).astype(np.float64) for t in (p.dq, p.dk, p.dv)]
                     if deterministic not in first:
                         first[deterministic] = grads
