@@ -3,7 +3,9 @@
 # distribution's precision test, verify, compute-sanitizer memcheck and racecheck on the decode
 # kernels, the bench rows, and the f32 units probe (which units torch's f32 SDPA runs on).
 #   bash scripts/gpu_decode.sh [stages...]   stages: tests verify sanitize bench units variants
-#                                                    stalls
+#                                                    stalls append
+# append: scripts/kv_append_variants.py, with APPEND_BEFORE=DIR (a baseline tree's native/)
+# timed beside this tree's kernel.
 # stalls: ncu's sections and per-SASS-instruction stall samples of one step of ours (and torch's
 # SDPA beside a contiguous cache) on NCU_CASE (scripts/decode_ncu_probe.py's arguments, default
 # "64 4096 bf16 contiguous4"), the pages back as $OUT/ncu_decode.tar.gz
@@ -40,6 +42,11 @@ fi
 if wants variants; then
     stage variants
     timeout ${VARIANTS_TIMEOUT:-300} python3 scripts/decode_variants.py "$OUT/decode_variants.json" ${VARIANTS_FLAGS:-} 2>&1 | tee "$OUT/decode_variants.log" | tail -${VARIANTS_TAIL:-40}
+fi
+if wants append; then
+    stage append
+    timeout 200 python3 scripts/kv_append_variants.py ${APPEND_BEFORE:+--before=$APPEND_BEFORE} \
+        "$OUT/kv_append_variants.json" 2>&1 | tail -20
 fi
 if wants units; then
     stage units

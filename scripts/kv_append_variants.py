@@ -3,7 +3,7 @@ graph (the bench's way: both are a few microseconds of latency), on the bench's 
 beside floor kernels that show what the dependent loads cost. Every variant's caches are
 compared bitwise with the shipped kernel's, and the shipped kernel's with torch's index_put.
 
-    python3 scripts/kv_append_variants.py [out.json]
+    python3 scripts/kv_append_variants.py [--before=DIR] [out.json]
 
 Variants:
   shipped        native/kv_append.cu: a CTA per (sequence, token, head group), threads (16-byte
@@ -11,6 +11,8 @@ Variants:
                  bytes, placed by 32-bit division; catalog/probes/kv_append_variants_H100.json
                  has both.)
   shipped plain  the same with plain (not evict-first) loads and stores.
+  before         with --before=DIR: DIR's kv_append.cu and kv_cache.cuh (a baseline tree's
+                 native/, e.g. from `git archive`), compiled as the shipped one is.
   specialized    the same with the cache description made constant (nhd, 8 kv heads, and for
                  paged cases pages of 16 tokens): what the runtime description costs.
 Floors (one thread per 16 bytes, a CTA per 4 KB, the same bytes; no cache addressing):
@@ -26,6 +28,7 @@ import functools
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -129,8 +132,17 @@ def specialized_module(page16: bool):
     return module("kv_append_specialized.cu", text, True)
 
 
-def main(out_path: str | None) -> int:
+def before_module(root: Path):
+    """``root``'s kv_append.cu with ``root``'s cache header inlined (the shipped header would be
+    found by the include otherwise)."""
+    header = (root / "kv_cache.cuh").read_text().replace("#pragma once", "")
+    text = (root / "kv_append.cu").read_text().replace('#include "kv_cache.cuh"', header)
+    return module("kv_append_before.cu", text.replace("#define OPFACADE_STREAMING 1", ""), True)
+
+
+def main(out_path: str | None, before: Path | None) -> int:
     shipped = {streaming: module("kv_append.cu", None, streaming) for streaming in (True, False)}
+    baseline = before_module(before) if before else None
     specialized = {page16: specialized_module(page16) for page16 in (False, True)}
     floor = module("floor.cu", FLOOR_SOURCE, False).get_function("floor_copy")
     results = []
@@ -145,6 +157,8 @@ def main(out_path: str | None) -> int:
                  for name, streaming in (("shipped", True), ("shipped plain", False))}
         calls["specialized"] = launcher(specialized[case.paged].get_function("kv_append_bf16"),
                                         grid, block, args)
+        if baseline is not None:
+            calls["before"] = launcher(baseline.get_function("kv_append_bf16"), grid, block, args)
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         table = torch.zeros(case.batch * 257, dtype=torch.int32, device="cuda")
@@ -156,7 +170,9 @@ def main(out_path: str | None) -> int:
         copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
         reference = None
-        for name in ("shipped", "shipped plain", "specialized"):
+        for name in ("shipped", "shipped plain", "specialized", "before"):
+            if name not in calls:
+                continue
             p.k_cache.zero_()
             p.v_cache.zero_()
             calls[name]()
@@ -188,4 +204,7 @@ def main(out_path: str | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))
+    flags = [a for a in sys.argv[1:] if a.startswith("--before=")]
+    paths = [a for a in sys.argv[1:] if not a.startswith("--")]
+    sys.exit(main(paths[0] if paths else None,
+                  Path(flags[0].split("=", 1)[1]) if flags else None))

@@ -80,6 +80,8 @@ run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)     # 8 rows, a wind
 # Long caches: the merge's 512- and 1024-thread builds (decode.MERGE_THREADS).
 run_case("f16", "contiguous", 64, 4, 1, 1, 20000, 2, None, True)
 run_case("f32", "paged", 128, 2, 1, 1, 40000, 2, 500, False)
+# A paged cache of 1250 pages a sequence on garbage lengths and pages.
+run_case("f16", "paged", 64, 4, 1, 1, 20000, 2, None, True)
 # The kq tile's 3-CTA build and the 16-row tile's staged build, which grids as small as these
 # never pick (decode.KQ_FEW_WAVES, MMA_FEW_WAVES).
 kernels.KQ_FEW_WAVES, kernels.MMA_FEW_WAVES = 0, 0

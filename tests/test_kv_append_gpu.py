@@ -133,3 +133,49 @@ def test_misaligned_token_views_are_refused_naming_the_argument():
         plan.run(KvAppendArgs(k_new, k_new.clone(), problem.k_cache, problem.v_cache,
                               problem.seq_lens))
     assert raised.value.argument == "k_new"
+
+
+# Paged caches from pages of 16 to pages of one token (table rows of up to 1500 entries), at
+# CTAs of 32 to 512 threads: (page_size, capacity, element, head_dim, heads_kv).
+ROW_CASES = [
+    (16, 300, "bf16", 64, 2),
+    (1, 129, "bf16", 64, 2),
+    (1, 1024, "f32", 128, 8),
+    (1, 1500, "f32", 128, 8),
+]
+
+
+@pytest.mark.parametrize("page_size, capacity, element, head_dim, heads_kv", ROW_CASES,
+                         ids=[f"p{c[0]}-cap{c[1]}-{c[2]}-d{c[3]}-h{c[4]}" for c in ROW_CASES])
+def test_a_paged_append_writes_the_page_its_table_entry_names(page_size, capacity, element,
+                                                                head_dim, heads_kv):
+    """Each sequence's new token lands in the page and slot its table row names, bitwise; a
+    sequence whose entry is outside the pool and an empty one are skipped, and nothing else in
+    the pools changes."""
+    batch, q_len, max_pages = 5, 1, -(-capacity // page_size)
+    rng = np.random.default_rng(24)
+    pages = batch * max_pages + 3
+    table = rng.permutation(pages)[: batch * max_pages].reshape(batch, max_pages)
+    lengths = np.array([1, capacity, 0, rng.integers(2, capacity), capacity // 2 + 1])
+    bad_page = (lengths[4] - 1) // page_size
+    table[4, bad_page] = pages + 7  # outside the pool: sequence 4's token is skipped
+    dtype = DTYPES[element]
+    shape = (pages, page_size, heads_kv, head_dim)
+    k_cache = torch.rand(shape, device="cuda").to(dtype)
+    v_cache = torch.rand(shape, device="cuda").to(dtype)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    k_new = torch.rand((batch, q_len, heads_kv, head_dim), device="cuda").to(dtype)
+    v_new = torch.rand_like(k_new)
+    desc = KvAppendDescriptor(batch=batch, heads_kv=heads_kv, head_dim=head_dim, element=element,
+                              cache="paged", page_size=page_size, max_pages=max_pages,
+                              q_len=q_len)
+    plan = KvAppendPlan.select(desc, device=0)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    page_table = torch.tensor(table, dtype=torch.int32, device="cuda")
+    plan.run(KvAppendArgs(k_new, v_new, k_cache, v_cache, seq_lens, page_table))
+    for s in (0, 1, 3):  # sequence 2 is empty, sequence 4's page is outside the pool
+        position = int(lengths[s]) - 1
+        page, slot = int(table[s, position // page_size]), position % page_size
+        before_k[page, slot], before_v[page, slot] = k_new[s, 0], v_new[s, 0]
+    assert torch.equal(k_cache.view(torch.uint8), before_k.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), before_v.view(torch.uint8))
