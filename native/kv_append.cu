@@ -1,10 +1,12 @@
 // Writing a decode step's new keys and values into the KV caches (issue 13), and the cache
 // check of checked mode, which decode_attention and kv_append share.
 //
-//   kv_append_<T>    one CTA per (sequence, new token, group of kv heads), one thread per 16
+//   kv_append_<T>_<form>_<layout>
+//                    one CTA per (sequence, new token, group of kv heads), one thread per 16
 //                    bytes of a head's new key and value: threads (vector, head). The token's
 //                    position (OPFACADE_TOKEN_POSITION) and page are one broadcast load each per
 //                    CTA; positions outside the capacity and pages outside the pool are skipped.
+//                    A kernel per cache form (contiguous, paged, pointers) and layout (nhd, hnd).
 //   kv_cache_check   checked mode: the first sequence whose length, pages or cache addresses
 //                    break the contract's rules (contracts/kv_cache.py).
 // The caches' forms and addressing are kv_cache.cuh's.
@@ -46,17 +48,34 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
 
 }  // namespace
 
-#define OPFACADE_APPEND(SUFFIX, T)                                                               \
-    extern "C" __global__ void __launch_bounds__(1024) kv_append_##SUFFIX(                       \
+// The cache's form and layout are the kernel's constants, the rest of its description is read
+// at run time (the kind and hnd parameters are then unused): the branches on them, and the
+// addressing of the forms not taken, leave the store's dependent chain. On an H200
+// (scripts/kv_append_variants.py, record catalog/probes/kv_append_forms_H200.json) the paged
+// rows went from 0.59-0.64 to 0.66-0.69 of a copy, the contiguous ones from 0.72-0.75 to
+// 0.74-0.78.
+#define OPFACADE_APPEND(NAME, T, KIND, HND)                                                      \
+    extern "C" __global__ void __launch_bounds__(1024) NAME(                                     \
         const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
         i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int q_len) {                       \
-        append<T>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, OPFACADE_CACHE_ARGS,         \
-                  seq_lens, q_len);                                                              \
+        Cache c = OPFACADE_CACHE_ARGS;                                                           \
+        c.kind = KIND;                                                                           \
+        c.hnd = HND;                                                                             \
+        append<T>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, c, seq_lens, q_len);         \
     }
 
-OPFACADE_APPEND(f32, float)
-OPFACADE_APPEND(f16, f16_t)
-OPFACADE_APPEND(bf16, bf16_t)
+// The forms as kv_cache.cuh numbers them (decode.py's KINDS).
+#define OPFACADE_APPEND_FORMS(SUFFIX, T)                                                         \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_nhd, T, 0, 0)                                \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_hnd, T, 0, 1)                                \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_nhd, T, 1, 0)                                     \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_hnd, T, 1, 1)                                     \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_nhd, T, 2, 0)                                  \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_hnd, T, 2, 1)
+
+OPFACADE_APPEND_FORMS(f32, float)
+OPFACADE_APPEND_FORMS(f16, f16_t)
+OPFACADE_APPEND_FORMS(bf16, bf16_t)
 
 // Checked mode: verdict int32 [4] = (sequence, rule, detail, value) of the first sequence s that
 // breaks a rule, or sequence -1. Rules: 1 seq_lens[s] = value is neither 0 nor within

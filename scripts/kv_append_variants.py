@@ -7,9 +7,10 @@ compared bitwise with the shipped kernel's, and the shipped kernel's with torch'
 
 Variants:
   shipped        native/kv_append.cu: a CTA per (sequence, token, head group), threads (16-byte
-                 vector, kv head). (Before 2026-11-25: a grid-stride loop, one thread per 16
-                 bytes, placed by 32-bit division; catalog/probes/kv_append_variants_H100.json
-                 has both.)
+                 vector, kv head), a kernel per cache form and layout (since 2026-11-29; its
+                 record catalog/probes/kv_append_forms_H200.json). (Before 2026-11-25: a
+                 grid-stride loop, one thread per 16 bytes, placed by 32-bit division;
+                 catalog/probes/kv_append_variants_H100.json has both.)
   shipped plain  the same with plain (not evict-first) loads and stores.
   before         with --before=DIR: DIR's kv_append.cu and kv_cache.cuh (a baseline tree's
                  native/, e.g. from `git archive`), compiled as the shipped one is.
@@ -20,6 +21,15 @@ Floors (one thread per 16 bytes, a CTA per 4 KB, the same bytes; no cache addres
   floor 1 dep    load the data and seq_lens[s], store only if the length is non-negative: the
                  store waits for one dependent load, as a contiguous cache's does.
   floor 2 deps   also a page-table entry indexed by that length: two, as a paged cache's.
+Scattered floors (a CTA per new token, its 2 KiB key and 2 KiB value stored into the case's own
+caches, as kv_append stores them; no cache description):
+  scatter 0 deps   each token's row from arithmetic alone (a fixed pseudo-random position, or
+                   page and slot): the caches' spread, without a load before the store.
+  scatter 1 dep    the position from seq_lens, as a contiguous cache's append (contiguous).
+  scatter 2 deps   then the page from the table, as a paged cache's append (paged).
+  What the dense floors leave out: kv_append's stores land all over caches of 0.5-2 GiB (one
+  sequence's slot every 8 MiB, or pages spread over the pool), where a copy writes one dense
+  buffer.
 """
 
 from __future__ import annotations
@@ -51,6 +61,31 @@ extern "C" __global__ void __launch_bounds__(256) floor_copy(
         if (deps >= 2 && table[s * 257 + len / 16] < 0) return;
     }
     dst[i] = v;
+}
+
+// blockDim 256: threads 0-127 the token's key (2 KiB: 8 kv heads of d 128 in bf16), 128-255 its
+// value; grid (sequences, q_len). Caches nhd, rows of `tokens` tokens (a sequence's capacity,
+// or a page's size).
+extern "C" __global__ void __launch_bounds__(256) floor_scatter(
+        const uint4* __restrict__ k_new, const uint4* __restrict__ v_new, uint4* k_cache,
+        uint4* v_cache, const int* __restrict__ lens, const int* __restrict__ table, int q_len,
+        int capacity, int tokens, int max_pages, int rows, int paged, int deps) {
+    const int s = blockIdx.x, t = blockIdx.y, i = threadIdx.x & 127;
+    const bool key = threadIdx.x < 128;
+    const long long token = (long long)s * q_len + t;
+    const uint4 v = (key ? k_new : v_new)[token * 128 + i];
+    long long row;
+    if (deps == 0) {
+        const unsigned hash = (unsigned)(s * q_len + t) * 2654435761u;
+        row = paged ? (long long)(hash % (unsigned)rows) * tokens + (hash >> 7) % tokens
+                    : (long long)s * capacity + hash % (unsigned)capacity;
+    } else {
+        const int pos = lens[s] - q_len + t;
+        if (pos < 0) return;
+        row = paged ? (long long)table[s * max_pages + pos / tokens] * tokens + pos % tokens
+                    : (long long)s * capacity + pos;
+    }
+    (key ? k_cache : v_cache)[row * 128 + i] = v;
 }
 """
 
@@ -94,8 +129,8 @@ def launcher(function, grid, block, args):
     return call
 
 
-def graph_us(call, reps: int = 20, replays: int = 30) -> float:
-    """Microseconds per call, from a CUDA graph of ``reps`` calls replayed ``replays`` times."""
+def captured(call, reps: int = 20):
+    """A CUDA graph of ``reps`` calls (after one warm call outside it)."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         call()
@@ -107,6 +142,11 @@ def graph_us(call, reps: int = 20, replays: int = 30) -> float:
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def replay_us(graph, reps: int = 20, replays: int = 30) -> float:
+    """Microseconds per call: the median of ``replays`` timed replays of ``graph``."""
     times = []
     for _ in range(replays):
         start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
@@ -116,6 +156,20 @@ def graph_us(call, reps: int = 20, replays: int = 30) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / reps)
     return statistics.median(times)
+
+
+def interleaved_us(calls: dict, rounds: int = 7) -> dict[str, float]:
+    """Each call's microseconds, from its CUDA graph: the median over ``rounds`` rounds, each
+    timing every call once in an order rotated by one from the last, so that no call always
+    runs first or after the same neighbour (one pass in a fixed order moved a copy's time by
+    14% between the row's start and end on an H200)."""
+    graphs = {name: captured(call) for name, call in calls.items()}
+    names = list(graphs)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(replay_us(graphs[name]))
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def specialized_module(page16: bool):
@@ -140,11 +194,23 @@ def before_module(root: Path):
     return module("kv_append_before.cu", text.replace("#define OPFACADE_STREAMING 1", ""), True)
 
 
+def kernel_of(loaded, case: AppendCase):
+    """``loaded``'s bf16 kv_append kernel for ``case``'s cache (nhd): a kernel a cache form
+    since the thirty-sixth session, one for every form before (a --before tree's)."""
+    import cupy
+
+    try:
+        return loaded.get_function(f"kv_append_bf16_{'paged' if case.paged else 'contiguous'}_nhd")
+    except cupy.cuda.driver.CUDADriverError:
+        return loaded.get_function("kv_append_bf16")
+
+
 def main(out_path: str | None, before: Path | None) -> int:
     shipped = {streaming: module("kv_append.cu", None, streaming) for streaming in (True, False)}
     baseline = before_module(before) if before else None
     specialized = {page16: specialized_module(page16) for page16 in (False, True)}
-    floor = module("floor.cu", FLOOR_SOURCE, False).get_function("floor_copy")
+    floors = module("floor.cu", FLOOR_SOURCE, False)
+    floor, scatter = floors.get_function("floor_copy"), floors.get_function("floor_scatter")
     results = []
     for case in cases():
         p = append_problem(torch, case)
@@ -152,13 +218,13 @@ def main(out_path: str | None, before: Path | None) -> int:
         nbytes = case.written_bytes()
         cache = DecodeCache("contiguous", False, case.capacity, 8, 128, 128)
         grid, block = append_shape(cache, ElementKind.bf16, case.batch, case.q_len)
-        calls = {name: launcher(shipped[streaming].get_function("kv_append_bf16"), grid, block,
+        calls = {name: launcher(kernel_of(shipped[streaming], case), grid, block,
                                 args)
                  for name, streaming in (("shipped", True), ("shipped plain", False))}
-        calls["specialized"] = launcher(specialized[case.paged].get_function("kv_append_bf16"),
+        calls["specialized"] = launcher(kernel_of(specialized[case.paged], case),
                                         grid, block, args)
         if baseline is not None:
-            calls["before"] = launcher(baseline.get_function("kv_append_bf16"), grid, block, args)
+            calls["before"] = launcher(kernel_of(baseline, case), grid, block, args)
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         table = torch.zeros(case.batch * 257, dtype=torch.int32, device="cuda")
@@ -167,10 +233,24 @@ def main(out_path: str | None, before: Path | None) -> int:
                 np.uint64(src.data_ptr()), np.uint64(dst.data_ptr()),
                 np.uint64(p.seq_lens.data_ptr()), np.uint64(table.data_ptr()),
                 np.int32(case.batch), np.int32(deps)))
+        k_src, v_src = p.k_new.contiguous(), p.v_new.contiguous()
+        table_ptr = 0 if p.table is None else p.table.data_ptr()
+        rows = p.k_cache.shape[0]
+        kinds = ((0, "scatter 0 deps"), (2, "scatter 2 deps")) if case.paged else (
+            (0, "scatter 0 deps"), (1, "scatter 1 dep"))
+        for deps, name in kinds:
+            calls[name] = launcher(scatter, (case.batch, case.q_len), (256,), (
+                np.uint64(k_src.data_ptr()), np.uint64(v_src.data_ptr()),
+                np.uint64(p.k_cache.data_ptr()), np.uint64(p.v_cache.data_ptr()),
+                np.uint64(p.seq_lens.data_ptr()), np.uint64(table_ptr), np.int32(case.q_len),
+                np.int32(case.capacity), np.int32(p.k_cache.shape[1]),
+                np.int32(case.max_pages if case.paged else 0), np.int32(rows),
+                np.int32(case.paged), np.int32(deps)))
         copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
         reference = None
-        for name in ("shipped", "shipped plain", "specialized", "before"):
+        for name in ("shipped", "shipped plain", "specialized", "before",
+                     "scatter 1 dep", "scatter 2 deps"):
             if name not in calls:
                 continue
             p.k_cache.zero_()
@@ -188,13 +268,12 @@ def main(out_path: str | None, before: Path | None) -> int:
             else:
                 row[f"{name} equals shipped"] = bool(torch.equal(reference[0], written[0])
                                                      and torch.equal(reference[1], written[1]))
-        copy_us = graph_us(copy)
+        times = interleaved_us({"copy": copy, **calls})
+        copy_us = times.pop("copy")
         row["copy us"] = round(copy_us, 3)
-        for name, call in calls.items():
-            us = graph_us(call)
+        for name, us in times.items():
             row[f"{name} us"] = round(us, 3)
             row[f"{name} of copy"] = round(copy_us / us, 3)
-        row["copy again us"] = round(graph_us(copy), 3)
         print(json.dumps(row))
         results.append(row)
     if out_path:

@@ -47,7 +47,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     merges |= {f"decode_merge_{e}_rows" for e in ELEMENTS}
-    appends = {f"kv_append_{e}" for e in ELEMENTS}
+    appends = {f"kv_append_{e}_{form}_{layout}" for e in ELEMENTS for form in kernels.KINDS
+               for layout in ("nhd", "hnd")}
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
         for dim in kernels.DIMS:
@@ -121,7 +122,7 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     tile = kernels.Tile(8) if element == ElementKind.f32 else kernels.Tile(16, "mma")
     assert names == [f"decode_partial_{element.value}_128_{tile.rows}",
                      f"decode_merge_{element.value}_rows",
-                     f"kv_append_{element.value}"]
+                     f"kv_append_{element.value}_paged_nhd"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
     blocks = {"merge": (kernels.ROWS_THREADS,), "partial": (kernels.THREADS,),
               "kv_append": (per_head, min(8, 1024 // per_head))}

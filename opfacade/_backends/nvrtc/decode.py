@@ -394,12 +394,18 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     """One launch writing every sequence's new tokens (strides in elements: batch, token,
     head): a CTA per (sequence, token, group of kv heads), a thread per 16 bytes of a head's
     key and value (native/kv_append.cu)."""
-    kernel = get_kernel(APPEND_SOURCE, f"kv_append_{element.value}", device)
+    kernel = get_kernel(APPEND_SOURCE, append_kernel(element, cache), device)
     args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
             *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
             np.int32(q_len))
     return steps(lambda on: [launcher(kernel, *append_shape(cache, element, sequences, q_len),
                                       args, on, device)], stream, device)
+
+
+def append_kernel(element: ElementKind, cache: DecodeCache) -> str:
+    """kv_append's kernel for this element type and cache: one a form and layout, whose
+    addressing is compiled in (native/kv_append.cu)."""
+    return f"kv_append_{element.value}_{cache.kind}_{'hnd' if cache.hnd else 'nhd'}"
 
 
 def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
