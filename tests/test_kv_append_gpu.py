@@ -16,8 +16,9 @@ from opfacade.errors import InvalidArgument, LayoutMismatch
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
+# Every cache form in both layouts: kv_append has a kernel for each (native/kv_append.cu).
 CACHES = [Cache("contiguous"), Cache("contiguous", "hnd"), Cache("paged", "nhd", 16),
-          Cache("paged", "hnd", 64), Cache("pointers")]
+          Cache("paged", "hnd", 64), Cache("pointers"), Cache("pointers", "hnd")]
 
 
 def _append_descriptor(decode, q_len: int) -> KvAppendDescriptor:
