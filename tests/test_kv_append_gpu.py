@@ -17,8 +17,11 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 # Every cache form in both layouts: kv_append has a kernel for each (native/kv_append.cu).
+# Pages of 24 tokens take kv_cache.cuh's division (not a power of two, and straddling decode's
+# chunks); 256 is the largest page the contract allows.
 CACHES = [Cache("contiguous"), Cache("contiguous", "hnd"), Cache("paged", "nhd", 16),
-          Cache("paged", "hnd", 64), Cache("pointers"), Cache("pointers", "hnd")]
+          Cache("paged", "hnd", 64), Cache("paged", "hnd", 24), Cache("paged", "nhd", 256),
+          Cache("pointers"), Cache("pointers", "hnd")]
 
 
 def _append_descriptor(decode, q_len: int) -> KvAppendDescriptor:
@@ -136,10 +139,12 @@ def test_misaligned_token_views_are_refused_naming_the_argument():
     assert raised.value.argument == "k_new"
 
 
-# Paged caches from pages of 16 to pages of one token (table rows of up to 1500 entries), at
+# Paged caches from pages of 256 tokens to pages of one (table rows of up to 1500 entries), at
 # CTAs of 32 to 512 threads: (page_size, capacity, element, head_dim, heads_kv).
 ROW_CASES = [
     (16, 300, "bf16", 64, 2),
+    (24, 300, "f16", 64, 2),
+    (256, 1024, "bf16", 128, 4),
     (1, 129, "bf16", 64, 2),
     (1, 1024, "f32", 128, 8),
     (1, 1500, "f32", 128, 8),
