@@ -12,7 +12,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --v-early | --kq | --lu | --kq-q | --merge-early
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
-                                       | --merge-rows | --split | --offsets]
+                                       | --merge-rows | --split | --offsets
+                                       | --paged-form=DIR]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -386,6 +387,16 @@ if "--offsets" in sys.argv:
              (64, 4096, "contiguous4", 0, {"element": "f16"}),
              (64, 4096, "contiguous2", 0, {"heads_q": 64}),
              (64, 4096, "contiguous4", 0, {"ragged": True})]
+# The cache's form and layout made compile-time constants in every kernel (kv_append's kernels
+# are built that way since the thirty-sixth session): --paged-form=DIR names a copy of native/
+# whose kv_cache.cuh make_cache returns kind 1 (paged) and hnd 0, valid for paged nhd caches
+# alone, so only those run; the same sums, so its bits are compared.
+if "--paged-form" in " ".join(sys.argv):
+    form_root = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--paged-form="))
+    VARIANTS = {"runtime form (default)": (), "paged nhd constant": (f"root={form_root}",),
+                "default again": ()}
+    CASES = [(64, 4096, "paged", 16), (8, 32768, "paged", 64), (256, 1024, "paged", 16),
+             (64, 4096, "paged4", 16)]
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before=")), None)
