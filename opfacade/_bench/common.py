@@ -79,6 +79,19 @@ def burst_calls(ms_per_call: float) -> int:
     return max(1, min(MAX_BURST_CALLS, int(BURST_MS / max(ms_per_call, 1e-3))))
 
 
+def call_ms(fn: Callable[[], object]) -> float:
+    """GPU milliseconds of one call of ``fn``, between two CUDA events on the legacy default
+    stream: what a burst (``burst_calls``) or a sustained run (``sustained.py``) is sized by."""
+    import cupy
+
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(cupy.cuda.Stream.null)
+    fn()
+    stop.record(cupy.cuda.Stream.null)
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop)
+
+
 def time_ms(fn: Callable[[], object], reps: int = 20, warmup: int = 3) -> float:
     """Median GPU milliseconds per call of ``fn``, timed as ``time_interleaved`` times each of
     its functions."""
@@ -105,17 +118,12 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 20,
     """
     import cupy
 
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     bursts = {}
     for name, fn in fns.items():
         for _ in range(warmup):
             fn()
-        start.record(cupy.cuda.Stream.null)
-        fn()
-        stop.record(cupy.cuda.Stream.null)
-        stop.synchronize()
-        once = cupy.cuda.get_elapsed_time(start, stop)
-        bursts[name] = burst_calls(once)
+        bursts[name] = burst_calls(call_ms(fn))
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for round_ in range(reps):

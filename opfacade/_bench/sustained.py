@@ -67,14 +67,9 @@ def _calls_lasting(fn: Callable[[], object], seconds: float) -> int:
     """How many calls of ``fn`` take ``seconds`` of GPU time, from one timed call. The count,
     not the host's clock, bounds a run: calls are queued far faster than a long kernel runs,
     so a second of the host's calls can be many seconds of the GPU's."""
-    import cupy
+    from .common import call_ms  # here: common imports this module
 
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record(cupy.cuda.Stream.null)
-    fn()
-    end.record(cupy.cuda.Stream.null)
-    end.synchronize()
-    once = max(cupy.cuda.get_elapsed_time(start, end), 1e-3)
+    once = max(call_ms(fn), 1e-3)
     return min(_MOST_CALLS, max(1, round(seconds * 1e3 / once)))
 
 
