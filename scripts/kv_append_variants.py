@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import torch
 
 from opfacade._backends.nvrtc import compiler
 from opfacade._backends.nvrtc.decode import DecodeCache, append_shape
+from opfacade._bench.graph_timing import MAX_REPLAY_ROUNDS, time_in_cuda_graphs
 from opfacade._bench.kv_append import AppendCase, append_problem, cases
 from opfacade.types import ArchSku, ElementKind
 
@@ -130,47 +130,16 @@ def launcher(function, grid, block, args):
     return call
 
 
-def captured(call, reps: int = 20):
-    """A CUDA graph of ``reps`` calls (after one warm call outside it)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(reps):
-            call()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
-def replay_us(graph, reps: int = 20, replays: int = 30) -> float:
-    """Microseconds per call: the median of ``replays`` timed replays of ``graph``."""
-    times = []
-    for _ in range(replays):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
-
-
-def interleaved_us(calls: dict, rounds: int = 7) -> dict[str, float]:
-    """Each call's microseconds, from its CUDA graph: the median over ``rounds`` rounds, each
-    timing every call once in an order rotated by one from the last, so that no call always
-    runs first or after the same neighbour (one pass in a fixed order moved a copy's time by
-    14% between the row's start and end on an H200)."""
-    graphs = {name: captured(call) for name, call in calls.items()}
-    names = list(graphs)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(replay_us(graphs[name]))
-    return {name: statistics.median(values) for name, values in samples.items()}
+def interleaved_us(calls: dict, reps: int = 20) -> dict[str, float]:
+    """Each call's microseconds from a CUDA graph of ``reps`` calls, the graphs replayed in
+    rounds whose order rotates, as the bench replays its own (``graph_timing``): one pass in a
+    fixed order had moved a copy's time by 14% within a row on an H200. (The thirty-sixth
+    session's records were timed by this script's own loop before it used the bench's: 7
+    rounds, each the median of 30 replays.)"""
+    times, failed = time_in_cuda_graphs(calls, {}, dict.fromkeys(calls, reps), MAX_REPLAY_ROUNDS)
+    if failed:
+        raise RuntimeError(f"not captured: {failed}")
+    return {name: ms * 1e3 for name, ms in times.items()}
 
 
 def specialized_module(page16: bool):
