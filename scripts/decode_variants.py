@@ -13,7 +13,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows | --split | --offsets
-                                       | --paged-form=DIR]
+                                       | --paged-form=DIR | --tree=DIR]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -397,6 +397,25 @@ if "--paged-form" in " ".join(sys.argv):
                 "default again": ()}
     CASES = [(64, 4096, "paged", 16), (8, 32768, "paged", 64), (256, 1024, "paged", 16),
              (64, 4096, "paged4", 16)]
+# Two builds of the 16-row tile from another copy of native/ given by --tree=DIR, whose
+# decode_mma.cuh takes two probe macros (thirty-seventh session): OPFACADE_MMA_Q_REGS holds each
+# warp's Q fragments in registers through the scores (the staged build has room), where the
+# shipped tile rereads them from shared memory for every key tile (the same words: the same
+# bits); OPFACADE_MMA_P_HI_ONLY multiplies V by P's high half alone (P rounded once to the
+# element type, as most attention kernels do: another order, so not bitwise).
+if "--tree=" in " ".join(sys.argv):
+    tree = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--tree="))
+    q_regs = (f"root={tree}", "-DOPFACADE_MMA_Q_REGS=1")
+    hi_only = (f"root={tree}", "-DOPFACADE_MMA_P_HI_ONLY=1")
+    VARIANTS = {"16-row tile (default)": (), "Q in registers": q_regs,
+                "P high half only": hi_only, "default again": (),
+                "Q in registers again": q_regs, "P high half only again": hi_only}
+    OTHER_ORDER = {"P high half only", "P high half only again"}
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "paged4", 64),
+             (128, 4096, "contiguous4", 0), (256, 1024, "paged4", 16),
+             (64, 4096, "contiguous4", 0, {"head_dim": 64}),
+             (64, 4096, "contiguous4", 0, {"element": "f16"}),
+             (64, 4096, "contiguous3", 0)]
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before=")), None)
