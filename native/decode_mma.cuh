@@ -192,8 +192,12 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     // Q's A words, q_frag[j][half][lane]: rows fr + 8 half, vector j's d = 32 j + 8 fc ... + 7,
     // unscaled (the scale multiplies the f32 scores); rows past the tile's are zeros. Every
     // warp reads the same words, so warp 0 loads them (here) and stores them once its first
-    // keys' loads are in flight (below): the keys never wait for Q. Shared memory, not
-    // registers: at D 128 the registers are the occupancy (168 a thread, 3 CTAs an SM).
+    // keys' loads are in flight (below): the keys never wait for Q. Each warp then copies them
+    // into registers (q_held) for the scores, where the scores had reread them from shared
+    // memory for every key tile: the same words, so the same bits. Held only through the scores,
+    // they cost no occupancy (168 registers a thread, 3 CTAs an SM), and d 64's staged build
+    // stopped spilling: 4-7 points of a copy at q_len 4 there, d 128 unchanged (H200,
+    // scripts/decode_variants.py --tree, catalog/probes/decode_q_regs_H200.json).
     int pos[2];  // the two rows' positions (-1: a row past the tile's, which sees no key)
     unsigned q_words[2][kVecs][4];
 #pragma unroll
@@ -280,6 +284,7 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
 
     // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
     float sc[kTiles][4];
+    uint4 q_held[2 * kVecs];  // q_frag's words of this lane: [2 v + half]
     auto score = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
@@ -287,7 +292,7 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             d[0] = d[1] = d[2] = d[3] = 0.0f;
 #pragma unroll
             for (int v = 0; v < kVecs; ++v) {
-                const uint4 qa = q_frag[2 * v * 32 + lane], qb = q_frag[(2 * v + 1) * 32 + lane];
+                const uint4 qa = q_held[2 * v], qb = q_held[2 * v + 1];
                 Mma<T>::run(sc[t0 + u], qa.x, qb.x, qa.y, qb.y, raw[u][v].x, raw[u][v].y);
                 Mma<T>::run(sc[t0 + u], qa.z, qb.z, qa.w, qb.w, raw[u][v].z, raw[u][v].w);
             }
@@ -311,6 +316,8 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     }
     __syncthreads();  // q_frag
+#pragma unroll
+    for (int i = 0; i < 2 * kVecs; ++i) q_held[i] = q_frag[i * 32 + lane];
     if constexpr (kStages > 0) {
         stream(0, score);
     } else {

@@ -13,7 +13,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows | --split | --offsets
-                                       | --paged-form=DIR | --tree=DIR]
+                                       | --paged-form=DIR | --tree=DIR
+                                       | --mma-few]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -416,10 +417,20 @@ if "--tree=" in " ".join(sys.argv):
              (64, 4096, "contiguous4", 0, {"head_dim": 64}),
              (64, 4096, "contiguous4", 0, {"element": "f16"}),
              (64, 4096, "contiguous3", 0)]
+# The 16-row tile's grids of a few waves (its register build, decode.mma_build) and one of many
+# (staged), this tree against --before=DIR; the same bits are compared.
+if "--mma-few" in sys.argv:
+    before = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before="))
+    VARIANTS = {"this tree (default)": (), "before": (f"root={before}",), "default again": (),
+                "before again": (f"root={before}",)}
+    CASES = [(16, 4096, "contiguous4", 0), (32, 4096, "contiguous4", 0),
+             (1, 32768, "contiguous4", 0), (2, 32768, "paged4", 16),
+             (16, 4096, "contiguous4", 0, {"head_dim": 64}),
+             (16, 4096, "contiguous4", 0, {"element": "f16"}), (64, 4096, "contiguous4", 0)]
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before=")), None)
-if BEFORE and "--offsets" not in sys.argv:
+if BEFORE and "--offsets" not in sys.argv and "--mma-few" not in sys.argv:
     VARIANTS = {**VARIANTS, "before": (f"root={BEFORE}",)}
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
