@@ -192,12 +192,8 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
     // Q's A words, q_frag[j][half][lane]: rows fr + 8 half, vector j's d = 32 j + 8 fc ... + 7,
     // unscaled (the scale multiplies the f32 scores); rows past the tile's are zeros. Every
     // warp reads the same words, so warp 0 loads them (here) and stores them once its first
-    // keys' loads are in flight (below): the keys never wait for Q. Each warp then copies them
-    // into registers (q_held) for the scores, where the scores had reread them from shared
-    // memory for every key tile: the same words, so the same bits. Held only through the scores,
-    // they cost no occupancy (168 registers a thread, 3 CTAs an SM), and d 64's staged build
-    // stopped spilling: 4-7 points of a copy at q_len 4 there, d 128 unchanged (H200,
-    // scripts/decode_variants.py --tree, catalog/probes/decode_q_regs_H200.json).
+    // keys' loads are in flight (below): the keys never wait for Q. The scores reread them from
+    // shared memory for every key tile, except in d 64's staged build (kQHeld below).
     int pos[2];  // the two rows' positions (-1: a row past the tile's, which sees no key)
     unsigned q_words[2][kVecs][4];
 #pragma unroll
@@ -284,7 +280,15 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
 
     // Scores: sc[t] is key tile t's C fragment (rows fr, fr + 8; keys 8 t + 2 fc, + 1).
     float sc[kTiles][4];
-    uint4 q_held[2 * kVecs];  // q_frag's words of this lane: [2 v + half]
+    // kQHeld: each warp copies its lanes' Q words into registers once (q_held[2 v + half]) and
+    // the scores read those: the same words, so the same bits. Held through the scores only,
+    // they fit the 168 registers of 3 CTAs an SM, and d 64's staged build then stops spilling
+    // (ptxas: 4 bytes before): 4-7 points of a copy at q_len 4 on an H200. The d 128 builds
+    // and d 64's register build read the same or 0.3-2 points lower with them, so they keep
+    // shared memory (scripts/decode_variants.py --tree and --mma-few, thirty-seventh session,
+    // catalog/probes/decode_q_regs_H200.json).
+    constexpr bool kQHeld = kStages > 0 && D == 64;
+    uint4 q_held[kQHeld ? 2 * kVecs : 1];
     auto score = [&](const uint4 (&raw)[kBatch][kVecs], int t0) {
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
@@ -292,7 +296,8 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
             d[0] = d[1] = d[2] = d[3] = 0.0f;
 #pragma unroll
             for (int v = 0; v < kVecs; ++v) {
-                const uint4 qa = q_held[2 * v], qb = q_held[2 * v + 1];
+                const uint4 qa = kQHeld ? q_held[2 * v] : q_frag[2 * v * 32 + lane];
+                const uint4 qb = kQHeld ? q_held[2 * v + 1] : q_frag[(2 * v + 1) * 32 + lane];
                 Mma<T>::run(sc[t0 + u], qa.x, qb.x, qa.y, qb.y, raw[u][v].x, raw[u][v].y);
                 Mma<T>::run(sc[t0 + u], qa.z, qb.z, qa.w, qb.w, raw[u][v].z, raw[u][v].w);
             }
@@ -316,8 +321,10 @@ __device__ void partial_mma(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_s
         }
     }
     __syncthreads();  // q_frag
+    if constexpr (kQHeld) {
 #pragma unroll
-    for (int i = 0; i < 2 * kVecs; ++i) q_held[i] = q_frag[i * 32 + lane];
+        for (int i = 0; i < 2 * kVecs; ++i) q_held[i] = q_frag[i * 32 + lane];
+    }
     if constexpr (kStages > 0) {
         stream(0, score);
     } else {
