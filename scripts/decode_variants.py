@@ -33,6 +33,11 @@ from opfacade import DecodeAttentionArgs, DecodeAttentionDescriptor, DecodeAtten
 from opfacade._backends.nvrtc import decode as kernels
 from opfacade._bench.device_state import device_state, format_state
 
+
+def flag_value(name: str) -> str | None:
+    """VALUE of a ``--name=VALUE`` argument, or None."""
+    return next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith(f"--{name}=")), None)
+
 # Each mode's record (catalog/probes/) names the commit it ran at: a mode's "default" is the
 # build of that commit. (--waves and --chunk512 ran at 7919c26, when the chunk was 256 and the
 # half types' one-chunk 4-row tiles had a six-block build an H200 took: "512 dense" there ran
@@ -362,6 +367,11 @@ if "--merge-rows" in sys.argv:
              (64, 4096, "contiguous2", 0), (64, 4096, "contiguous", 0, {"head_dim": 64}),
              (32, 4096, "contiguous", 0, {"head_dim": 256}),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
+# The 16-row tile's rows of many waves (its staged build): q_len 4 (and 3) at GQA 4.
+MMA_MANY_WAVES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+                  (8, 32768, "paged4", 64), (128, 4096, "contiguous4", 0),
+                  (256, 1024, "paged4", 16), (64, 4096, "contiguous4", 0, {"head_dim": 64}),
+                  (64, 4096, "contiguous4", 0, {"element": "f16"}), (64, 4096, "contiguous3", 0)]
 # The 16-row tile's batch in two halves on two streams (the default: decode.SPLIT_TILES)
 # against one grid for the whole batch; the same bits.
 if "--split" in sys.argv:
@@ -379,21 +389,17 @@ if "--split" in sys.argv:
 # catalog/probes/decode_mma_offsets_H200.json), so its labels name that A/B; the patch was not
 # kept.
 if "--offsets" in sys.argv:
-    before = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before="))
+    before = flag_value("before")
     VARIANTS = {"offsets once (default)": (), "offsets per vector": (f"root={before}",),
                 "default again": (), "offsets per vector again": (f"root={before}",)}
-    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "paged4", 64),
-             (128, 4096, "contiguous4", 0), (256, 1024, "paged4", 16),
-             (64, 4096, "contiguous3", 0), (64, 4096, "contiguous4", 0, {"head_dim": 64}),
-             (64, 4096, "contiguous4", 0, {"element": "f16"}),
-             (64, 4096, "contiguous2", 0, {"heads_q": 64}),
+    CASES = [*MMA_MANY_WAVES, (64, 4096, "contiguous2", 0, {"heads_q": 64}),
              (64, 4096, "contiguous4", 0, {"ragged": True})]
 # The cache's form and layout made compile-time constants in every kernel (kv_append's kernels
 # are built that way since the thirty-sixth session): --paged-form=DIR names a copy of native/
 # whose kv_cache.cuh make_cache returns kind 1 (paged) and hnd 0, valid for paged nhd caches
 # alone, so only those run; the same sums, so its bits are compared.
-if "--paged-form" in " ".join(sys.argv):
-    form_root = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--paged-form="))
+if flag_value("paged-form"):
+    form_root = flag_value("paged-form")
     VARIANTS = {"runtime form (default)": (), "paged nhd constant": (f"root={form_root}",),
                 "default again": ()}
     CASES = [(64, 4096, "paged", 16), (8, 32768, "paged", 64), (256, 1024, "paged", 16),
@@ -404,23 +410,19 @@ if "--paged-form" in " ".join(sys.argv):
 # shipped tile rereads them from shared memory for every key tile (the same words: the same
 # bits); OPFACADE_MMA_P_HI_ONLY multiplies V by P's high half alone (P rounded once to the
 # element type, as most attention kernels do: another order, so not bitwise).
-if "--tree=" in " ".join(sys.argv):
-    tree = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--tree="))
+if flag_value("tree"):
+    tree = flag_value("tree")
     q_regs = (f"root={tree}", "-DOPFACADE_MMA_Q_REGS=1")
     hi_only = (f"root={tree}", "-DOPFACADE_MMA_P_HI_ONLY=1")
     VARIANTS = {"16-row tile (default)": (), "Q in registers": q_regs,
                 "P high half only": hi_only, "default again": (),
                 "Q in registers again": q_regs, "P high half only again": hi_only}
     OTHER_ORDER = {"P high half only", "P high half only again"}
-    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (8, 32768, "paged4", 64),
-             (128, 4096, "contiguous4", 0), (256, 1024, "paged4", 16),
-             (64, 4096, "contiguous4", 0, {"head_dim": 64}),
-             (64, 4096, "contiguous4", 0, {"element": "f16"}),
-             (64, 4096, "contiguous3", 0)]
+    CASES = MMA_MANY_WAVES
 # The 16-row tile's grids of a few waves (its register build, decode.mma_build) and one of many
 # (staged), this tree against --before=DIR; the same bits are compared.
 if "--mma-few" in sys.argv:
-    before = next(arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before="))
+    before = flag_value("before")
     VARIANTS = {"this tree (default)": (), "before": (f"root={before}",), "default again": (),
                 "before again": (f"root={before}",)}
     CASES = [(16, 4096, "contiguous4", 0), (32, 4096, "contiguous4", 0),
@@ -429,7 +431,7 @@ if "--mma-few" in sys.argv:
              (16, 4096, "contiguous4", 0, {"element": "f16"}), (64, 4096, "contiguous4", 0)]
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
-BEFORE = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--before=")), None)
+BEFORE = flag_value("before")
 if BEFORE and "--offsets" not in sys.argv and "--mma-few" not in sys.argv:
     VARIANTS = {**VARIANTS, "before": (f"root={BEFORE}",)}
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
@@ -565,8 +567,7 @@ def set_aside() -> None:
 
     runtime = cupy.cuda.runtime
     limit = 0x06  # cudaLimitPersistingL2CacheSize (driver_types.h)
-    wanted = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--set-aside=")),
-                  None)
+    wanted = flag_value("set-aside")
     if wanted is not None:
         most = runtime.deviceGetAttribute(108, 0)  # cudaDevAttrMaxPersistingL2CacheSize
         runtime.deviceSetLimit(limit, most if wanted == "max" else int(wanted))
