@@ -14,7 +14,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows | --split | --offsets
                                        | --paged-form=DIR | --tree=DIR
-                                       | --mma-few]
+                                       | --mma-few | --occupancy16=DIR]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -419,6 +419,26 @@ if flag_value("tree"):
                 "Q in registers again": q_regs, "P high half only again": hi_only}
     OTHER_ORDER = {"P high half only", "P high half only again"}
     CASES = MMA_MANY_WAVES
+# The staged 16-row tile at 4 CTAs an SM (128 registers: ptxas spills 152 bytes at d 128, 88
+# with P's high half alone and Q in registers) on a ring of 2 batches (the shared memory of 4
+# CTAs), against 3 CTAs on the shipped ring of 3 and on a ring of 2; --occupancy16=DIR names
+# the copy of native/ with --tree's probe macros. Staged on every grid (MMA_FEW_WAVES 0).
+if flag_value("occupancy16"):
+    tree = flag_value("occupancy16")
+    staged_2 = {"STAGES": 2, "MMA_FEW_WAVES": 0}
+    b3 = (f"root={tree}", "-DOPFACADE_MMA_STAGES=2")
+    b4 = (*b3, "-DOPFACADE_DECODE_MMA_MIN_BLOCKS=4")
+    b4_lean = (*b4, "-DOPFACADE_MMA_P_HI_ONLY=1", "-DOPFACADE_MMA_Q_REGS=1")
+    VARIANTS = {"3 CTAs, ring of 3 (default)": (), "3 CTAs, ring of 2": b3,
+                "4 CTAs, ring of 2": b4, "4 CTAs, ring of 2, P high only, Q regs": b4_lean,
+                "default again": (), "4 CTAs, ring of 2 again": b4,
+                "4 CTAs, ring of 2, P high only, Q regs again": b4_lean}
+    # SPLIT_WAVES 6 at 4 CTAs an SM: the batch splits where it does at 3 (8 waves of 396 CTAs
+    # on 132 SMs is 6 of 528), so only the occupancy and the ring differ.
+    PATCHES = {name: {**staged_2, **({"SPLIT_WAVES": 6} if name.startswith("4") else {})}
+               for name in VARIANTS if "ring of 2" in name}
+    OTHER_ORDER = {name for name in VARIANTS if "P high" in name}
+    CASES = MMA_MANY_WAVES
 # The 16-row tile's grids of a few waves (its register build, decode.mma_build) and one of many
 # (staged), this tree against --before=DIR; the same bits are compared.
 if "--mma-few" in sys.argv:
@@ -595,7 +615,8 @@ def main() -> None:
                 "CHUNK": kernels.CHUNK, "KQ_DIMS": kernels.KQ_DIMS,
                 "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES,
                 "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS,
-                "SPLIT_TILES": kernels.SPLIT_TILES}
+                "SPLIT_TILES": kernels.SPLIT_TILES, "STAGES": kernels.STAGES,
+                "SPLIT_WAVES": kernels.SPLIT_WAVES}
     for name, options in VARIANTS.items():
         use_module(load_build(options))
         for attribute, value in {**defaults, **PATCHES.get(name, {})}.items():
