@@ -405,7 +405,8 @@ if flag_value("paged-form"):
     CASES = [(64, 4096, "paged", 16), (8, 32768, "paged", 64), (256, 1024, "paged", 16),
              (64, 4096, "paged4", 16)]
 # Two builds of the 16-row tile from another copy of native/ given by --tree=DIR, whose
-# decode_mma.cuh takes two probe macros (thirty-seventh session): OPFACADE_MMA_Q_REGS holds each
+# decode_mma.cuh takes two probe macros (thirty-seventh session; 43e2ef0's native/ with
+# docs/experiments/mma-probe-macros.patch applied): OPFACADE_MMA_Q_REGS holds each
 # warp's Q fragments in registers through the scores (the staged build has room), where the
 # shipped tile rereads them from shared memory for every key tile (the same words: the same
 # bits); OPFACADE_MMA_P_HI_ONLY multiplies V by P's high half alone (P rounded once to the
@@ -422,7 +423,8 @@ if flag_value("tree"):
 # The staged 16-row tile at 4 CTAs an SM (128 registers: ptxas spills 152 bytes at d 128, 88
 # with P's high half alone and Q in registers) on a ring of 2 batches (the shared memory of 4
 # CTAs), against 3 CTAs on the shipped ring of 3 and on a ring of 2; --occupancy16=DIR names
-# the copy of native/ with --tree's probe macros. Staged on every grid (MMA_FEW_WAVES 0).
+# the copy of native/ with --tree's probe macros (its record's default is 033676a's build).
+# Staged on every grid (MMA_FEW_WAVES 0).
 if flag_value("occupancy16"):
     tree = flag_value("occupancy16")
     staged_2 = {"STAGES": 2, "MMA_FEW_WAVES": 0}
