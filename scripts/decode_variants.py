@@ -14,7 +14,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows | --split | --offsets
                                        | --paged-form=DIR | --tree=DIR
-                                       | --mma-few | --occupancy16=DIR]
+                                       | --mma-few | --occupancy16=DIR
+                                       | --masks [--fast-exp=DIR]]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -451,10 +452,31 @@ if "--mma-few" in sys.argv:
              (1, 32768, "contiguous4", 0), (2, 32768, "paged4", 16),
              (16, 4096, "contiguous4", 0, {"head_dim": 64}),
              (16, 4096, "contiguous4", 0, {"element": "f16"}), (64, 4096, "contiguous4", 0)]
+# The tensor-core tiles' scores masked per key only where a warp's rows do not see all its keys
+# (sees_whole, thirty-eighth session), this tree, against --before=DIR (9f54542's native/, which
+# tests every key), on the kq tile's grids of many and of few waves and the 16-row tile's, and on
+# rows whose chunks end part-way (random lengths) or start in a window; the same bits are
+# compared.
+# --fast-exp=DIR adds a copy of this tree's native/ whose tiles weigh their scores with __expf
+# (ex2.approx of x log2 e) instead of expf: what the softmax's instructions cost (other bits).
+if "--masks" in sys.argv:
+    before, fast = flag_value("before"), flag_value("fast-exp")
+    fast_exp = {"fast exp": (f"root={fast}",)} if fast else {}
+    VARIANTS = {"this tree (default)": (), "before": (f"root={before}",), **fast_exp,
+                "default again": (), "before again": (f"root={before}",),
+                **{f"{name} again": value for name, value in fast_exp.items()}}
+    OTHER_ORDER = {"fast exp", "fast exp again"}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
+             (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (2, 32768, "paged", 16),
+             (64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16), (128, 4096, "contiguous4", 0),
+             (64, 4096, "contiguous2", 0), (64, 4096, "contiguous4", 0, {"head_dim": 64}),
+             (64, 4096, "contiguous4", 0, {"ragged": True}),
+             (64, 4096, "contiguous", 0, {"window": {"left": 1000}})]
+A_B_MODES = ("--offsets", "--mma-few", "--masks")  # modes that name --before's variants themselves
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = flag_value("before")
-if BEFORE and "--offsets" not in sys.argv and "--mma-few" not in sys.argv:
+if BEFORE and not any(mode in sys.argv for mode in A_B_MODES):
     VARIANTS = {**VARIANTS, "before": (f"root={BEFORE}",)}
 if "--mma-only" in sys.argv:  # only the cases the tensor-core tile runs (q_len > 1 here)
     CASES = [case for case in CASES if case[2][-1].isdigit()]
