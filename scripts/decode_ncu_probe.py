@@ -4,7 +4,7 @@ Both are warmed first; only the profiled calls run between cudaProfilerStart and
 
     ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section LaunchStats --section WarpStateStats --csv --page details \
-        python3 scripts/decode_ncu_probe.py [batch seq [element [cache [page_size]]]]
+    python3 scripts/decode_ncu_probe.py [batch seq [element [cache [page_size [NAME=VALUE..]]]]]
 
 (element: bf16 by default; f32 or f16 for the same cache in that type. cache: decode_variants'
 case names, "contiguous" by default, "contiguous4" for q_len 4, "paged" or "paged4" with a
@@ -27,7 +27,10 @@ def main() -> int:
     element = sys.argv[3] if len(sys.argv) > 3 else "bf16"
     cache = sys.argv[4] if len(sys.argv) > 4 else "contiguous"
     page_size = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    desc, args, _ = case_tensors(batch, seq, cache, page_size, {"element": element})
+    # Then NAME=VALUE: integer descriptor fields (heads_q=64, heads_kv=1).
+    fields = dict(arg.split("=", 1) for arg in sys.argv[6:])
+    overrides = {"element": element, **{name: int(value) for name, value in fields.items()}}
+    desc, args, _ = case_tensors(batch, seq, cache, page_size, overrides)
     plan = DecodeAttentionPlan.select(desc, device=0)
     workspace = torch.empty(plan.workspace_size, dtype=torch.uint8, device="cuda")
     step = plan.prepare(args, workspace=workspace)

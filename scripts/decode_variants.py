@@ -15,7 +15,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --merge-rows | --split | --offsets
                                        | --paged-form=DIR | --tree=DIR
                                        | --mma-few | --occupancy16=DIR
-                                       | --masks [--fast-exp=DIR]]
+                                       | --masks [--fast-exp=DIR]
+                                       | --many-rows [--variant=LABEL@DIR ...]]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
 """
 
@@ -472,6 +473,24 @@ if "--masks" in sys.argv:
              (64, 4096, "contiguous2", 0), (64, 4096, "contiguous4", 0, {"head_dim": 64}),
              (64, 4096, "contiguous4", 0, {"ragged": True}),
              (64, 4096, "contiguous", 0, {"window": {"left": 1000}})]
+# Kv heads of more than 16 rows, which run several 16-row tiles over the same keys (MQA, q_len 8
+# at GQA 4, GQA 8 at q_len 4), beside one tile of 16 rows: whether L2 keeps the tiles' second
+# reads off DRAM (the figure counts each KV byte once), this tree's build, twice.
+# Each --variant=LABEL@DIR adds a copy of native/ (twice, interleaved); a LABEL naming "exp"
+# sums in another order (its bits are not compared).
+if "--many-rows" in sys.argv:
+    trees = dict(arg[len("--variant="):].split("@", 1) for arg in sys.argv
+                 if arg.startswith("--variant="))
+    others = {label: (f"root={root}",) for label, root in trees.items()}
+    VARIANTS = {"this tree (default)": (), **others, "default again": (),
+                **{f"{label} again": value for label, value in others.items()}}
+    OTHER_ORDER = {name for name in VARIANTS if "exp" in name}
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "contiguous8", 0),
+             (64, 4096, "paged8", 16), (64, 4096, "contiguous4", 0, {"heads_q": 64}),
+             (64, 4096, "contiguous2", 0, {"heads_q": 64}),
+             (64, 32768, "contiguous", 0, {"heads_kv": 1}),
+             (64, 32768, "contiguous4", 0, {"heads_kv": 1}),
+             (64, 32768, "contiguous8", 0, {"heads_kv": 1})]
 A_B_MODES = ("--offsets", "--mma-few", "--masks")  # modes that name --before's variants themselves
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
