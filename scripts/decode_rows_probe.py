@@ -1,8 +1,9 @@
 """Kv heads of more than 16 query rows (MQA, GQA 8, speculative tokens): our step against "torch
-sdpa" on the same contiguous cache, as the bench times a row, and the step's time per 16-row
-tile it runs. Our 16-row tile takes a kv head's rows 16 at a time, each tile over all of the
-head's keys; this probe measures what that costs beside a peer (docs/DECODE.md, "Kv heads of
-more than 16 rows").
+sdpa" on the same contiguous cache, and on paged caches with one new token against our cuDNN SKU
+(pinned by PlanPreference.sku) and the raw "cudnn paged" graph, as the bench times a row. Our
+16-row tile takes a kv head's rows 16 at a time, each tile over all of the head's keys; this
+probe measures what that costs beside the peers (docs/DECODE.md, "Scores tested only where a
+warp needs it, and kv heads of more than 16 rows").
 
     python3 scripts/decode_rows_probe.py [out.json]
 """
@@ -13,10 +14,11 @@ import torch
 from decode_variants import case_key, case_tensors  # beside this script
 from probe_record import write_to_argument  # beside this script
 
-from opfacade import DecodeAttentionPlan
+from opfacade import DecodeAttentionPlan, PlanPreference
 from opfacade._backends.nvrtc import decode as kernels
 from opfacade._bench.common import settle_by_copying, time_contestants
-from opfacade._bench.decode_peers import torch_sdpa
+from opfacade._bench.cudnn_peers import RawCudnn
+from opfacade._bench.decode_peers import cudnn_paged, torch_sdpa
 from opfacade._bench.device_state import device_state, format_state
 
 # (batch, capacity, cache, page size, overrides): rows per kv head = Hq / Hkv x q_len.
@@ -26,6 +28,11 @@ CASES = [(64, 4096, "contiguous4", 0),                       # 16 rows: the benc
          (64, 32768, "contiguous", 0, {"heads_kv": 1}),      # 32: MQA, one new token
          (64, 32768, "contiguous2", 0, {"heads_kv": 1}),     # 64
          (64, 32768, "contiguous4", 0, {"heads_kv": 1})]     # 128
+PAGED = [(64, 4096, "paged", 16),                                  # 4 rows (kq tile), GQA 4
+         (64, 32768, "paged", 16, {"heads_kv": 1}),                # 32: MQA
+         (64, 32768, "paged", 64, {"heads_kv": 1}),
+         (64, 4096, "paged", 16, {"heads_q": 128})]                # 16: GQA 16
+CUDNN_SKU = "decode_attention.cudnn.bf16"
 
 
 def copy_tbps_of(settle) -> float:
@@ -68,6 +75,45 @@ def main() -> None:
               f"max diff {diff:.2e} {peer.note}")
         plan.free()
         del args, peer
+        torch.cuda.empty_cache()
+    raw = RawCudnn(torch)
+    for case in PAGED:
+        desc, args, nbytes = case_tensors(*case)
+        contestants, outs = {}, {}
+        notes = []
+        for name, pref in (("ours", None), ("ours cudnn sku", PlanPreference(sku=CUDNN_SKU))):
+            try:
+                plan = DecodeAttentionPlan.select(desc, pref, device=0)
+            except Exception as error:  # a SKU that declines this case: noted, not timed
+                notes.append(f"{name}: {str(error).splitlines()[0]}")
+                continue
+            ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
+            plan.run(args, workspace=ws)
+            outs[name] = args.out.clone()
+            contestants[name] = lambda p=plan, a=args, w=ws: p.run(a, workspace=w)
+        try:
+            peer = cudnn_paged(raw, args.q, args.k_cache, args.v_cache, args.page_table,
+                               args.seq_lens)
+            contestants["cudnn paged"] = peer.call
+            outs["cudnn paged"] = peer.out
+        except Exception as error:
+            notes.append(f"cudnn paged: {str(error).splitlines()[0]}")
+        ms = time_contestants(contestants, 20, settle=settle).gpu_ms
+        row = {f"{name} ms": value for name, value in ms.items()}
+        row.update({f"{name} % of copy": 100 * nbytes / value / 1e9 / copy_tbps
+                    for name, value in ms.items()})
+        for name, out in outs.items():
+            if name != "ours":
+                diff = (outs["ours"].float() - out.float()).abs().max()
+                row[f"max |ours - {name}|"] = float(diff)
+        row["notes"] = notes
+        rows[case_key(case)] = row
+        times = "  ".join(f"{name} {value:.3f} ms ({row[name + ' % of copy']:.1f}%)"
+                          for name, value in ms.items())
+        diffs = " ".join(f"{key} {value:.2e}" for key, value in row.items()
+                         if key.startswith("max"))
+        print(f"{case_key(case):36s} {times}  {diffs}  {'; '.join(notes)}")
+        del args, contestants, outs
         torch.cuda.empty_cache()
     write_to_argument(dict(copy_tbps=copy_tbps, device_state=device_state(0), rows=rows))
 
