@@ -43,10 +43,8 @@ def copy_tbps_of(settle) -> float:
     return 2 * src.numel() / copy.gpu_ms["copy"] / 1e9
 
 
-def main() -> None:
-    settle = settle_by_copying(torch)
-    copy_tbps = copy_tbps_of(settle)
-    print(f"device copy {copy_tbps:.2f} TB/s; {format_state(device_state(0))}")
+def against_torch(settle, copy_tbps: float) -> dict[str, dict]:
+    """CASES: our run() and "torch sdpa" on the same contiguous cache."""
     rows = {}
     for case in CASES:
         desc, args, nbytes = case_tensors(*case)
@@ -76,7 +74,13 @@ def main() -> None:
         plan.free()
         del args, peer
         torch.cuda.empty_cache()
-    raw = RawCudnn(torch)
+    return rows
+
+
+def against_cudnn(settle, copy_tbps: float) -> dict[str, dict]:
+    """PAGED: our run(), our cuDNN SKU's and the raw "cudnn paged" graph on the same pools; a
+    contestant that declines a case is noted."""
+    rows, raw = {}, RawCudnn(torch)
     for case in PAGED:
         desc, args, nbytes = case_tensors(*case)
         contestants, outs = {}, {}
@@ -115,6 +119,14 @@ def main() -> None:
         print(f"{case_key(case):36s} {times}  {diffs}  {'; '.join(notes)}")
         del args, contestants, outs
         torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    settle = settle_by_copying(torch)
+    copy_tbps = copy_tbps_of(settle)
+    print(f"device copy {copy_tbps:.2f} TB/s; {format_state(device_state(0))}")
+    rows = {**against_torch(settle, copy_tbps), **against_cudnn(settle, copy_tbps)}
     write_to_argument(dict(copy_tbps=copy_tbps, device_state=device_state(0), rows=rows))
 
 
