@@ -1,14 +1,17 @@
-"""Kv heads of more than 16 query rows (MQA, GQA 8, speculative tokens): our step against "torch
-sdpa" on the same contiguous cache, and on paged caches with one new token against our cuDNN SKU
-(pinned by PlanPreference.sku) and the raw "cudnn paged" graph, as the bench times a row. Our
-16-row tile takes a kv head's rows 16 at a time, each tile over all of the head's keys; this
-probe measures what that costs beside the peers (docs/DECODE.md, "Scores tested only where a
-warp needs it, and kv heads of more than 16 rows").
+"""Kv heads of more than 16 query rows (MQA, GQA 8 and 16, speculative tokens): our step against
+"torch sdpa" on the same contiguous cache (and, with one new token, our cuDNN SKU there), and on
+paged caches with one new token against our cuDNN SKU (pinned by PlanPreference.sku) and the raw
+"cudnn paged" graph, as the bench times a row. Our 16-row tile takes a kv head's rows 16 at a
+time, each tile over all of the head's keys; this probe measures what that costs beside the
+peers (docs/DECODE.md, "Scores tested only where a warp needs it, and kv heads of more than 16
+rows").
 
     python3 scripts/decode_rows_probe.py [out.json]
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from decode_variants import case_key, case_tensors  # beside this script
@@ -22,12 +25,16 @@ from opfacade._bench.decode_peers import cudnn_paged, torch_sdpa
 from opfacade._bench.device_state import device_state, format_state
 
 # (batch, capacity, cache, page size, overrides): rows per kv head = Hq / Hkv x q_len.
-CASES = [(64, 4096, "contiguous4", 0),                       # 16 rows: the bench's q_len 4 row
+CASES = [(64, 4096, "contiguous", 0),                        # 4 rows: the kq tile
+         (64, 4096, "contiguous4", 0),                       # 16 rows: the bench's q_len 4 row
          (64, 4096, "contiguous8", 0),                       # 32: GQA 4, 8 new tokens
          (64, 4096, "contiguous4", 0, {"heads_q": 64}),      # 32: GQA 8, 4 new tokens
          (64, 32768, "contiguous", 0, {"heads_kv": 1}),      # 32: MQA, one new token
          (64, 32768, "contiguous2", 0, {"heads_kv": 1}),     # 64
-         (64, 32768, "contiguous4", 0, {"heads_kv": 1})]     # 128
+         (64, 32768, "contiguous4", 0, {"heads_kv": 1}),     # 128
+         (64, 4096, "contiguous", 0, {"heads_q": 128}),      # 16: GQA 16, one new token
+         (1, 32768, "contiguous", 0, {"heads_kv": 1}),       # MQA, one long sequence
+         (8, 32768, "contiguous", 0, {"heads_kv": 1})]
 PAGED = [(64, 4096, "paged", 16),                                  # 4 rows (kq tile), GQA 4
          (64, 32768, "paged", 16, {"heads_kv": 1}),                # 32: MQA
          (64, 32768, "paged", 64, {"heads_kv": 1}),
@@ -54,8 +61,17 @@ def against_torch(settle, copy_tbps: float) -> dict[str, dict]:
         plan.run(args, workspace=ws)
         peer = torch_sdpa(torch, args.q, args.k_cache, args.v_cache, [case[1]] * case[0],
                           args.seq_lens)
-        timings = time_contestants({"ours": lambda p=plan, a=args, w=ws: p.run(a, workspace=w),
-                                    "torch sdpa": peer.call}, 20, settle=settle)
+        contestants = {"ours": lambda p=plan, a=args, w=ws: p.run(a, workspace=w),
+                       "torch sdpa": peer.call}
+        if desc.q_len == 1:  # our cuDNN SKU on the same contiguous cache
+            cudnn_plan = DecodeAttentionPlan.select(desc, PlanPreference(sku=CUDNN_SKU),
+                                                    device=0)
+            cudnn_ws = torch.empty(max(cudnn_plan.workspace_size, 1), dtype=torch.uint8,
+                                   device="cuda")
+            own = dataclasses.replace(args, out=torch.empty_like(args.out))  # ours' out stays
+            contestants["ours cudnn sku"] = (
+                lambda p=cudnn_plan, a=own, w=cudnn_ws: p.run(a, workspace=w))
+        timings = time_contestants(contestants, 20, settle=settle)
         ms = timings.gpu_ms
         tiles = kernels.row_tiles(desc.heads_q, desc.heads_kv, desc.q_len,
                                   kernels.row_tile(rows_per_head, desc.element, desc.head_dim))
@@ -66,11 +82,16 @@ def against_torch(settle, copy_tbps: float) -> dict[str, dict]:
                "torch % of copy": 100 * nbytes / ms["torch sdpa"] / 1e9 / copy_tbps,
                "torch ms / ours": ms["torch sdpa"] / ms["ours"], "max |ours - torch|": diff,
                "peer note": peer.note}
+        if "ours cudnn sku" in ms:
+            row["ours cudnn sku ms"] = ms["ours cudnn sku"]
+            row["ours cudnn sku % of copy"] = 100 * nbytes / ms["ours cudnn sku"] / 1e9 / copy_tbps
         rows[case_key(case)] = row
         print(f"{case_key(case):36s} rows {rows_per_head:3d} tiles {tiles:2d}  ours "
               f"{ms['ours']:.3f} ms ({row['ours % of copy']:.1f}%)  torch {ms['torch sdpa']:.3f}"
               f" ms ({row['torch % of copy']:.1f}%)  {row['torch ms / ours']:.2f}x  "
-              f"max diff {diff:.2e} {peer.note}")
+              f"max diff {diff:.2e} {peer.note}" + (
+                  f"  ours cudnn sku {ms['ours cudnn sku']:.3f} ms "
+                  f"({row['ours cudnn sku % of copy']:.1f}%)" if "ours cudnn sku" in ms else ""))
         plan.free()
         del args, peer
         torch.cuda.empty_cache()

@@ -1,11 +1,11 @@
-"""The cuDNN paged decode SKUs without a GPU: the graph they declare (pools as cuDNN's containers
-in both layouts, the page table as both tables, the lengths, no causal mask, stats only with
-lse) passes the frontend's own validation; selection and explain say what they serve and why
-not; the workspace is the graph's plus the ones; a smaller batch and layouts cuDNN cannot load
-are typed errors; and one prepared call fills the ones, runs cuDNN's graph (faked) on the
-caller's pointers and zeroes the sequences of length 0 (the edge kernel emulated on host memory
-posing as cuda:0, its arguments packed as its PTX declares them), in stream order, behind
-checked mode's device check when asked. On a GPU: the cuDNN section of
+"""The cuDNN decode SKUs without a GPU: the graph they declare (pools or contiguous caches as
+cuDNN's containers in both layouts, a paged cache's table as both tables, the lengths, no causal
+mask, stats only with lse) passes the frontend's own validation; selection and explain say what
+they serve and why not; the workspace is the graph's plus the ones; a smaller batch and layouts
+cuDNN cannot load are typed errors; and one prepared call fills the ones, runs cuDNN's graph
+(faked) on the caller's pointers and zeroes the sequences of length 0 (the edge kernel emulated
+on host memory posing as cuda:0, its arguments packed as its PTX declares them), in stream
+order, behind checked mode's device check when asked. On a GPU: the cuDNN section of
 tests/test_decode_attention_gpu.py."""
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from opfacade.types import ArchSku, ElementKind
 
 SHAPE = dict(batch=4, heads_q=8, heads_kv=2, head_dim=128, element="bf16", cache="paged",
              page_size=16, max_pages=9)
+CONTIGUOUS = {**SHAPE, "cache": "contiguous", "max_seq": 144, "page_size": None,
+              "max_pages": None}
 # The graph's operands in ascending UID order, as a run finds their pointers.
 NAMES = ("q", "k_cache", "v_cache", "out", "lse", "seq_len_q", "seq_lens", "page_table_k",
          "page_table_v")
@@ -63,8 +65,8 @@ def test_the_declared_graph_passes_the_frontends_validation(kv_layout, pool_stri
     _frontend()
     cudnn = pytest.importorskip("cudnn")
     desc = DecodeAttentionDescriptor(**SHAPE, kv_layout=kv_layout, save_lse=save_lse)
-    key = cudnn_decode.PagedKey(cudnn_decode.DIRECTION, desc, 0, False,
-                                cudnn_decode.PagedLayout.compact(desc))
+    key = cudnn_decode.DecodeKey(cudnn_decode.direction(desc), desc, 0, False,
+                                 cudnn_decode.CacheLayout.compact(desc))
     builder = key.declare(None)
     builder.graph.validate()  # the frontend's checks of the support surface: no GPU needed
     tensors = {builder.names[t.uid]: t for t in builder.graph.tensors.values()
@@ -100,6 +102,33 @@ def test_the_declared_graph_passes_the_frontends_validation(kv_layout, pool_stri
                 "diagonal_band_right_bound", "diagonal_band_left_bound"} & params.keys()
 
 
+@pytest.mark.parametrize(("kv_layout", "cache_strides"), [
+    ("nhd", (144 * 2 * 128, 128, 2 * 128, 1)), ("hnd", (2 * 144 * 128, 144 * 128, 128, 1))])
+def test_a_contiguous_caches_graph_reads_it_in_place_without_tables(kv_layout, cache_strides):
+    _frontend()
+    desc = DecodeAttentionDescriptor(**CONTIGUOUS, kv_layout=kv_layout, save_lse=True)
+    key = cudnn_decode.DecodeKey(cudnn_decode.direction(desc), desc, 0, False,
+                                 cudnn_decode.CacheLayout.compact(desc))
+    assert key.direction == "contiguous_decode" and key.layout.pages == 0
+    builder = key.declare(None)
+    builder.graph.validate()
+    tensors = {builder.names[t.uid]: t for t in builder.graph.tensors.values()
+               if not t.is_virtual}
+    for name in ("k_cache", "v_cache"):  # [B, Hkv, max_seq, D] over the caller's cache
+        assert tensors[name].dim == [4, 2, 144, 128]
+        assert tuple(tensors[name].stride) == cache_strides
+    assert not {"page_table_k", "page_table_v"} & tensors.keys()
+    ordered = tuple(builder.names[uid] for uid in sorted(builder.names))
+    assert ordered == NAMES[:7]
+    node = builder.graph.nodes[0]
+    inputs = {port: t.uid for port, t in node.inputs.items() if t is not None}
+    assert inputs == {"q": 1, "k": 2, "v": 3, "seq_len_q": 7, "seq_len_kv": 8}
+    params = node.params
+    assert params["use_padding_mask"] is True and "paged_attention_max_seq_len_kv" not in params
+    assert not {"use_causal_mask", "use_causal_mask_bottom_right", "diagonal_alignment",
+                "diagonal_band_right_bound", "diagonal_band_left_bound"} & params.keys()
+
+
 # ----------------------------------------------------------------------------- selection
 
 
@@ -123,20 +152,33 @@ def test_ours_come_first_and_the_cudnn_preference_picks_cudnn():
     assert plan.sku.id == "decode_attention.cudnn.bf16"
     assert plan.workspace_size == 256  # no graph bytes known without a GPU, the 4 ones
     report = str(Plan.explain(desc, CUDNN, arch="sm90"))
-    assert cudnn_decode.NOTE in report
-    assert "runs the envelope's batch" in cudnn_decode.NOTE and "finite" in cudnn_decode.NOTE
+    note = cudnn_decode.note(desc)
+    assert note in report
+    assert "runs the envelope's batch" in note and "page table" in note and "finite" in note
+
+
+def test_a_contiguous_cache_is_served_with_its_own_note_and_no_paged_gates():
+    _frontend()
+    desc = DecodeAttentionDescriptor(**CONTIGUOUS)
+    assert Plan.select(desc, arch="sm90").sku.id == "decode_attention.nvrtc.bf16"
+    assert Plan.select(desc, CUDNN, arch="sm90").sku.id == "decode_attention.cudnn.bf16"
+    note = cudnn_decode.note(desc)
+    assert note in str(Plan.explain(desc, CUDNN, arch="sm90"))
+    assert "page table" not in note and "slots past its sequence's length must be finite" in note
+    # Paged caches' version gates are theirs alone.
+    assert _impl()._data_unfit(desc, limits.Context(ArchSku.sm90, 90400)) is None
 
 
 @pytest.mark.parametrize(("fields", "code", "detail"), [
-    (dict(cache="contiguous", max_seq=64, page_size=None, max_pages=None),
-     ReasonCode.feature_unsupported, "cuDNN paged decode serves a paged cache; problem has a "
-                                     "contiguous cache"),
+    (dict(cache="pointers", max_seq=64, page_size=None, max_pages=None),
+     ReasonCode.feature_unsupported, "cuDNN decode serves a paged or contiguous cache; problem "
+                                     "has a pointers cache"),
     (dict(q_len=4), ReasonCode.feature_unsupported,
-     "cuDNN paged decode serves q_len 1; problem has q_len 4"),
+     "cuDNN decode serves q_len 1; problem has q_len 4"),
     (dict(window=(100, None)), ReasonCode.feature_unsupported,
-     "cuDNN paged decode serves no sliding window; problem has window=(100, None)"),
+     "cuDNN decode serves no sliding window; problem has window=(100, None)"),
     (dict(head_dim=96), ReasonCode.shape_unsupported,
-     "cuDNN paged decode serves head_dim = head_dim_v in (64, 128, 256); problem has "
+     "cuDNN decode serves head_dim = head_dim_v in (64, 128, 256); problem has "
      "head_dim=96, head_dim_v=96"),
     (dict(head_dim_v=64), ReasonCode.shape_unsupported, "head_dim=128, head_dim_v=64"),
     (dict(element="f32"), ReasonCode.element_unsupported, "serves bf16, problem is f32"),
@@ -188,7 +230,7 @@ def test_selection_on_a_device_takes_the_graphs_verdict_and_its_exact_workspace(
     target = Target(ArchSku.sm90, device=0)
     assert _impl().unfit_on(desc, target) is None
     assert _impl().workspace_size_on(desc, target) == 1024 + 256
-    assert asked[0].layout == cudnn_decode.PagedLayout((1024, 128), (1024, 128), 39)
+    assert asked[0].layout == cudnn_decode.CacheLayout((1024, 128), (1024, 128), 39)
     answer = graphs.Declined("cuDNN 9.19.0: not supported")
     unfit = _impl().unfit_on(desc, target)
     assert unfit.code is ReasonCode.feature_unsupported and "not supported" in unfit.detail
@@ -220,11 +262,14 @@ class Step:
                  sequences: int | None = None):
         b = desc.batch if sequences is None else sequences
         self.element = desc.element
-        pool = cache_shape(desc, desc.head_dim, pages)
+        paged = desc.cache == "paged"
+        pool = cache_shape(desc, desc.head_dim, pages if paged else b)
         self.q = aligned((b, 1, desc.heads_q, desc.head_dim), np.uint16)
         self.k, self.v = aligned(pool, np.uint16), aligned(pool, np.uint16)
-        self.table = aligned((b, desc.max_pages), np.int32)
-        self.table[...] = np.arange(b * desc.max_pages).reshape(b, desc.max_pages) % pages
+        self.table = None
+        if paged:
+            self.table = aligned((b, desc.max_pages), np.int32)
+            self.table[...] = np.arange(b * desc.max_pages).reshape(b, desc.max_pages) % pages
         self.seq_lens = aligned((b,), np.int32)
         self.seq_lens[...] = lengths
         self.out = aligned((b, 1, desc.heads_q, desc.dim_v), np.uint16, BF16["sentinel"])
@@ -236,7 +281,7 @@ class Step:
 
         fields = dict(q=half(self.q), k_cache=half(self.k), v_cache=half(self.v),
                       seq_lens=host_view(self.seq_lens), out=half(self.out),
-                      page_table=host_view(self.table),
+                      page_table=None if self.table is None else host_view(self.table),
                       lse=None if self.lse is None else host_view(self.lse))
         fields.update(overrides)
         return DecodeAttentionArgs(**fields)
@@ -315,7 +360,8 @@ def faked(monkeypatch):
     def build(key):
         fake.built.append(key)
         fake.batch = key.desc.batch
-        names = tuple(n for n in NAMES if key.desc.save_lse or n != "lse")
+        names = tuple(n for n in NAMES if (key.desc.save_lse or n != "lse")
+                      and (key.desc.cache == "paged" or not n.startswith("page_table")))
         return graphs.BuiltGraph(None, names, fake.graph_bytes, "fake", Launch(names))
 
     def fill_ones(ptr, count, stream):
@@ -372,6 +418,47 @@ def test_one_prepared_call_fills_the_ones_runs_cudnn_then_zeroes_empty_sequences
     kept = [0, 2, 3]
     assert (step.out[kept] == BF16["written"]).all() and (step.lse[kept] == 5.0).all()
     assert [key.layout.pages for key in faked.built] == [39]
+
+
+@pytest.mark.parametrize("kv_layout", ["nhd", "hnd"])
+def test_a_contiguous_caches_call_passes_the_caches_in_place_and_no_table(faked, kv_layout):
+    desc = DecodeAttentionDescriptor(**CONTIGUOUS, kv_layout=kv_layout, save_lse=True)
+    step = Step(desc, [144, 0, 1, 50])
+
+    def cudnn_writes(pointers):
+        step.out[...] = BF16["written"]
+        step.lse[...] = 5.0
+
+    faked.fill = cudnn_writes
+    memory, workspace = _workspace(1024 + 256)
+    bound = _bound(desc, step)
+    _impl().prepared(desc, bound, workspace, stream=9)()
+    assert [c[0] for c in faked.calls] == ["ones", "cudnn", "sdpa_padding_rows_bf16"]
+    views = bound.views
+    assert faked.calls[1][1] == [views["q"].ptr, views["k_cache"].ptr, views["v_cache"].ptr,
+                                 views["out"].ptr, views["lse"].ptr, workspace.ptr + 1024,
+                                 views["seq_lens"].ptr]
+    assert (step.out[1] == 0).all() and (step.lse[1] == -np.inf).all()
+    assert (step.out[[0, 2, 3]] == BF16["written"]).all()
+    (key,) = faked.built
+    assert key.direction == "contiguous_decode" and key.layout.pages == 0
+
+
+def test_checked_mode_on_a_contiguous_cache_checks_its_lengths(faked, monkeypatch):
+    checks = []
+    monkeypatch.setattr(nvrtc_decode, "check_call",
+                        lambda *args: checks.append(args) or args[-1])
+    desc = DecodeAttentionDescriptor(**CONTIGUOUS, checked=True)
+    faked.fill = lambda pointers: None
+    step = Step(desc, [144, 0, 3, 4])
+    _, workspace = _workspace(2048)
+    bound = _bound(desc, step)
+    _impl().prepared(desc, bound, workspace, stream=3)()
+    (device, cache, sequences, q_len, k, v, table, seq_lens, stream, _), = checks
+    assert cache == nvrtc_decode.DecodeCache("contiguous", False, 144, 2, 128, 128, 0, 0, 0)
+    assert (sequences, q_len, table, stream) == (4, 1, 0, 3)
+    assert (k, v, seq_lens) == (bound.views["k_cache"].ptr, bound.views["v_cache"].ptr,
+                                bound.views["seq_lens"].ptr)
 
 
 def test_without_lse_the_edge_writes_out_alone(faked):

@@ -602,21 +602,27 @@ def test_bad_input_gets_typed_errors_naming_the_argument():
 
 
 # =================================================================================================
-# The cuDNN paged decode SKUs (decode_attention.cudnn.{f16,bf16}, _backends/cudnn/decode.py),
-# selected with PlanPreference(backends={"cudnn"}): q_len 1, paged caches, the envelope's whole
-# batch. GQA is tested explicitly: cuDNN's release notes list wrong results for decode with a
+# The cuDNN decode SKUs (decode_attention.cudnn.{f16,bf16}, _backends/cudnn/decode.py), selected
+# with PlanPreference(backends={"cudnn"}): q_len 1, paged or contiguous caches, the envelope's
+# whole batch. GQA is tested explicitly: cuDNN's release notes list wrong results for decode with a
 # causal mask and Hq != Hkv, which these SKUs never declare.
 # =================================================================================================
 
 CUDNN = PlanPreference(backends={"cudnn"})
-CUDNN_CACHES = [Cache("paged", "nhd", 16), Cache("paged", "hnd", 64)]
+CUDNN_CACHES = [Cache("paged", "nhd", 16), Cache("paged", "hnd", 64), Cache("contiguous"),
+                Cache("contiguous", "hnd")]
 
 
 def _cudnn_problem(desc: DecodeAttentionDescriptor, lengths, seed: int) -> Problem:
-    """make_problem's step under the precondition explain states for cuDNN: the pages a table
-    lists are finite past the sequence's length (cuDNN may weigh masked slots by 0, and
-    0 * NaN is NaN). Pages no table lists stay NaN and must never reach an output."""
+    """make_problem's step under the precondition explain states for cuDNN: a cache is finite
+    past each sequence's length, and so are the pages a table lists (cuDNN may weigh masked
+    slots by 0, and 0 * NaN is NaN). Pages no table lists stay NaN and must never reach an
+    output."""
     problem = make_problem(desc, lengths, seed=seed)
+    if desc.cache == "contiguous":
+        for cache in (problem.k_cache, problem.v_cache):
+            cache.copy_(torch.nan_to_num(cache, nan=0.25))
+        return problem
     listed = problem.page_table.flatten().long().unique()
     unlisted = torch.ones(problem.k_cache.shape[0], dtype=torch.bool, device="cuda")
     unlisted[listed] = False
@@ -636,7 +642,7 @@ def _cudnn_plan(desc: DecodeAttentionDescriptor) -> DecodeAttentionPlan:
 @pytest.mark.parametrize("cache", CUDNN_CACHES, ids=[c.id for c in CUDNN_CACHES])
 @pytest.mark.parametrize(("heads_q", "heads_kv"), [(32, 8), (8, 8)], ids=["gqa", "mha"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_cudnn_paged_decode_matches_the_reference(element, cache, heads_q, heads_kv, head_dim):
+def test_cudnn_decode_matches_the_reference(element, cache, heads_q, heads_kv, head_dim):
     """Lengths 0, 1, inside a page, across pages, full; NaN in the pages no table lists."""
     desc = _descriptor(cache, element, 600, 6, heads_q=heads_q, heads_kv=heads_kv,
                        head_dim=head_dim)
@@ -657,6 +663,34 @@ def test_cudnn_paged_decode_other_page_sizes_and_layouts(cache):
     args = problem.args()
     plan.run(args)
     _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
+@pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "nhd", 16)],
+                         ids=lambda c: c.id)
+@pytest.mark.parametrize(("heads_q", "heads_kv"), [(32, 1), (128, 8)], ids=["mqa", "gqa16"])
+def test_cudnn_decode_of_many_query_heads_a_kv_head(cache, heads_q, heads_kv):
+    """MQA and groups of 16, where the NVRTC SKU runs two or more 16-row tiles a kv head."""
+    desc = _descriptor(cache, "bf16", 700, 5, heads_q=heads_q, heads_kv=heads_kv, head_dim=128)
+    problem = _cudnn_problem(desc, [700, 0, 1, 333, 512], seed=31)
+    plan = _cudnn_plan(desc)
+    args = problem.args()
+    plan.run(args)
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+
+
+def test_cudnn_checked_mode_names_a_contiguous_caches_bad_length():
+    desc = _descriptor(Cache("contiguous", "hnd"), "f16", 256, 3, heads_q=32, heads_kv=8,
+                       head_dim=128, checked=True)
+    problem = _cudnn_problem(desc, [40, 256, 3], seed=32)
+    plan = _cudnn_plan(desc)
+    args = problem.args()
+    plan.run(args)
+    torch.cuda.synchronize()
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
+    problem.seq_lens[1] = 257
+    with pytest.raises(InvalidArgument, match=r"seq_lens\[1\] = 257") as raised:
+        plan.run(problem.args())
+    assert raised.value.argument == "seq_lens"
 
 
 def test_cudnn_paged_decode_without_lse_writes_out_alone():

@@ -94,7 +94,7 @@ def test_torn_refused_and_disabled_entries_are_misses(store, monkeypatch):
 
 
 def test_ragged_and_paged_graphs_are_stored_under_their_layout(store):
-    from opfacade._backends.cudnn.decode import PagedKey, PagedLayout
+    from opfacade._backends.cudnn.decode import CacheLayout, DecodeKey
     from opfacade._backends.cudnn.ragged import RaggedKey, RaggedLayout
     from opfacade.contracts.decode_attention import DecodeAttentionDescriptor
     from opfacade.contracts.varlen_attention import VarlenAttentionDescriptor
@@ -105,9 +105,9 @@ def test_ragged_and_paged_graphs_are_stored_under_their_layout(store):
                         RaggedLayout((("q", stride, 64), ("k", 128, 64)))) for stride in (256, 512)]
     decode = DecodeAttentionDescriptor(batch=4, element="bf16", cache="paged", page_size=16,
                                        max_pages=8, heads_q=8, heads_kv=2, head_dim=128)
-    paged = [PagedKey("paged_decode", decode, 0, False, PagedLayout.compact(decode)),
-             PagedKey("paged_decode", decode, 0, False,
-                      PagedLayout((1024, 128), (1024, 128), 64))]
+    paged = [DecodeKey("paged_decode", decode, 0, False, CacheLayout.compact(decode)),
+             DecodeKey("paged_decode", decode, 0, False,
+                       CacheLayout((1024, 128), (1024, 128), 64))]
     for one, other in (ragged, paged):
         store.store(one, Graph(plan=b"one"))
         forget(store)
