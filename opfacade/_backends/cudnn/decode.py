@@ -22,12 +22,13 @@ holds, so q_len 1 needs none, and cuDNN's release notes list a known bug, decode
 mask and Hq != Hkv giving wrong results.
 
 The contiguous form is the graph "torch sdpa" runs for a batch of full caches, plus the padding
-mask: on an H200 (bf16 d 128, B64) it read 105% of a device copy where the NVRTC SKU read 100%
-(GQA 4, S4096), 77% against 58% on MQA (Hq 32, Hkv 1, S32768: two of the NVRTC SKU's 16-row
-tiles a kv head) and 104.5% against 88.5% at Hq 128, Hkv 8 (scripts/decode_cudnn_dense_probe.py,
-record catalog/probes/decode_many_rows_H200.json). It splits no sequence, so a batch of few
-long sequences is the NVRTC SKU's (its paged form read 1.03-1.06x slower at B1 S32768 in the
-bench), and it is neither deterministic nor batch-invariant: selection keeps the NVRTC SKU first.
+mask. On an H200 (bf16 d 128, q_len 1, scripts/decode_rows_probe.py; record
+catalog/probes/decode_many_rows_H200.json) this SKU read 100.0% of a device copy where the NVRTC
+SKU read 98.3% (B64 S4096, GQA 4), 73.9% against 56.8% on MQA (B64 S32768, Hq 32, Hkv 1: two
+of the NVRTC SKU's 16-row tiles a kv head) and 97.7% against 88.1% at Hq 128, Hkv 8. It splits no
+sequence, so a batch of few long sequences is the NVRTC SKU's (MQA B1 S32768: 0.044 against
+0.020 ms), it runs the envelope's whole batch, and it is neither deterministic nor
+batch-invariant: selection keeps the NVRTC SKU first.
 
 The graph's B is the descriptor's ``batch``: a call with fewer sequences cannot be described to
 the built graph without another build, so it is a ShapeMismatch naming q (pad the batch with
