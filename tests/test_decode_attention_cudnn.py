@@ -444,23 +444,6 @@ def test_a_contiguous_caches_call_passes_the_caches_in_place_and_no_table(faked,
     assert key.direction == "contiguous_decode" and key.layout.pages == 0
 
 
-def test_checked_mode_on_a_contiguous_cache_checks_its_lengths(faked, monkeypatch):
-    checks = []
-    monkeypatch.setattr(nvrtc_decode, "check_call",
-                        lambda *args: checks.append(args) or args[-1])
-    desc = DecodeAttentionDescriptor(**CONTIGUOUS, checked=True)
-    faked.fill = lambda pointers: None
-    step = Step(desc, [144, 0, 3, 4])
-    _, workspace = _workspace(2048)
-    bound = _bound(desc, step)
-    _impl().prepared(desc, bound, workspace, stream=3)()
-    (device, cache, sequences, q_len, k, v, table, seq_lens, stream, _), = checks
-    assert cache == nvrtc_decode.DecodeCache("contiguous", False, 144, 2, 128, 128, 0, 0, 0)
-    assert (sequences, q_len, table, stream) == (4, 1, 0, 3)
-    assert (k, v, seq_lens) == (bound.views["k_cache"].ptr, bound.views["v_cache"].ptr,
-                                bound.views["seq_lens"].ptr)
-
-
 def test_without_lse_the_edge_writes_out_alone(faked):
     desc = DecodeAttentionDescriptor(**{**SHAPE, "element": "f16"})
     step = Step(desc, [0, 0, 7, 9])
@@ -498,7 +481,12 @@ def test_a_graph_cudnn_declines_at_run_time_is_unsupported(monkeypatch):
         _impl().prepared(desc, _bound(desc, Step(desc, [1, 2, 3, 4])), workspace, stream=0)
 
 
-def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypatch):
+@pytest.mark.parametrize(("shape", "expected"), [
+    (SHAPE, nvrtc_decode.DecodeCache("paged", False, 144, 2, 128, 128, 16, 9, 39)),
+    (CONTIGUOUS, nvrtc_decode.DecodeCache("contiguous", False, 144, 2, 128, 128, 0, 0, 0))],
+    ids=["paged", "contiguous"])
+def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypatch, shape,
+                                                                expected):
     checks = []
 
     def check_call(device, cache, sequences, q_len, k, v, table, seq_lens, stream, run):
@@ -511,7 +499,7 @@ def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypat
         return check_then_run
 
     monkeypatch.setattr(nvrtc_decode, "check_call", check_call)
-    desc = DecodeAttentionDescriptor(**SHAPE, checked=True)
+    desc = DecodeAttentionDescriptor(**shape, checked=True)
     faked.fill = lambda pointers: None
     step = Step(desc, [144, 0, 3, 4])
     _, workspace = _workspace(2048)
@@ -521,10 +509,11 @@ def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypat
                                            "sdpa_padding_rows_bf16"]
     (device, cache, sequences, q_len, k, v, table, seq_lens, stream), = checks
     assert (device, sequences, q_len, stream) == (0, 4, 1, 3)
-    assert cache == nvrtc_decode.DecodeCache("paged", False, 144, 2, 128, 128, 16, 9, 39)
+    assert cache == expected
     views = bound.views
-    assert (k, v, table, seq_lens) == (views["k_cache"].ptr, views["v_cache"].ptr,
-                                       views["page_table"].ptr, views["seq_lens"].ptr)
+    assert (k, v, seq_lens) == (views["k_cache"].ptr, views["v_cache"].ptr,
+                                views["seq_lens"].ptr)
+    assert table == (views["page_table"].ptr if desc.cache == "paged" else 0)
 
 
 def test_the_edge_kernel_gets_the_parameters_it_declares(faked, monkeypatch):

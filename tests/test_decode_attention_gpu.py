@@ -678,21 +678,6 @@ def test_cudnn_decode_of_many_query_heads_a_kv_head(cache, heads_q, heads_kv):
     _check(problem, args, plan.precision_guarantee.max_rel_error)
 
 
-def test_cudnn_checked_mode_names_a_contiguous_caches_bad_length():
-    desc = _descriptor(Cache("contiguous", "hnd"), "f16", 256, 3, heads_q=32, heads_kv=8,
-                       head_dim=128, checked=True)
-    problem = _cudnn_problem(desc, [40, 256, 3], seed=32)
-    plan = _cudnn_plan(desc)
-    args = problem.args()
-    plan.run(args)
-    torch.cuda.synchronize()
-    _check(problem, args, plan.precision_guarantee.max_rel_error)
-    problem.seq_lens[1] = 257
-    with pytest.raises(InvalidArgument, match=r"seq_lens\[1\] = 257") as raised:
-        plan.run(problem.args())
-    assert raised.value.argument == "seq_lens"
-
-
 def test_cudnn_paged_decode_without_lse_writes_out_alone():
     with_lse = _descriptor(Cache("paged", "hnd", 16), "f16", 300, 4, heads_q=16, heads_kv=4)
     desc = DecodeAttentionDescriptor(**{**with_lse.model_dump(), "save_lse": False})
@@ -732,21 +717,24 @@ def test_cudnn_one_captured_graph_replays_new_lengths_and_tables(cache):
         _check(fresh, args, plan.precision_guarantee.max_rel_error)
 
 
-def test_cudnn_checked_mode_names_a_bad_page_index_and_a_bad_length():
-    desc = _descriptor(Cache("paged", "nhd", 16), "bf16", 512, 3, heads_q=32, heads_kv=8,
-                       head_dim=128, checked=True)
+@pytest.mark.parametrize("cache", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
+                         ids=lambda c: c.id)
+def test_cudnn_checked_mode_names_a_bad_page_index_and_a_bad_length(cache):
+    desc = _descriptor(cache, "bf16", 512, 3, heads_q=32, heads_kv=8, head_dim=128,
+                       checked=True)
     problem = _cudnn_problem(desc, [40, 20, 3], seed=28)
     plan = _cudnn_plan(desc)
     args = problem.args()
     plan.run(args)
     torch.cuda.synchronize()
     _check(problem, args, plan.precision_guarantee.max_rel_error)
-    good = problem.page_table[1, 1].item()
-    problem.page_table[1, 1] = 10**6
-    with pytest.raises(InvalidArgument, match=r"page_table\[1, 1\] = 1000000") as raised:
-        plan.run(problem.args())
-    assert raised.value.argument == "page_table"
-    problem.page_table[1, 1] = good
+    if cache.form == "paged":
+        good = problem.page_table[1, 1].item()
+        problem.page_table[1, 1] = 10**6
+        with pytest.raises(InvalidArgument, match=r"page_table\[1, 1\] = 1000000") as raised:
+            plan.run(problem.args())
+        assert raised.value.argument == "page_table"
+        problem.page_table[1, 1] = good
     problem.seq_lens[2] = 9000
     with pytest.raises(InvalidArgument, match=r"seq_lens\[2\] = 9000") as raised:
         plan.run(problem.args())
