@@ -80,7 +80,7 @@ __all__ = ["CACHES", "DIMS", "PAGED_RULES", "SKUS", "CacheLayout", "DecodeAttent
            "DecodeKey", "declare", "direction", "note"]
 
 CACHES = ("paged", "contiguous")  # the cache forms these SKUs serve
-DIMS = (64, 128, 256)  # D = Dv: what cuDNN 9.19 builds paged decode for on an H100
+DIMS = (64, 128, 256)  # D = Dv: what cuDNN 9.19 builds decode for (both forms, GPU tests)
 TABLE_K_UID, TABLE_V_UID = 40, 41  # past every Uid and ragged.py's offsets
 LAYOUT = ("q, out [B,1,Hq,D] (B the envelope's), d-contiguous, 16-byte steps; paged pools or "
           "contiguous caches dense nhd|hnd; lse [B,1,Hq] f32 dense")
@@ -90,16 +90,6 @@ _NOTE = ("runs the envelope's batch; {where} (cuDNN may read whole tiles past a 
 _NOTE_WHERE = {"paged": "every entry of a page table row must be a page of the pool, its slots "
                         "past the sequence's length finite",
                "contiguous": "a cache's slots past its sequence's length must be finite"}
-
-
-def direction(desc: DecodeAttentionDescriptor) -> str:
-    """The GraphKey direction of ``desc``'s graphs: one a cache form."""
-    return f"{desc.cache}_decode"
-
-
-def note(desc: DecodeAttentionDescriptor) -> str:
-    """What explain prints beside a viable verdict for ``desc``."""
-    return _NOTE.format(where=_NOTE_WHERE[desc.cache])
 
 PAGED_VERSION = 90500  # sdpa_support_surface.h: paged caches need cuDNN 9.5.0
 WIDE_PAGED_VERSION = 91000  # ... and head dims above 128 more than 9.9
@@ -127,6 +117,16 @@ LIMITS: tuple[Limit[DecodeAttentionDescriptor], ...] = (
 )
 WORKSPACE = workspace_limit(lambda size: size, "the built graph's plus the ones of seq_len_q",
                             "the workspace")
+
+
+def direction(desc: DecodeAttentionDescriptor) -> str:
+    """The GraphKey direction of ``desc``'s graphs: one a cache form."""
+    return f"{desc.cache}_decode"
+
+
+def note(desc: DecodeAttentionDescriptor) -> str:
+    """What explain prints beside a viable verdict for ``desc``."""
+    return _NOTE.format(where=_NOTE_WHERE[desc.cache])
 
 
 @dataclass(frozen=True)
