@@ -34,7 +34,10 @@ CASES = [(64, 4096, "contiguous", 0),                        # 4 rows: the kq ti
          (64, 32768, "contiguous4", 0, {"heads_kv": 1}),     # 128
          (64, 4096, "contiguous", 0, {"heads_q": 128}),      # 16: GQA 16, one new token
          (1, 32768, "contiguous", 0, {"heads_kv": 1}),       # MQA, one long sequence
-         (8, 32768, "contiguous", 0, {"heads_kv": 1})]
+         (8, 32768, "contiguous", 0, {"heads_kv": 1}),
+         # the bench's other contiguous q_len 1 shapes (GQA 4), for our cuDNN SKU beside ours
+         (8, 32768, "contiguous", 0), (256, 1024, "contiguous", 0), (1, 32768, "contiguous", 0),
+         (64, 8192, "contiguous", 0, {"ragged": True})]         # lengths in [1, 8192]
 PAGED = [(64, 4096, "paged", 16),                                  # 4 rows (kq tile), GQA 4
          (64, 32768, "paged", 16, {"heads_kv": 1}),                # 32: MQA
          (64, 32768, "paged", 64, {"heads_kv": 1}),
@@ -59,8 +62,8 @@ def against_torch(settle, copy_tbps: float) -> dict[str, dict]:
         plan = DecodeAttentionPlan.select(desc, device=0)
         ws = torch.empty(max(plan.workspace_size, 1), dtype=torch.uint8, device="cuda")
         plan.run(args, workspace=ws)
-        peer = torch_sdpa(torch, args.q, args.k_cache, args.v_cache, [case[1]] * case[0],
-                          args.seq_lens)
+        peer = torch_sdpa(torch, args.q, args.k_cache, args.v_cache,
+                          args.seq_lens.cpu().tolist(), args.seq_lens)
         contestants = {"ours": lambda p=plan, a=args, w=ws: p.run(a, workspace=w),
                        "torch sdpa": peer.call}
         if desc.q_len == 1:  # our cuDNN SKU on the same contiguous cache
