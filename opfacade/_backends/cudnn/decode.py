@@ -64,8 +64,9 @@ from ..._internal.limits import INT32_MAX, Limit, check, workspace_limit
 from ..._internal.selection import Target
 from ..._internal.sku import ReasonCode, SkuImpl, Unfit, Workspace
 from ..._internal.tensors import TensorView, expect_aligned
+from ..._internal.view import c_strides
 from ...contracts.decode_attention import DECODE_ATTENTION, DecodeAttentionDescriptor
-from ...contracts.kv_cache import verification_pages
+from ...contracts.kv_cache import cache_shape, verification_pages
 from ...errors import BufferTooSmall, LaunchFailed, LayoutMismatch, ShapeMismatch, Unsupported
 from ...types import ArchSku, BackendKind, ElementKind, MathPrecision, PrecisionGuarantee
 from ..nvrtc import decode as nvrtc_decode
@@ -173,14 +174,12 @@ class DecodeKey(NamedTuple):
 
 def _cache(desc: DecodeAttentionDescriptor, dim: int, layout: CacheLayout
            ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(dims, strides) of a dense cache as cuDNN's container [rows, Hkv, tokens, D]: a paged
-    pool's pages of page_size tokens, or a contiguous cache's sequences of max_seq."""
-    rows, tokens = ((layout.pages, desc.page_size) if desc.cache == "paged"
-                    else (desc.batch, desc.max_seq))
-    h = desc.heads_kv
-    if desc.kv_layout == "nhd":
-        return (rows, h, tokens, dim), (tokens * h * dim, dim, h * dim, 1)
-    return (rows, h, tokens, dim), (h * tokens * dim, tokens * dim, dim, 1)
+    """(dims, strides) of a dense cache (``cache_shape``: a paged pool's pages, a contiguous
+    cache's sequences, nhd or hnd) as cuDNN's container [rows, Hkv, tokens, D]."""
+    shape = cache_shape(desc, dim, layout.pages if desc.cache == "paged" else desc.batch)
+    strides = c_strides(shape)
+    order = (0, 2, 1, 3) if desc.kv_layout == "nhd" else (0, 1, 2, 3)  # nhd: [rows, tokens, ...]
+    return tuple(shape[i] for i in order), tuple(strides[i] for i in order)
 
 
 def declare(key: DecodeKey, handle: object) -> _Builder:
