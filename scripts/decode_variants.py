@@ -14,7 +14,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows | --split | --offsets
                                        | --paged-form=DIR | --tree=DIR
-                                       | --mma-few | --occupancy16=DIR
+                                       | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]]
                                        [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
@@ -453,6 +453,18 @@ if "--mma-few" in sys.argv:
              (1, 32768, "contiguous4", 0), (2, 32768, "paged4", 16),
              (16, 4096, "contiguous4", 0, {"head_dim": 64}),
              (16, 4096, "contiguous4", 0, {"element": "f16"}), (64, 4096, "contiguous4", 0)]
+# The 16-row tile's grids of many waves (its staged build), kv heads of 16 rows at GQA 16 and of
+# 32 (MQA: two tiles over the same keys), this tree against --before=DIR; the same bits are
+# compared. The thirty-ninth session ran it with V's fragments read from the ring by ldmatrix
+# (docs/experiments/decode-ring-ldmatrix.patch applied here) against ca87b1a's native/ (record
+# catalog/probes/decode_ring_ldmatrix_H200.json; not kept).
+if "--mma-many" in sys.argv:
+    before = flag_value("before")
+    VARIANTS = {"this tree (default)": (), "before": (f"root={before}",), "default again": (),
+                "before again": (f"root={before}",)}
+    CASES = [*MMA_MANY_WAVES, (64, 4096, "contiguous", 0, {"heads_q": 128}),
+             (64, 32768, "contiguous", 0, {"heads_kv": 1}),
+             (8, 32768, "paged", 16, {"heads_kv": 1})]
 # The tensor-core tiles' scores masked per key only where a warp's rows do not see all its keys
 # (sees_whole, thirty-eighth session), this tree, against --before=DIR (9f54542's native/, which
 # tests every key), on the kq tile's grids of many and of few waves and the 16-row tile's, and on
@@ -491,7 +503,7 @@ if "--many-rows" in sys.argv:
              (64, 32768, "contiguous", 0, {"heads_kv": 1}),
              (64, 32768, "contiguous4", 0, {"heads_kv": 1}),
              (64, 32768, "contiguous8", 0, {"heads_kv": 1})]
-A_B_MODES = ("--offsets", "--mma-few", "--masks")  # modes that name --before's variants themselves
+A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")  # modes that name --before's variants themselves
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = flag_value("before")
