@@ -503,7 +503,8 @@ if "--many-rows" in sys.argv:
              (64, 32768, "contiguous", 0, {"heads_kv": 1}),
              (64, 32768, "contiguous4", 0, {"heads_kv": 1}),
              (64, 32768, "contiguous8", 0, {"heads_kv": 1})]
-A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")  # modes that name --before's variants themselves
+# Modes that name --before's variants themselves.
+A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = flag_value("before")
