@@ -17,7 +17,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]]
-                                       [--mma-only] [--set-aside=BYTES|max] [--before=DIR]
+                                       [--mma-only] [--parts] [--set-aside=BYTES|max]
+                                       [--before=DIR]
 """
 
 from __future__ import annotations
@@ -505,6 +506,10 @@ if "--many-rows" in sys.argv:
              (64, 32768, "contiguous8", 0, {"heads_kv": 1})]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
+# --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge
+# launches are also timed alone (thirty-ninth session: the streaming probe's parts).
+if "--parts" in sys.argv:
+    PATCHES = {name: {**PATCHES.get(name, {}), "SPLIT_TILES": ()} for name in VARIANTS}
 # --before=DIR adds another copy of native/ (an earlier commit's, whose kernels take the same
 # parameters) as a last variant, with the mode's default settings: its bits are compared too.
 BEFORE = flag_value("before")
@@ -694,7 +699,7 @@ def main() -> None:
                       f"{diff.max().item():.3g}")
             reference.setdefault(key, bits)
             row = dict(ms=ms, tbps=nbytes / ms / 1e9, of_copy=nbytes / ms / 1e9 / copy_tbps)
-            if name.endswith("(default)"):
+            if name.endswith("(default)") or "--parts" in sys.argv:
                 # The step's two kernels alone (its direct launches), to place the gap (a
                 # batch split in halves has a fork, two of each and a join: not timed apart).
                 if len(step._call._direct) == 2:
