@@ -41,6 +41,13 @@ def flag_value(name: str) -> str | None:
     """VALUE of a ``--name=VALUE`` argument, or None."""
     return next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith(f"--{name}=")), None)
 
+
+def interleaved(others: dict[str, tuple]) -> dict[str, tuple]:
+    """This tree's build (the default) and each of ``others`` (label: build options), then all
+    of them again: two passes, interleaved, so that a drift of the GPU lands on every build."""
+    return {"this tree (default)": (), **others, "default again": (),
+            **{f"{label} again": options for label, options in others.items()}}
+
 # Each mode's record (catalog/probes/) names the commit it ran at: a mode's "default" is the
 # build of that commit. (--waves and --chunk512 ran at 7919c26, when the chunk was 256 and the
 # half types' one-chunk 4-row tiles had a six-block build an H200 took: "512 dense" there ran
@@ -447,9 +454,7 @@ if flag_value("occupancy16"):
 # The 16-row tile's grids of a few waves (its register build, decode.mma_build) and one of many
 # (staged), this tree against --before=DIR; the same bits are compared.
 if "--mma-few" in sys.argv:
-    before = flag_value("before")
-    VARIANTS = {"this tree (default)": (), "before": (f"root={before}",), "default again": (),
-                "before again": (f"root={before}",)}
+    VARIANTS = interleaved({"before": (f"root={flag_value('before')}",)})
     CASES = [(16, 4096, "contiguous4", 0), (32, 4096, "contiguous4", 0),
              (1, 32768, "contiguous4", 0), (2, 32768, "paged4", 16),
              (16, 4096, "contiguous4", 0, {"head_dim": 64}),
@@ -460,9 +465,7 @@ if "--mma-few" in sys.argv:
 # (docs/experiments/decode-ring-ldmatrix.patch applied here) against ca87b1a's native/ (record
 # catalog/probes/decode_ring_ldmatrix_H200.json; not kept).
 if "--mma-many" in sys.argv:
-    before = flag_value("before")
-    VARIANTS = {"this tree (default)": (), "before": (f"root={before}",), "default again": (),
-                "before again": (f"root={before}",)}
+    VARIANTS = interleaved({"before": (f"root={flag_value('before')}",)})
     CASES = [*MMA_MANY_WAVES, (64, 4096, "contiguous", 0, {"heads_q": 128}),
              (64, 32768, "contiguous", 0, {"heads_kv": 1}),
              (8, 32768, "paged", 16, {"heads_kv": 1})]
@@ -476,9 +479,7 @@ if "--mma-many" in sys.argv:
 if "--masks" in sys.argv:
     before, fast = flag_value("before"), flag_value("fast-exp")
     fast_exp = {"fast exp": (f"root={fast}",)} if fast else {}
-    VARIANTS = {"this tree (default)": (), "before": (f"root={before}",), **fast_exp,
-                "default again": (), "before again": (f"root={before}",),
-                **{f"{name} again": value for name, value in fast_exp.items()}}
+    VARIANTS = interleaved({"before": (f"root={before}",), **fast_exp})
     OTHER_ORDER = {"fast exp", "fast exp again"}
     CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
              (8, 32768, "paged", 64), (1, 32768, "contiguous", 0), (2, 32768, "paged", 16),
@@ -494,9 +495,7 @@ if "--masks" in sys.argv:
 if "--many-rows" in sys.argv:
     trees = dict(arg[len("--variant="):].split("@", 1) for arg in sys.argv
                  if arg.startswith("--variant="))
-    others = {label: (f"root={root}",) for label, root in trees.items()}
-    VARIANTS = {"this tree (default)": (), **others, "default again": (),
-                **{f"{label} again": value for label, value in others.items()}}
+    VARIANTS = interleaved({label: (f"root={root}",) for label, root in trees.items()})
     OTHER_ORDER = {name for name in VARIANTS if "exp" in name}
     CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "contiguous8", 0),
              (64, 4096, "paged8", 16), (64, 4096, "contiguous4", 0, {"heads_q": 64}),
