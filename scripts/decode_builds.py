@@ -36,8 +36,10 @@ def load_build(options: tuple[str, ...]):
 
 
 def use_module(module) -> None:
-    """Makes the decode plans launch ``module``'s kernels (plans made from here on: the kernel
-    cache's memos are keyed by kernel handle, and a module loaded here may reuse a freed one's
-    addresses, so they are cleared)."""
+    """Makes the decode plans launch ``module``'s kernels of decode_attention.cu (plans made from
+    here on: the kernel cache's memos are keyed by kernel handle, and a module loaded here may
+    reuse a freed one's addresses, so they are cleared)."""
     launch.KERNELS.clear()
-    kernels.get_kernel = lambda source, kernel, device, m=module: m.get_function(kernel)
+    package = launch.get_kernel  # other sources (decode_wg.cu) stay the package's own
+    kernels.get_kernel = lambda source, kernel, device, m=module: (
+        m.get_function(kernel) if source == kernels.SOURCE else package(source, kernel, device))

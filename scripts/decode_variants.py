@@ -13,7 +13,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows | --split | --offsets
-                                       | --paged-form=DIR | --tree=DIR
+                                       | --paged-form=DIR | --tree=DIR | --wg
                                        | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]]
@@ -503,6 +503,23 @@ if "--many-rows" in sys.argv:
              (64, 32768, "contiguous", 0, {"heads_kv": 1}),
              (64, 32768, "contiguous4", 0, {"heads_kv": 1}),
              (64, 32768, "contiguous8", 0, {"heads_kv": 1})]
+# --wg: the wgmma tile (what sm_90 devices run for kv heads of more than 8 rows at D 128) against
+# the 16-row mma.sync tile it replaced there (decode.WG_DIMS emptied), each twice, interleaved;
+# another order, so the bits are not compared. The few-wave grids too.
+if "--wg" in sys.argv:
+    VARIANTS = interleaved({"exp mma.sync tile": ()})
+    PATCHES = {name: {"WG_DIMS": ()} for name in VARIANTS if "exp" in name}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+             (64, 4096, "contiguous", 0, {"heads_q": 128}),
+             (64, 4096, "paged", 16, {"heads_q": 128}),
+             (64, 4096, "contiguous4", 0, {"element": "f16"}),
+             (64, 4096, "contiguous4", 0, {"ragged": True}),
+             (128, 4096, "contiguous4", 0), (256, 1024, "paged4", 16),
+             (8, 32768, "contiguous4", 0), (8, 32768, "paged4", 64),
+             (1, 32768, "contiguous4", 0), (2, 32768, "contiguous4", 0),
+             (16, 4096, "contiguous4", 0),
+             (64, 4096, "contiguous8", 0), (64, 32768, "contiguous", 0, {"heads_kv": 1})]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge
@@ -676,7 +693,7 @@ def main() -> None:
                 "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES,
                 "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS,
                 "SPLIT_TILES": kernels.SPLIT_TILES, "STAGES": kernels.STAGES,
-                "SPLIT_WAVES": kernels.SPLIT_WAVES}
+                "SPLIT_WAVES": kernels.SPLIT_WAVES, "WG_DIMS": kernels.WG_DIMS}
     for name, options in VARIANTS.items():
         use_module(load_build(options))
         for attribute, value in {**defaults, **PATCHES.get(name, {})}.items():

@@ -1,8 +1,9 @@
 """Drives the split-KV decode, kv_append and kv_cache_check kernels (native/decode_attention.cu,
-native/kv_append.cu) for compute-sanitizer: f32 and f16 (CuPy has no bf16), every head dim and
-row tile (every build of the tensor-core tiles), each cache form, windows, and unchecked runs on
-garbage lengths and page tables, which must stay inside the caches and outputs. Every tensor is
-sized exactly, so a stray access lands outside an allocation.
+native/decode_wg.cu, native/kv_append.cu) for compute-sanitizer: f32 and f16 (CuPy has no
+bf16), every head dim and row tile (every build of the tensor-core tiles), each cache form,
+windows, and unchecked runs on garbage lengths and page tables, which must stay inside the
+caches and outputs. Every tensor is sized exactly, so a stray access lands outside an
+allocation.
 `compute-sanitizer --tool memcheck python3 tests/sanitize_decode.py`. Not a pytest file: the
 sanitizer wraps the whole process."""
 
@@ -96,4 +97,13 @@ run_case("f16", "paged", 64, 16, 2, 2, 900, 4, None, True)
 kernels.MMA_FEW_WAVES, kernels.SPLIT_WAVES = 4, 0
 run_case("f16", "contiguous", 128, 16, 2, 2, 300, 5, None, True)
 run_case("f16", "paged", 128, 16, 2, 2, 600, 7, 100, True)
+# The wgmma tile (what sm_90 devices run for kv heads of more than 8 rows at D 128) on partial
+# tiles (12 and 15 of 16 rows), a window and garbage; then the 16-row mma.sync tile at D 128,
+# which those devices no longer pick (decode.WG_DIMS), split and whole.
+kernels.SPLIT_WAVES = 8
+run_case("f16", "contiguous", 128, 24, 2, 1, 1100, 3, 200, True)
+run_case("f16", "paged", 128, 30, 2, 1, 700, 4, None, True)
+kernels.WG_DIMS = ()
+run_case("f16", "paged", 128, 32, 8, 4, 700, 5, None, False)
+run_case("f16", "contiguous", 128, 16, 2, 2, 300, 5, None, True)
 print("sanitize_decode: done")

@@ -21,8 +21,10 @@ from opfacade import (
 from opfacade._backends.nvrtc.decode import CHUNK
 from opfacade._backends.reference import decode_attention as reference_decode
 from opfacade._backends.reference.sdpa import sdpa_forward_magnitude
+from opfacade._internal.device import device_arch
 from opfacade.errors import DTypeMismatch, InvalidArgument, InvalidProblem, LayoutMismatch
 from opfacade.testing import relative_error
+from opfacade.types import ArchSku
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -216,20 +218,25 @@ def test_gqa_mqa_head_dims_and_windows(heads_q, heads_kv, head_dim, window):
 
 @pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "hnd", 16)],
                          ids=lambda c: c.id)
-def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(monkeypatch, cache):
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_a_sequence_is_bitwise_the_same_alone_and_in_any_batch(monkeypatch, cache, q_len):
     """Batch invariance: sequence 0's out and lse alone, then at positions 0, 5 and 15 of
-    batches of 16 whose other sequences are random, repeat to the bit. The kq tile runs these
-    kv heads of 4 rows; its build follows the grid, so the 4-CTA build is held to grids of
-    under 52 CTAs here: alone (32 CTAs) takes it, the batches of 16 (512) the 3-CTA build."""
+    batches of 16 whose other sequences are random, repeat to the bit. At q_len 1 the kq tile
+    runs these kv heads of 4 rows; its build follows the grid, so the 4-CTA build is held to
+    grids of under 52 CTAs here: alone (32 CTAs) takes it, the batches of 16 (512) the 3-CTA
+    build. At q_len 4 (16 rows) the wgmma tile runs them on sm_90 (the 16-row mma.sync tile
+    elsewhere), and the batches of 16 split in two halves."""
     from opfacade._backends.nvrtc import decode as kernels
 
     monkeypatch.setattr(kernels, "KQ_FEW_WAVES", 0.1)
+    monkeypatch.setattr(kernels, "SPLIT_WAVES", 0)
     capacity, rng = 2000, np.random.default_rng(3)
-    desc = _descriptor(cache, "bf16", capacity, 16, heads_q=32, heads_kv=8, head_dim=128)
+    desc = _descriptor(cache, "bf16", capacity, 16, heads_q=32, heads_kv=8, head_dim=128,
+                       q_len=q_len)
     plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
     hkv, d = desc.heads_kv, desc.head_dim
     mine = (rng.uniform(-1, 1, (hkv, capacity, d)), rng.uniform(-1, 1, (hkv, capacity, d)))
-    q_mine = rng.uniform(-1, 1, (1, desc.heads_q, d))
+    q_mine = rng.uniform(-1, 1, (q_len, desc.heads_q, d))
     results = []
     for position, batch in ((0, 1), (0, 16), (5, 16), (15, 16)):
         lengths = rng.integers(0, capacity, batch, endpoint=True)
@@ -319,6 +326,9 @@ def test_the_16_row_tiles_staged_build_gives_its_register_builds_bits(
     tile's D) stages K and V through shared memory on grids of many waves: forced both ways it
     gives the same bits and the reference's values, on full and partial tiles (12 and 15 of
     16 rows here), lengths that end inside a chunk, empty sequences and windows."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    monkeypatch.setattr(kernels, "WG_DIMS", ())  # the mma.sync tile at D 128 too (sm_90 picks wg)
     desc = _descriptor(cache, element, 2100, 5, heads_q=heads_q, heads_kv=2, head_dim=head_dim,
                        window=window, q_len=q_len)
     problem, plan, ((registers, plain), (staged, ring)) = _runs_under(
@@ -329,6 +339,30 @@ def test_the_16_row_tiles_staged_build_gives_its_register_builds_bits(
     for args in (registers, staged):
         _check(problem, args, plan.precision_guarantee.max_rel_error)
     assert torch.equal(registers.out, staged.out) and torch.equal(registers.lse, staged.lse)
+
+
+@pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
+@pytest.mark.parametrize("window", [None, (300, None), (63, None)],
+                         ids=["full", "window", "window 63"])
+@pytest.mark.parametrize(("element", "q_len", "heads_q"),
+                         [("bf16", 4, 8), ("f16", 3, 10), ("bf16", 1, 30), ("f16", 8, 8)])
+def test_the_wgmma_tile_matches_the_reference(monkeypatch, cache, window, element, q_len,
+                                              heads_q):
+    """The wgmma tile (sm_90: kv heads of more than 8 rows at D 128; 16, 15, 15 and two tiles of
+    16 rows here) gives the reference's values across lengths that end inside a block of 64
+    keys and inside a chunk, on a block's edge, empty sequences, sequences shorter than q_len,
+    and windows that leave whole blocks and chunks unseen."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    if device_arch(0) != ArchSku.sm90:
+        pytest.skip("the wgmma tile runs on sm_90 devices")
+    desc = _descriptor(cache, element, 2100, 8, heads_q=heads_q, heads_kv=2, head_dim=128,
+                       window=window, q_len=q_len)
+    problem, plan, ((args, kernel),) = _runs_under(
+        monkeypatch, desc, [2100, 0, 1, 1000, 257, 63, 64, 577], 10,
+        [("SPLIT_TILES", kernels.SPLIT_TILES)])
+    assert kernel == f"decode_partial_{element}_128_16wg"
+    _check(problem, args, plan.precision_guarantee.max_rel_error)
 
 
 @pytest.mark.parametrize(("capacity", "threads"),
@@ -394,7 +428,7 @@ def test_a_split_batch_gives_the_whole_grids_bits(monkeypatch, cache, element, h
                        head_dim=head_dim, q_len=q_len)
     lengths = [2100, 0, 1, 1000, 257, 2][:batch]
     problem, plan, ((split, _), (whole, _)) = _runs_under(
-        monkeypatch, desc, lengths, 14, [("SPLIT_TILES", ("mma",)), ("SPLIT_TILES", ())])
+        monkeypatch, desc, lengths, 14, [("SPLIT_TILES", ("mma", "wg")), ("SPLIT_TILES", ())])
     _check(problem, split, plan.precision_guarantee.max_rel_error)
     assert torch.equal(split.out, whole.out) and torch.equal(split.lse, whole.lse)
 

@@ -28,12 +28,13 @@ ELEMENTS = ("f32", "f16", "bf16")
 
 @pytest.fixture(scope="module")
 def signatures() -> dict[str, list[str]]:
-    """Every kernel of both sources (their names do not overlap)."""
-    return {**kernel_parameters(kernels.SOURCE), **kernel_parameters(kernels.APPEND_SOURCE)}
+    """Every kernel of the three sources (their names do not overlap)."""
+    return {**kernel_parameters(kernels.SOURCE), **kernel_parameters(kernels.APPEND_SOURCE),
+            **kernel_parameters(kernels.WG_SOURCE)}
 
 
 def test_every_kernel_compiles_for_sm90(signatures):
-    for source in (kernels.SOURCE, kernels.APPEND_SOURCE):
+    for source in (kernels.SOURCE, kernels.APPEND_SOURCE, kernels.WG_SOURCE):
         cubin = compiler.compile_cubin(source, ArchSku.sm90, use_cache=False).cubin
         assert cubin[:4] == b"\x7fELF"
     partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
@@ -44,6 +45,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.KQ_ROWS}kq_b{blocks}" for e in ("f16", "bf16")
                  for d in kernels.KQ_DIMS for blocks in (3, 4)}
+    partials |= {f"decode_partial_{e}_{d}_{kernels.WG_TILE}wg" for e in ("f16", "bf16")
+                 for d in kernels.WG_DIMS}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     merges |= {f"decode_merge_{e}_rows" for e in ELEMENTS}
@@ -62,6 +65,9 @@ def test_every_kernel_compiles_for_sm90(signatures):
     for dim in kernels.KQ_DIMS:
         tile = kernels.Tile(kernels.KQ_ROWS, "kq")
         assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
+    for dim in kernels.WG_DIMS:  # __launch_bounds__(128, 2): its 2 CTAs an SM fit
+        wg = kernels.shared_bytes(ElementKind.bf16, dim, kernels.Tile(kernels.WG_TILE, "wg"))
+        assert 2 * wg <= SHARED_PER_SM_SM90 - 2 * RESERVED_PER_CTA
 
 
 def _record(monkeypatch) -> list[tuple]:
@@ -118,9 +124,10 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     kernels.append_call(element, 0, cache, 5, 4, 0x8000, (4 * 8 * 128, 8 * 128, 128), 0x9000,
                         (4 * 8 * 128, 8 * 128, 128), 0x2000, 0x3000, 0x4000, 0x5000, 7)()
     names = [name for name, *_ in launched]
-    # 16 rows (4 heads x 4 tokens): one tensor-core tile for the half types, two of 8 for f32.
-    tile = kernels.Tile(8) if element == ElementKind.f32 else kernels.Tile(16, "mma")
-    assert names == [f"decode_partial_{element.value}_128_{tile.rows}",
+    # 16 rows (4 heads x 4 tokens): one wgmma tile for the half types (an sm_90 device), two
+    # of 8 for f32.
+    tile = kernels.Tile(8) if element == ElementKind.f32 else kernels.Tile(16, "wg")
+    assert names == [tile.kernel(element, 128),
                      f"decode_merge_{element.value}_rows",
                      f"kv_append_{element.value}_paged_nhd"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
@@ -165,7 +172,7 @@ def test_a_split_batch_runs_each_half_from_its_own_sequences(monkeypatch, signat
                         0x2000, 0x3000, 0x4000 if form == "paged" else 0, 0x5000, 0x6000,
                         strides, 0x7000, workspace, 7)()
     names = [entry[0] for entry in launched]
-    partial, merge = "decode_partial_bf16_128_16", "decode_merge_bf16_rows"
+    partial, merge = "decode_partial_bf16_128_16wg", "decode_merge_bf16_rows"
     assert names == ["fork", partial, merge, partial, merge, "join"]
     assert streams == [7, 7, 0x51DE, 0x51DE]
     (_, grid_a, _, first, *_), (_, _, _, first_merge, *_) = launched[1], launched[2]
@@ -238,6 +245,17 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
 def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
     assert kernels.row_tile(rows, ElementKind(element), dim) == kernels.Tile(*tile)
     assert -(-rows // tile[0]) == tiles
+
+
+@pytest.mark.parametrize(("rows", "element", "dim", "tile"), [
+    (8, "bf16", 128, (8, "kq")), (9, "bf16", 128, (16, "wg")), (16, "f16", 128, (16, "wg")),
+    (64, "bf16", 128, (16, "wg")), (16, "bf16", 64, (16, "mma")), (5, "f16", 64, (16, "mma")),
+    (4, "bf16", 64, (4, "cuda")), (16, "f32", 128, (8, "cuda")), (16, "bf16", 256, (8, "cuda"))])
+def test_sm90_devices_put_kv_heads_of_more_than_8_rows_at_d128_on_the_wgmma_tile(
+        rows, element, dim, tile):
+    assert kernels.row_tile(rows, ElementKind(element), dim, wgmma=True) == kernels.Tile(*tile)
+    assert kernels.Tile(*tile).source == (kernels.WG_SOURCE if tile[1] == "wg"
+                                          else kernels.SOURCE)
 
 
 @pytest.mark.parametrize(("capacity", "dim", "merge", "grid"), [

@@ -27,6 +27,15 @@ __all__ = ["CUBIN_SUFFIX", "CompiledKernel", "compile_cubin", "directory", "nati
 # compute-sanitizer and Nsight point at source lines.
 BASE_OPTIONS = ("-std=c++17", "-lineinfo", "-default-device")
 CUBIN_SUFFIX = ".cubin"
+# Sources that use an architecture's own features (decode_wg.cu: sm_90a's wgmma), compiled for
+# that variant there (a cubin that loads on compute capability 9.0 alone, every sm90 device)
+# and plainly elsewhere, where their kernels trap and no plan launches them.
+ARCH_SPECIFIC = {"decode_wg.cu": ArchSku.sm90}
+
+
+def arch_option(name: str, arch: ArchSku) -> str:
+    """NVRTC's -arch value for native/<name> on ``arch``."""
+    return arch.nvrtc_arch + ("a" if ARCH_SPECIFIC.get(name) == arch else "")
 
 
 def _native_root() -> Path:
@@ -164,7 +173,7 @@ def compile_cubin(
     """Compiles native/<name> (or ``source``, named ``name``) to a cubin for ``arch``."""
     text = read_native(name) if source is None else source
     headers = _native_headers()
-    options = (*BASE_OPTIONS, f"-arch={arch.nvrtc_arch}", *extra_options)
+    options = (*BASE_OPTIONS, f"-arch={arch_option(name, arch)}", *extra_options)
     key = cache_key(text, headers, options, arch)
     path = _cache_path(name, arch, key)
     if use_cache and (cubin := read_checked(path)) is not None:

@@ -1,5 +1,6 @@
-"""Launching native/decode_attention.cu (split-KV decode attention) and native/kv_append.cu
-(kv_append and the caches' checked mode), issue 13.
+"""Launching native/decode_attention.cu (split-KV decode attention; its 16-row tile at D 128 on
+Hopper is native/decode_wg.cu's) and native/kv_append.cu (kv_append and the caches' checked
+mode), issue 13.
 
 A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
 sequence), then ``decode_merge`` over (sequence, query head, new token), which on sm_90 launches
@@ -24,14 +25,15 @@ from ..._internal.sku import Workspace
 from ..._internal.stream_fork import forked
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
-from ...types import ElementKind
+from ...types import ArchSku, ElementKind
 from .launch import PackedLaunch, allow_shared, get_kernel, launch, resident_blocks
 
-__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "DecodeCache", "Tile",
+__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "WG_SOURCE", "DecodeCache", "Tile",
            "append_call", "check_call", "chunks", "decode_call", "kq_build", "mma_build",
            "row_tile", "shared_bytes", "span_for", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
+WG_SOURCE = "decode_wg.cu"  # decode_partial_*_128_16wg (sm_90a)
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 # Keys per chunk: kChunk, a constant (batch invariance rests on it, and bit stability on
 # its not following the device). Each chunk costs its CTA a softmax pause and an epilogue,
@@ -89,13 +91,23 @@ KQ_FEW_WAVES = 2
 STAGES = 3  # native: OPFACADE_MMA_STAGES
 STAGED_VECTORS = 8  # 16-byte vectors a lane copies a batch
 MMA_FEW_WAVES = 4
+# The wgmma tile (decode_partial_*_128_16wg, native/decode_wg.cu): on sm_90 devices every kv
+# head of more than KQ_ROWS rows at D 128 in f16/bf16, 16 rows a CTA, both products by wgmma
+# from shared memory, K and V landing by cp.async in a ring of WG_STAGES blocks of WG_KEYS
+# keys that the CTA's four warps share. On an H200 the step read 94% of a device copy at
+# B64 S4096 q_len 4 where the 16-row mma.sync tile's read 88-89% (docs/DECODE.md, "The wgmma
+# tile"). Its bits are its own (another order), and on sm_90 the descriptor alone picks it.
+WG_TILE = 16
+WG_DIMS = (128,)
+WG_STAGES = 3  # native: kWgStages
+WG_KEYS = 64  # native: kWgKeys
 # The batch in two halves, each a partial grid and its merge, on two streams (a fork and a
 # join in the step's graph): one half's merge runs while the other's partial grid still
 # streams, where one grid's merge waits for all of it. It gained 1.3-1.9 points of a copy
 # at q_len 4 and lost on grids of a few waves, hence SPLIT_WAVES. The fork costs a prepared
 # step's replay about 1.2 us of host time (scripts/decode_host_probe.py, one process; record
 # catalog/probes/decode_host_H200.json) (docs/DECODE.md, "decode.py's constants").
-SPLIT_TILES = ("mma",)
+SPLIT_TILES = ("mma", "wg")
 SPLIT_WAVES = 8
 CHECK_THREADS = 256
 DEFAULT_SHARED = 48 << 10  # dynamic shared memory a kernel has without opting in
@@ -169,8 +181,8 @@ def chunks(capacity: int) -> int:
 @dataclass(frozen=True)
 class Tile:
     """A partial CTA's tile of a kv head's query rows, and the kernel family that runs it:
-    "cuda" (CUDA cores, TILES), "mma" (tensor cores, Q as mma's A operand, MMA_TILE) or "kq"
-    (tensor cores, K and V as mma's A operand, KQ_ROWS)."""
+    "cuda" (CUDA cores, TILES), "mma" (tensor cores, Q as mma's A operand, MMA_TILE), "kq"
+    (tensor cores, K and V as mma's A operand, KQ_ROWS) or "wg" (wgmma, WG_TILE)."""
 
     rows: int
     kind: str = "cuda"
@@ -179,19 +191,27 @@ class Tile:
         """The partial kernel's name; decode_call appends the kq tile's build (``_b3``, ``_b4``)
         and the spans kernels' ``_spans``."""
         return f"decode_partial_{element.value}_{dim}_{self.rows}" + (
-            "kq" if self.kind == "kq" else "")
+            self.kind if self.kind in ("kq", "wg") else "")
+
+    @property
+    def source(self) -> str:
+        """The native file whose kernel runs the tile."""
+        return WG_SOURCE if self.kind == "wg" else SOURCE
 
 
-def row_tile(rows: int, element: ElementKind, dim: int) -> Tile:
+def row_tile(rows: int, element: ElementKind, dim: int, wgmma: bool = False) -> Tile:
     """The tile for a kv head of ``rows`` query rows (group x q_len): the kq tile for up to 8
-    where it is built; else up to 4 in one CUDA-core tile; more on the 16-row tensor-core tile
-    where it is built, else in CUDA-core tiles of 8. The descriptor fixes it, so batch
-    invariance holds."""
+    where it is built; else up to 4 in one CUDA-core tile; more on the wgmma tile where it is
+    built and ``wgmma`` (an sm_90 device), else on the 16-row tensor-core tile where it is
+    built, else in CUDA-core tiles of 8. The descriptor and the device's architecture fix it,
+    so batch invariance holds."""
     half = element in (ElementKind.f16, ElementKind.bf16)
     if half and dim in KQ_DIMS and rows <= KQ_ROWS:
         return Tile(KQ_ROWS, "kq")
     if rows <= TILES[0]:
         return Tile(TILES[0])
+    if half and wgmma and dim in WG_DIMS:
+        return Tile(WG_TILE, "wg")
     if half and dim in MMA_DIMS:
         return Tile(MMA_TILE, "mma")
     return Tile(TILES[-1])
@@ -206,6 +226,10 @@ def shared_bytes(element: ElementKind, dim: int, tile: Tile, build: str = "") ->
     the 16-row tile Q's fragments (rows x dim elements), then the warps' accumulators
     [warps][rows][dim] f32 or, in a staged ``build``, the warps' rings (which hold them)."""
     rows = tile.rows
+    if tile.kind == "wg":  # alignment slack, the ring, Q, P (hi and lo), row offsets, maxima, sums
+        return (1024 + WG_STAGES * 2 * WG_KEYS * dim * element.itemsize
+                + rows * dim * element.itemsize + WG_KEYS * 2 * rows * element.itemsize
+                + 8 * CHUNK + 3 * 4 * MMA_WARPS * rows)
     if tile.kind != "cuda":
         fragments = 2 * rows * dim if tile.kind == "mma" else 0
         per_warp = (STAGES * STAGED_VECTORS * 32 * 16 if build.endswith("_staged")
@@ -256,7 +280,7 @@ def partial_ctas(cache: DecodeCache, tile: Tile, heads_q: int, q_len: int,
 def resident_ctas(element: ElementKind, device: int, cache: DecodeCache, tile: Tile,
                   kernel: str) -> int:
     """CTAs of partial ``kernel`` (a register build, one-chunk shared memory) held at once."""
-    function = get_kernel(SOURCE, kernel, device)
+    function = get_kernel(tile.source, kernel, device)
     shared = shared_bytes(element, cache.dim, tile)
     return device_sm_count(device) * resident_blocks(function, THREADS, shared, device)
 
@@ -289,7 +313,8 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     """One decode step over ``sequences`` sequences (strides in elements: batch, token, head):
     the partial and merge launches, or, where the batch splits (``splits_batch``), theirs for
     each half, the second half on a stream forked from ``stream`` and joined to it."""
-    tile = row_tile(heads_q // cache.heads_kv * q_len, element, cache.dim)
+    tile = row_tile(heads_q // cache.heads_kv * q_len, element, cache.dim,
+                    wgmma=device_arch(device) == ArchSku.sm90)
 
     def part(first: int, count: int, at: int) -> Callable[[int], list[Callable[[], None]]]:
         """The launches of sequences [first, first + count), with their partials at ``at``:
@@ -370,7 +395,7 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
         partial_args = (*partial_args, np.int32(span))
     name += build
     shared = shared_bytes(element, cache.dim, tile, build)
-    partial = get_kernel(SOURCE, name, device)
+    partial = get_kernel(tile.source, name, device)
     if shared > DEFAULT_SHARED:
         partial = allow_shared(partial, name, device, shared)
     merge_args = (np.uint64(out), *(np.int64(x) for x in out_strides), np.uint64(lse or 0),

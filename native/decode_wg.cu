@@ -1,0 +1,400 @@
+// The decode partial over a tile of 16 rows on Hopper's warpgroup MMA (wgmma; f16 and bf16,
+// D 128): decode_partial_<T>_128_16wg, the same CTA, workspace and sums' contract as
+// decode_attention.cu's partial kernels (whose merge it feeds). decode.py puts every kv head
+// of more than 8 rows at D 128 on it on sm_90 devices; this file is compiled for sm_90a there
+// (compiler.py's ARCH_SPECIFIC), and elsewhere its kernels trap.
+//
+// Why: under ncu (docs/DECODE.md, "The 16-row tile against cuDNN's kernel") the mma.sync tile
+// (decode_mma.cuh) spent 42 instructions a key and warp where cuDNN's kernel spent 18: its
+// per-lane ring, V's transposes and the cross-warp sums. Here the CTA's one warpgroup runs
+// both products from shared memory, and on an H200 the step read 94% of a device copy at
+// q_len 4 where that tile read 88-89% (docs/DECODE.md, "The wgmma tile").
+// - S^T = K Q^T (m64n16k16): A = a block of 64 keys (K-major), B = the tile's 16 query rows
+//   (K-major). The scores' accumulators are 8 registers a thread.
+// - O^T = V^T [P_hi | P_lo]^T (m64n32k16, 2 m-tiles): A = the same block of V, read M-major
+//   (trans-a); B = the weights, keys-major with the rows contiguous (trans-b), their high and
+//   low halves of T side by side as 32 columns (P = hi + lo to ~2^-16, as the mma.sync tile
+//   keeps them).
+// Layouts (strides checked on an H200 by scripts/wgmma_layout_probe.py and by the outputs):
+// - K and V land by cp.async (16 bytes a thread, around L1) in a ring of blocks, each block
+//   [2 column blocks of 64 d][64 keys][128 bytes] with the 128-byte swizzle (16-byte chunk c
+//   of key r at chunk c ^ (r % 8)): K-major for K (stride 1024 bytes between 8-key groups),
+//   M-major for V (leading offset 8192 bytes between column blocks, stride 1024 between
+//   8-key groups).
+// - Q and P in no-swizzle core matrices (8 rows of 16 bytes, 128 contiguous bytes): the
+//   leading byte offset steps along K, the stride byte offset along M or N.
+// The softmax runs online over the chunk's 8 blocks of 64 keys (a running max a row; sums and
+// accumulators rescaled by exp(m_old - m_new)): another order than the mma.sync tile's, fixed
+// by D alone, so the batch invariance argument of decode_attention.cu holds on every sm_90
+// device.
+#define OPFACADE_STREAMING 1
+#include "decode_mma.cuh"  // Mma<T> (packing the weights), kWarps
+
+namespace {
+
+// Built for D 128 (at D 64 an early form read 4 points under the mma.sync tile).
+constexpr int kWgDim = 128;
+
+// wgmma is sm_90a's: built elsewhere (sm_80 in CI), the kernels trap.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+constexpr int kWgKeys = 64;  // keys a block: wgmma's M for S^T
+constexpr int kWgRows = 16;
+
+// Blocks of K and V in the ring: 3 and 2 read alike on an H200 (the first, unswizzled form).
+// The kernel's shared memory, decode.py's shared_bytes: 1024 bytes of alignment slack, the
+// ring, Q's core matrices, P's, the row offsets, two buffers of the warps' row maxima, and
+// their sums.
+constexpr int kWgStages = 3;
+
+typedef unsigned long long u64;
+constexpr u64 kSwizzle128 = 1ull << 62;  // a descriptor's layout: 128-byte swizzle
+
+// A shared-memory matrix descriptor without swizzle (| kSwizzle128 for the 128-byte one): start
+// address, leading byte offset (along K), stride byte offset (along M or N), in 16-byte units.
+__device__ __forceinline__ u64 wg_descriptor(const void* at, unsigned along_k, unsigned along_mn) {
+    const unsigned address = (unsigned)__cvta_generic_to_shared(at);
+    return (u64)((address & 0x3FFFF) >> 4) | ((u64)(along_k >> 4) << 16) |
+           ((u64)(along_mn >> 4) << 32);
+}
+
+// Keeps the compiler from moving a use of an accumulator across the asynchronous products.
+__device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+#define OPFACADE_WG_OPS(TYPE)                                                                    \
+    static __device__ __forceinline__ void scores(float (&d)[8], u64 a, u64 b, int add) {        \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                \
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE                 \
+                     " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}"              \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),   \
+                       "+f"(d[6]), "+f"(d[7])                                                    \
+                     : "l"(a), "l"(b), "r"(add));                                                \
+    }                                                                                            \
+    static __device__ __forceinline__ void values(float (&d)[16], u64 a, u64 b) {                \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                 \
+                     " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"  \
+                     " %16, %17, p, 1, 1, 1, 1;\n}"                                              \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),   \
+                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),              \
+                       "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])           \
+                     : "l"(a), "l"(b), "r"(1));                                                  \
+    }
+
+template <typename T> struct Wg;
+template <> struct Wg<bf16_t> { OPFACADE_WG_OPS("bf16") };
+template <> struct Wg<f16_t> { OPFACADE_WG_OPS("f16") };
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// Makes this thread's generic-proxy writes to shared memory (stores, cp.async) visible to the
+// async proxy that wgmma reads through.
+__device__ __forceinline__ void wg_publish() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+template <typename T, int D>
+__device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
+                           const Cache& c, const int* __restrict__ seq_lens,
+                           float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
+                           int group, int tiles, int chunks, float scale, int left) {
+    constexpr int R = kWgRows, S = kWgStages;
+    constexpr int kCores = D / 8;                  // core matrices along d (16 bytes each)
+    constexpr int kBlockBytes = kWgKeys * D * 2;   // one block of K or of V
+    constexpr int kVectors = kWgKeys * kCores / kThreads;  // a thread's copies a block and tensor
+    constexpr int kBlocks = kChunk / kWgKeys;
+    static_assert(D == 64 || D == 128, "column blocks of 64 d: D 64 or 128");
+    extern __shared__ uint4 wg_shared[];
+    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
+    const int chunk = blockIdx.y, s = blockIdx.z;
+    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
+    const int len = sequence_length(c, seq_lens, s);
+    const int k0 = chunk * kChunk;
+    if (k0 >= len || nr <= 0) return;
+    const int keys = min(kChunk, len - k0);
+    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
+                        ws_ml)) {
+        return;
+    }
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int quad = lane >> 2, pair = lane & 3;  // accumulator row group, column pair
+
+    // The ring starts on a 1024-byte boundary (the swizzle's pattern repeats every 1024 bytes
+    // from one: descriptors with base offset 0); the size asks for the slack.
+    unsigned char* ring = reinterpret_cast<unsigned char*>(wg_shared);
+    ring += (1024 - ((unsigned)__cvta_generic_to_shared(ring) & 1023)) & 1023;
+    u16* q_s = reinterpret_cast<u16*>(ring + S * 2 * kBlockBytes);
+    unsigned* p_s = reinterpret_cast<unsigned*>(q_s + R * D);
+    i64* row_off = reinterpret_cast<i64*>(p_s + kWgKeys * 32 / 2);
+    float* red_m = reinterpret_cast<float*>(row_off + kChunk);  // [2][warps][R]
+    float* red_l = red_m + 2 * kWarps * R;                      // [warps][R]
+
+    // Q's core matrices [row / 8][d / 8][row % 8][d % 8], rows past the tile's zeros: thread
+    // tid loads row tid / 8's d [D / 8 (tid % 8), + D / 8), every load independent (a loop of
+    // dependent rounds cost a CTA several DRAM latencies).
+    {
+        constexpr int kPer = D / 8;
+        const int hr = tid >> 3, d0 = (tid & 7) * kPer, row = r0 + hr;
+        const u16* q_row = reinterpret_cast<const u16*>(
+            q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
+        unsigned w[kPer / 2];
+#pragma unroll
+        for (int i = 0; i < kPer / 2; ++i) {
+            w[i] = hr < nr ? (unsigned)q_row[d0 + 2 * i] | ((unsigned)q_row[d0 + 2 * i + 1] << 16)
+                           : 0u;
+        }
+#pragma unroll
+        for (int c8 = 0; c8 < kPer / 8; ++c8) {
+            *reinterpret_cast<uint4*>(q_s + ((hr >> 3) * kCores + d0 / 8 + c8) * 64 + (hr & 7) * 8) =
+                make_uint4(w[4 * c8], w[4 * c8 + 1], w[4 * c8 + 2], w[4 * c8 + 3]);
+        }
+    }
+    // This thread's accumulator rows (8 (i / 4) + 2 pair + i % 2 for register i) and their
+    // positions (-1: a row past the tile's, which sees no key).
+    int pos[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
+        pos[r] = hr < nr ? OPFACADE_ROW_POSITION(len, q_len, r0 + hr, group) : -1;
+    }
+    const T *k_base, *v_base;
+    sequence_bases(c, s, k_base, v_base);
+    wg_publish();  // q_s, before any copy is in flight
+    chunk_rows<D>(c, s, g, k0, keys, row_off);
+    __syncthreads();  // row_off, q_s
+
+    // Block b's K and V into ring stage b % S, each [D / 64 column blocks][64 keys][128 bytes]
+    // with the 16-byte chunks of each key's row swizzled (chunk c of key r at c ^ (r % 8), the
+    // 128-byte swizzle wgmma reads): vector v = tid + kThreads u is chunk v % 8 of key
+    // (v / 8) % 64, column block v / 512. So each 8 lanes copy one key's 128 contiguous bytes
+    // (whole sectors: with 8 keys of 16 bytes each, the first form read every sector twice
+    // through L2, at 48% of a copy) into one 128-byte row, every bank once. Keys past the
+    // chunk's are zeros, never loaded.
+    auto slot = [&](int v) { return (v >> 9) * 8192 + ((v >> 3) & 63) * 128 +
+                                    (((v & 7) ^ ((v >> 3) & 7)) << 4); };
+    auto issue = [&](int b) {
+        if (b < kBlocks) {
+            unsigned char* k_stage = ring + (b % S) * 2 * kBlockBytes;
+            i64 off[kVectors];
+            bool valid[kVectors];
+#pragma unroll
+            for (int u = 0; u < kVectors; ++u) {
+                const int v = tid + kThreads * u;
+                const int j = b * kWgKeys + ((v >> 3) & 63);
+                valid[u] = j < keys;
+                off[u] = (valid[u] ? row_off[j] : 0) + 64 * (v >> 9) + 8 * (v & 7);
+            }
+#pragma unroll
+            for (int u = 0; u < kVectors; ++u) {
+                const int v = tid + kThreads * u;
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    const unsigned to = (unsigned)__cvta_generic_to_shared(
+                        k_stage + t * kBlockBytes + slot(v));
+                    const T* from = (t ? v_base : k_base) + off[u];
+                    // A key past the chunk's copies no byte and fills its 16 with zeros. (No L2
+                    // evict-first policy: with one, ptxas of NVRTC 13.0 for sm_90a emitted
+                    // copies addressed [R + UR0] with their descriptor in UR1, which faulted as
+                    // illegal instructions on an H200.)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                                 :: "r"(to), "l"(valid[u] ? from : k_base),
+                                    "r"(valid[u] ? 16 : 0) : "memory");
+                }
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (int b = 0; b < S - 1; ++b) issue(b);
+
+    // Descriptors: K and Q K-major (core matrices 128 bytes apart along d, kCores x 128 along
+    // keys or rows); V M-major (kCores x 128 along keys, 128 along d); P N-major (4 x 128 along
+    // keys, 128 along its 32 columns).
+    const u64 q_desc = wg_descriptor(q_s, 128, kCores * 128);
+    const u64 p_desc = wg_descriptor(p_s, 4 * 128, 128);
+    float o[D / 64][16];
+#pragma unroll
+    for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) o[mt][i] = 0.0f;
+    }
+    float m_run[4], l[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        m_run[r] = minus_infinity();
+        l[r] = 0.0f;
+    }
+
+#pragma unroll 1
+    for (int b = 0; b < kBlocks; ++b) {
+        const int kb = b * kWgKeys;
+        if (kb >= keys) break;  // every thread alike: the rest of the chunk is past its keys
+        asm volatile("cp.async.wait_group %0;" :: "n"(S - 2) : "memory");
+        wg_publish();
+        __syncthreads();  // block b landed for every thread; block b - 1's products are done
+        issue(b + S - 1);
+        unsigned char* k_stage = ring + (b % S) * 2 * kBlockBytes;
+        const u64 k_desc = wg_descriptor(k_stage, 16, 1024) | kSwizzle128;
+        const u64 v_desc = wg_descriptor(k_stage + kBlockBytes, 8192, 1024) | kSwizzle128;
+
+        float sc[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sc[i] = 0.0f;
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < D / 16; ++k) {  // 16 d a step: 32 bytes of a row; Q's 256
+            Wg<T>::scores(sc, k_desc + ((k >> 2) * 8192 + (k & 3) * 32 >> 4), q_desc + 16 * k, k);
+        }
+        wg_commit();
+        wg_wait_all();
+#pragma unroll
+        for (int i = 0; i < 8; ++i) wg_hold(sc[i]);
+
+        // Register i: key kb + 16 warp + quad + 8 ((i / 2) % 2), row (i / 4, i % 2) of pos.
+        float mx[4] = {minus_infinity(), minus_infinity(), minus_infinity(), minus_infinity()};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int r = 2 * (i >> 2) + (i & 1);
+            const int j = kb + 16 * warp + quad + 8 * ((i >> 1) & 1), key_pos = k0 + j;
+            const int p = pos[r];
+            const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
+            sc[i] = seen ? sc[i] * scale : minus_infinity();
+            mx[r] = fmaxf(mx[r], sc[i]);
+        }
+        float* block_m = red_m + (b & 1) * kWarps * R;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
+            if (quad == 0) block_m[warp * R + 8 * (r >> 1) + 2 * pair + (r & 1)] = mx[r];
+        }
+        __syncthreads();  // block_m
+        float base[4], alpha[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
+            float m_new = m_run[r];
+            for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, block_m[w * R + hr]);
+            const bool none = m_new == minus_infinity();
+            base[r] = none ? 0.0f : m_new;
+            alpha[r] = none ? 1.0f : expf(m_run[r] - m_new);
+            m_run[r] = m_new;
+        }
+        // Weights, this thread's sums of them, and P's words: key k = 16 warp + quad + 8 h
+        // holds rows (2 pair, 2 pair + 1) of row group rg as one word of T, hi at column group
+        // rg and lo at 2 + rg: word ((k / 8) x 4 + group) x 32 + (k % 8) x 4 + pair.
+#pragma unroll
+        for (int r = 0; r < 4; ++r) l[r] *= alpha[r];
+#pragma unroll
+        for (int rg = 0; rg < 2; ++rg) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int i = 4 * rg + 2 * h;
+                const float x0 = expf(sc[i] - base[2 * rg]), x1 = expf(sc[i + 1] - base[2 * rg + 1]);
+                l[2 * rg] += x0;
+                l[2 * rg + 1] += x1;
+                const unsigned hi = Mma<T>::pack(x0, x1);
+                const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
+                const int kg = 2 * warp + h;
+                p_s[(kg * 4 + rg) * 32 + quad * 4 + pair] = hi;
+                p_s[(kg * 4 + 2 + rg) * 32 + quad * 4 + pair] = lo;
+            }
+        }
+        // Accumulator i of o[mt]: column 8 (i / 4) + 2 pair + i % 2, the row (column % 16).
+#pragma unroll
+        for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) o[mt][i] *= alpha[2 * ((i >> 2) & 1) + (i & 1)];
+        }
+        wg_publish();  // without it the products read stale weights (NaN on an H200)
+        __syncthreads();  // p_s
+#pragma unroll
+        for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) wg_hold(o[mt][i]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+            for (int k = 0; k < kWgKeys / 16; ++k) {
+                // A: keys 16 k.. (two 1024-byte groups of 8 rows), d 64 mt.. (column block mt);
+                // B: the same keys, P's column groups 0..3.
+                Wg<T>::values(o[mt], v_desc + (mt * 8192 + k * 2048 >> 4),
+                              p_desc + ((2 * k * 4) * 128 >> 4));
+            }
+        }
+        wg_commit();
+        wg_wait_all();
+#pragma unroll
+        for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) wg_hold(o[mt][i]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+
+    // Each row's sum: over the quads (fixed xor order), then the warps in order.
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+        const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
+        if (quad == 0) red_l[warp * R + hr] = l[r];
+        if (quad == 0 && warp == 0) red_m[hr] = m_run[r];
+    }
+    // The accumulators: d 64 mt + 16 warp + quad + 8 ((i / 2) % 2), row 8 (i / 4) + 2 pair +
+    // i % 2 (i < 8: hi; i + 8: the same row's lo).
+#pragma unroll
+    for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int hr = 8 * (i >> 2) + 2 * pair + (i & 1);
+            const int d = 64 * mt + 16 * warp + quad + 8 * ((i >> 1) & 1);
+            if (hr < nr) {
+                const i64 at = partial_index(s, g, chunk, r0 + hr, c.heads_kv, chunks, rows);
+                store_partial(ws_acc + at * D + d, o[mt][i] + o[mt][i + 8]);
+            }
+        }
+    }
+    __syncthreads();  // red_l, red_m
+    if (tid < nr) {
+        float row_l = 0.0f;
+        for (int w = 0; w < kWarps; ++w) row_l += red_l[w * R + tid];
+        const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
+        store_partial(ws_ml + 2 * at, red_m[tid]);
+        store_partial(ws_ml + 2 * at + 1, row_l);
+    }
+}
+
+#else
+template <typename T, int D>
+__device__ void partial_wg(const T*, i64, i64, i64, const Cache&, const int*, float*, float*,
+                           int, int, int, int, float, int) {
+    __trap();
+}
+#endif
+
+}  // namespace
+
+// The kernels' parameters are every partial kernel's (decode_attention.cu).
+#define OPFACADE_PARTIAL_WG(SUFFIX, T)                                                           \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2)                                    \
+        decode_partial_##SUFFIX##_128_16wg(                                                      \
+            const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS,                     \
+            const int* seq_lens, float* ws_acc, float* ws_ml, int q_len, int group, int tiles,   \
+            int chunks, float scale, int left) {                                                 \
+        let_dependents_launch();                                                                 \
+        partial_wg<T, kWgDim>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, \
+                              q_len, group, tiles, chunks, scale, left);                        \
+    }
+
+OPFACADE_PARTIAL_WG(f16, f16_t)
+OPFACADE_PARTIAL_WG(bf16, bf16_t)
