@@ -39,13 +39,13 @@ constexpr int kWgDim = 128;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr int kWgKeys = 64;  // keys a block: wgmma's M for S^T
-constexpr int kWgRows = 16;
 
-// Blocks of K and V in the ring: 3 and 2 read alike on an H200 (the first, unswizzled form).
-// The kernel's shared memory, decode.py's shared_bytes: 1024 bytes of alignment slack, the
-// ring, Q's core matrices, P's, the row offsets, two buffers of the warps' row maxima, and
-// their sums.
-constexpr int kWgStages = 3;
+// Blocks of K and V in the ring (32 KiB each at d 128): 3 for tiles of 16 rows; 2 for 32, whose
+// larger Q and P would otherwise leave room for one CTA an SM. (3 and 2 read alike in the first,
+// unswizzled form of the 16-row tile on an H200.) The kernel's shared memory, decode.py's
+// shared_bytes: 1024 bytes of alignment slack, the ring, Q's core matrices, P's, the row
+// offsets, two buffers of the warps' row maxima, and their sums.
+template <int R> constexpr int kWgStages = R == 16 ? 3 : 2;
 
 typedef unsigned long long u64;
 constexpr u64 kSwizzle128 = 1ull << 62;  // a descriptor's layout: 128-byte swizzle
@@ -61,24 +61,35 @@ __device__ __forceinline__ u64 wg_descriptor(const void* at, unsigned along_k, u
 // Keeps the compiler from moving a use of an accumulator across the asynchronous products.
 __device__ __forceinline__ void wg_hold(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
+// Wg<T>::mma<N, kTrans>(d, a, b, add): one wgmma.m64nNk16 of T with f32 accumulators (d holds
+// N / 2 a thread), d = a b (+ d where add), trans-a and trans-b both kTrans; N 16, 32 or 64.
+#define OPFACADE_WG_R8(d)                                                                        \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define OPFACADE_WG_R16(d) OPFACADE_WG_R8(d), OPFACADE_WG_R8((d + 8))
+#define OPFACADE_WG_R32(d) OPFACADE_WG_R16(d), OPFACADE_WG_R16((d + 16))
 #define OPFACADE_WG_OPS(TYPE)                                                                    \
-    static __device__ __forceinline__ void scores(float (&d)[8], u64 a, u64 b, int add) {        \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                \
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE                 \
-                     " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}"              \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),   \
-                       "+f"(d[6]), "+f"(d[7])                                                    \
-                     : "l"(a), "l"(b), "r"(add));                                                \
-    }                                                                                            \
-    static __device__ __forceinline__ void values(float (&d)[16], u64 a, u64 b) {                \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE                 \
-                     " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15},"  \
-                     " %16, %17, p, 1, 1, 1, 1;\n}"                                              \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),   \
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),              \
-                       "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])           \
-                     : "l"(a), "l"(b), "r"(1));                                                  \
+    template <int kN, int kTrans>                                                                \
+    static __device__ __forceinline__ void mma(float* d, u64 a, u64 b, int add) {                \
+        if constexpr (kN == 16) {                                                                \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %8, 0;\n"                             \
+                         "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE             \
+                         " {%0, %1, %2, %3, %4, %5, %6, %7}, %9, %10, p, 1, 1, %11, %11;\n}"     \
+                         : OPFACADE_WG_R8(d) : "r"(add), "l"(a), "l"(b), "n"(kTrans));          \
+        } else if constexpr (kN == 32) {                                                         \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %16, 0;\n"                            \
+                         "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE             \
+                         " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14,"    \
+                         " %15}, %17, %18, p, 1, 1, %19, %19;\n}"                                \
+                         : OPFACADE_WG_R16(d) : "r"(add), "l"(a), "l"(b), "n"(kTrans));         \
+        } else {                                                                                 \
+            static_assert(kN == 64, "wgmma of N 16, 32 or 64");                                  \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %32, 0;\n"                            \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE             \
+                         " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14,"    \
+                         " %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27,"     \
+                         " %28, %29, %30, %31}, %33, %34, p, 1, 1, %35, %35;\n}"                 \
+                         : OPFACADE_WG_R32(d) : "r"(add), "l"(a), "l"(b), "n"(kTrans));         \
+        }                                                                                        \
     }
 
 template <typename T> struct Wg;
@@ -98,17 +109,19 @@ __device__ __forceinline__ void wg_publish() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-template <typename T, int D>
+template <typename T, int D, int R>
 __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
                            const Cache& c, const int* __restrict__ seq_lens,
                            float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
                            int group, int tiles, int chunks, float scale, int left) {
-    constexpr int R = kWgRows, S = kWgStages;
+    constexpr int S = kWgStages<R>;
+    constexpr int kRows = R / 4;  // a thread's accumulator rows (of the scores' N = R columns)
     constexpr int kCores = D / 8;                  // core matrices along d (16 bytes each)
     constexpr int kBlockBytes = kWgKeys * D * 2;   // one block of K or of V
     constexpr int kVectors = kWgKeys * kCores / kThreads;  // a thread's copies a block and tensor
     constexpr int kBlocks = kChunk / kWgKeys;
     static_assert(D == 64 || D == 128, "column blocks of 64 d: D 64 or 128");
+    static_assert(R == 16 || R == 32, "tiles of 16 or 32 rows (wgmma N 16 or 32, 32 or 64)");
     extern __shared__ uint4 wg_shared[];
     const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
     const int chunk = blockIdx.y, s = blockIdx.z;
@@ -130,16 +143,16 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     ring += (1024 - ((unsigned)__cvta_generic_to_shared(ring) & 1023)) & 1023;
     u16* q_s = reinterpret_cast<u16*>(ring + S * 2 * kBlockBytes);
     unsigned* p_s = reinterpret_cast<unsigned*>(q_s + R * D);
-    i64* row_off = reinterpret_cast<i64*>(p_s + kWgKeys * 32 / 2);
+    i64* row_off = reinterpret_cast<i64*>(p_s + kWgKeys * R);  // P: 64 keys x 2 R halves
     float* red_m = reinterpret_cast<float*>(row_off + kChunk);  // [2][warps][R]
     float* red_l = red_m + 2 * kWarps * R;                      // [warps][R]
 
-    // Q's core matrices [row / 8][d / 8][row % 8][d % 8], rows past the tile's zeros: thread
-    // tid loads row tid / 8's d [D / 8 (tid % 8), + D / 8), every load independent (a loop of
-    // dependent rounds cost a CTA several DRAM latencies).
+    // Q's core matrices [row / 8][d / 8][row % 8][d % 8], rows past the tile's zeros: each row's
+    // kThreads / R threads load kPer of its d, every load independent (a loop of dependent
+    // rounds cost a CTA several DRAM latencies).
     {
-        constexpr int kPer = D / 8;
-        const int hr = tid >> 3, d0 = (tid & 7) * kPer, row = r0 + hr;
+        constexpr int kPer = D * R / kThreads, kAcross = kThreads / R;
+        const int hr = tid / kAcross, d0 = (tid % kAcross) * kPer, row = r0 + hr;
         const u16* q_row = reinterpret_cast<const u16*>(
             q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
         unsigned w[kPer / 2];
@@ -156,9 +169,9 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     }
     // This thread's accumulator rows (8 (i / 4) + 2 pair + i % 2 for register i) and their
     // positions (-1: a row past the tile's, which sees no key).
-    int pos[4];
+    int pos[kRows];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < kRows; ++r) {
         const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
         pos[r] = hr < nr ? OPFACADE_ROW_POSITION(len, q_len, r0 + hr, group) : -1;
     }
@@ -216,16 +229,16 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     // keys or rows); V M-major (kCores x 128 along keys, 128 along d); P N-major (4 x 128 along
     // keys, 128 along its 32 columns).
     const u64 q_desc = wg_descriptor(q_s, 128, kCores * 128);
-    const u64 p_desc = wg_descriptor(p_s, 4 * 128, 128);
-    float o[D / 64][16];
+    const u64 p_desc = wg_descriptor(p_s, R / 4 * 128, 128);
+    float o[D / 64][R];
 #pragma unroll
     for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i) o[mt][i] = 0.0f;
+        for (int i = 0; i < R; ++i) o[mt][i] = 0.0f;
     }
-    float m_run[4], l[4];
+    float m_run[kRows], l[kRows];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < kRows; ++r) {
         m_run[r] = minus_infinity();
         l[r] = 0.0f;
     }
@@ -242,23 +255,26 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         const u64 k_desc = wg_descriptor(k_stage, 16, 1024) | kSwizzle128;
         const u64 v_desc = wg_descriptor(k_stage + kBlockBytes, 8192, 1024) | kSwizzle128;
 
-        float sc[8];
+        float sc[R / 2];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) sc[i] = 0.0f;
+        for (int i = 0; i < R / 2; ++i) sc[i] = 0.0f;
         wg_fence();
 #pragma unroll
         for (int k = 0; k < D / 16; ++k) {  // 16 d a step: 32 bytes of a row; Q's 256
-            Wg<T>::scores(sc, k_desc + ((k >> 2) * 8192 + (k & 3) * 32 >> 4), q_desc + 16 * k, k);
+            Wg<T>::template mma<R, 0>(sc, k_desc + ((k >> 2) * 8192 + (k & 3) * 32 >> 4),
+                                      q_desc + 16 * k, k);
         }
         wg_commit();
         wg_wait_all();
 #pragma unroll
-        for (int i = 0; i < 8; ++i) wg_hold(sc[i]);
+        for (int i = 0; i < R / 2; ++i) wg_hold(sc[i]);
 
         // Register i: key kb + 16 warp + quad + 8 ((i / 2) % 2), row (i / 4, i % 2) of pos.
-        float mx[4] = {minus_infinity(), minus_infinity(), minus_infinity(), minus_infinity()};
+        float mx[kRows];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int r = 0; r < kRows; ++r) mx[r] = minus_infinity();
+#pragma unroll
+        for (int i = 0; i < R / 2; ++i) {
             const int r = 2 * (i >> 2) + (i & 1);
             const int j = kb + 16 * warp + quad + 8 * ((i >> 1) & 1), key_pos = k0 + j;
             const int p = pos[r];
@@ -268,16 +284,16 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         }
         float* block_m = red_m + (b & 1) * kWarps * R;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < kRows; ++r) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
             if (quad == 0) block_m[warp * R + 8 * (r >> 1) + 2 * pair + (r & 1)] = mx[r];
         }
         __syncthreads();  // block_m
-        float base[4], alpha[4];
+        float base[kRows], alpha[kRows];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < kRows; ++r) {
             const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
             float m_new = m_run[r];
             for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, block_m[w * R + hr]);
@@ -288,11 +304,12 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         }
         // Weights, this thread's sums of them, and P's words: key k = 16 warp + quad + 8 h
         // holds rows (2 pair, 2 pair + 1) of row group rg as one word of T, hi at column group
-        // rg and lo at 2 + rg: word ((k / 8) x 4 + group) x 32 + (k % 8) x 4 + pair.
+        // rg and lo at R / 8 + rg of P's R / 4: word ((k / 8) x R / 4 + group) x 32 +
+        // (k % 8) x 4 + pair.
 #pragma unroll
-        for (int r = 0; r < 4; ++r) l[r] *= alpha[r];
+        for (int r = 0; r < kRows; ++r) l[r] *= alpha[r];
 #pragma unroll
-        for (int rg = 0; rg < 2; ++rg) {
+        for (int rg = 0; rg < R / 8; ++rg) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int i = 4 * rg + 2 * h;
@@ -302,22 +319,22 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
                 const unsigned hi = Mma<T>::pack(x0, x1);
                 const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
                 const int kg = 2 * warp + h;
-                p_s[(kg * 4 + rg) * 32 + quad * 4 + pair] = hi;
-                p_s[(kg * 4 + 2 + rg) * 32 + quad * 4 + pair] = lo;
+                p_s[(kg * (R / 4) + rg) * 32 + quad * 4 + pair] = hi;
+                p_s[(kg * (R / 4) + R / 8 + rg) * 32 + quad * 4 + pair] = lo;
             }
         }
-        // Accumulator i of o[mt]: column 8 (i / 4) + 2 pair + i % 2, the row (column % 16).
+        // Accumulator i of o[mt]: column 8 (i / 4) + 2 pair + i % 2, the row (column % R).
 #pragma unroll
         for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
-            for (int i = 0; i < 16; ++i) o[mt][i] *= alpha[2 * ((i >> 2) & 1) + (i & 1)];
+            for (int i = 0; i < R; ++i) o[mt][i] *= alpha[2 * ((i >> 2) % (R / 8)) + (i & 1)];
         }
         wg_publish();  // without it the products read stale weights (NaN on an H200)
         __syncthreads();  // p_s
 #pragma unroll
         for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
-            for (int i = 0; i < 16; ++i) wg_hold(o[mt][i]);
+            for (int i = 0; i < R; ++i) wg_hold(o[mt][i]);
         }
         wg_fence();
 #pragma unroll
@@ -325,9 +342,9 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 #pragma unroll
             for (int k = 0; k < kWgKeys / 16; ++k) {
                 // A: keys 16 k.. (two 1024-byte groups of 8 rows), d 64 mt.. (column block mt);
-                // B: the same keys, P's column groups 0..3.
-                Wg<T>::values(o[mt], v_desc + (mt * 8192 + k * 2048 >> 4),
-                              p_desc + ((2 * k * 4) * 128 >> 4));
+                // B: the same keys (key groups 2 k, 2 k + 1), all of P's 2 R columns.
+                Wg<T>::template mma<2 * R, 1>(o[mt], v_desc + (mt * 8192 + k * 2048 >> 4),
+                                              p_desc + (2 * k * (R / 4) * 128 >> 4), 1);
             }
         }
         wg_commit();
@@ -335,14 +352,14 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 #pragma unroll
         for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
-            for (int i = 0; i < 16; ++i) wg_hold(o[mt][i]);
+            for (int i = 0; i < R; ++i) wg_hold(o[mt][i]);
         }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 
     // Each row's sum: over the quads (fixed xor order), then the warps in order.
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < kRows; ++r) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
@@ -351,16 +368,16 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         if (quad == 0 && warp == 0) red_m[hr] = m_run[r];
     }
     // The accumulators: d 64 mt + 16 warp + quad + 8 ((i / 2) % 2), row 8 (i / 4) + 2 pair +
-    // i % 2 (i < 8: hi; i + 8: the same row's lo).
+    // i % 2 (i < R / 2: hi; i + R / 2: the same row's lo).
 #pragma unroll
     for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < R / 2; ++i) {
             const int hr = 8 * (i >> 2) + 2 * pair + (i & 1);
             const int d = 64 * mt + 16 * warp + quad + 8 * ((i >> 1) & 1);
             if (hr < nr) {
                 const i64 at = partial_index(s, g, chunk, r0 + hr, c.heads_kv, chunks, rows);
-                store_partial(ws_acc + at * D + d, o[mt][i] + o[mt][i + 8]);
+                store_partial(ws_acc + at * D + d, o[mt][i] + o[mt][i + R / 2]);
             }
         }
     }
@@ -375,7 +392,7 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 }
 
 #else
-template <typename T, int D>
+template <typename T, int D, int R>
 __device__ void partial_wg(const T*, i64, i64, i64, const Cache&, const int*, float*, float*,
                            int, int, int, int, float, int) {
     __trap();
@@ -385,16 +402,18 @@ __device__ void partial_wg(const T*, i64, i64, i64, const Cache&, const int*, fl
 }  // namespace
 
 // The kernels' parameters are every partial kernel's (decode_attention.cu).
-#define OPFACADE_PARTIAL_WG(SUFFIX, T)                                                           \
+#define OPFACADE_PARTIAL_WG(SUFFIX, T, R)                                                        \
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                    \
-        decode_partial_##SUFFIX##_128_16wg(                                                      \
+        decode_partial_##SUFFIX##_128_##R##wg(                                                   \
             const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS,                     \
             const int* seq_lens, float* ws_acc, float* ws_ml, int q_len, int group, int tiles,   \
             int chunks, float scale, int left) {                                                 \
         let_dependents_launch();                                                                 \
-        partial_wg<T, kWgDim>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml, \
-                              q_len, group, tiles, chunks, scale, left);                        \
+        partial_wg<T, kWgDim, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,     \
+                                 ws_ml, q_len, group, tiles, chunks, scale, left);               \
     }
 
-OPFACADE_PARTIAL_WG(f16, f16_t)
-OPFACADE_PARTIAL_WG(bf16, bf16_t)
+OPFACADE_PARTIAL_WG(f16, f16_t, 16)
+OPFACADE_PARTIAL_WG(bf16, bf16_t, 16)
+OPFACADE_PARTIAL_WG(f16, f16_t, 32)
+OPFACADE_PARTIAL_WG(bf16, bf16_t, 32)

@@ -97,12 +97,14 @@ run_case("f16", "paged", 64, 16, 2, 2, 900, 4, None, True)
 kernels.MMA_FEW_WAVES, kernels.SPLIT_WAVES = 4, 0
 run_case("f16", "contiguous", 128, 16, 2, 2, 300, 5, None, True)
 run_case("f16", "paged", 128, 16, 2, 2, 600, 7, 100, True)
-# The wgmma tile (what sm_90 devices run for kv heads of more than 8 rows at D 128) on partial
-# tiles (12 and 15 of 16 rows), a window and garbage; then the 16-row mma.sync tile at D 128,
-# which those devices no longer pick (decode.WG_DIMS), split and whole.
+# The wgmma tiles (what sm_90 devices run for kv heads of more than 8 rows at D 128) on partial
+# tiles (12 and 15 of 16 rows, 20 of 32), windows and garbage; then the 16-row mma.sync tile at
+# D 128, which those devices no longer pick (decode.WG_DIMS), split and whole.
 kernels.SPLIT_WAVES = 8
 run_case("f16", "contiguous", 128, 24, 2, 1, 1100, 3, 200, True)
 run_case("f16", "paged", 128, 30, 2, 1, 700, 4, None, True)
+run_case("f16", "contiguous", 128, 32, 1, 1, 900, 3, None, True)  # 32 rows: the 32-row tile
+run_case("f16", "paged", 128, 8, 2, 5, 700, 4, 100, True)          # 20 rows of 32
 kernels.WG_DIMS = ()
 run_case("f16", "paged", 128, 32, 8, 4, 700, 5, None, False)
 run_case("f16", "contiguous", 128, 16, 2, 2, 300, 5, None, True)

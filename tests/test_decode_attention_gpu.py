@@ -344,14 +344,16 @@ def test_the_16_row_tiles_staged_build_gives_its_register_builds_bits(
 @pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])
 @pytest.mark.parametrize("window", [None, (300, None), (63, None)],
                          ids=["full", "window", "window 63"])
-@pytest.mark.parametrize(("element", "q_len", "heads_q"),
-                         [("bf16", 4, 8), ("f16", 3, 10), ("bf16", 1, 30), ("f16", 8, 8)])
+@pytest.mark.parametrize(("element", "q_len", "heads_q", "tile"),
+                         [("bf16", 4, 8, 16), ("f16", 3, 10, 16), ("bf16", 1, 30, 16),
+                          ("f16", 8, 8, 32), ("bf16", 5, 8, 32), ("f16", 8, 16, 32)])
 def test_the_wgmma_tile_matches_the_reference(monkeypatch, cache, window, element, q_len,
-                                              heads_q):
-    """The wgmma tile (sm_90: kv heads of more than 8 rows at D 128; 16, 15, 15 and two tiles of
-    16 rows here) gives the reference's values across lengths that end inside a block of 64
-    keys and inside a chunk, on a block's edge, empty sequences, sequences shorter than q_len,
-    and windows that leave whole blocks and chunks unseen."""
+                                              heads_q, tile):
+    """The wgmma tiles (sm_90: kv heads of more than 8 rows at D 128; here 16, 15 and 15 rows on
+    the 16-row tile, 32, 20 and two tiles of 32 on the 32-row one) give the reference's values
+    across lengths that end inside a block of 64 keys and inside a chunk, on a block's edge,
+    empty sequences, sequences shorter than q_len, and windows that leave whole blocks and
+    chunks unseen."""
     from opfacade._backends.nvrtc import decode as kernels
 
     if device_arch(0) != ArchSku.sm90:
@@ -361,7 +363,7 @@ def test_the_wgmma_tile_matches_the_reference(monkeypatch, cache, window, elemen
     problem, plan, ((args, kernel),) = _runs_under(
         monkeypatch, desc, [2100, 0, 1, 1000, 257, 63, 64, 577], 10,
         [("SPLIT_TILES", kernels.SPLIT_TILES)])
-    assert kernel == f"decode_partial_{element}_128_16wg"
+    assert kernel == f"decode_partial_{element}_128_{tile}wg"
     _check(problem, args, plan.precision_guarantee.max_rel_error)
 
 

@@ -45,8 +45,8 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.KQ_ROWS}kq_b{blocks}" for e in ("f16", "bf16")
                  for d in kernels.KQ_DIMS for blocks in (3, 4)}
-    partials |= {f"decode_partial_{e}_{d}_{kernels.WG_TILE}wg" for e in ("f16", "bf16")
-                 for d in kernels.WG_DIMS}
+    partials |= {f"decode_partial_{e}_{d}_{rows}wg" for e in ("f16", "bf16")
+                 for d in kernels.WG_DIMS for rows in kernels.WG_STAGES}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     merges |= {f"decode_merge_{e}_rows" for e in ELEMENTS}
@@ -66,8 +66,9 @@ def test_every_kernel_compiles_for_sm90(signatures):
         tile = kernels.Tile(kernels.KQ_ROWS, "kq")
         assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
     for dim in kernels.WG_DIMS:  # __launch_bounds__(128, 2): its 2 CTAs an SM fit
-        wg = kernels.shared_bytes(ElementKind.bf16, dim, kernels.Tile(kernels.WG_TILE, "wg"))
-        assert 2 * wg <= SHARED_PER_SM_SM90 - 2 * RESERVED_PER_CTA
+        for rows in kernels.WG_STAGES:
+            wg = kernels.shared_bytes(ElementKind.bf16, dim, kernels.Tile(rows, "wg"))
+            assert 2 * wg <= SHARED_PER_SM_SM90 - 2 * RESERVED_PER_CTA
 
 
 def _record(monkeypatch) -> list[tuple]:
@@ -249,9 +250,10 @@ def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
 
 @pytest.mark.parametrize(("rows", "element", "dim", "tile"), [
     (8, "bf16", 128, (8, "kq")), (9, "bf16", 128, (16, "wg")), (16, "f16", 128, (16, "wg")),
-    (64, "bf16", 128, (16, "wg")), (16, "bf16", 64, (16, "mma")), (5, "f16", 64, (16, "mma")),
+    (17, "bf16", 128, (32, "wg")), (32, "f16", 128, (32, "wg")), (64, "bf16", 128, (32, "wg")),
+    (16, "bf16", 64, (16, "mma")), (5, "f16", 64, (16, "mma")),
     (4, "bf16", 64, (4, "cuda")), (16, "f32", 128, (8, "cuda")), (16, "bf16", 256, (8, "cuda"))])
-def test_sm90_devices_put_kv_heads_of_more_than_8_rows_at_d128_on_the_wgmma_tile(
+def test_sm90_devices_put_kv_heads_of_more_than_8_rows_at_d128_on_the_wgmma_tiles(
         rows, element, dim, tile):
     assert kernels.row_tile(rows, ElementKind(element), dim, wgmma=True) == kernels.Tile(*tile)
     assert kernels.Tile(*tile).source == (kernels.WG_SOURCE if tile[1] == "wg"

@@ -94,12 +94,14 @@ MMA_FEW_WAVES = 4
 # The wgmma tile (decode_partial_*_128_16wg, native/decode_wg.cu): on sm_90 devices every kv
 # head of more than KQ_ROWS rows at D 128 in f16/bf16, 16 rows a CTA, both products by wgmma
 # from shared memory, K and V landing by cp.async in a ring of WG_STAGES blocks of WG_KEYS
-# keys that the CTA's four warps share. On an H200 the step read 94% of a device copy at
-# B64 S4096 q_len 4 where the 16-row mma.sync tile's read 88-89% (docs/DECODE.md, "The wgmma
-# tile"). Its bits are its own (another order), and on sm_90 the descriptor alone picks it.
+# keys that the CTA's four warps share; kv heads of more than 16 rows take tiles of 32. On an
+# H200 the step read 94% of a device copy at B64 S4096 q_len 4 where the 16-row mma.sync
+# tile's read 88-89% (docs/DECODE.md, "The wgmma tile"). Its bits are its own (another order),
+# and on sm_90 the descriptor alone picks it.
 WG_TILE = 16
+WG_ROWS_MOST = 32  # kv heads of more than WG_TILE rows take tiles of 32 (each reads the KV once)
 WG_DIMS = (128,)
-WG_STAGES = 3  # native: kWgStages
+WG_STAGES = {16: 3, 32: 2}  # blocks in the ring by the tile's rows; native: kWgStages
 WG_KEYS = 64  # native: kWgKeys
 # The batch in two halves, each a partial grid and its merge, on two streams (a fork and a
 # join in the step's graph): one half's merge runs while the other's partial grid still
@@ -210,8 +212,8 @@ def row_tile(rows: int, element: ElementKind, dim: int, wgmma: bool = False) -> 
         return Tile(KQ_ROWS, "kq")
     if rows <= TILES[0]:
         return Tile(TILES[0])
-    if half and wgmma and dim in WG_DIMS:
-        return Tile(WG_TILE, "wg")
+    if half and wgmma and dim in WG_DIMS:  # 16 rows, or 32 a tile (one KV read for 32 rows)
+        return Tile(WG_TILE if rows <= WG_TILE else WG_ROWS_MOST, "wg")
     if half and dim in MMA_DIMS:
         return Tile(MMA_TILE, "mma")
     return Tile(TILES[-1])
@@ -227,7 +229,7 @@ def shared_bytes(element: ElementKind, dim: int, tile: Tile, build: str = "") ->
     [warps][rows][dim] f32 or, in a staged ``build``, the warps' rings (which hold them)."""
     rows = tile.rows
     if tile.kind == "wg":  # alignment slack, the ring, Q, P (hi and lo), row offsets, maxima, sums
-        return (1024 + WG_STAGES * 2 * WG_KEYS * dim * element.itemsize
+        return (1024 + WG_STAGES[rows] * 2 * WG_KEYS * dim * element.itemsize
                 + rows * dim * element.itemsize + WG_KEYS * 2 * rows * element.itemsize
                 + 8 * CHUNK + 3 * 4 * MMA_WARPS * rows)
     if tile.kind != "cuda":
