@@ -1,19 +1,20 @@
-// The decode partial over a tile of 16 rows on Hopper's warpgroup MMA (wgmma; f16 and bf16,
-// D 128): decode_partial_<T>_128_16wg, the same CTA, workspace and sums' contract as
+// The decode partial over a tile of R = 16 or 32 rows on Hopper's warpgroup MMA (wgmma; f16 and
+// bf16, D 128): decode_partial_<T>_128_<R>wg, the same CTA, workspace and sums' contract as
 // decode_attention.cu's partial kernels (whose merge it feeds). decode.py puts every kv head
-// of more than 8 rows at D 128 on it on sm_90 devices; this file is compiled for sm_90a there
-// (compiler.py's ARCH_SPECIFIC), and elsewhere its kernels trap.
+// of more than 8 rows at D 128 on it on sm_90 devices (tiles of 16 up to 16 rows, of 32 past
+// that); this file is compiled for sm_90a there (compiler.py's ARCH_SPECIFIC), and elsewhere
+// its kernels trap.
 //
 // Why: under ncu (docs/DECODE.md, "The 16-row tile against cuDNN's kernel") the mma.sync tile
 // (decode_mma.cuh) spent 42 instructions a key and warp where cuDNN's kernel spent 18: its
 // per-lane ring, V's transposes and the cross-warp sums. Here the CTA's one warpgroup runs
 // both products from shared memory, and on an H200 the step read 94% of a device copy at
 // q_len 4 where that tile read 88-89% (docs/DECODE.md, "The wgmma tile").
-// - S^T = K Q^T (m64n16k16): A = a block of 64 keys (K-major), B = the tile's 16 query rows
-//   (K-major). The scores' accumulators are 8 registers a thread.
-// - O^T = V^T [P_hi | P_lo]^T (m64n32k16, 2 m-tiles): A = the same block of V, read M-major
+// - S^T = K Q^T (m64nRk16): A = a block of 64 keys (K-major), B = the tile's R query rows
+//   (K-major). The scores' accumulators are R / 2 registers a thread.
+// - O^T = V^T [P_hi | P_lo]^T (m64n(2R)k16, 2 m-tiles): A = the same block of V, read M-major
 //   (trans-a); B = the weights, keys-major with the rows contiguous (trans-b), their high and
-//   low halves of T side by side as 32 columns (P = hi + lo to ~2^-16, as the mma.sync tile
+//   low halves of T side by side as 2R columns (P = hi + lo to ~2^-16, as the mma.sync tile
 //   keeps them).
 // Layouts (strides checked on an H200 by scripts/wgmma_layout_probe.py and by the outputs):
 // - K and V land by cp.async (16 bytes a thread, around L1) in a ring of blocks, each block
