@@ -1,10 +1,10 @@
 """Kv heads of more than 16 query rows (MQA, GQA 8 and 16, speculative tokens): our step against
 "torch sdpa" on the same contiguous cache (and, with one new token, our cuDNN SKU there), and on
 paged caches with one new token against our cuDNN SKU (pinned by PlanPreference.sku) and the raw
-"cudnn paged" graph, as the bench times a row. Our 16-row tile takes a kv head's rows 16 at a
-time, each tile over all of the head's keys; this probe measures what that costs beside the
-peers (docs/DECODE.md, "Scores tested only where a warp needs it, and kv heads of more than 16
-rows").
+"cudnn paged" graph, as the bench times a row. Our tiles take a kv head's rows 16 (or, on
+sm_90, 32) at a time, each tile over all of the head's keys; this probe measures what that
+costs beside the peers (docs/DECODE.md, "Scores tested only where a warp needs it, and kv
+heads of more than 16 rows", and "The wgmma tile").
 
     python3 scripts/decode_rows_probe.py [out.json]
 """
@@ -23,6 +23,8 @@ from opfacade._bench.common import settle_by_copying, time_contestants
 from opfacade._bench.cudnn_peers import RawCudnn
 from opfacade._bench.decode_peers import cudnn_paged, torch_sdpa
 from opfacade._bench.device_state import device_state, format_state
+from opfacade._internal.device import device_arch
+from opfacade.types import ArchSku
 
 # (batch, capacity, cache, page size, overrides): rows per kv head = Hq / Hkv x q_len.
 CASES = [(64, 4096, "contiguous", 0),                        # 4 rows: the kq tile
@@ -76,8 +78,9 @@ def against_torch(settle, copy_tbps: float) -> dict[str, dict]:
                 lambda p=cudnn_plan, a=own, w=cudnn_ws: p.run(a, workspace=w))
         timings = time_contestants(contestants, 20, settle=settle)
         ms = timings.gpu_ms
-        tiles = kernels.row_tiles(desc.heads_q, desc.heads_kv, desc.q_len,
-                                  kernels.row_tile(rows_per_head, desc.element, desc.head_dim))
+        tile = kernels.row_tile(rows_per_head, desc.element, desc.head_dim,
+                                wgmma=device_arch(0) == ArchSku.sm90)
+        tiles = kernels.row_tiles(desc.heads_q, desc.heads_kv, desc.q_len, tile)
         diff = float((args.out.float() - peer.out.float()).abs().max())
         row = {"rows per kv head": rows_per_head, "tiles": tiles, "ours ms": ms["ours"],
                "torch sdpa ms": ms["torch sdpa"],
