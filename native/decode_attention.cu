@@ -13,6 +13,9 @@
 //   decode_partial_<T>_128_8kq_b<n>  The same CTA over up to 8 rows on tensor cores with K
 //                        and V as mma's A operand (f16, bf16; D 128), for every kv head of up
 //                        to 8 rows there: decode_kq.cuh.
+//   (decode_partial_<T>_128_<16|32>wg, the same CTA on Hopper's wgmma for kv heads of more
+//                        than 8 rows at D 128 on sm_90 devices, is decode_wg.cu's: an sm_90a
+//                        program of its own, whose partials this file's merge reads.)
 //   decode_merge_<T>_<threads>  CTA = (sequence, query head, new token): merges the sequence's
 //                        chunks into out and lse in slices of chunks added in a fixed order
 //                        (decode_merge.cuh). Built with 64, 256, 512 and 1024 threads; the
