@@ -226,9 +226,11 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 #pragma unroll
     for (int b = 0; b < S - 1; ++b) issue(b);
 
-    // Descriptors: K and Q K-major (core matrices 128 bytes apart along d, kCores x 128 along
-    // keys or rows); V M-major (kCores x 128 along keys, 128 along d); P N-major (4 x 128 along
-    // keys, 128 along its 32 columns).
+    // Descriptors (leading byte offset along K, stride along M or N): Q K-major in core
+    // matrices (128 bytes apart along d, kCores x 128 along rows); P N-major in core matrices
+    // (R / 4 x 128 along keys, 128 along its 2 R columns). Each block's K (K-major) and V
+    // (M-major) take theirs in the loop: 128-byte swizzle, 1024 bytes between 8-key groups,
+    // V's 64-d column blocks 8192 apart.
     const u64 q_desc = wg_descriptor(q_s, 128, kCores * 128);
     const u64 p_desc = wg_descriptor(p_s, R / 4 * 128, 128);
     float o[D / 64][R];
