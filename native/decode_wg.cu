@@ -46,7 +46,14 @@ constexpr int kWgKeys = 64;  // keys a block: wgmma's M for S^T
 // unswizzled form of the 16-row tile on an H200.) The kernel's shared memory, decode.py's
 // shared_bytes: 1024 bytes of alignment slack, the ring, Q's core matrices, P's, the row
 // offsets, two buffers of the warps' row maxima, and their sums.
-template <int R> constexpr int kWgStages = R == 16 ? 3 : 2;
+// OPFACADE_WG_STAGES_16 and _32 override them for scripts/decode_variants.py --wg-stages.
+#ifndef OPFACADE_WG_STAGES_16
+#define OPFACADE_WG_STAGES_16 3
+#endif
+#ifndef OPFACADE_WG_STAGES_32
+#define OPFACADE_WG_STAGES_32 2
+#endif
+template <int R> constexpr int kWgStages = R == 16 ? OPFACADE_WG_STAGES_16 : OPFACADE_WG_STAGES_32;
 
 typedef unsigned long long u64;
 constexpr u64 kSwizzle128 = 1ull << 62;  // a descriptor's layout: 128-byte swizzle

@@ -13,7 +13,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --staged
                                        | --merge-64 | --kq-pairs | --partials-l2
                                        | --merge-rows | --split | --offsets
-                                       | --paged-form=DIR | --tree=DIR | --wg
+                                       | --paged-form=DIR | --tree=DIR | --wg | --wg-stages
                                        | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]]
@@ -520,6 +520,20 @@ if "--wg" in sys.argv:
              (1, 32768, "contiguous4", 0), (2, 32768, "contiguous4", 0),
              (16, 4096, "contiguous4", 0),
              (64, 4096, "contiguous8", 0), (64, 32768, "contiguous", 0, {"heads_kv": 1})]
+# --wg-stages (ready to measure, not yet run): the wgmma tiles' ring depth, by -D flags on
+# decode_wg.cu (WG_OPTIONS) and decode.WG_STAGES: the 16-row tile with 2 blocks (3 shipped), the
+# 32-row tile with 3 (2 shipped; then one CTA an SM fits). Same sums: the bits are compared.
+WG_OPTIONS: dict[str, tuple[str, ...]] = {}
+if "--wg-stages" in sys.argv:
+    VARIANTS = interleaved({"wg 16 rows s2": (), "wg 32 rows s3": ()})
+    WG_OPTIONS = {name: ("-DOPFACADE_WG_STAGES_16=2",) if "16 rows" in name
+                  else ("-DOPFACADE_WG_STAGES_32=3",) for name in VARIANTS if "wg " in name}
+    PATCHES = {name: {"WG_STAGES": {16: 2, 32: 2} if "16 rows" in name else {16: 3, 32: 3}}
+               for name in WG_OPTIONS}
+    CASES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
+             (64, 4096, "contiguous", 0, {"heads_q": 128}), (1, 32768, "contiguous4", 0),
+             (64, 4096, "contiguous8", 0), (64, 32768, "contiguous", 0, {"heads_kv": 1}),
+             (8, 32768, "contiguous", 0, {"heads_kv": 1})]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge
@@ -693,9 +707,11 @@ def main() -> None:
                 "KQ_FEW_WAVES": kernels.KQ_FEW_WAVES, "MMA_FEW_WAVES": kernels.MMA_FEW_WAVES,
                 "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS,
                 "SPLIT_TILES": kernels.SPLIT_TILES, "STAGES": kernels.STAGES,
-                "SPLIT_WAVES": kernels.SPLIT_WAVES, "WG_DIMS": kernels.WG_DIMS}
+                "SPLIT_WAVES": kernels.SPLIT_WAVES, "WG_DIMS": kernels.WG_DIMS,
+                "WG_STAGES": kernels.WG_STAGES}
     for name, options in VARIANTS.items():
-        use_module(load_build(options))
+        use_module(load_build(options), load_build(WG_OPTIONS[name], kernels.WG_SOURCE)
+                   if name in WG_OPTIONS else None)
         for attribute, value in {**defaults, **PATCHES.get(name, {})}.items():
             setattr(kernels, attribute, value)
         for case in CASES:
