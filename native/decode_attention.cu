@@ -403,12 +403,6 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 
 }  // namespace
 
-// Every partial kernel's parameters (the spans kernels add their span).
-#define OPFACADE_PARTIAL_PARAMS(T)                                                               \
-    const T *q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int *seq_lens,        \
-        float *ws_acc, float *ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
-        int left
-
 #define OPFACADE_PARTIAL(SUFFIX, T, D, R)                                                        \
     extern "C" __global__ void __launch_bounds__(                                                \
         kThreads, OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))                                 \

@@ -87,6 +87,13 @@ __device__ __forceinline__ void drop_partials(const float* first, i64 step, int 
 #endif
 }
 
+// Every partial kernel's parameters, decode_attention.cu's and decode_wg.cu's (the spans kernels
+// add their span): decode.py packs one argument list for all of them.
+#define OPFACADE_PARTIAL_PARAMS(T)                                                               \
+    const T *q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS, const int *seq_lens,        \
+        float *ws_acc, float *ws_ml, int q_len, int group, int tiles, int chunks, float scale,   \
+        int left
+
 // Row r of a kv head's rows (r = t * group + the query head's place in its group) belongs to
 // new token r / group (its position: kv_cache.cuh's OPFACADE_TOKEN_POSITION). A macro for the
 // reason given there.

@@ -144,6 +144,9 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     }
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int quad = lane >> 2, pair = lane & 3;  // accumulator row group, column pair
+    // This thread's accumulator row r (of kRows): column 8 (r / 2) + 2 pair + r % 2 of the
+    // scores, the same row's columns of the output (register i holds row (i / 4, i % 2)).
+    auto row_of = [&](int r) { return 8 * (r >> 1) + 2 * pair + (r & 1); };
 
     // The ring starts on a 1024-byte boundary (the swizzle's pattern repeats every 1024 bytes
     // from one: descriptors with base offset 0); the size asks for the slack.
@@ -175,13 +178,11 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
                 make_uint4(w[4 * c8], w[4 * c8 + 1], w[4 * c8 + 2], w[4 * c8 + 3]);
         }
     }
-    // This thread's accumulator rows (8 (i / 4) + 2 pair + i % 2 for register i) and their
-    // positions (-1: a row past the tile's, which sees no key).
+    // This thread's rows' positions (-1: a row past the tile's, which sees no key).
     int pos[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-        const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
-        pos[r] = hr < nr ? OPFACADE_ROW_POSITION(len, q_len, r0 + hr, group) : -1;
+        pos[r] = row_of(r) < nr ? OPFACADE_ROW_POSITION(len, q_len, r0 + row_of(r), group) : -1;
     }
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
@@ -298,15 +299,14 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
-            if (quad == 0) block_m[warp * R + 8 * (r >> 1) + 2 * pair + (r & 1)] = mx[r];
+            if (quad == 0) block_m[warp * R + row_of(r)] = mx[r];
         }
         __syncthreads();  // block_m
         float base[kRows], alpha[kRows];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-            const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
             float m_new = m_run[r];
-            for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, block_m[w * R + hr]);
+            for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, block_m[w * R + row_of(r)]);
             const bool none = m_new == minus_infinity();
             base[r] = none ? 0.0f : m_new;
             alpha[r] = none ? 1.0f : expf(m_run[r] - m_new);
@@ -373,9 +373,8 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
-        const int hr = 8 * (r >> 1) + 2 * pair + (r & 1);
-        if (quad == 0) red_l[warp * R + hr] = l[r];
-        if (quad == 0 && warp == 0) red_m[hr] = m_run[r];
+        if (quad == 0) red_l[warp * R + row_of(r)] = l[r];
+        if (quad == 0 && warp == 0) red_m[row_of(r)] = m_run[r];
     }
     // The accumulators: d 64 mt + 16 warp + quad + 8 ((i / 2) % 2), row 8 (i / 4) + 2 pair +
     // i % 2 (i < R / 2: hi; i + R / 2: the same row's lo).
@@ -383,7 +382,7 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
         for (int i = 0; i < R / 2; ++i) {
-            const int hr = 8 * (i >> 2) + 2 * pair + (i & 1);
+            const int hr = row_of(2 * (i >> 2) + (i & 1));
             const int d = 64 * mt + 16 * warp + quad + 8 * ((i >> 1) & 1);
             if (hr < nr) {
                 const i64 at = partial_index(s, g, chunk, r0 + hr, c.heads_kv, chunks, rows);
@@ -411,13 +410,9 @@ __device__ void partial_wg(const T*, i64, i64, i64, const Cache&, const int*, fl
 
 }  // namespace
 
-// The kernels' parameters are every partial kernel's (decode_attention.cu).
 #define OPFACADE_PARTIAL_WG(SUFFIX, T, R)                                                        \
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                    \
-        decode_partial_##SUFFIX##_128_##R##wg(                                                   \
-            const T* q, i64 q_sb, i64 q_st, i64 q_sh, OPFACADE_CACHE_PARAMS,                     \
-            const int* seq_lens, float* ws_acc, float* ws_ml, int q_len, int group, int tiles,   \
-            int chunks, float scale, int left) {                                                 \
+        decode_partial_##SUFFIX##_128_##R##wg(OPFACADE_PARTIAL_PARAMS(T)) {                      \
         let_dependents_launch();                                                                 \
         partial_wg<T, kWgDim, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,     \
                                  ws_ml, q_len, group, tiles, chunks, scale, left);               \

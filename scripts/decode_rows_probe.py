@@ -23,8 +23,6 @@ from opfacade._bench.common import settle_by_copying, time_contestants
 from opfacade._bench.cudnn_peers import RawCudnn
 from opfacade._bench.decode_peers import cudnn_paged, torch_sdpa
 from opfacade._bench.device_state import device_state, format_state
-from opfacade._internal.device import device_arch
-from opfacade.types import ArchSku
 
 # (batch, capacity, cache, page size, overrides): rows per kv head = Hq / Hkv x q_len.
 CASES = [(64, 4096, "contiguous", 0),                        # 4 rows: the kq tile
@@ -78,8 +76,7 @@ def against_torch(settle, copy_tbps: float) -> dict[str, dict]:
                 lambda p=cudnn_plan, a=own, w=cudnn_ws: p.run(a, workspace=w))
         timings = time_contestants(contestants, 20, settle=settle)
         ms = timings.gpu_ms
-        tile = kernels.row_tile(rows_per_head, desc.element, desc.head_dim,
-                                wgmma=device_arch(0) == ArchSku.sm90)
+        tile = kernels.row_tile(rows_per_head, desc.element, desc.head_dim, kernels.wgmma_on(0))
         tiles = kernels.row_tiles(desc.heads_q, desc.heads_kv, desc.q_len, tile)
         diff = float((args.out.float() - peer.out.float()).abs().max())
         row = {"rows per kv head": rows_per_head, "tiles": tiles, "ours ms": ms["ours"],

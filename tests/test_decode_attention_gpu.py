@@ -21,10 +21,8 @@ from opfacade import (
 from opfacade._backends.nvrtc.decode import CHUNK
 from opfacade._backends.reference import decode_attention as reference_decode
 from opfacade._backends.reference.sdpa import sdpa_forward_magnitude
-from opfacade._internal.device import device_arch
 from opfacade.errors import DTypeMismatch, InvalidArgument, InvalidProblem, LayoutMismatch
 from opfacade.testing import relative_error
-from opfacade.types import ArchSku
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -356,7 +354,7 @@ def test_the_wgmma_tile_matches_the_reference(monkeypatch, cache, window, elemen
     chunks unseen."""
     from opfacade._backends.nvrtc import decode as kernels
 
-    if device_arch(0) != ArchSku.sm90:
+    if not kernels.wgmma_on(0):
         pytest.skip("the wgmma tile runs on sm_90 devices")
     desc = _descriptor(cache, element, 2100, 8, heads_q=heads_q, heads_kv=2, head_dim=128,
                        window=window, q_len=q_len)

@@ -1,6 +1,6 @@
-"""Launching native/decode_attention.cu (split-KV decode attention; its 16-row tile at D 128 on
-Hopper is native/decode_wg.cu's) and native/kv_append.cu (kv_append and the caches' checked
-mode), issue 13.
+"""Launching native/decode_attention.cu (split-KV decode attention; its tiles of more than 8 rows
+at D 128 on sm_90 are native/decode_wg.cu's) and native/kv_append.cu (kv_append and the caches'
+checked mode), issue 13.
 
 A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
 sequence), then ``decode_merge`` over (sequence, query head, new token), which on sm_90 launches
@@ -25,15 +25,16 @@ from ..._internal.sku import Workspace
 from ..._internal.stream_fork import forked
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
-from ...types import ArchSku, ElementKind
+from ...types import ElementKind
+from .compiler import ARCH_SPECIFIC
 from .launch import PackedLaunch, allow_shared, get_kernel, launch, resident_blocks
 
 __all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "WG_SOURCE", "DecodeCache", "Tile",
            "append_call", "check_call", "chunks", "decode_call", "kq_build", "mma_build",
-           "row_tile", "shared_bytes", "span_for", "workspace_bytes"]
+           "row_tile", "shared_bytes", "span_for", "wgmma_on", "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
-WG_SOURCE = "decode_wg.cu"  # decode_partial_*_128_16wg (sm_90a)
+WG_SOURCE = "decode_wg.cu"  # decode_partial_*_128_<16|32>wg (sm_90a)
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 # Keys per chunk: kChunk, a constant (batch invariance rests on it, and bit stability on
 # its not following the device). Each chunk costs its CTA a softmax pause and an epilogue,
@@ -101,7 +102,7 @@ MMA_FEW_WAVES = 4
 WG_TILE = 16
 WG_ROWS_MOST = 32  # kv heads of more than WG_TILE rows take tiles of 32 (each reads the KV once)
 WG_DIMS = (128,)
-WG_STAGES = {16: 3, 32: 2}  # blocks in the ring by the tile's rows; native: kWgStages
+WG_STAGES = {WG_TILE: 3, WG_ROWS_MOST: 2}  # ring blocks by the tile's rows; native: kWgStages
 WG_KEYS = 64  # native: kWgKeys
 # The batch in two halves, each a partial grid and its merge, on two streams (a fork and a
 # join in the step's graph): one half's merge runs while the other's partial grid still
@@ -199,6 +200,11 @@ class Tile:
     def source(self) -> str:
         """The native file whose kernel runs the tile."""
         return WG_SOURCE if self.kind == "wg" else SOURCE
+
+
+def wgmma_on(device: int) -> bool:
+    """Whether ``device`` runs decode_wg.cu's tiles: the architecture its sm_90a build is for."""
+    return device_arch(device) == ARCH_SPECIFIC[WG_SOURCE]
 
 
 def row_tile(rows: int, element: ElementKind, dim: int, wgmma: bool = False) -> Tile:
@@ -315,8 +321,7 @@ def decode_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     """One decode step over ``sequences`` sequences (strides in elements: batch, token, head):
     the partial and merge launches, or, where the batch splits (``splits_batch``), theirs for
     each half, the second half on a stream forked from ``stream`` and joined to it."""
-    tile = row_tile(heads_q // cache.heads_kv * q_len, element, cache.dim,
-                    wgmma=device_arch(device) == ArchSku.sm90)
+    tile = row_tile(heads_q // cache.heads_kv * q_len, element, cache.dim, wgmma_on(device))
 
     def part(first: int, count: int, at: int) -> Callable[[int], list[Callable[[], None]]]:
         """The launches of sequences [first, first + count), with their partials at ``at``:
