@@ -247,6 +247,12 @@ SAMPLE_SHAPES = (
     # 8 rows a kv head at d 128 (decode's kq tile), over two of decode's chunks of 512 keys
     dict(batch=3, heads_q=16, heads_kv=4, head_dim=128, cache="contiguous", max_seq=700,
          q_len=2, window=(300, None)),
+    # 16 and 32 rows a kv head at d 128 (on sm_90 decode's wgmma tiles of 16 and 32 rows, the
+    # 16-row mma.sync tile elsewhere), over two chunks: no shape above reaches them
+    dict(batch=3, heads_q=16, heads_kv=2, head_dim=128, cache="paged", page_size=32,
+         max_pages=20, q_len=2),
+    dict(batch=2, heads_q=8, heads_kv=1, head_dim=128, cache="contiguous", max_seq=600,
+         q_len=4, window=(200, None)),
 )
 
 
