@@ -24,10 +24,10 @@
 //   8-key groups).
 // - Q and P in no-swizzle core matrices (8 rows of 16 bytes, 128 contiguous bytes): the
 //   leading byte offset steps along K, the stride byte offset along M or N.
-// The softmax runs online over the chunk's 8 blocks of 64 keys (a running max a row; sums and
-// accumulators rescaled by exp(m_old - m_new)): another order than the mma.sync tile's, fixed
-// by D alone, so the batch invariance argument of decode_attention.cu holds on every sm_90
-// device.
+// The softmax runs online over the chunk's 8 blocks of 64 keys, in base 2 (a running max a row;
+// sums and accumulators rescaled by 2^(m_old - m_new); the partial's max goes out in base e, as
+// every tile's): another order and rounding than the mma.sync tile's, fixed by D alone, so the
+// batch invariance argument of decode_attention.cu holds on every sm_90 device.
 #define OPFACADE_STREAMING 1
 #include "decode_mma.cuh"  // Mma<T> (packing the weights), kWarps
 
@@ -64,6 +64,17 @@ __device__ __forceinline__ u64 wg_descriptor(const void* at, unsigned along_k, u
     const unsigned address = (unsigned)__cvta_generic_to_shared(at);
     return (u64)((address & 0x3FFFF) >> 4) | ((u64)(along_k >> 4) << 16) |
            ((u64)(along_mn >> 4) << 32);
+}
+
+// The softmax runs in base 2: scores scaled by scale x log2(e), weights by one ex2.approx
+// (relative error about 2^-22, far under the SKUs' bounds) where expf took a dozen instructions.
+// On an H200 that alone gave the 32-row tile 4-5 points of a copy (docs/DECODE.md, "The wgmma
+// tile's instructions").
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float wg_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // Keeps the compiler from moving a use of an accumulator across the asynchronous products.
@@ -160,22 +171,21 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 
     // Q's core matrices [row / 8][d / 8][row % 8][d % 8], rows past the tile's zeros: each row's
     // kThreads / R threads load kPer of its d, every load independent (a loop of dependent
-    // rounds cost a CTA several DRAM latencies).
+    // rounds cost a CTA several DRAM latencies). Loaded here, stored to q_s once the first
+    // blocks' copies are issued: the CTA's first KV reads then wait on no Q load (under ncu the
+    // 32-row tile's prologue stalled a fifth of its samples on them).
+    constexpr int kPer = D * R / kThreads, kAcross = kThreads / R;
+    const int q_hr = tid / kAcross, q_d0 = (tid % kAcross) * kPer;
+    unsigned q_words[kPer / 2];
     {
-        constexpr int kPer = D * R / kThreads, kAcross = kThreads / R;
-        const int hr = tid / kAcross, d0 = (tid % kAcross) * kPer, row = r0 + hr;
+        const int row = r0 + q_hr;
         const u16* q_row = reinterpret_cast<const u16*>(
             q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh);
-        unsigned w[kPer / 2];
 #pragma unroll
         for (int i = 0; i < kPer / 2; ++i) {
-            w[i] = hr < nr ? (unsigned)q_row[d0 + 2 * i] | ((unsigned)q_row[d0 + 2 * i + 1] << 16)
-                           : 0u;
-        }
-#pragma unroll
-        for (int c8 = 0; c8 < kPer / 8; ++c8) {
-            *reinterpret_cast<uint4*>(q_s + ((hr >> 3) * kCores + d0 / 8 + c8) * 64 + (hr & 7) * 8) =
-                make_uint4(w[4 * c8], w[4 * c8 + 1], w[4 * c8 + 2], w[4 * c8 + 3]);
+            q_words[i] = q_hr < nr ? (unsigned)q_row[q_d0 + 2 * i] |
+                                         ((unsigned)q_row[q_d0 + 2 * i + 1] << 16)
+                                   : 0u;
         }
     }
     // This thread's rows' positions (-1: a row past the tile's, which sees no key).
@@ -184,11 +194,11 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     for (int r = 0; r < kRows; ++r) {
         pos[r] = row_of(r) < nr ? OPFACADE_ROW_POSITION(len, q_len, r0 + row_of(r), group) : -1;
     }
+    const float scale2 = scale * kLog2e;
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
-    wg_publish();  // q_s, before any copy is in flight
     chunk_rows<D>(c, s, g, k0, keys, row_off);
-    __syncthreads();  // row_off, q_s
+    __syncthreads();  // row_off
 
     // Block b's K and V into ring stage b % S, each [D / 64 column blocks][64 keys][128 bytes]
     // with the 16-byte chunks of each key's row swizzled (chunk c of key r at c ^ (r % 8), the
@@ -233,6 +243,14 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     };
 #pragma unroll
     for (int b = 0; b < S - 1; ++b) issue(b);
+#pragma unroll
+    for (int c8 = 0; c8 < kPer / 8; ++c8) {
+        *reinterpret_cast<uint4*>(q_s + ((q_hr >> 3) * kCores + q_d0 / 8 + c8) * 64 +
+                                  (q_hr & 7) * 8) =
+            make_uint4(q_words[4 * c8], q_words[4 * c8 + 1], q_words[4 * c8 + 2],
+                       q_words[4 * c8 + 3]);
+    }
+    // (The loop's first barrier, after its proxy fence, publishes q_s to the products.)
 
     // Descriptors (leading byte offset along K, stride along M or N): Q K-major in core
     // matrices (128 bytes apart along d, kCores x 128 along rows); P N-major in core matrices
@@ -290,7 +308,7 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             const int j = kb + 16 * warp + quad + 8 * ((i >> 1) & 1), key_pos = k0 + j;
             const int p = pos[r];
             const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
-            sc[i] = seen ? sc[i] * scale : minus_infinity();
+            sc[i] = seen ? sc[i] * scale2 : minus_infinity();
             mx[r] = fmaxf(mx[r], sc[i]);
         }
         float* block_m = red_m + (b & 1) * kWarps * R;
@@ -309,7 +327,7 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, block_m[w * R + row_of(r)]);
             const bool none = m_new == minus_infinity();
             base[r] = none ? 0.0f : m_new;
-            alpha[r] = none ? 1.0f : expf(m_run[r] - m_new);
+            alpha[r] = none ? 1.0f : wg_exp2(m_run[r] - m_new);
             m_run[r] = m_new;
         }
         // Weights, this thread's sums of them, and P's words: key k = 16 warp + quad + 8 h
@@ -323,7 +341,8 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int i = 4 * rg + 2 * h;
-                const float x0 = expf(sc[i] - base[2 * rg]), x1 = expf(sc[i + 1] - base[2 * rg + 1]);
+                const float x0 = wg_exp2(sc[i] - base[2 * rg]);
+                const float x1 = wg_exp2(sc[i + 1] - base[2 * rg + 1]);
                 l[2 * rg] += x0;
                 l[2 * rg + 1] += x1;
                 const unsigned hi = Mma<T>::pack(x0, x1);
@@ -374,19 +393,25 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
         if (quad == 0) red_l[warp * R + row_of(r)] = l[r];
-        if (quad == 0 && warp == 0) red_m[row_of(r)] = m_run[r];
+        // The max in base e, as every tile's partial holds it for the merge.
+        if (quad == 0 && warp == 0) red_m[row_of(r)] = m_run[r] * (1.0f / kLog2e);
     }
-    // The accumulators: d 64 mt + 16 warp + quad + 8 ((i / 2) % 2), row 8 (i / 4) + 2 pair +
-    // i % 2 (i < R / 2: hi; i + R / 2: the same row's lo).
+    // The accumulators: d 64 mt + 16 warp + quad + 8 h, row r's register 4 (r / 2) + 2 h +
+    // r % 2 (hi; R / 2 further: the same row's lo). Each row's address once (computed at each
+    // store, the 32-row tile spent more instructions here than in a block of keys).
 #pragma unroll
-    for (int mt = 0; mt < D / 64; ++mt) {
+    for (int r = 0; r < kRows; ++r) {
+        if (row_of(r) < nr) {
+            float* at = ws_acc +
+                        partial_index(s, g, chunk, r0 + row_of(r), c.heads_kv, chunks, rows) * D +
+                        16 * warp + quad;
 #pragma unroll
-        for (int i = 0; i < R / 2; ++i) {
-            const int hr = row_of(2 * (i >> 2) + (i & 1));
-            const int d = 64 * mt + 16 * warp + quad + 8 * ((i >> 1) & 1);
-            if (hr < nr) {
-                const i64 at = partial_index(s, g, chunk, r0 + hr, c.heads_kv, chunks, rows);
-                store_partial(ws_acc + at * D + d, o[mt][i] + o[mt][i + R / 2]);
+            for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 4 * (r >> 1) + 2 * h + (r & 1);
+                    store_partial(at + 64 * mt + 8 * h, o[mt][i] + o[mt][i + R / 2]);
+                }
             }
         }
     }
