@@ -68,7 +68,7 @@ __device__ __forceinline__ u64 wg_descriptor(const void* at, unsigned along_k, u
 
 // The softmax runs in base 2: scores scaled by scale x log2(e), weights by one ex2.approx
 // (relative error about 2^-22, far under the SKUs' bounds) where expf took a dozen instructions.
-// On an H200 that alone gave the 32-row tile 4-5 points of a copy (docs/DECODE.md, "The wgmma
+// On an H200 that alone gave the 32-row tile 3-6 points of a copy (docs/DECODE.md, "The wgmma
 // tile's instructions").
 constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float wg_exp2(float x) {
