@@ -140,6 +140,36 @@ __device__ bool unseen_chunk(const Cache& c, int s, int g, int chunk, int r0, in
     return true;
 }
 
+// The chunk a kq or wgmma tile's CTA computes (x: kv head and row tile, tile fastest; y: chunk;
+// z: sequence) and the rows and keys it holds. chunk_tile returns false where the CTA has
+// nothing to read: a chunk the merge does not read (at or past ceil(len / kChunk)), a tile past
+// the kv head's rows, or a chunk no row sees (whose partial it writes, unseen_chunk).
+struct ChunkTile {
+    int g, chunk, s;  // kv head, chunk, sequence
+    int rows, r0, nr;  // the kv head's rows, the tile's first and how many it holds
+    int len, k0, keys;  // the sequence's length, the chunk's first key and its key count
+};
+
+template <int D, int R>
+__device__ __forceinline__ bool chunk_tile(const Cache& c, const int* __restrict__ seq_lens,
+                                           int q_len, int group, int tiles, int chunks, int left,
+                                           float* __restrict__ ws_acc,
+                                           float* __restrict__ ws_ml, ChunkTile& t) {
+    const int tile = blockIdx.x % tiles;
+    t.g = blockIdx.x / tiles;
+    t.chunk = blockIdx.y;
+    t.s = blockIdx.z;
+    t.rows = group * q_len;
+    t.r0 = tile * R;
+    t.nr = min(R, t.rows - t.r0);
+    t.len = sequence_length(c, seq_lens, t.s);
+    t.k0 = t.chunk * kChunk;
+    if (t.k0 >= t.len || t.nr <= 0) return false;
+    t.keys = min(kChunk, t.len - t.k0);
+    return !unseen_chunk<D>(c, t.s, t.g, t.chunk, t.r0, t.nr, t.len, t.keys, q_len, group, chunks,
+                            left, ws_acc, ws_ml);
+}
+
 // Each key's row of the chunk, as an element offset from its sequence's K (and V) base, into
 // row_off[0, keys): a paged cache's table lookup and page arithmetic leave the load loops, whose
 // addresses then need no dependent load. The caller syncs before reading it.

@@ -28,17 +28,10 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     constexpr int kMTiles = D / 16;          // the output's m-tiles of 16 d
     static_assert(D == 128, "the kq tile's d mapping is written for D 128");
     extern __shared__ float shared[];
-    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
-    const int chunk = blockIdx.y, s = blockIdx.z;
-    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
-    const int len = sequence_length(c, seq_lens, s);
-    const int k0 = chunk * kChunk;
-    if (k0 >= len || nr <= 0) return;  // the merge reads chunks below ceil(len / kChunk) only
-    const int keys = min(kChunk, len - k0);
-    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
-                        ws_ml)) {
-        return;
-    }
+    ChunkTile t;
+    if (!chunk_tile<D, R>(c, seq_lens, q_len, group, tiles, chunks, left, ws_acc, ws_ml, t)) return;
+    const int g = t.g, chunk = t.chunk, s = t.s, rows = t.rows, r0 = t.r0, nr = t.nr;
+    const int len = t.len, k0 = t.k0, keys = t.keys;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gid = lane >> 2, tig = lane & 3;
     const int warp_key0 = warp * kWarpKeys;

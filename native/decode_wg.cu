@@ -142,17 +142,10 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     static_assert(D == 64 || D == 128, "column blocks of 64 d: D 64 or 128");
     static_assert(R == 16 || R == 32, "tiles of 16 or 32 rows (wgmma N 16 or 32, 32 or 64)");
     extern __shared__ uint4 wg_shared[];
-    const int tile = blockIdx.x % tiles, g = blockIdx.x / tiles;
-    const int chunk = blockIdx.y, s = blockIdx.z;
-    const int rows = group * q_len, r0 = tile * R, nr = min(R, rows - r0);
-    const int len = sequence_length(c, seq_lens, s);
-    const int k0 = chunk * kChunk;
-    if (k0 >= len || nr <= 0) return;
-    const int keys = min(kChunk, len - k0);
-    if (unseen_chunk<D>(c, s, g, chunk, r0, nr, len, keys, q_len, group, chunks, left, ws_acc,
-                        ws_ml)) {
-        return;
-    }
+    ChunkTile t;
+    if (!chunk_tile<D, R>(c, seq_lens, q_len, group, tiles, chunks, left, ws_acc, ws_ml, t)) return;
+    const int g = t.g, chunk = t.chunk, s = t.s, rows = t.rows, r0 = t.r0, nr = t.nr;
+    const int len = t.len, k0 = t.k0, keys = t.keys;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int quad = lane >> 2, pair = lane & 3;  // accumulator row group, column pair
     // This thread's accumulator row r (of kRows): column 8 (r / 2) + 2 pair + r % 2 of the
