@@ -148,6 +148,7 @@ struct ChunkTile {
     int g, chunk, s;  // kv head, chunk, sequence
     int rows, r0, nr;  // the kv head's rows, the tile's first and how many it holds
     int len, k0, keys;  // the sequence's length, the chunk's first key and its key count
+    int page[kChunk / kThreads];  // paged: the table's entries for this thread's keys (chunk_rows)
 };
 
 template <int D, int R>
@@ -162,8 +163,19 @@ __device__ __forceinline__ bool chunk_tile(const Cache& c, const int* __restrict
     t.rows = group * q_len;
     t.r0 = tile * R;
     t.nr = min(R, t.rows - t.r0);
-    t.len = sequence_length(c, seq_lens, t.s);
     t.k0 = t.chunk * kChunk;
+    // A paged chunk's table entries are loaded beside the length, not after it: every key up
+    // to the capacity has an entry inside the table whatever the length, so the CTA's first
+    // copies wait on one round trip to memory instead of two. Entries past the length are
+    // never used (chunk_rows).
+    if (c.kind == 1) {
+#pragma unroll
+        for (int u = 0; u < kChunk / kThreads; ++u) {
+            const int key = t.k0 + threadIdx.x + u * kThreads;
+            t.page[u] = key < c.capacity ? table_entry(c, t.s, key) : -1;
+        }
+    }
+    t.len = sequence_length(c, seq_lens, t.s);
     if (t.k0 >= t.len || t.nr <= 0) return false;
     t.keys = min(kChunk, t.len - t.k0);
     return !unseen_chunk<D>(c, t.s, t.g, t.chunk, t.r0, t.nr, t.len, t.keys, q_len, group, chunks,
@@ -184,6 +196,21 @@ __device__ __forceinline__ void chunk_rows(const Cache& c, int s, int g, int k0,
                              ? offset(c, max(page_of(c, s, key), 0), page_slot(c, key), g,
                                       c.page_size, D)
                              : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
+        }
+    }
+}
+
+// chunk_rows for a chunk_tile's chunk, from the table entries chunk_tile loaded: the same offsets.
+template <int D>
+__device__ __forceinline__ void chunk_rows(const Cache& c, const ChunkTile& t, i64* row_off) {
+#pragma unroll
+    for (int u = 0; u < kChunk / kThreads; ++u) {
+        const int j = threadIdx.x + u * kThreads, key = t.k0 + j;
+        if (j < t.keys) {
+            row_off[j] = c.kind == 1
+                             ? offset(c, in_pool(c, t.page[u]), page_slot(c, key), t.g,
+                                      c.page_size, D)
+                             : offset(c, c.kind == 2 ? 0 : t.s, key, t.g, c.capacity, D);
         }
     }
 }

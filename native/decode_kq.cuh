@@ -86,7 +86,7 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
-    chunk_rows<D>(c, s, g, k0, keys, row_off);
+    chunk_rows<D>(c, t, row_off);
     __syncthreads();  // row_off
 
     // Scores: group gi's keys warp_key0 + 16 gi + gid (+ 8), vectors 4 p + tig; zeros past the

@@ -190,7 +190,7 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     const float scale2 = scale * kLog2e;
     const T *k_base, *v_base;
     sequence_bases(c, s, k_base, v_base);
-    chunk_rows<D>(c, s, g, k0, keys, row_off);
+    chunk_rows<D>(c, t, row_off);
     __syncthreads();  // row_off
 
     // Block b's K and V into ring stage b % S, each [D / 64 column blocks][64 keys][128 bytes]

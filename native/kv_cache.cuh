@@ -71,6 +71,21 @@ __device__ __forceinline__ int page_slot(const Cache& c, int p) {
     return (size & (size - 1)) == 0 ? p & (size - 1) : p % size;
 }
 
+// The table's entry for position p of sequence s, as written (p below the capacity). Loaded
+// in asm so that the compiler keeps it where it is written: decode's chunk_tile issues it
+// beside the sequence's length, ahead of the branch on that length.
+__device__ __forceinline__ int table_entry(const Cache& c, int s, int p) {
+    int page;
+    asm volatile("ld.global.b32 %0, [%1];"
+                 : "=r"(page) : "l"(c.table + ((i64)s * c.max_pages + page_index(c, p))));
+    return page;
+}
+
+// A table entry that names a page of the pool, else page 0 (garbage in, but inside the cache).
+__device__ __forceinline__ int in_pool(const Cache& c, int page) {
+    return page >= 0 && page < c.pages ? page : 0;
+}
+
 // The page of position p of sequence s, or -1 where the table's entry is outside the pool.
 __device__ __forceinline__ int page_of(const Cache& c, int s, int p) {
     const int page = c.table[(i64)s * c.max_pages + page_index(c, p)];

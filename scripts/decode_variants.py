@@ -16,7 +16,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --paged-form=DIR | --tree=DIR | --wg | --wg-stages
                                        | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
-                                       | --many-rows [--variant=LABEL@DIR ...]]
+                                       | --many-rows [--variant=LABEL@DIR ...]
+                                       | --tree-vs=DIR]
                                        [--mma-only] [--parts] [--set-aside=BYTES|max]
                                        [--before=DIR]
 """
@@ -534,6 +535,19 @@ if "--wg-stages" in sys.argv:
              (64, 4096, "contiguous", 0, {"heads_q": 128}), (1, 32768, "contiguous4", 0),
              (64, 4096, "contiguous8", 0), (64, 32768, "contiguous", 0, {"heads_kv": 1}),
              (8, 32768, "contiguous", 0, {"heads_kv": 1})]
+# --tree-vs=DIR: this tree against DIR (another copy of native/), both of its kernel files
+# (decode_attention.cu and decode_wg.cu), each twice, interleaved, on the bench's paged and
+# contiguous rows of both tensor-core tiles and the 16- and 32-row heads beyond them; the same
+# sums, so the bits are compared. The forty-second session ran it with the paged chunks' table
+# entries loaded beside the sequence's length (chunk_tile) against 8c237db's native/.
+if flag_value("tree-vs"):
+    VARIANTS = interleaved({"tree before": (f"root={flag_value('tree-vs')}",)})
+    WG_OPTIONS = {name: VARIANTS[name] for name in VARIANTS if name.startswith("tree before")}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "paged", 16),
+             (8, 32768, "paged", 64), (1, 32768, "paged", 16), (64, 4096, "contiguous4", 0),
+             (64, 4096, "paged4", 16), (64, 4096, "paged", 16, {"heads_q": 128}),
+             (64, 32768, "paged", 16, {"heads_kv": 1}),
+             (64, 4096, "contiguous4", 0, {"ragged": True})]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge
