@@ -151,14 +151,26 @@ struct ChunkTile {
     int page[kChunk / kThreads];  // paged: the table's entries for this thread's keys (chunk_rows)
 };
 
+// A paged chunk's table entries for this thread's keys of the chunk from t.k0 (chunk_rows).
+__device__ __forceinline__ void chunk_pages(const Cache& c, ChunkTile& t) {
+    if (c.kind == 1) {
+#pragma unroll
+        for (int u = 0; u < kChunk / kThreads; ++u) {
+            const int key = t.k0 + threadIdx.x + u * kThreads;
+            t.page[u] = key < c.capacity ? table_entry(c, t.s, key) : -1;
+        }
+    }
+}
+
 template <int D, int R>
 __device__ __forceinline__ bool chunk_tile(const Cache& c, const int* __restrict__ seq_lens,
                                            int q_len, int group, int tiles, int chunks, int left,
                                            float* __restrict__ ws_acc,
-                                           float* __restrict__ ws_ml, ChunkTile& t) {
+                                           float* __restrict__ ws_ml, ChunkTile& t,
+                                           int chunk = blockIdx.y) {
     const int tile = blockIdx.x % tiles;
     t.g = blockIdx.x / tiles;
-    t.chunk = blockIdx.y;
+    t.chunk = chunk;
     t.s = blockIdx.z;
     t.rows = group * q_len;
     t.r0 = tile * R;
@@ -168,13 +180,7 @@ __device__ __forceinline__ bool chunk_tile(const Cache& c, const int* __restrict
     // to the capacity has an entry inside the table whatever the length, so the CTA's first
     // copies wait on one round trip to memory instead of two. Entries past the length are
     // never used (chunk_rows).
-    if (c.kind == 1) {
-#pragma unroll
-        for (int u = 0; u < kChunk / kThreads; ++u) {
-            const int key = t.k0 + threadIdx.x + u * kThreads;
-            t.page[u] = key < c.capacity ? table_entry(c, t.s, key) : -1;
-        }
-    }
+    chunk_pages(c, t);
     t.len = sequence_length(c, seq_lens, t.s);
     if (t.k0 >= t.len || t.nr <= 0) return false;
     t.keys = min(kChunk, t.len - t.k0);

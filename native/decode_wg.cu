@@ -128,11 +128,16 @@ __device__ __forceinline__ void wg_publish() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-template <typename T, int D, int R>
+// kSpans: the CTA runs the chunks [span y, span (y + 1)) of its sequence, kv head and tile, one
+// partial each, computed exactly as a CTA of one chunk computes it (the same bits). The ring
+// runs on from one chunk into the next: the next chunk's row offsets are written and its first
+// blocks copied during the last blocks of this one, so its copies wait neither on a CTA's start
+// nor on this chunk's epilogue.
+template <typename T, int D, int R, bool kSpans>
 __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh,
                            const Cache& c, const int* __restrict__ seq_lens,
                            float* __restrict__ ws_acc, float* __restrict__ ws_ml, int q_len,
-                           int group, int tiles, int chunks, float scale, int left) {
+                           int group, int tiles, int chunks, float scale, int left, int span) {
     constexpr int S = kWgStages<R>;
     constexpr int kRows = R / 4;  // a thread's accumulator rows (of the scores' N = R columns)
     constexpr int kCores = D / 8;                  // core matrices along d (16 bytes each)
@@ -142,10 +147,17 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     static_assert(D == 64 || D == 128, "column blocks of 64 d: D 64 or 128");
     static_assert(R == 16 || R == 32, "tiles of 16 or 32 rows (wgmma N 16 or 32, 32 or 64)");
     extern __shared__ uint4 wg_shared[];
+    // The span's first chunk that a row sees (chunk_tile writes the partials of those no row
+    // sees); none where the span starts past the sequence's length.
+    const int first = kSpans ? blockIdx.y * span : blockIdx.y;
+    const int last = kSpans ? min(first + span, chunks) : first + 1;
     ChunkTile t;
-    if (!chunk_tile<D, R>(c, seq_lens, q_len, group, tiles, chunks, left, ws_acc, ws_ml, t)) return;
-    const int g = t.g, chunk = t.chunk, s = t.s, rows = t.rows, r0 = t.r0, nr = t.nr;
-    const int len = t.len, k0 = t.k0, keys = t.keys;
+    for (int chunk = first;
+         !chunk_tile<D, R>(c, seq_lens, q_len, group, tiles, chunks, left, ws_acc, ws_ml, t, chunk);
+         ++chunk) {
+        if (!kSpans || t.k0 >= t.len || t.nr <= 0 || chunk + 1 >= last) return;
+    }
+    const int g = t.g, s = t.s, rows = t.rows, r0 = t.r0, nr = t.nr, len = t.len;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int quad = lane >> 2, pair = lane & 3;  // accumulator row group, column pair
     // This thread's accumulator row r (of kRows): column 8 (r / 2) + 2 pair + r % 2 of the
@@ -192,8 +204,10 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     sequence_bases(c, s, k_base, v_base);
     chunk_rows<D>(c, t, row_off);
     __syncthreads();  // row_off
+    const int first_pos = OPFACADE_ROW_POSITION(len, q_len, r0, group);
+    const int last_pos = OPFACADE_ROW_POSITION(len, q_len, r0 + nr - 1, group);
 
-    // Block b's K and V into ring stage b % S, each [D / 64 column blocks][64 keys][128 bytes]
+    // A block's K and V into a ring stage, each [D / 64 column blocks][64 keys][128 bytes]
     // with the 16-byte chunks of each key's row swizzled (chunk c of key r at c ^ (r % 8), the
     // 128-byte swizzle wgmma reads): vector v = tid + kThreads u is chunk v % 8 of key
     // (v / 8) % 64, column block v / 512. So each 8 lanes copy one key's 128 contiguous bytes
@@ -202,40 +216,43 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     // chunk's are zeros, never loaded.
     auto slot = [&](int v) { return (v >> 9) * 8192 + ((v >> 3) & 63) * 128 +
                                     (((v & 7) ^ ((v >> 3) & 7)) << 4); };
-    auto issue = [&](int b) {
-        if (b < kBlocks) {
-            unsigned char* k_stage = ring + (b % S) * 2 * kBlockBytes;
-            i64 off[kVectors];
-            bool valid[kVectors];
+    // Block b (of a chunk of `keys` keys whose row offsets row_off holds) into ring stage
+    // `stage`; the caller commits the group.
+    auto copy_block = [&](int b, int stage, int keys) {
+        unsigned char* k_stage = ring + stage * 2 * kBlockBytes;
+        i64 off[kVectors];
+        bool valid[kVectors];
 #pragma unroll
-            for (int u = 0; u < kVectors; ++u) {
-                const int v = tid + kThreads * u;
-                const int j = b * kWgKeys + ((v >> 3) & 63);
-                valid[u] = j < keys;
-                off[u] = (valid[u] ? row_off[j] : 0) + 64 * (v >> 9) + 8 * (v & 7);
-            }
+        for (int u = 0; u < kVectors; ++u) {
+            const int v = tid + kThreads * u;
+            const int j = b * kWgKeys + ((v >> 3) & 63);
+            valid[u] = j < keys;
+            off[u] = (valid[u] ? row_off[j] : 0) + 64 * (v >> 9) + 8 * (v & 7);
+        }
 #pragma unroll
-            for (int u = 0; u < kVectors; ++u) {
-                const int v = tid + kThreads * u;
+        for (int u = 0; u < kVectors; ++u) {
+            const int v = tid + kThreads * u;
 #pragma unroll
-                for (int t = 0; t < 2; ++t) {
-                    const unsigned to = (unsigned)__cvta_generic_to_shared(
-                        k_stage + t * kBlockBytes + slot(v));
-                    const T* from = (t ? v_base : k_base) + off[u];
-                    // A key past the chunk's copies no byte and fills its 16 with zeros. (No L2
-                    // evict-first policy: with one, ptxas of NVRTC 13.0 for sm_90a emitted
-                    // copies addressed [R + UR0] with their descriptor in UR1, which faulted as
-                    // illegal instructions on an H200.)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                                 :: "r"(to), "l"(valid[u] ? from : k_base),
-                                    "r"(valid[u] ? 16 : 0) : "memory");
-                }
+            for (int t = 0; t < 2; ++t) {
+                const unsigned to = (unsigned)__cvta_generic_to_shared(
+                    k_stage + t * kBlockBytes + slot(v));
+                const T* from = (t ? v_base : k_base) + off[u];
+                // A key past the chunk's copies no byte and fills its 16 with zeros. (No L2
+                // evict-first policy: with one, ptxas of NVRTC 13.0 for sm_90a emitted
+                // copies addressed [R + UR0] with their descriptor in UR1, which faulted as
+                // illegal instructions on an H200.)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                             :: "r"(to), "l"(valid[u] ? from : k_base),
+                                "r"(valid[u] ? 16 : 0) : "memory");
             }
         }
-        asm volatile("cp.async.commit_group;" ::: "memory");
     };
+    auto commit = [] { asm volatile("cp.async.commit_group;" ::: "memory"); };
 #pragma unroll
-    for (int b = 0; b < S - 1; ++b) issue(b);
+    for (int b = 0; b < S - 1; ++b) {
+        if (b < kBlocks) copy_block(b, b, t.keys);
+        commit();
+    }
 #pragma unroll
     for (int c8 = 0; c8 < kPer / 8; ++c8) {
         *reinterpret_cast<uint4*>(q_s + ((q_hr >> 3) * kCores + q_d0 / 8 + c8) * 64 +
@@ -252,176 +269,216 @@ __device__ void partial_wg(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     // V's 64-d column blocks 8192 apart.
     const u64 q_desc = wg_descriptor(q_s, 128, kCores * 128);
     const u64 p_desc = wg_descriptor(p_s, R / 4 * 128, 128);
-    float o[D / 64][R];
+    int stage = 0;  // the ring stage of the block being consumed
+#pragma unroll 1
+    for (;;) {  // the span's chunks that a row sees, t's first
+        const int chunk = t.chunk, k0 = t.k0, keys = t.keys;
+        // The next chunk, where this CTA runs one and a row sees it (then this one is whole).
+        ChunkTile next = t;
+        next.chunk = chunk + 1;
+        next.k0 = k0 + kChunk;
+        next.keys = min(kChunk, len - next.k0);
+        const bool has_next = kSpans && next.chunk < last && next.k0 < len &&
+                              !chunk_unseen(next.k0, next.keys, first_pos, last_pos, left);
+        if (has_next) chunk_pages(c, next);
+        float o[D / 64][R];
 #pragma unroll
-    for (int mt = 0; mt < D / 64; ++mt) {
+        for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
-        for (int i = 0; i < R; ++i) o[mt][i] = 0.0f;
-    }
-    float m_run[kRows], l[kRows];
+            for (int i = 0; i < R; ++i) o[mt][i] = 0.0f;
+        }
+        float m_run[kRows], l[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-        m_run[r] = minus_infinity();
-        l[r] = 0.0f;
-    }
+        for (int r = 0; r < kRows; ++r) {
+            m_run[r] = minus_infinity();
+            l[r] = 0.0f;
+        }
 
 #pragma unroll 1
-    for (int b = 0; b < kBlocks; ++b) {
-        const int kb = b * kWgKeys;
-        if (kb >= keys) break;  // every thread alike: the rest of the chunk is past its keys
-        asm volatile("cp.async.wait_group %0;" :: "n"(S - 2) : "memory");
-        wg_publish();
-        __syncthreads();  // block b landed for every thread; block b - 1's products are done
-        issue(b + S - 1);
-        unsigned char* k_stage = ring + (b % S) * 2 * kBlockBytes;
-        const u64 k_desc = wg_descriptor(k_stage, 16, 1024) | kSwizzle128;
-        const u64 v_desc = wg_descriptor(k_stage + kBlockBytes, 8192, 1024) | kSwizzle128;
-
-        float sc[R / 2];
-#pragma unroll
-        for (int i = 0; i < R / 2; ++i) sc[i] = 0.0f;
-        wg_fence();
-#pragma unroll
-        for (int k = 0; k < D / 16; ++k) {  // 16 d a step: 32 bytes of a row; Q's 256
-            Wg<T>::template mma<R, 0>(sc, k_desc + ((k >> 2) * 8192 + (k & 3) * 32 >> 4),
-                                      q_desc + 16 * k, k);
-        }
-        wg_commit();
-        wg_wait_all();
-#pragma unroll
-        for (int i = 0; i < R / 2; ++i) wg_hold(sc[i]);
-
-        // Register i: key kb + 16 warp + quad + 8 ((i / 2) % 2), row (i / 4, i % 2) of pos.
-        float mx[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) mx[r] = minus_infinity();
-#pragma unroll
-        for (int i = 0; i < R / 2; ++i) {
-            const int r = 2 * (i >> 2) + (i & 1);
-            const int j = kb + 16 * warp + quad + 8 * ((i >> 1) & 1), key_pos = k0 + j;
-            const int p = pos[r];
-            const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
-            sc[i] = seen ? sc[i] * scale2 : minus_infinity();
-            mx[r] = fmaxf(mx[r], sc[i]);
-        }
-        float* block_m = red_m + (b & 1) * kWarps * R;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
-            if (quad == 0) block_m[warp * R + row_of(r)] = mx[r];
-        }
-        __syncthreads();  // block_m
-        float base[kRows], alpha[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            float m_new = m_run[r];
-            for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, block_m[w * R + row_of(r)]);
-            const bool none = m_new == minus_infinity();
-            base[r] = none ? 0.0f : m_new;
-            alpha[r] = none ? 1.0f : wg_exp2(m_run[r] - m_new);
-            m_run[r] = m_new;
-        }
-        // Weights, this thread's sums of them, and P's words: key k = 16 warp + quad + 8 h
-        // holds rows (2 pair, 2 pair + 1) of row group rg as one word of T, hi at column group
-        // rg and lo at R / 8 + rg of P's R / 4: word ((k / 8) x R / 4 + group) x 32 +
-        // (k % 8) x 4 + pair.
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) l[r] *= alpha[r];
-#pragma unroll
-        for (int rg = 0; rg < R / 8; ++rg) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int i = 4 * rg + 2 * h;
-                const float x0 = wg_exp2(sc[i] - base[2 * rg]);
-                const float x1 = wg_exp2(sc[i + 1] - base[2 * rg + 1]);
-                l[2 * rg] += x0;
-                l[2 * rg + 1] += x1;
-                const unsigned hi = Mma<T>::pack(x0, x1);
-                const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
-                const int kg = 2 * warp + h;
-                p_s[(kg * (R / 4) + rg) * 32 + quad * 4 + pair] = hi;
-                p_s[(kg * (R / 4) + R / 8 + rg) * 32 + quad * 4 + pair] = lo;
+        for (int b = 0; b < kBlocks; ++b) {
+            const int kb = b * kWgKeys;
+            if (kb >= keys) break;  // every thread alike: the rest of the chunk is past its keys
+            asm volatile("cp.async.wait_group %0;" :: "n"(S - 2) : "memory");
+            wg_publish();
+            __syncthreads();  // block b landed for every thread; block b - 1's products are done
+            // This turn copies block b + S - 1: this chunk's, else the next chunk's. Its first
+            // (nb == kBlocks) waits for the next chunk's row offsets, written below over this
+            // chunk's (whose last reader was the turn before, behind the barrier above).
+            const int nb = b + S - 1, copy_stage = stage == 0 ? S - 1 : stage - 1;
+            if (nb < kBlocks) {
+                copy_block(nb, copy_stage, keys);
+                commit();
+            } else if (!has_next) {
+                commit();
+            } else if (nb > kBlocks) {
+                copy_block(nb - kBlocks, copy_stage, next.keys);
+                commit();
             }
-        }
-        // Accumulator i of o[mt]: column 8 (i / 4) + 2 pair + i % 2, the row (column % R).
-#pragma unroll
-        for (int mt = 0; mt < D / 64; ++mt) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) o[mt][i] *= alpha[2 * ((i >> 2) % (R / 8)) + (i & 1)];
-        }
-        wg_publish();  // without it the products read stale weights (NaN on an H200)
-        __syncthreads();  // p_s
-#pragma unroll
-        for (int mt = 0; mt < D / 64; ++mt) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) wg_hold(o[mt][i]);
-        }
-        wg_fence();
-#pragma unroll
-        for (int mt = 0; mt < D / 64; ++mt) {
-#pragma unroll
-            for (int k = 0; k < kWgKeys / 16; ++k) {
-                // A: keys 16 k.. (two 1024-byte groups of 8 rows), d 64 mt.. (column block mt);
-                // B: the same keys (key groups 2 k, 2 k + 1), all of P's 2 R columns.
-                Wg<T>::template mma<2 * R, 1>(o[mt], v_desc + (mt * 8192 + k * 2048 >> 4),
-                                              p_desc + (2 * k * (R / 4) * 128 >> 4), 1);
-            }
-        }
-        wg_commit();
-        wg_wait_all();
-#pragma unroll
-        for (int mt = 0; mt < D / 64; ++mt) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) wg_hold(o[mt][i]);
-        }
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+            unsigned char* k_stage = ring + stage * 2 * kBlockBytes;
+            const u64 k_desc = wg_descriptor(k_stage, 16, 1024) | kSwizzle128;
+            const u64 v_desc = wg_descriptor(k_stage + kBlockBytes, 8192, 1024) | kSwizzle128;
 
-    // Each row's sum: over the quads (fixed xor order), then the warps in order.
+            float sc[R / 2];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
-        if (quad == 0) red_l[warp * R + row_of(r)] = l[r];
-        // The max in base e, as every tile's partial holds it for the merge.
-        if (quad == 0 && warp == 0) red_m[row_of(r)] = m_run[r] * (1.0f / kLog2e);
-    }
-    // The accumulators: d 64 mt + 16 warp + quad + 8 h, row r's register 4 (r / 2) + 2 h +
-    // r % 2 (hi; R / 2 further: the same row's lo). Each row's address once (computed at each
-    // store, the 32-row tile spent more instructions here than in a block of keys).
+            for (int i = 0; i < R / 2; ++i) sc[i] = 0.0f;
+            wg_fence();
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-        if (row_of(r) < nr) {
-            float* at = ws_acc +
-                        partial_index(s, g, chunk, r0 + row_of(r), c.heads_kv, chunks, rows) * D +
-                        16 * warp + quad;
+            for (int k = 0; k < D / 16; ++k) {  // 16 d a step: 32 bytes of a row; Q's 256
+                Wg<T>::template mma<R, 0>(sc, k_desc + ((k >> 2) * 8192 + (k & 3) * 32 >> 4),
+                                          q_desc + 16 * k, k);
+            }
+            wg_commit();
+            wg_wait_all();
+#pragma unroll
+            for (int i = 0; i < R / 2; ++i) wg_hold(sc[i]);
+
+            // Register i: key kb + 16 warp + quad + 8 ((i / 2) % 2), row (i / 4, i % 2) of pos.
+            float mx[kRows];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) mx[r] = minus_infinity();
+#pragma unroll
+            for (int i = 0; i < R / 2; ++i) {
+                const int r = 2 * (i >> 2) + (i & 1);
+                const int j = kb + 16 * warp + quad + 8 * ((i >> 1) & 1), key_pos = k0 + j;
+                const int p = pos[r];
+                const bool seen = j < keys && key_pos <= p && (left < 0 || key_pos >= p - left);
+                sc[i] = seen ? sc[i] * scale2 : minus_infinity();
+                mx[r] = fmaxf(mx[r], sc[i]);
+            }
+            float* block_m = red_m + (b & 1) * kWarps * R;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 4));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 8));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 16));
+                if (quad == 0) block_m[warp * R + row_of(r)] = mx[r];
+            }
+            if (has_next && nb == kBlocks) chunk_rows<D>(c, next, row_off);
+            __syncthreads();  // block_m (and the next chunk's row offsets)
+            if (has_next && nb == kBlocks) {
+                copy_block(0, copy_stage, next.keys);
+                commit();
+            }
+            float base[kRows], alpha[kRows];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                float m_new = m_run[r];
+                for (int w = 0; w < kWarps; ++w) m_new = fmaxf(m_new, block_m[w * R + row_of(r)]);
+                const bool none = m_new == minus_infinity();
+                base[r] = none ? 0.0f : m_new;
+                alpha[r] = none ? 1.0f : wg_exp2(m_run[r] - m_new);
+                m_run[r] = m_new;
+            }
+            // Weights, this thread's sums of them, and P's words: key k = 16 warp + quad + 8 h
+            // holds rows (2 pair, 2 pair + 1) of row group rg as one word of T, hi at column group
+            // rg and lo at R / 8 + rg of P's R / 4: word ((k / 8) x R / 4 + group) x 32 +
+            // (k % 8) x 4 + pair.
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) l[r] *= alpha[r];
+#pragma unroll
+            for (int rg = 0; rg < R / 8; ++rg) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = 4 * rg + 2 * h;
+                    const float x0 = wg_exp2(sc[i] - base[2 * rg]);
+                    const float x1 = wg_exp2(sc[i + 1] - base[2 * rg + 1]);
+                    l[2 * rg] += x0;
+                    l[2 * rg + 1] += x1;
+                    const unsigned hi = Mma<T>::pack(x0, x1);
+                    const unsigned lo = Mma<T>::pack(x0 - Mma<T>::low(hi), x1 - Mma<T>::high(hi));
+                    const int kg = 2 * warp + h;
+                    p_s[(kg * (R / 4) + rg) * 32 + quad * 4 + pair] = hi;
+                    p_s[(kg * (R / 4) + R / 8 + rg) * 32 + quad * 4 + pair] = lo;
+                }
+            }
+            // Accumulator i of o[mt]: column 8 (i / 4) + 2 pair + i % 2, the row (column % R).
 #pragma unroll
             for (int mt = 0; mt < D / 64; ++mt) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int i = 4 * (r >> 1) + 2 * h + (r & 1);
-                    store_partial(at + 64 * mt + 8 * h, o[mt][i] + o[mt][i + R / 2]);
+                for (int i = 0; i < R; ++i) o[mt][i] *= alpha[2 * ((i >> 2) % (R / 8)) + (i & 1)];
+            }
+            wg_publish();  // without it the products read stale weights (NaN on an H200)
+            __syncthreads();  // p_s
+#pragma unroll
+            for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+                for (int i = 0; i < R; ++i) wg_hold(o[mt][i]);
+            }
+            wg_fence();
+#pragma unroll
+            for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+                for (int k = 0; k < kWgKeys / 16; ++k) {
+                    // A: keys 16 k.. (two 1024-byte groups of 8 rows), d 64 mt.. (column block mt);
+                    // B: the same keys (key groups 2 k, 2 k + 1), all of P's 2 R columns.
+                    Wg<T>::template mma<2 * R, 1>(o[mt], v_desc + (mt * 8192 + k * 2048 >> 4),
+                                                  p_desc + (2 * k * (R / 4) * 128 >> 4), 1);
+                }
+            }
+            wg_commit();
+            wg_wait_all();
+#pragma unroll
+            for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+                for (int i = 0; i < R; ++i) wg_hold(o[mt][i]);
+            }
+            stage = stage == S - 1 ? 0 : stage + 1;
+        }
+        if (!has_next) asm volatile("cp.async.wait_group 0;" ::: "memory");
+
+        // Each row's sum: over the quads (fixed xor order), then the warps in order.
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 4);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 8);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 16);
+            if (quad == 0) red_l[warp * R + row_of(r)] = l[r];
+            // The max in base e, as every tile's partial holds it for the merge.
+            if (quad == 0 && warp == 0) red_m[row_of(r)] = m_run[r] * (1.0f / kLog2e);
+        }
+        // The accumulators: d 64 mt + 16 warp + quad + 8 h, row r's register 4 (r / 2) + 2 h +
+        // r % 2 (hi; R / 2 further: the same row's lo). Each row's address once (computed at each
+        // store, the 32-row tile spent more instructions here than in a block of keys).
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            if (row_of(r) < nr) {
+                const i64 row = partial_index(s, g, chunk, r0 + row_of(r), c.heads_kv, chunks,
+                                              rows);
+                float* at = ws_acc + row * D + 16 * warp + quad;
+#pragma unroll
+                for (int mt = 0; mt < D / 64; ++mt) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int i = 4 * (r >> 1) + 2 * h + (r & 1);
+                        store_partial(at + 64 * mt + 8 * h, o[mt][i] + o[mt][i + R / 2]);
+                    }
                 }
             }
         }
-    }
-    __syncthreads();  // red_l, red_m
-    if (tid < nr) {
-        float row_l = 0.0f;
-        for (int w = 0; w < kWarps; ++w) row_l += red_l[w * R + tid];
-        const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
-        store_partial(ws_ml + 2 * at, red_m[tid]);
-        store_partial(ws_ml + 2 * at + 1, row_l);
+        __syncthreads();  // red_l, red_m
+        if (tid < nr) {
+            float row_l = 0.0f;
+            for (int w = 0; w < kWarps; ++w) row_l += red_l[w * R + tid];
+            const i64 at = partial_index(s, g, chunk, r0 + tid, c.heads_kv, chunks, rows);
+            store_partial(ws_ml + 2 * at, red_m[tid]);
+            store_partial(ws_ml + 2 * at + 1, row_l);
+        }
+        if (!has_next) break;
+        t = next;
+    }  // the span's chunks
+    // The span's chunks after those a row sees, up to the length: none is seen (each row's
+    // window only moves later with the chunk, its last position not at all).
+    if constexpr (kSpans) {
+        for (int chunk = t.chunk + 1; chunk < last && chunk * kChunk < len; ++chunk) {
+            write_unseen<D>(c, s, g, chunk, r0, nr, q_len, group, chunks, ws_acc, ws_ml);
+        }
     }
 }
 
 #else
-template <typename T, int D, int R>
+template <typename T, int D, int R, bool kSpans>
 __device__ void partial_wg(const T*, i64, i64, i64, const Cache&, const int*, float*, float*,
-                           int, int, int, int, float, int) {
+                           int, int, int, int, float, int, int) {
     __trap();
 }
 #endif
@@ -432,8 +489,16 @@ __device__ void partial_wg(const T*, i64, i64, i64, const Cache&, const int*, fl
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                    \
         decode_partial_##SUFFIX##_128_##R##wg(OPFACADE_PARTIAL_PARAMS(T)) {                      \
         let_dependents_launch();                                                                 \
-        partial_wg<T, kWgDim, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,     \
-                                 ws_ml, q_len, group, tiles, chunks, scale, left);               \
+        partial_wg<T, kWgDim, R, false>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens,      \
+                                        ws_acc, ws_ml, q_len, group, tiles, chunks, scale, left, \
+                                        1);                                                      \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(kThreads, 2)                                    \
+        decode_partial_##SUFFIX##_128_##R##wg_spans(OPFACADE_PARTIAL_PARAMS(T), int span) {      \
+        let_dependents_launch();                                                                 \
+        partial_wg<T, kWgDim, R, true>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens,       \
+                                       ws_acc, ws_ml, q_len, group, tiles, chunks, scale, left,  \
+                                       span);                                                    \
     }
 
 OPFACADE_PARTIAL_WG(f16, f16_t, 16)

@@ -17,7 +17,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]
-                                       | --tree-vs=DIR]
+                                       | --tree-vs=DIR | --wg-spans]
                                        [--mma-only] [--parts] [--set-aside=BYTES|max]
                                        [--before=DIR]
 """
@@ -548,6 +548,29 @@ if flag_value("tree-vs"):
              (64, 4096, "paged4", 16), (64, 4096, "paged", 16, {"heads_q": 128}),
              (64, 32768, "paged", 16, {"heads_kv": 1}),
              (64, 4096, "contiguous4", 0, {"ragged": True})]
+# --wg-spans: the wgmma tiles' spans as decode.wg_span picks them (the 32-row tile's CTAs run
+# WG_SPAN[32] = 4 chunks without a window over caches of WG_SPAN_CHUNKS chunks or more, on grids
+# of WG_SPAN_WAVES waves or more) against one chunk a CTA and against the 32-row tile at 2; and
+# the wgmma tile's batches split only on grids of 8 waves or more ("wg split at 8 waves")
+# against at any grid (SPLIT_WAVES_WG = 0, the default). Same sums: the bits are compared. The
+# forty-second session's call 3 ran it before WG_SPAN_CHUNKS and the window's rule (every grid
+# of 4 waves spanned) and with the split's variant written as SPLIT_WAVES = 8 / 264 (record
+# catalog/probes/decode_wg_spans_H200.json).
+if "--wg-spans" in sys.argv:
+    VARIANTS = interleaved({"wg span 1": (), "wg 32 span 2": (), "wg split at 8 waves": ()})
+    PATCHES = {"wg span 1": {"WG_SPAN": {16: 1, 32: 1}},
+               "wg 32 span 2": {"WG_SPAN": {16: 1, 32: 2}},
+               "wg split at 8 waves": {"SPLIT_WAVES_WG": 8}}
+    PATCHES = {**PATCHES, **{f"{name} again": patch for name, patch in PATCHES.items()}}
+    CASES = [(64, 32768, "contiguous", 0, {"heads_kv": 1}),
+             (64, 32768, "paged", 16, {"heads_kv": 1}),
+             (64, 32768, "contiguous", 0, {"heads_kv": 1, "ragged": True}),
+             (64, 32768, "contiguous", 0, {"heads_kv": 1, "window": {"left": 1000}}),
+             (16, 32768, "contiguous", 0, {"heads_kv": 1}), (64, 4096, "contiguous8", 0),
+             (64, 4096, "paged8", 16), (64, 4096, "contiguous8", 0, {"ragged": True}),
+             (64, 4096, "contiguous4", 0), (16, 4096, "contiguous4", 0),
+             (32, 4096, "contiguous4", 0), (2, 32768, "contiguous4", 0),
+             (16, 4096, "paged", 16, {"heads_q": 128}), (8, 32768, "contiguous4", 0)]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge
@@ -722,7 +745,9 @@ def main() -> None:
                 "MERGE_THREADS": kernels.MERGE_THREADS, "MERGE_ROWS": kernels.MERGE_ROWS,
                 "SPLIT_TILES": kernels.SPLIT_TILES, "STAGES": kernels.STAGES,
                 "SPLIT_WAVES": kernels.SPLIT_WAVES, "WG_DIMS": kernels.WG_DIMS,
-                "WG_STAGES": kernels.WG_STAGES}
+                "WG_STAGES": kernels.WG_STAGES, "WG_SPAN": kernels.WG_SPAN,
+                "WG_SPAN_WAVES": kernels.WG_SPAN_WAVES, "WG_SPAN_CHUNKS": kernels.WG_SPAN_CHUNKS,
+                "SPLIT_WAVES_WG": kernels.SPLIT_WAVES_WG}
     for name, options in VARIANTS.items():
         use_module(load_build(options), load_build(WG_OPTIONS[name], kernels.WG_SOURCE)
                    if name in WG_OPTIONS else None)

@@ -105,6 +105,14 @@ run_case("f16", "contiguous", 128, 24, 2, 1, 1100, 3, 200, True)
 run_case("f16", "paged", 128, 30, 2, 1, 700, 4, None, True)
 run_case("f16", "contiguous", 128, 32, 1, 1, 900, 3, None, True)  # 32 rows: the 32-row tile
 run_case("f16", "paged", 128, 8, 2, 5, 700, 4, 100, True)          # 20 rows of 32
+# The wgmma tiles' spans (decode.wg_span: a CTA over several chunks, its ring running on into
+# the next), forced on these small grids, on garbage lengths and pages and windows.
+wg_span = kernels.wg_span
+kernels.wg_span = lambda rows, *grid: 3 if rows == 16 else 2
+run_case("f16", "contiguous", 128, 24, 2, 1, 1700, 3, 200, True)
+run_case("f16", "paged", 128, 32, 1, 1, 2100, 3, None, True)
+run_case("f16", "paged", 128, 8, 2, 4, 1600, 4, 300, True)
+kernels.wg_span = wg_span
 kernels.WG_DIMS = ()
 run_case("f16", "paged", 128, 32, 8, 4, 700, 5, None, False)
 run_case("f16", "contiguous", 128, 16, 2, 2, 300, 5, None, True)

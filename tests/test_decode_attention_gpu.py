@@ -365,6 +365,37 @@ def test_the_wgmma_tile_matches_the_reference(monkeypatch, cache, window, elemen
     _check(problem, args, plan.precision_guarantee.max_rel_error)
 
 
+@pytest.mark.parametrize("span", [2, 3])
+@pytest.mark.parametrize("cache", [Cache("contiguous"), Cache("paged", "nhd", 16),
+                                   Cache("paged", "hnd", 1), Cache("pointers")],
+                         ids=lambda c: c.id)
+@pytest.mark.parametrize("window", [None, (300, None), (63, None)],
+                         ids=["full", "window", "window 63"])
+@pytest.mark.parametrize(("element", "q_len", "heads_q", "tile"),
+                         [("bf16", 4, 8, 16), ("f16", 8, 16, 32)])
+def test_the_wgmma_tiles_spans_give_one_chunks_bits(monkeypatch, span, cache, window, element,
+                                                    q_len, heads_q, tile):
+    """The wgmma tiles' spans kernels (a CTA over `span` consecutive chunks, its ring running on
+    from one chunk into the next), forced on a small grid: the same bits as one chunk a CTA and
+    the reference's values, across lengths that end inside a chunk or on its edge (so a span's
+    next chunk starts at the length), empty sequences, windows that leave a span's first chunks
+    unseen, and (two 32-row tiles at q_len 8) a tile whose last position leaves a span's last
+    chunk unseen."""
+    from opfacade._backends.nvrtc import decode as kernels
+
+    if not kernels.wgmma_on(0):
+        pytest.skip("the wgmma tile runs on sm_90 devices")
+    desc = _descriptor(cache, element, 2100, 10, heads_q=heads_q, heads_kv=2, head_dim=128,
+                       window=window, q_len=q_len)
+    problem, plan, ((one, plain), (spans, spanned)) = _runs_under(
+        monkeypatch, desc, [2100, 0, 1, 1028, 257, 1536, 2048, 577, 1024, 1029], 11,
+        [("wg_span", lambda *grid: 1), ("wg_span", lambda *grid: span)])
+    kernel = f"decode_partial_{element}_128_{tile}wg"
+    assert (plain, spanned) == (kernel, kernel + "_spans")
+    _check(problem, spans, plan.precision_guarantee.max_rel_error)
+    assert torch.equal(one.out, spans.out) and torch.equal(one.lse, spans.lse)
+
+
 @pytest.mark.parametrize(("capacity", "threads"),
                          [(8192, 64), (9000, 256), (20000, 512), (40000, 1024)])
 @pytest.mark.parametrize(("element", "head_dim", "heads_q"), [("bf16", 128, 8), ("f32", 64, 2)])

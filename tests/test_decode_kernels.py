@@ -45,8 +45,9 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.DIMS}
     partials |= {f"decode_partial_{e}_{d}_{kernels.KQ_ROWS}kq_b{blocks}" for e in ("f16", "bf16")
                  for d in kernels.KQ_DIMS for blocks in (3, 4)}
-    partials |= {f"decode_partial_{e}_{d}_{rows}wg" for e in ("f16", "bf16")
-                 for d in kernels.WG_DIMS for rows in kernels.WG_STAGES}
+    partials |= {f"decode_partial_{e}_{d}_{rows}wg{build}" for e in ("f16", "bf16")
+                 for d in kernels.WG_DIMS for rows in kernels.WG_STAGES
+                 for build in ("", "_spans")}
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     merges |= {f"decode_merge_{e}_rows" for e in ELEMENTS}
@@ -208,6 +209,24 @@ def test_only_the_16_row_tiles_batches_of_many_waves_split(rows, element, sequen
     halves lost: decode.SPLIT_WAVES)."""
     tile = kernels.row_tile(rows, ElementKind(element), 128)
     assert kernels.splits_batch(tile, sequences, round(waves * 396), lambda: 396) == split
+
+
+def test_the_wgmma_tiles_batches_split_at_any_grid():
+    """decode.SPLIT_WAVES_WG: the wgmma tile's batches of two sequences or more split whatever
+    their waves, as they did while the occupancy query answered 0 for it."""
+    tile = kernels.Tile(kernels.WG_TILE, "wg")
+    assert kernels.splits_batch(tile, 2, 100, lambda: 264)
+    assert not kernels.splits_batch(tile, 1, 10_000, lambda: 264)
+
+
+@pytest.mark.parametrize(("rows", "n_chunks", "windowed", "waves", "span"), [
+    (32, 64, False, 15.5, 4), (32, 16, False, 4, 4), (32, 64, True, 15.5, 1),
+    (32, 8, False, 15.5, 1), (32, 64, False, 3.9, 1), (16, 64, False, 15.5, 1)])
+def test_the_32_row_tile_runs_spans_without_a_window_on_long_caches_of_many_waves(
+        rows, n_chunks, windowed, waves, span):
+    """decode.wg_span: MQA B64 S32768 (64 chunks, 15.5 waves of one-chunk CTAs on an H200) runs
+    4 chunks a CTA; a window, caches of 8 chunks, grids of a few waves and the 16-row tile, one."""
+    assert kernels.wg_span(rows, n_chunks, windowed, round(waves * 264), 264) == span
 
 
 def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):

@@ -104,6 +104,18 @@ WG_ROWS_MOST = 32  # kv heads of more than WG_TILE rows take tiles of 32 (each r
 WG_DIMS = (128,)
 WG_STAGES = {WG_TILE: 3, WG_ROWS_MOST: 2}  # ring blocks by the tile's rows; native: kWgStages
 WG_KEYS = 64  # native: kWgKeys
+# A wgmma CTA may run WG_SPAN[rows] consecutive chunks (decode_wg.cu's *_spans kernels: its ring
+# runs on into the next chunk, whose first copies then wait on no CTA start or epilogue; each
+# chunk's partial as alone, so no bit changes): without a window, over caches of at least
+# WG_SPAN_CHUNKS chunks, on grids of at least WG_SPAN_WAVES waves of one-chunk CTAs. The
+# 32-row tile gained 3-7 points of a copy from spans of 4 (MQA B64 S32768 80.9-81.6% against
+# 73.9-75.7%, the same with lengths spread over the cache +4); a window's few chunks a sequence
+# (-16 to -25%) and spread lengths in caches of 8 chunks (q_len 8 B64 S4096, -10%) lost, hence
+# the window and WG_SPAN_CHUNKS; the 16-row tile lost 1-2 points at spans of 2 and 4 (docs/
+# DECODE.md, "decode.py's constants").
+WG_SPAN = {WG_TILE: 1, WG_ROWS_MOST: 4}
+WG_SPAN_WAVES = 4
+WG_SPAN_CHUNKS = 16
 # The batch in two halves, each a partial grid and its merge, on two streams (a fork and a
 # join in the step's graph): one half's merge runs while the other's partial grid still
 # streams, where one grid's merge waits for all of it. It gained 1.3-1.9 points of a copy
@@ -112,6 +124,12 @@ WG_KEYS = 64  # native: kWgKeys
 # catalog/probes/decode_host_H200.json) (docs/DECODE.md, "decode.py's constants").
 SPLIT_TILES = ("mma", "wg")
 SPLIT_WAVES = 8
+# The wgmma tile's batches split on grids of any size (two sequences or more). So they did
+# until the forty-second session without anyone choosing it: the occupancy query behind
+# SPLIT_WAVES answered 0 CTAs for a kernel not yet allowed its shared memory. Measured then
+# against one grid: B32 S4096 q_len 4 (7.8 waves) 91.5-91.7% of a copy against 89.1-90.0%,
+# B16 S4096 and B2 S32768 (3.9 waves) alike (docs/DECODE.md, "decode.py's constants").
+SPLIT_WAVES_WG = 0
 CHECK_THREADS = 256
 DEFAULT_SHARED = 48 << 10  # dynamic shared memory a kernel has without opting in
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
@@ -269,8 +287,8 @@ def splits_batch(tile: Tile, sequences: int, ctas: int, resident: Callable[[], i
     waves of ``resident()`` CTAs (an occupancy query, asked only where the rest allows a
     split). Each half is the same kernels over its own sequences, so the bits are the whole
     batch's (batch invariance), and the choice may follow the grid."""
-    return (tile.kind in SPLIT_TILES and sequences >= 2
-            and ctas >= SPLIT_WAVES * max(resident(), 1))
+    waves = SPLIT_WAVES_WG if tile.kind == "wg" else SPLIT_WAVES
+    return tile.kind in SPLIT_TILES and sequences >= 2 and ctas >= waves * max(resident(), 1)
 
 
 def row_tiles(heads_q: int, heads_kv: int, q_len: int, tile: Tile) -> int:
@@ -287,10 +305,23 @@ def partial_ctas(cache: DecodeCache, tile: Tile, heads_q: int, q_len: int,
 
 def resident_ctas(element: ElementKind, device: int, cache: DecodeCache, tile: Tile,
                   kernel: str) -> int:
-    """CTAs of partial ``kernel`` (a register build, one-chunk shared memory) held at once."""
+    """CTAs of partial ``kernel`` (a register build, one-chunk shared memory) held at once.
+    A kernel is let have its shared memory first: past DEFAULT_SHARED, the occupancy query
+    answers for the kernel as allowed so far, 0 CTAs before it is allowed."""
     function = get_kernel(tile.source, kernel, device)
     shared = shared_bytes(element, cache.dim, tile)
+    if shared > DEFAULT_SHARED:
+        function = allow_shared(function, kernel, device, shared)
     return device_sm_count(device) * resident_blocks(function, THREADS, shared, device)
+
+
+def wg_span(rows: int, n_chunks: int, windowed: bool, ctas: int, resident: int) -> int:
+    """Chunks a wgmma CTA of ``rows`` rows runs over a cache of ``n_chunks`` chunks, for a grid
+    of ``ctas`` one-chunk CTAs on a device holding ``resident`` at once: WG_SPAN's without a
+    window, over at least WG_SPAN_CHUNKS chunks, on grids of at least WG_SPAN_WAVES waves;
+    else 1."""
+    spans = not windowed and n_chunks >= WG_SPAN_CHUNKS and ctas >= WG_SPAN_WAVES * resident
+    return WG_SPAN[rows] if spans else 1
 
 
 def mma_build(ctas: int, resident: int) -> str:
@@ -397,6 +428,8 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
         build = mma_build(ctas, resident(name))
     elif tile == Tile(TILES[0]):  # the 4-row tiles may run spans (their *_spans kernels)
         span = span_for(ctas, resident(name))
+    elif tile.kind == "wg":
+        span = wg_span(tile.rows, n_chunks, window_left is not None, ctas, resident(name))
     if span > 1:
         build = "_spans"
         partial_args = (*partial_args, np.int32(span))
