@@ -17,7 +17,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]
-                                       | --tree-vs=DIR | --wg-spans]
+                                       | --tree-vs=DIR | --wg-spans | --wg-span-most]
                                        [--mma-only] [--parts] [--set-aside=BYTES|max]
                                        [--before=DIR]
 """
@@ -571,6 +571,16 @@ if "--wg-spans" in sys.argv:
              (64, 4096, "contiguous4", 0), (16, 4096, "contiguous4", 0),
              (32, 4096, "contiguous4", 0), (2, 32768, "contiguous4", 0),
              (16, 4096, "paged", 16, {"heads_q": 128}), (8, 32768, "contiguous4", 0)]
+# --wg-span-most: the 32-row tile at spans of 8 and 16 chunks against the default's 4, on long
+# caches (the same sums: the bits are compared).
+if "--wg-span-most" in sys.argv:
+    VARIANTS = interleaved({"wg 32 span 8": (), "wg 32 span 16": ()})
+    PATCHES = {name: {"WG_SPAN": {16: 1, 32: 8 if "span 8" in name else 16}}
+               for name in VARIANTS if "span" in name}
+    CASES = [(64, 32768, "contiguous", 0, {"heads_kv": 1}),
+             (64, 32768, "paged", 16, {"heads_kv": 1}),
+             (64, 32768, "contiguous", 0, {"heads_kv": 1, "ragged": True}),
+             (32, 32768, "contiguous", 0, {"heads_kv": 1}), (16, 32768, "contiguous8", 0)]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge
