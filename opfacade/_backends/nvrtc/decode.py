@@ -306,8 +306,8 @@ def partial_ctas(cache: DecodeCache, tile: Tile, heads_q: int, q_len: int,
 def resident_ctas(element: ElementKind, device: int, cache: DecodeCache, tile: Tile,
                   kernel: str) -> int:
     """CTAs of partial ``kernel`` (a register build, one-chunk shared memory) held at once.
-    A kernel is let have its shared memory first: past DEFAULT_SHARED, the occupancy query
-    answers for the kernel as allowed so far, 0 CTAs before it is allowed."""
+    The kernel is first allowed its shared memory: past DEFAULT_SHARED the occupancy query
+    answers for the kernel as allowed so far, which is 0 CTAs before it is allowed."""
     function = get_kernel(tile.source, kernel, device)
     shared = shared_bytes(element, cache.dim, tile)
     if shared > DEFAULT_SHARED:
