@@ -188,21 +188,25 @@ __device__ __forceinline__ bool chunk_tile(const Cache& c, const int* __restrict
                             left, ws_acc, ws_ml);
 }
 
-// Each key's row of the chunk, as an element offset from its sequence's K (and V) base, into
-// row_off[0, keys): a paged cache's table lookup and page arithmetic leave the load loops, whose
-// addresses then need no dependent load. The caller syncs before reading it.
+// Key `key`'s row of sequence s, kv head g, as an element offset from the sequence's K (and V)
+// base; `page` is a paged cache's page for it (pool_page's -1, an entry outside the pool, reads
+// page 0: garbage in, but inside the cache).
+template <int D>
+__device__ __forceinline__ i64 key_row(const Cache& c, int s, int g, int key, int page) {
+    return c.kind == 1 ? offset(c, max(page, 0), page_slot(c, key), g, c.page_size, D)
+                       : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
+}
+
+// Each key's row of the chunk (key_row) into row_off[0, keys): a paged cache's table lookup and
+// page arithmetic leave the load loops, whose addresses then need no dependent load. The
+// caller syncs before reading it.
 template <int D>
 __device__ __forceinline__ void chunk_rows(const Cache& c, int s, int g, int k0, int keys,
                                            i64* row_off) {
 #pragma unroll
     for (int u = 0; u < kChunk / kThreads; ++u) {  // unrolled: the table loads fly together
         const int j = threadIdx.x + u * kThreads, key = k0 + j;
-        if (j < keys) {
-            row_off[j] = c.kind == 1
-                             ? offset(c, max(page_of(c, s, key), 0), page_slot(c, key), g,
-                                      c.page_size, D)
-                             : offset(c, c.kind == 2 ? 0 : s, key, g, c.capacity, D);
-        }
+        if (j < keys) row_off[j] = key_row<D>(c, s, g, key, c.kind == 1 ? page_of(c, s, key) : 0);
     }
 }
 
@@ -212,12 +216,7 @@ __device__ __forceinline__ void chunk_rows(const Cache& c, const ChunkTile& t, i
 #pragma unroll
     for (int u = 0; u < kChunk / kThreads; ++u) {
         const int j = threadIdx.x + u * kThreads, key = t.k0 + j;
-        if (j < t.keys) {
-            row_off[j] = c.kind == 1
-                             ? offset(c, in_pool(c, t.page[u]), page_slot(c, key), t.g,
-                                      c.page_size, D)
-                             : offset(c, c.kind == 2 ? 0 : t.s, key, t.g, c.capacity, D);
-        }
+        if (j < t.keys) row_off[j] = key_row<D>(c, t.s, t.g, key, pool_page(c, t.page[u]));
     }
 }
 

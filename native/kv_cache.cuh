@@ -81,15 +81,14 @@ __device__ __forceinline__ int table_entry(const Cache& c, int s, int p) {
     return page;
 }
 
-// A table entry that names a page of the pool, else page 0 (garbage in, but inside the cache).
-__device__ __forceinline__ int in_pool(const Cache& c, int page) {
-    return page >= 0 && page < c.pages ? page : 0;
+// A table entry as a page of the pool, or -1 where it is outside the pool.
+__device__ __forceinline__ int pool_page(const Cache& c, int entry) {
+    return entry >= 0 && entry < c.pages ? entry : -1;
 }
 
 // The page of position p of sequence s, or -1 where the table's entry is outside the pool.
 __device__ __forceinline__ int page_of(const Cache& c, int s, int p) {
-    const int page = c.table[(i64)s * c.max_pages + page_index(c, p)];
-    return page >= 0 && page < c.pages ? page : -1;
+    return pool_page(c, c.table[(i64)s * c.max_pages + page_index(c, p)]);
 }
 
 // Where position p of sequence s, kv head g starts; a page outside the pool reads page 0
