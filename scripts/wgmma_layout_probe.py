@@ -22,6 +22,17 @@ __device__ __forceinline__ u64 desc(const void* p, unsigned lbo, unsigned sbo) {
 __device__ __forceinline__ int core_at(int r, int c, int per) {
     return ((r >> 3) * per + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7);
 }
+// One wgmma.m64n16k16 (bf16, f32 accumulators d, 8 a thread): d = a b (+ d where add), with
+// trans-a and trans-b both kTrans.
+template <int kTrans>
+__device__ __forceinline__ void mma16(float* d, u64 a, u64 b, int add) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, %11;\n}"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7])
+        : "l"(a), "l"(b), "r"(add), "n"(kTrans));
+}
 #define D 128
 extern "C" __global__ void qk(const unsigned short* K, const unsigned short* Q, float* out,
                               unsigned lbo, unsigned sbo) {
@@ -36,12 +47,7 @@ extern "C" __global__ void qk(const unsigned short* K, const unsigned short* Q, 
     for (int k = 0; k < D / 16; ++k) {
         u64 da = desc(ks + core_at(0, 16 * k, D / 8), lbo, sbo);
         u64 db = desc(qs + core_at(0, 16 * k, D / 8), lbo, sbo);
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-            "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7])
-            : "l"(da), "l"(db), "r"(k));
+        mma16<0>(d, da, db, k);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -68,12 +74,7 @@ __device__ void pv_body(const unsigned short* V, const unsigned short* P, float*
             u64 db = desc(ps + core_at(16 * k, 0, N / 8), lbo_b, sbo_b);
             float* x = d[mt];
             if constexpr (N == 16) {
-                asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-                    "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-                    "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 1, 1;\n}"
-                    : "+f"(x[0]), "+f"(x[1]), "+f"(x[2]), "+f"(x[3]), "+f"(x[4]), "+f"(x[5]),
-                      "+f"(x[6]), "+f"(x[7])
-                    : "l"(da), "l"(db), "r"(k));
+                mma16<1>(x, da, db, k);
             } else {
                 asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
