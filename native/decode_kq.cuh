@@ -10,6 +10,17 @@
 // pipelines measured 2-3 points of a copy slower on the 16-row tile (decode_mma.cuh). K's and
 // V's pipelines share one lambda (pipeline) whose kernels' SASS is that of the two loops
 // written out, instruction for instruction (nvdisasm).
+//
+// Kv heads of up to 4 rows (R 4: GQA 4 at one new token, the common case) load K in whole
+// 128-byte lines: docs/DECODE.md, "The kq tile's K in whole lines". The scores' m16n8k16 takes
+// 16 keys a warp and 4 lanes a key row, so a 16-byte load a lane reads 8 keys x 64 bytes an
+// instruction, two L2 requests of half a line each for every line of K (V's loads read 4
+// keys x 128 bytes). At R 4 B's columns 4-7 are free: the lanes of column n >= 4 hold query
+// row n - 4 again, over other quarters of D. Lane (gid, tig), a = gid / 4, loads quarters a
+// and 2 + a of its keys (vectors 4 (2 p + a) + tig), so the 8 lanes of gid and gid ^ 4 read
+// one key's line together, and its product rows meet the query row in column 4 a + row: every
+// product is one key's dot with one row over two quarters, and each score is the sum of two
+// (quarters 0 and 2, then 1 and 3), taken across lanes by shuffles into the R 8 layout.
 #pragma once
 #include "decode_mma.cuh"
 
@@ -17,13 +28,32 @@ namespace {
 
 constexpr int kKqRows = 8;  // B's columns: the tile's query rows
 
-template <typename T, int D>
+// The reduce of a paired (R 4) tile's two halves of a score block (the C fragment of keys
+// 8 block + gid % 4 + 4 h over quarters 0 and 2 in lanes gid < 4, columns 0-3, over quarters 1
+// and 3 in lanes gid >= 4, columns 4-7): into lane (gid, tig) the scores of key 8 block + gid
+// for rows 2 tig and 2 tig + 1 (tig < 2; the others hold padding rows), quarters 0 and 2 first.
+// Lane (b, t), b < 4, t < 2 adds its own c0, c1 and those of lane (4 + b, t + 2) (lane ^ 18),
+// and the same for c2, c3 (key 4 + b), which lane (4 + b, t) takes from it (lane ^ 16).
+__device__ __forceinline__ void pair_scores(const float (&c)[4], bool upper, float* score) {
+    float sum[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sum[e] = c[e] + __shfl_xor_sync(0xffffffffu, c[e], 18);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const float high = __shfl_xor_sync(0xffffffffu, sum[2 + e], 16);
+        score[e] = upper ? high : sum[e];
+    }
+}
+
+template <typename T, int D, int R>
 __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                            const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                            float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
                            float scale, int left) {
-    constexpr int R = kKqRows;
     constexpr int kP = D / 32;              // vectors of a key row a lane loads for the scores
+    // R 4: K in whole lines (above): a lane's Q words and K vectors cover half of D.
+    constexpr bool kPaired = R <= 4;
+    constexpr int kQ = kPaired ? kP / 2 : kP;  // Q's vectors a lane holds
     constexpr int kGroups = kWarpKeys / 16;  // a warp's groups of 16 keys
     constexpr int kMTiles = D / 16;          // the output's m-tiles of 16 d
     static_assert(D == 128, "the kq tile's d mapping is written for D 128");
@@ -37,20 +67,24 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     const int warp_key0 = warp * kWarpKeys;
 
     // Shared: row offsets [kChunk] i64, row maxima and sums [kWarps][R], the warps'
-    // accumulators [kWarps][R][D].
+    // accumulators [kWarps][R][D]. (At R 4, lanes with tig >= 2 hold padding rows 4-7.)
     i64* row_off = reinterpret_cast<i64*>(shared);
     float* warp_m = shared + 2 * kChunk;
     float* warp_l = warp_m + kWarps * R;
     float* sums = warp_l + kWarps * R;
 
-    // Q's B words: query row gid's vectors 4 p + tig (zeros past the tile's rows), unscaled.
+    // Q's B words: query row gid's vectors 4 p + tig (zeros past the tile's rows), unscaled; at
+    // R 4 row gid % 4's vectors 4 (2 p + a) + tig.
     // Each is one 16-byte load where q's rows are 16-byte aligned (the same for the whole grid),
     // else two elements a word: the same words. On an H200 the vectors read 0-1 point of a copy
     // better on most rows (scripts/decode_variants.py --kq-q, record
     // catalog/probes/decode_kq_q_H200.json); Q's element loads were a fifth of the tile's loads.
-    unsigned qw[kP][4];
+    const int upper = gid >> 2;  // a, at R 4: this lane's quarters of D are a and 2 + a
+    auto q_vector = [&](int p) { return kPaired ? 4 * (2 * p + upper) + tig : 4 * p + tig; };
+    unsigned qw[kQ][4];
     {
-        const int row = r0 + gid;
+        const int q_rows = kPaired ? gid & 3 : gid;
+        const int row = r0 + q_rows;
         const T* q_row = q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
 #ifdef OPFACADE_KQ_Q_BY_ELEMENT  // the element loads only, for the variants script
         const bool vectors = false;
@@ -60,19 +94,20 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 #endif
         const u16* q_elements = reinterpret_cast<const u16*>(q_row);
 #pragma unroll
-        for (int p = 0; p < kP; ++p) {
+        for (int p = 0; p < kQ; ++p) {
             if (vectors) {
-                const uint4 v = gid < nr
-                                    ? *reinterpret_cast<const uint4*>(q_row + (4 * p + tig) * 8)
+                const uint4 v = q_rows < nr
+                                    ? *reinterpret_cast<const uint4*>(q_row + q_vector(p) * 8)
                                     : make_uint4(0, 0, 0, 0);
                 qw[p][0] = v.x, qw[p][1] = v.y, qw[p][2] = v.z, qw[p][3] = v.w;
                 continue;
             }
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const int d = (4 * p + tig) * 8 + 2 * i;
-                qw[p][i] = gid < nr ? (unsigned)q_elements[d] | ((unsigned)q_elements[d + 1] << 16)
-                                    : 0u;
+                const int d = q_vector(p) * 8 + 2 * i;
+                qw[p][i] = q_rows < nr
+                               ? (unsigned)q_elements[d] | ((unsigned)q_elements[d + 1] << 16)
+                               : 0u;
             }
         }
     }
@@ -89,15 +124,18 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     chunk_rows<D>(c, t, row_off);
     __syncthreads();  // row_off
 
-    // Scores: group gi's keys warp_key0 + 16 gi + gid (+ 8), vectors 4 p + tig; zeros past the
-    // chunk's keys (never loaded).
+    // Scores: group gi's keys warp_key0 + 16 gi + gid (+ 8), vectors 4 p + tig, as raw[h][p];
+    // at R 4 keys warp_key0 + 16 gi + 8 block + gid % 4 + 4 h, vectors 4 (2 p + a) + tig, as
+    // raw[block][2 h + p]. Zeros past the chunk's keys (never loaded).
     auto load_k = [&](uint4 (&raw)[2][kP], int gi) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int j = warp_key0 + 16 * gi + gid + 8 * h;
+        for (int x = 0; x < 2; ++x) {
 #pragma unroll
-            for (int p = 0; p < kP; ++p) {
-                raw[h][p] = j < keys ? load16(k_base + row_off[j] + (4 * p + tig) * 8)
+            for (int y = 0; y < kP; ++y) {
+                const int h = kPaired ? y / kQ : x, p = kPaired ? y % kQ : y;
+                const int j = warp_key0 + 16 * gi +
+                              (kPaired ? 8 * x + (gid & 3) + 4 * h : gid + 8 * h);
+                raw[x][y] = j < keys ? load16(k_base + row_off[j] + q_vector(p) * 8)
                                      : make_uint4(0, 0, 0, 0);
             }
         }
@@ -115,6 +153,23 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     };
     float sc[kGroups][4];
     auto score = [&](const uint4 (&raw)[2][kP], int gi) {
+        if constexpr (kPaired) {
+#pragma unroll
+            for (int block = 0; block < 2; ++block) {
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int p = 0; p < kQ; ++p) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {  // k-steps: words 2 h and 2 h + 1
+                        const uint4 &row = raw[block][p], &row8 = raw[block][kQ + p];
+                        Mma<T>::run(c, word(row, 2 * h), word(row8, 2 * h), word(row, 2 * h + 1),
+                                    word(row8, 2 * h + 1), qw[p][2 * h], qw[p][2 * h + 1]);
+                    }
+                }
+                pair_scores(c, upper, &sc[gi][2 * block]);
+            }
+            return;
+        }
         sc[gi][0] = sc[gi][1] = sc[gi][2] = sc[gi][3] = 0.0f;
 #pragma unroll
         for (int p = 0; p < kP; ++p) {
@@ -166,13 +221,15 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], o));
-        if (gid == 0) warp_m[warp * R + 2 * tig + h] = m[h];
+        if (gid == 0 && 2 * tig + h < R) warp_m[warp * R + 2 * tig + h] = m[h];
     }
     __syncthreads();  // warp_m
     float base[2], l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        for (int w = 0; w < kWarps; ++w) m[h] = fmaxf(m[h], warp_m[w * R + 2 * tig + h]);
+        if (2 * tig + h < R) {
+            for (int w = 0; w < kWarps; ++w) m[h] = fmaxf(m[h], warp_m[w * R + 2 * tig + h]);
+        }
         base[h] = m[h] == minus_infinity() ? 0.0f : m[h];
     }
 
@@ -199,7 +256,7 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
-        if (gid == 0) warp_l[warp * R + 2 * tig + h] = l[h];
+        if (gid == 0 && 2 * tig + h < R) warp_l[warp * R + 2 * tig + h] = l[h];
     }
 
     // O^T = V^T P^T: m-tile mt's rows are d = 8 gid + mt and 64 + 8 gid + mt; its A words pair

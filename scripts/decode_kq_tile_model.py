@@ -2,7 +2,8 @@
 K and V as mma.m16n8k16's A operand, Q and P as its B operand, so that every product row is a
 key (scores) or a head dimension (output) and no row is padding. It checks the index mappings
 only, in float64 (no rounding to the element type), against plain matrix products, for one
-warp's 16 keys at D 128 and 4 or 8 query rows. Not a kernel: the design is not built.
+warp's 16 keys at D 128 and 4 or 8 query rows, and the scores of the R 4 tile that reads K in
+whole 128-byte lines (scores_paired). The kernel is native/decode_kq.cuh.
 
     python3 scripts/decode_kq_tile_model.py
 
@@ -69,6 +70,39 @@ def scores(k: np.ndarray, q: np.ndarray) -> np.ndarray:
     return c
 
 
+def shfl_xor(values: np.ndarray, mask: int) -> np.ndarray:
+    """__shfl_xor_sync over a warp: lane i gets lane i ^ mask's value. values [32]."""
+    return values[np.arange(LANES) ^ mask]
+
+
+def scores_paired(k: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The R 4 tile's scores (decode_kq.cuh, K in whole lines): the same c [32, 4] as scores()
+    for rows 0-3 (lanes tig < 2; the others hold padding). Lane (gid, tig), a = gid // 4,
+    b = gid % 4, loads for block bl and h the vectors 4 (2 p + a) + tig (p = 0, 1) of key
+    8 bl + b + 4 h, and query row b's same vectors; each load instruction (bl, h, p) reads 4 keys,
+    8 lanes a key, 128 contiguous bytes each. pair_scores adds the quarters across lanes."""
+    out = np.zeros((LANES, 4))
+    for block in range(2):
+        c = np.zeros((LANES, 4))
+        for p in range(2):
+            for half in range(2):  # the vector's words 2 half, 2 half + 1
+                a, b = np.zeros((LANES, 4, 2)), np.zeros((LANES, 2, 2))
+                for lane in range(LANES):
+                    gid, tig = divmod(lane, 4)
+                    upper, row = divmod(gid, 4)
+                    base = (4 * (2 * p + upper) + tig) * VEC + 4 * half
+                    key0, key8 = 8 * block + row, 8 * block + row + 4  # A rows gid, gid + 8
+                    a[lane] = [k[key0, base:base + 2], k[key8, base:base + 2],
+                               k[key0, base + 2:base + 4], k[key8, base + 2:base + 4]]
+                    b[lane] = [q[row, base:base + 2], q[row, base + 2:base + 4]]
+                c = mma(a, b, c)
+        total = c + np.stack([shfl_xor(c[:, e], 18) for e in range(4)], axis=1)
+        high = np.stack([shfl_xor(total[:, 2 + e], 16) for e in range(2)], axis=1)
+        upper = (np.arange(LANES) // 4 >= 4)[:, None]
+        out[:, 2 * block:2 * block + 2] = np.where(upper, high, total[:, 0:2])
+    return out
+
+
 def output(v: np.ndarray, c: np.ndarray) -> np.ndarray:
     """O^T = V^T P^T with P = the scores c: accumulators [8 m-tiles, 32, 4]. P's B words are the
     transposes of (c0, c1) and (c2, c3); V's A words pair keys (2 tig, 2 tig + 1) and (2 tig + 8,
@@ -88,15 +122,18 @@ def output(v: np.ndarray, c: np.ndarray) -> np.ndarray:
     return acc
 
 
-def check(rows: int, seed: int) -> None:
+def check(rows: int, seed: int, paired: bool = False) -> None:
     rng = np.random.default_rng(seed)
     k, v = rng.standard_normal((KEYS, D)), rng.standard_normal((KEYS, D))
     q = np.zeros((8, D))
     q[:rows] = rng.standard_normal((rows, D))  # B's columns past the rows are zeros
-    c = scores(k, q)
+    c = scores_paired(k, q) if paired else scores(k, q)
     want = k @ q.T  # [keys, rows]
     for lane in range(LANES):
         gid, tig = divmod(lane, 4)
+        if paired and tig >= 2:  # padding rows 4-7: garbage, masked in the kernel
+            c[lane] = [want[gid, 2 * tig], want[gid, 2 * tig + 1], want[gid + 8, 2 * tig],
+                       want[gid + 8, 2 * tig + 1]]
         got = [c[lane, 0], c[lane, 1], c[lane, 2], c[lane, 3]]
         exp = [want[gid, 2 * tig], want[gid, 2 * tig + 1], want[gid + 8, 2 * tig],
                want[gid + 8, 2 * tig + 1]]
@@ -110,9 +147,13 @@ def check(rows: int, seed: int) -> None:
             exp = [want_out[low, 2 * tig], want_out[low, 2 * tig + 1],
                    want_out[high, 2 * tig], want_out[high, 2 * tig + 1]]
             np.testing.assert_allclose(acc[mt, lane], exp, rtol=1e-12, atol=1e-10)
-    print(f"rows {rows}, seed {seed}: scores and output fragments match K Q^T and V^T P^T")
+    layout = "R 4, K in whole lines" if paired else "R 8"
+    print(f"{layout}, rows {rows}, seed {seed}: scores and output fragments match K Q^T and "
+          "V^T P^T")
 
 
 if __name__ == "__main__":
     for rows, seed in ((4, 0), (8, 1), (1, 2)):
         check(rows, seed)
+    for rows, seed in ((4, 3), (3, 4), (1, 5)):
+        check(rows, seed, paired=True)

@@ -17,7 +17,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --mma-few | --mma-many | --occupancy16=DIR
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]
-                                       | --tree-vs=DIR | --wg-spans | --wg-span-most]
+                                       | --tree-vs=DIR | --wg-spans | --wg-span-most
+                                       | --kq-lines]
                                        [--mma-only] [--parts] [--set-aside=BYTES|max]
                                        [--before=DIR]
 """
@@ -581,6 +582,21 @@ if "--wg-span-most" in sys.argv:
              (64, 32768, "paged", 16, {"heads_kv": 1}),
              (64, 32768, "contiguous", 0, {"heads_kv": 1, "ragged": True}),
              (32, 32768, "contiguous", 0, {"heads_kv": 1}), (16, 32768, "contiguous8", 0)]
+# --kq-lines: kv heads of up to 4 rows on the kq tile's 4-row build, which reads K in whole
+# 128-byte lines (decode.KQ_LINE_ROWS, the default), against its 8-row build ("kq 8 rows",
+# the kernel before it: KQ_LINE_ROWS = 0). The scores add two halves of D there, another
+# order: the largest difference is printed. The GQA 8 rows run the 8-row build in both.
+if "--kq-lines" in sys.argv:
+    VARIANTS = interleaved({"kq 8 rows": ()})
+    PATCHES = {name: {"KQ_LINE_ROWS": 0} for name in VARIANTS if name.startswith("kq 8")}
+    OTHER_ORDER = set(PATCHES)
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (256, 1024, "paged", 16), (8, 32768, "contiguous", 0), (8, 32768, "paged", 64),
+             (1, 32768, "contiguous", 0), (1, 32768, "paged", 16),
+             (64, 8192, "contiguous", 0, {"ragged": True}),
+             (64, 4096, "contiguous", 0, {"element": "f16"}),
+             (64, 4096, "contiguous2", 0, {"heads_q": 16}),
+             (64, 4096, "contiguous", 0, {"heads_q": 64})]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge
@@ -757,7 +773,7 @@ def main() -> None:
                 "SPLIT_WAVES": kernels.SPLIT_WAVES, "WG_DIMS": kernels.WG_DIMS,
                 "WG_STAGES": kernels.WG_STAGES, "WG_SPAN": kernels.WG_SPAN,
                 "WG_SPAN_WAVES": kernels.WG_SPAN_WAVES, "WG_SPAN_CHUNKS": kernels.WG_SPAN_CHUNKS,
-                "SPLIT_WAVES_WG": kernels.SPLIT_WAVES_WG}
+                "SPLIT_WAVES_WG": kernels.SPLIT_WAVES_WG, "KQ_LINE_ROWS": kernels.KQ_LINE_ROWS}
     for name, options in VARIANTS.items():
         use_module(load_build(options), load_build(WG_OPTIONS[name], kernels.WG_SOURCE)
                    if name in WG_OPTIONS else None)

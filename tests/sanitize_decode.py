@@ -83,10 +83,14 @@ run_case("f16", "contiguous", 64, 4, 1, 1, 20000, 2, None, True)
 run_case("f32", "paged", 128, 2, 1, 1, 40000, 2, 500, False)
 # A paged cache of 1250 pages a sequence on garbage lengths and pages.
 run_case("f16", "paged", 64, 4, 1, 1, 20000, 2, None, True)
+# The kq tile's 4-row build (K in whole lines) on garbage lengths and pages, at 4 and 3 rows.
+run_case("f16", "paged", 128, 8, 2, 1, 400, 6, None, True)
+run_case("f16", "contiguous", 128, 6, 2, 1, 700, 3, 100, True)
 # The kq tile's 3-CTA build and the 16-row tile's staged build, which grids as small as these
 # never pick (decode.KQ_FEW_WAVES, MMA_FEW_WAVES).
 kernels.KQ_FEW_WAVES, kernels.MMA_FEW_WAVES = 0, 0
 run_case("f16", "contiguous", 128, 8, 2, 1, 300, 3, None, False)
+run_case("f16", "paged", 128, 8, 2, 1, 400, 6, None, True)
 run_case("f16", "paged", 128, 8, 2, 2, 400, 6, None, True)
 run_case("f16", "paged", 128, 16, 2, 1, 1500, 3, 300, True)
 run_case("f16", "paged", 128, 32, 8, 4, 700, 5, None, False)

@@ -43,8 +43,9 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.MMA_DIMS for build in ("", "_staged")}
     partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
                  for d in kernels.DIMS}
-    partials |= {f"decode_partial_{e}_{d}_{kernels.KQ_ROWS}kq_b{blocks}" for e in ("f16", "bf16")
-                 for d in kernels.KQ_DIMS for blocks in (3, 4)}
+    partials |= {f"decode_partial_{e}_{d}_{rows}kq_b{blocks}" for e in ("f16", "bf16")
+                 for d in kernels.KQ_DIMS for rows in (kernels.KQ_LINE_ROWS, kernels.KQ_ROWS)
+                 for blocks in (3, 4)}
     partials |= {f"decode_partial_{e}_{d}_{rows}wg{build}" for e in ("f16", "bf16")
                  for d in kernels.WG_DIMS for rows in kernels.WG_STAGES
                  for build in ("", "_spans")}
@@ -64,8 +65,9 @@ def test_every_kernel_compiles_for_sm90(signatures):
         staged = kernels.shared_bytes(ElementKind.bf16, dim, tile, "_staged")
         assert 3 * staged <= SHARED_PER_SM_SM90 - 3 * RESERVED_PER_CTA  # its 3 CTAs an SM fit
     for dim in kernels.KQ_DIMS:
-        tile = kernels.Tile(kernels.KQ_ROWS, "kq")
-        assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
+        for rows in (kernels.KQ_LINE_ROWS, kernels.KQ_ROWS):
+            tile = kernels.Tile(rows, "kq")
+            assert kernels.shared_bytes(ElementKind.bf16, dim, tile) <= 48 << 10
     for dim in kernels.WG_DIMS:  # __launch_bounds__(128, 2): its 2 CTAs an SM fit
         for rows in kernels.WG_STAGES:
             wg = kernels.shared_bytes(ElementKind.bf16, dim, kernels.Tile(rows, "wg"))
@@ -254,8 +256,9 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
 
 
 @pytest.mark.parametrize(("rows", "element", "dim", "tile", "tiles"), [
-    # up to 8 rows of the half types at d 128: the kq tile
-    (1, "bf16", 128, (8, "kq"), 1), (8, "f16", 128, (8, "kq"), 1),
+    # up to 8 rows of the half types at d 128: the kq tile, its 4-row build up to 4
+    (1, "bf16", 128, (4, "kq"), 1), (4, "f16", 128, (4, "kq"), 1), (5, "bf16", 128, (8, "kq"), 1),
+    (8, "f16", 128, (8, "kq"), 1),
     (4, "f32", 64, (4, "cuda"), 1), (4, "bf16", 64, (4, "cuda"), 1),
     (5, "f16", 256, (8, "cuda"), 1), (5, "bf16", 64, (16, "mma"), 1),
     (8, "f32", 64, (8, "cuda"), 1), (16, "f16", 64, (16, "mma"), 1),
@@ -268,7 +271,8 @@ def test_row_tiles_follow_the_descriptor_alone(rows, element, dim, tile, tiles):
 
 
 @pytest.mark.parametrize(("rows", "element", "dim", "tile"), [
-    (8, "bf16", 128, (8, "kq")), (9, "bf16", 128, (16, "wg")), (16, "f16", 128, (16, "wg")),
+    (4, "bf16", 128, (4, "kq")), (8, "bf16", 128, (8, "kq")), (9, "bf16", 128, (16, "wg")),
+    (16, "f16", 128, (16, "wg")),
     (17, "bf16", 128, (32, "wg")), (32, "f16", 128, (32, "wg")), (64, "bf16", 128, (32, "wg")),
     (16, "bf16", 64, (16, "mma")), (5, "f16", 64, (16, "mma")),
     (4, "bf16", 64, (4, "cuda")), (16, "f32", 128, (8, "cuda")), (16, "bf16", 256, (8, "cuda"))])
@@ -557,9 +561,10 @@ def test_the_launchers_chunk_and_threads_are_the_kernels():
     (1, "bf16", 1, "_b4"), (2, "f16", 2, "_b4"), (1, "bf16", 3, "_b3"), (2, "f16", 64, "_b3")])
 def test_the_kq_tile_takes_kv_heads_of_up_to_8_rows_in_the_build_for_its_grid(
         monkeypatch, signatures, q_len, element, batch, build):
-    """A kv head of 4 or 8 rows at D 128 runs decode_partial_*_128_8kq_b*: one tile a kv head,
-    no spans, its own shared memory; the 4-CTA build while the grid is at most KQ_FEW_WAVES of
-    its waves (here 132 SMs x 5 CTAs: 1320 CTAs), the 3-CTA build above."""
+    """A kv head of 4 rows at D 128 runs decode_partial_*_128_4kq_b* (K in whole lines), one
+    of 8 rows decode_partial_*_128_8kq_b*: one tile a kv head, no spans, its own shared memory;
+    the 4-CTA build while the grid is at most KQ_FEW_WAVES of its waves (here 132 SMs x 5 CTAs:
+    1320 CTAs), the 3-CTA build above."""
     launched = _record(monkeypatch)
     desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
                                      element=element, cache="contiguous", max_seq=32768,
@@ -569,10 +574,11 @@ def test_the_kq_tile_takes_kv_heads_of_up_to_8_rows_in_the_build_for_its_grid(
                         0.088, None, 0x1000, strides, 0x2000, 0x3000, 0, 0x5000, 0x6000, strides,
                         None, 0x100000, 7)()
     name, grid, _, args, shared, _ = launched[0]
-    assert name == f"decode_partial_{element}_128_8kq{build}"
+    rows = 4 * q_len
+    assert name == f"decode_partial_{element}_128_{rows}kq{build}"
     assert_packed_like_declared(name, args, signatures)
     assert grid == (8, kernels.chunks(32768), batch)
-    assert shared == 8 * kernels.CHUNK + 4 * kernels.MMA_WARPS * 8 * (2 + 128)
+    assert shared == 8 * kernels.CHUNK + 4 * kernels.MMA_WARPS * rows * (2 + 128)
 
 
 def test_the_kq_build_follows_the_waves_of_its_4_cta_build():

@@ -74,7 +74,7 @@ MMA_WARPS = THREADS // 32
 # of a few waves becomes one wave of CTAs with spans (up to MAX_SPAN chunks a CTA), a grid
 # of many stays at one chunk a CTA (docs/DECODE.md, "decode.py's constants").
 MAX_SPAN = 4
-# The kq tile (decode_partial_*_128_8kq_b*, native/decode_kq.cuh): every kv head of up to 8
+# The kq tile (decode_partial_*_128_<4|8>kq_b*, native/decode_kq.cuh): every kv head of up to 8
 # rows in f16/bf16 at D 128, on tensor cores with K and V as mma's A operand. Built for 3
 # CTAs an SM (168 registers, best on grids of many waves) and for 4 (128 registers), which
 # takes grids of at most KQ_FEW_WAVES of its waves. The builds compute alike, so the choice
@@ -83,6 +83,13 @@ MAX_SPAN = 4
 KQ_ROWS = 8
 KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
+# Kv heads of up to KQ_LINE_ROWS rows (GQA 4 at one new token) take the kq tile's 4-row build
+# (decode_partial_*_128_4kq_b*), whose lanes read K in whole 128-byte lines: its scores' free
+# B columns hold the rows again over other quarters of D, so each load instruction reads 4
+# keys x 128 bytes where the 8-row build reads 8 x 64 (two L2 requests a line). Its scores
+# add two halves of D (another order, fixed by the descriptor's rows) (docs/DECODE.md, "The
+# kq tile's K in whole lines").
+KQ_LINE_ROWS = 4
 # The 16-row tile also builds with K and V staged through shared memory (``_16_staged``:
 # each warp's load batches land by cp.async in a ring of STAGES of them, and V's first
 # batches fly through the softmax; the register build spills at 168 registers, this one
@@ -227,13 +234,13 @@ def wgmma_on(device: int) -> bool:
 
 def row_tile(rows: int, element: ElementKind, dim: int, wgmma: bool = False) -> Tile:
     """The tile for a kv head of ``rows`` query rows (group x q_len): the kq tile for up to 8
-    where it is built; else up to 4 in one CUDA-core tile; more on the wgmma tile where it is
-    built and ``wgmma`` (an sm_90 device), else on the 16-row tensor-core tile where it is
-    built, else in CUDA-core tiles of 8. The descriptor and the device's architecture fix it,
-    so batch invariance holds."""
+    where it is built (its 4-row build for up to KQ_LINE_ROWS); else up to 4 in one CUDA-core
+    tile; more on the wgmma tile where it is built and ``wgmma`` (an sm_90 device), else on the
+    16-row tensor-core tile where it is built, else in CUDA-core tiles of 8. The descriptor and
+    the device's architecture fix it, so batch invariance holds."""
     half = element in (ElementKind.f16, ElementKind.bf16)
     if half and dim in KQ_DIMS and rows <= KQ_ROWS:
-        return Tile(KQ_ROWS, "kq")
+        return Tile(KQ_LINE_ROWS if rows <= KQ_LINE_ROWS else KQ_ROWS, "kq")
     if rows <= TILES[0]:
         return Tile(TILES[0])
     if half and wgmma and dim in WG_DIMS:  # 16 rows, or 32 a tile (one KV read for 32 rows)
