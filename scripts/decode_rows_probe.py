@@ -26,6 +26,7 @@ from opfacade._bench.device_state import device_state, format_state
 
 # (batch, capacity, cache, page size, overrides): rows per kv head = Hq / Hkv x q_len.
 CASES = [(64, 4096, "contiguous", 0),                        # 4 rows: the kq tile
+         (64, 4096, "contiguous", 0, {"heads_q": 64}),       # 8: GQA 8, the kq tile's 8-row build
          (64, 4096, "contiguous4", 0),                       # 16 rows: the bench's q_len 4 row
          (64, 4096, "contiguous8", 0),                       # 32: GQA 4, 8 new tokens
          (64, 4096, "contiguous4", 0, {"heads_q": 64}),      # 32: GQA 8, 4 new tokens
@@ -39,6 +40,7 @@ CASES = [(64, 4096, "contiguous", 0),                        # 4 rows: the kq ti
          (8, 32768, "contiguous", 0), (256, 1024, "contiguous", 0), (1, 32768, "contiguous", 0),
          (64, 8192, "contiguous", 0, {"ragged": True})]         # lengths in [1, 8192]
 PAGED = [(64, 4096, "paged", 16),                                  # 4 rows (kq tile), GQA 4
+         (64, 4096, "paged", 16, {"heads_q": 64}),                 # 8: GQA 8
          (64, 32768, "paged", 16, {"heads_kv": 1}),                # 32: MQA
          (64, 32768, "paged", 64, {"heads_kv": 1}),
          (64, 4096, "paged", 16, {"heads_q": 128})]                # 16: GQA 16

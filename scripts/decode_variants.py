@@ -18,8 +18,8 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]
                                        | --tree-vs=DIR | --wg-spans | --wg-span-most
-                                       | --kq-lines]
-                                       [--mma-only] [--parts] [--set-aside=BYTES|max]
+                                       | --kq-lines | --kq-hints]
+                                       [--mma-only] [--parts] [--kq-cases] [--set-aside=BYTES|max]
                                        [--before=DIR]
 """
 
@@ -597,6 +597,24 @@ if "--kq-lines" in sys.argv:
              (64, 4096, "contiguous", 0, {"element": "f16"}),
              (64, 4096, "contiguous2", 0, {"heads_q": 16}),
              (64, 4096, "contiguous", 0, {"heads_q": 64})]
+# --kq-hints: the streamed loads' cache hint on the kq tile's 4-row build (K in whole lines),
+# whose K loads now ask for whole lines: last-use (the default) against last-use with a 256-byte
+# L2 fetch, L1::no_allocate and evict-first (common.cuh's OPFACADE_LOAD16). Hints change no
+# value: the bits are compared.
+if "--kq-hints" in sys.argv:
+    VARIANTS = interleaved({"lu 256B": ("-DOPFACADE_STREAMING_LU_L2_256",),
+                            "no allocate": ("-DOPFACADE_STREAMING_NO_ALLOCATE",),
+                            "evict-first": ("-DOPFACADE_STREAMING_EVICT_FIRST",)})
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (8, 32768, "contiguous", 0), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
+             (1, 32768, "paged", 16), (64, 8192, "contiguous", 0, {"ragged": True})]
+# --kq-cases (with a mode, --tree-vs say): the kq tile's rows instead of the mode's, GQA 4 at one
+# and two new tokens and GQA 8 (the 4- and 8-row builds).
+if "--kq-cases" in sys.argv:
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (8, 32768, "contiguous", 0), (8, 32768, "paged", 64), (1, 32768, "contiguous", 0),
+             (1, 32768, "paged", 16), (64, 8192, "contiguous", 0, {"ragged": True}),
+             (64, 4096, "contiguous2", 0), (64, 4096, "contiguous", 0, {"heads_q": 64})]
 # Modes that name --before's variants themselves.
 A_B_MODES = ("--offsets", "--mma-few", "--mma-many", "--masks")
 # --parts: every variant runs its batch as one grid (SPLIT_TILES off) and its partial and merge

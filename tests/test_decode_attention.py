@@ -27,12 +27,24 @@ BASE = dict(batch=4, heads_q=8, heads_kv=2, head_dim=16, element="f32")
     (dict(cache="paged", page_size=16, max_pages=4, max_seq=60), "page_size \\* max_pages"),
     (dict(cache="paged", page_size=512, max_pages=4), "page_size"),
     (dict(cache="contiguous", max_seq=64, q_len=9), "q_len"),
+    (dict(cache="contiguous", max_seq=1, q_len=7), "q_len 7 must be at most the cache.s capacity"),
+    (dict(cache="paged", page_size=1, max_pages=3, q_len=4), "q_len 4 .* capacity 3"),
     (dict(cache="contiguous", max_seq=64, heads_q=6, heads_kv=4), "multiple of heads_kv"),
     (dict(cache="contiguous", max_seq=64, window=(8, 2)), "left only"),
 ])
 def test_the_descriptor_names_what_is_wrong(fields, message):
     with pytest.raises(InvalidProblem, match=message):
         DecodeAttentionDescriptor(**{**BASE, **fields})
+
+
+def test_kv_append_refuses_more_new_tokens_than_its_cache_holds():
+    # A held-out GPU problem (seed 20261207) drew this envelope, whose only valid seq_lens were
+    # zeros, and the oracle's check refused the lengths verify then drew.
+    with pytest.raises(InvalidProblem, match="q_len 7 must be at most the cache's capacity 1"):
+        KvAppendDescriptor(batch=5, q_len=7, heads_kv=15, head_dim=128, element="bf16",
+                           cache="contiguous", max_seq=1)
+    assert KvAppendDescriptor(batch=5, q_len=7, heads_kv=15, head_dim=128, element="bf16",
+                              cache="contiguous", max_seq=7).capacity == 7
 
 
 def test_a_paged_envelope_derives_its_capacity():

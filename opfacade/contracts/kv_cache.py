@@ -97,6 +97,11 @@ class KvCacheEnvelope(Descriptor):
         if paged and self.max_seq is not None and self.max_seq != self.capacity:
             raise ValueError(f"max_seq {self.max_seq} must be page_size * max_pages = "
                              f"{self.capacity} for a paged cache (or left out)")
+        # A sequence holds its step's new tokens, so a non-empty one has at least q_len: with
+        # more new tokens than the cache holds, only empty sequences would be valid.
+        if self.q_len > self.capacity:
+            raise ValueError(f"q_len {self.q_len} must be at most the cache's capacity "
+                             f"{self.capacity} (a sequence holds the step's new tokens)")
         return self
 
     @field_validator("element")
