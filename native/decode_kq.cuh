@@ -83,8 +83,8 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
     auto q_vector = [&](int p) { return kPaired ? 4 * (2 * p + upper) + tig : 4 * p + tig; };
     unsigned qw[kQ][4];
     {
-        const int q_rows = kPaired ? gid & 3 : gid;
-        const int row = r0 + q_rows;
+        const int b_row = kPaired ? gid & 3 : gid;  // the tile row of this lane's B column
+        const int row = r0 + b_row;
         const T* q_row = q + s * q_sb + (row / group) * q_st + (g * group + row % group) * q_sh;
 #ifdef OPFACADE_KQ_Q_BY_ELEMENT  // the element loads only, for the variants script
         const bool vectors = false;
@@ -96,7 +96,7 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 #pragma unroll
         for (int p = 0; p < kQ; ++p) {
             if (vectors) {
-                const uint4 v = q_rows < nr
+                const uint4 v = b_row < nr
                                     ? *reinterpret_cast<const uint4*>(q_row + q_vector(p) * 8)
                                     : make_uint4(0, 0, 0, 0);
                 qw[p][0] = v.x, qw[p][1] = v.y, qw[p][2] = v.z, qw[p][3] = v.w;
@@ -105,7 +105,7 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int d = q_vector(p) * 8 + 2 * i;
-                qw[p][i] = q_rows < nr
+                qw[p][i] = b_row < nr
                                ? (unsigned)q_elements[d] | ((unsigned)q_elements[d + 1] << 16)
                                : 0u;
             }
