@@ -15,7 +15,7 @@ source "$(dirname "$0")/device_prelude.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if wants tests; then
     stage tests
-    timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-15} \
+    timeout ${TESTS_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider --maxfail=${MAXFAIL:-15} \
         tests/test_decode_attention_gpu.py tests/test_kv_append_gpu.py tests/test_precision_gpu.py \
         -k "${TESTS_K:-decode or kv_append}" 2>&1 | tee "$OUT/pytest_decode.log" | quiet | tail -${TESTS_TAIL:-60}
     exited
