@@ -26,8 +26,6 @@
 
 namespace {
 
-constexpr int kKqRows = 8;  // B's columns: the tile's query rows
-
 // The reduce of a paired (R 4) tile's two halves of a score block (the C fragment of keys
 // 8 block + gid % 4 + 4 h over quarters 0 and 2 in lanes gid < 4, columns 0-3, over quarters 1
 // and 3 in lanes gid >= 4, columns 4-7): into lane (gid, tig) the scores of key 8 block + gid
@@ -45,6 +43,7 @@ __device__ __forceinline__ void pair_scores(const float (&c)[4], bool upper, flo
     }
 }
 
+// R: the tile's query rows, 8 (B's columns) or 4 (K in whole lines, above).
 template <typename T, int D, int R>
 __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                            const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
