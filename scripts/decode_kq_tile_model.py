@@ -75,6 +75,14 @@ def shfl_xor(values: np.ndarray, mask: int) -> np.ndarray:
     return values[np.arange(LANES) ^ mask]
 
 
+def paired_load(lane: int, block: int, h: int, p: int) -> tuple[int, int]:
+    """The 4-row build's K load (block, h, p) of ``lane``: (key of the 16-key group, 16-byte
+    vector of its row), the same vector index its query row's B words come from."""
+    gid, tig = divmod(lane, 4)
+    upper, row = divmod(gid, 4)
+    return 8 * block + row + 4 * h, 4 * (2 * p + upper) + tig
+
+
 def scores_paired(k: np.ndarray, q: np.ndarray) -> np.ndarray:
     """The R 4 tile's scores (decode_kq.cuh, K in whole lines): the same c [32, 4] as scores()
     for rows 0-3 (lanes tig < 2; the others hold padding). Lane (gid, tig), a = gid // 4,
@@ -88,10 +96,9 @@ def scores_paired(k: np.ndarray, q: np.ndarray) -> np.ndarray:
             for half in range(2):  # the vector's words 2 half, 2 half + 1
                 a, b = np.zeros((LANES, 4, 2)), np.zeros((LANES, 2, 2))
                 for lane in range(LANES):
-                    gid, tig = divmod(lane, 4)
-                    upper, row = divmod(gid, 4)
-                    base = (4 * (2 * p + upper) + tig) * VEC + 4 * half
-                    key0, key8 = 8 * block + row, 8 * block + row + 4  # A rows gid, gid + 8
+                    (key0, vector), (key8, _) = (paired_load(lane, block, h, p) for h in (0, 1))
+                    row = key0 - 8 * block  # the query row of this lane's B column, gid % 4
+                    base = vector * VEC + 4 * half  # A rows gid (key0) and gid + 8 (key8)
                     a[lane] = [k[key0, base:base + 2], k[key8, base:base + 2],
                                k[key0, base + 2:base + 4], k[key8, base + 2:base + 4]]
                     b[lane] = [q[row, base:base + 2], q[row, base + 2:base + 4]]

@@ -46,9 +46,7 @@ def test_the_paired_layout_reads_four_keys_of_whole_lines_an_instruction():
             for p in range(2):
                 reads = {}
                 for lane in range(32):
-                    gid, tig = divmod(lane, 4)
-                    key = 8 * block + gid % 4 + 4 * h
-                    vector = 4 * (2 * p + gid // 4) + tig
+                    key, vector = MODEL.paired_load(lane, block, h, p)
                     reads.setdefault(key, []).append(16 * vector)
                 assert len(reads) == 4
                 for offsets in reads.values():
