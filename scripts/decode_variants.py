@@ -18,7 +18,7 @@ change no sum's order, so every variant's output is checked bitwise against the 
                                        | --masks [--fast-exp=DIR]
                                        | --many-rows [--variant=LABEL@DIR ...]
                                        | --tree-vs=DIR | --wg-spans | --wg-span-most
-                                       | --kq-lines | --kq-hints]
+                                       | --kq-lines | --kq-hints | --kq-b4]
                                        [--mma-only] [--parts] [--kq-cases] [--set-aside=BYTES|max]
                                        [--before=DIR]
 """
@@ -379,6 +379,19 @@ if "--merge-rows" in sys.argv:
              (64, 4096, "contiguous2", 0), (64, 4096, "contiguous", 0, {"head_dim": 64}),
              (32, 4096, "contiguous", 0, {"head_dim": 256}),
              (64, 4096, "contiguous", 0, {"element": "f32"})]
+# --kq-b4: the kq tile's 4-CTA build (128 registers) on every grid against the default, which
+# takes the 3-CTA build (168) past KQ_FEW_WAVES waves; the builds' bits are the same. Measured
+# with the 8-row build and the evict-first hint in the twenty-sixth session (1.4-2.4 points
+# under); the forty-fourth session's call 1 ran it on the 4-row build with the last-use hint
+# (record catalog/probes/decode_kq_b4_H200.json: level). Its --merge-short (the rows merge's
+# short form) is in docs/experiments/decode-merge-short.patch.
+if "--kq-b4" in sys.argv:
+    VARIANTS = interleaved({"kq b4 everywhere": ()})
+    PATCHES = {name: {"KQ_FEW_WAVES": 10**6} for name in VARIANTS if name.startswith("kq b4")}
+    CASES = [(64, 4096, "contiguous", 0), (64, 4096, "paged", 16), (256, 1024, "contiguous", 0),
+             (256, 1024, "paged", 16), (8, 32768, "contiguous", 0), (8, 32768, "paged", 64),
+             (64, 8192, "contiguous", 0, {"ragged": True}),
+             (64, 4096, "contiguous", 0, {"heads_q": 64})]
 # The 16-row tile's rows of many waves (its staged build): q_len 4 (and 3) at GQA 4.
 MMA_MANY_WAVES = [(64, 4096, "contiguous4", 0), (64, 4096, "paged4", 16),
                   (8, 32768, "paged4", 64), (128, 4096, "contiguous4", 0),
