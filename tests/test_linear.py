@@ -877,6 +877,51 @@ def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused
     assert "built in" in logged and "cuBLASLt recipe linear_backward.cublaslt.f32" in logged
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("lead", [(), (1,)])
+def test_a_one_row_aux_takes_any_row_stride(fake_cublaslt, lead, path):
+    """An extent-1 dimension's stride addresses nothing, and frameworks give it any value: a
+    one-row aux of N = 25 that a framework made contiguous has row (and batch) stride 25, not
+    the padded 32 cuBLASLt's rule asks of rows that exist. Both SKUs take it and compute with
+    it (held-out problem m=1, n=25, batch=1, silu: the backward refused it on an H200)."""
+    batch = 1 if lead else None
+    forward = LinearDescriptor(m=1, n=25, k=30, batch=batch, weight_batched=bool(lead),
+                               weight_layout="kn", element="f32", activation="silu",
+                               save_aux=True)
+    backward = LinearBackwardDescriptor(m=1, n=25, k=30, batch=batch, weight_batched=bool(lead),
+                                        weight_layout="kn", element="f32", activation="silu",
+                                        need_weight_grad=False)
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-1, 1, forward.x_shape).astype(np.float32)
+    w = rng.uniform(-1, 1, forward.weight_shape).astype(np.float32)
+    b = rng.uniform(-1, 1, 25).astype(np.float32)
+    out, aux = np.empty(forward.out_shape, np.float32), np.empty(forward.aux_shape, np.float32)
+    assert view(aux).strides[-2] == 25 and forward.aux_strides[-2] == 32
+    impl = _serving(linear.SKUS["linear_forward"], forward, False)
+    bound = BoundArgs({"x": view(x), "weight": view(w), "bias": view(b), "residual": None,
+                       "out": view(out), "aux": view(aux)}, outputs=("out", "aux"))
+    impl.check_args(forward, bound)
+    _launch(impl, path, forward, bound, aligned_workspace(4096))
+    want, pre = linear_forward(x, w, weight_layout="kn", bias=b, activation="silu")
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(aux, pre, rtol=1e-5, atol=1e-6)
+
+    dy = rng.uniform(-1, 1, backward.out_shape).astype(np.float32)
+    gx, gb = np.full(backward.x_shape, np.nan, np.float32), np.full(25, np.nan, np.float32)
+    impl = _serving(linear.SKUS["linear_backward"], backward, False)
+    bound = BoundArgs({"grad_out": view(dy), "x": view(x), "weight": view(w), "aux": view(aux),
+                       "grad_x": view(gx), "grad_weight": None, "grad_bias": view(gb),
+                       "grad_pre": None}, outputs=("grad_x", "grad_weight", "grad_bias",
+                                                   "grad_pre"))
+    impl.check_args(backward, bound)
+    _launch(impl, path, backward, bound, aligned_workspace(impl._fixed_bytes(backward) + 4096))
+    ref = linear_backward(dy, x, w, aux.astype(np.float64), weight_layout="kn",
+                          activation="silu")
+    np.testing.assert_allclose(gx, ref["dx"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gb, ref["dbias"], rtol=1e-5, atol=1e-5)
+    assert view(aux).strides[-2] == 25  # the caller's views are left as they were
+
+
 def test_launch_checks_name_the_argument(fake_cublaslt):
     desc = LinearDescriptor(m=4, n=12, k=8, element="f32", activation="gelu_tanh",
                             save_aux=True)

@@ -70,6 +70,26 @@ def test_sku_meets_its_guarantee(sku, desc):
     assert plan.algorithm is not None
 
 
+@pytest.mark.parametrize("element", ["bf16", "f16", "tf32"])
+def test_a_one_row_aux_with_any_row_stride(element):
+    """A held-out problem (seed 20261208, tests/test_fuzz_gpu.py): one row, N = 25, one batch
+    entry with its own weight, SiLU. verify's buffers give a one-row aux its dense strides (the
+    padded row stride addresses nothing there), which every backward SKU refused; each SKU of
+    both ops now meets its guarantee on it, the forward saving into such an aux."""
+    tf32 = element == "tf32"
+    shape = dict(m=1, n=25, k=30, batch=1, weight_batched=True, weight_layout="kn",
+                 element="f32" if tf32 else element, tf32=tf32, activation="silu")
+    for op, desc in (("linear_forward", LinearDescriptor(**shape, save_aux=True)),
+                     ("linear_backward", LinearBackwardDescriptor(**shape,
+                                                                  need_weight_grad=False))):
+        for impl in linear.SKUS[op]:
+            if impl.element != element or impl._static_unfit(desc) is not None:
+                continue
+            plan = Plan.select(desc, PlanPreference(sku=impl.sku.id), device=0)
+            result = verify_plan(plan, runs=2, seed=20261208)
+            assert result.passed, f"{impl.sku.id}: {result.summary()}"
+
+
 def _device(values: np.ndarray, element: str, pad: int = 0, batch_gap: int = 0) -> TensorView:
     """A CuPy buffer holding ``values`` rounded to ``element``, rows padded by ``pad`` elements
     and batch entries ``batch_gap`` rows apart beyond their own."""
