@@ -76,10 +76,10 @@ MMA_WARPS = THREADS // 32
 MAX_SPAN = 4
 # The kq tile (decode_partial_*_128_<4|8>kq_b*, native/decode_kq.cuh): every kv head of up to 8
 # rows in f16/bf16 at D 128, on tensor cores with K and V as mma's A operand. Built for 3
-# CTAs an SM (168 registers, best on grids of many waves) and for 4 (128 registers), which
-# takes grids of at most KQ_FEW_WAVES of its waves. The builds compute alike, so the choice
-# changes no bit. Kv heads of 16 rows stay on the 16-row tile (docs/DECODE.md, "decode.py's
-# constants").
+# CTAs an SM (168 registers: best on grids of many waves for the 8-row build, level for the
+# 4-row build) and for 4 (128 registers), which takes grids of at most KQ_FEW_WAVES of its
+# waves. The builds compute alike, so the choice changes no bit. Kv heads of 16 rows stay on
+# the 16-row tile (docs/DECODE.md, "decode.py's constants").
 KQ_ROWS = 8
 KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
