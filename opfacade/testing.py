@@ -189,6 +189,13 @@ def _spanning_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -
     return TensorView(flat.data.ptr, shape, strides, spec.element, device, "cupy", flat)
 
 
+def still_holds(view: TensorView, values: np.ndarray, spec: TensorSpec) -> bool:
+    """Whether an input made by _device_tensor from ``values`` still holds the bits uploaded
+    into it, element by element in its logical order (a run wrote nothing there)."""
+    want = np.ascontiguousarray(_to_bits(np.asarray(values).reshape(spec.shape), spec.element))
+    return download_bits(view).tobytes() == want.tobytes()
+
+
 def download_bits(view: TensorView) -> np.ndarray:
     """The raw bits of a view made by _device_tensor, indexed in its logical order."""
     host = view.obj.get()
@@ -295,6 +302,7 @@ class VerificationResult:
     seconds: float
     distribution: str = "symmetric"
     notes: list[str] = field(default_factory=list)
+    inputs_changed: list[str] = field(default_factory=list)  # inputs a run wrote into
 
     @property
     def within_bound(self) -> bool:
@@ -302,7 +310,8 @@ class VerificationResult:
 
     @property
     def passed(self) -> bool:
-        return self.within_bound and (self.bitwise_equal or not self.deterministic_declared)
+        return (self.within_bound and (self.bitwise_equal or not self.deterministic_declared)
+                and not self.inputs_changed)
 
     def summary(self) -> str:
         errors = ", ".join(f"{k} {v:.3g}" for k, v in self.rel_errors.items())
@@ -310,7 +319,9 @@ class VerificationResult:
         return (f"{verdict} {self.sku} {self.descriptor} ({self.distribution} inputs): rel "
                 f"errors [{errors}] vs bound "
                 f"{self.max_rel_error:.3g}; bitwise equal over {self.runs} runs: "
-                f"{self.bitwise_equal} (declared deterministic: {self.deterministic_declared})")
+                f"{self.bitwise_equal} (declared deterministic: {self.deterministic_declared})"
+                + (f"; inputs the run wrote into: {self.inputs_changed}"
+                   if self.inputs_changed else ""))
 
     def to_dict(self) -> dict:
         return {"sku": self.sku, "descriptor": self.descriptor, "distribution": self.distribution,
@@ -318,6 +329,7 @@ class VerificationResult:
                 "declared_max_rel_error": self.max_rel_error, "rel_errors": self.rel_errors,
                 "bitwise_equal": self.bitwise_equal,
                 "declared_deterministic": self.deterministic_declared,
+                "inputs_changed": self.inputs_changed,
                 "passed": self.passed, "seconds": round(self.seconds, 4)}
 
 
@@ -345,7 +357,9 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
 
     Every run uses a new CuPy stream and a workspace at a different address; outputs are
     poisoned before each run and compared bitwise across runs and, in float64, to the reference
-    (the error relative to the op's magnitude reference).
+    (the error relative to the op's magnitude reference). Each input (role "in") must still hold
+    the bits uploaded into it after the run: nothing a caller passes in is written unless it is
+    an output.
     """
     _check_gpu_run("verify_plan", plan, runs, device)
     if distribution not in DISTRIBUTIONS:
@@ -363,6 +377,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     inputs = verification_problem(op, plan.descriptor, rng, distribution)
     check = reference_check(plan, inputs)
     results: list[dict[str, np.ndarray]] = []
+    changed: set[str] = set()
     with cupy.cuda.Device(device):
         pool = cupy.empty(plan.workspace_size + runs * Workspace.ALIGNMENT + Workspace.ALIGNMENT,
                           dtype=cupy.uint8)
@@ -380,6 +395,9 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
             plan.run(op.args(**views), workspace=workspace, stream=stream.ptr)
             stream.synchronize()
             results.append({name: download_bits(views[name]) for name in check.expected})
+            changed.update(name for name, spec in signature.items()
+                           if spec.role == "in" and name in inputs
+                           and not still_holds(views[name], inputs[name], spec))
     rel_errors = {name: check.relative_error(name, _from_bits(results[0][name],
                                                               signature[name].element))
                   for name in check.expected}
@@ -390,7 +408,7 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
         sku=plan.sku.id, descriptor=plan.descriptor.model_dump(mode="json"), runs=runs,
         max_rel_error=guarantee.max_rel_error, rel_errors=rel_errors, bitwise_equal=bitwise,
         deterministic_declared=guarantee.deterministic, seconds=time.perf_counter() - start,
-        distribution=distribution)
+        distribution=distribution, inputs_changed=sorted(changed))
 
 
 def verify_sku(sku_id: str, *, runs: int = 3, seed: int | None = None, device: int | None = None,
