@@ -144,6 +144,21 @@ def verification_problem(op, desc: Descriptor, rng: np.random.Generator,
     return inputs
 
 
+def storage_layout(spec: TensorSpec) -> tuple[list[int], tuple[int, ...]]:
+    """(storage order, strides) of a buffer holding ``spec`` densely in the order its strides
+    give (C order without them): dimensions from the largest stride to the smallest, and the
+    strides a framework reports for that buffer, those of extent-1 dimensions included."""
+    shape = tuple(spec.shape)
+    order = (sorted(range(len(shape)), key=lambda d: -spec.strides[d]) if spec.strides
+             else list(range(len(shape))))
+    dense = [0] * len(shape)
+    running = 1
+    for d in reversed(order):
+        dense[d] = running
+        running *= shape[d]
+    return order, tuple(dense)
+
+
 def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> TensorView:
     """A CuPy buffer holding ``values`` (or poison) described by a TensorView of spec.element,
     laid out with ``spec.strides`` when given, else in C order. Strides that are no permuted
@@ -152,14 +167,7 @@ def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> 
     import cupy
 
     shape = tuple(spec.shape)
-    # Storage order: dimensions from the largest stride to the smallest.
-    order = (sorted(range(len(shape)), key=lambda d: -spec.strides[d]) if spec.strides
-             else list(range(len(shape))))
-    dense = [0] * len(shape)
-    running = 1
-    for d in reversed(order):
-        dense[d] = running
-        running *= shape[d]
+    order, dense = storage_layout(spec)
     if spec.strides and any(n > 1 and s != w for n, s, w in zip(shape, dense, spec.strides,
                                                                    strict=True)):
         return _spanning_tensor(spec, device, values)
@@ -170,7 +178,7 @@ def _device_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> 
         else:
             bits = _to_bits(np.asarray(values).reshape(shape), spec.element)
             array = cupy.asarray(np.ascontiguousarray(bits.transpose(order)))
-    return TensorView(array.data.ptr, shape, tuple(dense), spec.element, device, "cupy", array)
+    return TensorView(array.data.ptr, shape, dense, spec.element, device, "cupy", array)
 
 
 def _spanning_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -> TensorView:

@@ -24,6 +24,7 @@ from opfacade import OpFacadeError
 from opfacade._internal.contract import TensorSpec
 from opfacade._internal.view import TensorView
 from opfacade._registry import all_ops
+from opfacade.testing import storage_layout
 from opfacade.types import BackendKind, ElementKind
 
 OPS = all_ops()
@@ -46,29 +47,17 @@ def _gpu_skus(op, desc):
             if impl.sku.backend is not BackendKind.reference and impl.unfit(desc) is None]
 
 
-def _dense(spec: TensorSpec) -> tuple[int, ...]:
-    """The strides of a buffer holding ``spec`` in its storage order with nothing between
-    elements: what a framework reports for every dimension, those of extent 1 included."""
-    shape = tuple(spec.shape)
-    order = (sorted(range(len(shape)), key=lambda d: -spec.strides[d]) if spec.strides
-             else range(len(shape)))
-    strides, running = [0] * len(shape), 1
-    for d in reversed(list(order)):
-        strides[d] = running
-        running *= shape[d]
-    return tuple(strides)
-
-
 def _views(signature: dict[str, TensorSpec], dense_extent_one: bool = False
            ) -> dict[str, TensorView]:
     """Views of the signature's tensors at distinct 1 GiB-aligned device addresses, laid out as
     each spec says, or with every extent-1 dimension's stride the dense one."""
     views = {}
     for i, (name, spec) in enumerate(signature.items()):
-        strides = tuple(spec.strides) if spec.strides else _dense(spec)
+        dense = storage_layout(spec)[1]  # what verify's buffers and the frameworks report
+        strides = tuple(spec.strides) if spec.strides else dense
         if dense_extent_one:
             strides = tuple(d if n == 1 else s
-                            for n, s, d in zip(spec.shape, strides, _dense(spec), strict=True))
+                            for n, s, d in zip(spec.shape, strides, dense, strict=True))
         views[name] = TensorView((i + 1) << 30, tuple(spec.shape), strides, spec.element, 0,
                                  "cupy", None)
     return views
