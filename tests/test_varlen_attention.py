@@ -135,6 +135,34 @@ def test_binding_names_the_argument():
         plan.can_implement(VarlenAttentionArgs(q, k, v, cu, cu, out, np.zeros((4, 2))))
 
 
+@pytest.mark.parametrize(("heads", "len_q"), [(1, [3, 2]), (4, [1, 0])])
+def test_lse_with_an_extent_of_one_takes_any_stride_there(heads, len_q):
+    """One head, or one token in all: lse [Hq, Tq] has an extent-1 dimension, whose stride a
+    transposed buffer reports as anything. It addresses nothing, so the call runs, and writes what
+    a C-ordered lse would hold."""
+    rng = np.random.default_rng(1)
+    fields = {**FIELDS, "heads_q": heads, "heads_kv": 1, "batch": 2}
+    len_kv = [4, 5]
+    q, k, v = (_packed(rng, len_q, heads, 8), _packed(rng, len_kv, 1, 8),
+               _packed(rng, len_kv, 1, 8))
+    cu_q, cu_kv = _offsets(len_q), _offsets(len_kv)
+    plan = Plan.select(VarlenAttentionDescriptor(**fields, save_lse=True), **HOST)
+    tokens = q.shape[0]
+    transposed = np.full((tokens, heads), np.nan).T  # strides (8, 8 * heads): C order's reversed
+    assert transposed.strides != (8 * tokens, 8)
+    dense = np.full((heads, tokens), np.nan)
+    for lse in (transposed, dense):
+        plan.run(VarlenAttentionArgs(q, k, v, cu_q, cu_kv, np.empty_like(q), lse))
+    np.testing.assert_array_equal(transposed, dense)
+    padded = np.full((heads, tokens + 3), np.nan)[:, :tokens]  # rows 3 elements apart
+    args = VarlenAttentionArgs(q, k, v, cu_q, cu_kv, np.empty_like(q), padded)
+    if heads == 1:  # one row: the same memory as a dense lse
+        plan.can_implement(args)
+    else:
+        with pytest.raises(InvalidArgument, match="lse must be contiguous"):
+            plan.can_implement(args)
+
+
 def test_descriptors_validate_and_bucket():
     with pytest.raises(InvalidProblem, match="multiple"):
         VarlenAttentionDescriptor(**{**FIELDS, "heads_kv": 3})

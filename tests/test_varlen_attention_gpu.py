@@ -367,3 +367,46 @@ def test_the_issues_shapes_match_the_reference(flavor, shape):
     for got, expected in zip(grads, want, strict=True):
         got = got.double().cpu().numpy()
         assert np.isfinite(got).all() and relative_error(got, expected) < flavor.grad_error
+
+
+@flavors
+@pytest.mark.parametrize(("heads", "len_q"), [(1, [30, 0, 7]), (4, [0, 1, 0])])
+def test_an_lse_with_an_extent_of_one_runs_from_a_transposed_buffer(flavor, heads, len_q):
+    """One head, or one token in all: lse [Hq, Tq] is then a transposed buffer's view (strides
+    (1, Hq) or (1, 1)), which the contract takes, as the stride of an extent-1 dimension
+    addresses nothing. Forward and backward run as from a C-ordered lse: the same bits where the
+    SKU is deterministic, within its plain error ceiling where not."""
+    len_kv = [33, 5, 9]
+    fields = dict(batch=3, heads_q=heads, heads_kv=1, head_dim=DIM, max_seqlen_q=32,
+                  max_seqlen_kv=40, element=flavor.element)
+    forward = Plan.select(VarlenAttentionDescriptor(**fields, save_lse=True), flavor.pref,
+                          device=0)
+    backward = Plan.select(VarlenAttentionBackwardDescriptor(**fields), flavor.pref, device=0)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def uniform(tokens, h):
+        values = torch.rand((tokens, h, DIM), device="cuda", generator=gen) * 2 - 1
+        return values.to(flavor.dtype)
+
+    tq, tk = sum(len_q), sum(len_kv)
+    q, d_out, k, v = uniform(tq, heads), uniform(tq, heads), uniform(tk, 1), uniform(tk, 1)
+    cu_q = torch.tensor(_offsets(len_q), device="cuda", dtype=torch.int32)
+    cu_kv = torch.tensor(_offsets(len_kv), device="cuda", dtype=torch.int32)
+    results = []
+    for lse in (torch.full((tq, heads), float("nan"), device="cuda").t(),
+                torch.full((heads, tq), float("nan"), device="cuda")):
+        out = torch.full_like(q, float("nan"))
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        forward.run(VarlenAttentionArgs(q, k, v, cu_q, cu_kv, out, lse))
+        backward.run(VarlenAttentionBackwardArgs(q, k, v, out, d_out, lse, cu_q, cu_kv, *grads))
+        torch.cuda.synchronize()
+        results.append(([out, lse.contiguous()], grads))
+    (outputs, grads), (dense_outputs, dense_grads) = results
+    for got, want in zip(outputs, dense_outputs, strict=True):  # the forward is deterministic
+        assert torch.equal(got, want)
+    for got, want in zip(grads, dense_grads, strict=True):
+        if backward.precision_guarantee.deterministic:
+            assert torch.equal(got, want)
+        else:
+            assert relative_error(got.double().cpu().numpy(),
+                                  want.double().cpu().numpy()) < flavor.grad_error

@@ -47,7 +47,6 @@ from .._internal.contract import BoundArgs, OpContract, TensorSpec
 from .._internal.tensors import (
     TensorView,
     argument_when,
-    c_strides,
     expect,
     expect_args_type,
     expect_no_overlaps,
@@ -221,7 +220,7 @@ def _common(desc: _VarlenProblem, args) -> dict[str, TensorView]:
 def _lse(obj: Any, desc: _VarlenProblem, tokens: int) -> TensorView:
     view = wrap(obj, "lse")
     expect(view, "lse", shape=(desc.heads_q, tokens), element=desc.lse_element)
-    if view.strides != c_strides(view.shape):
+    if not view.is_contiguous:  # an extent-1 dimension's stride addresses nothing: any is fine
         raise InvalidArgument(f"lse must be contiguous [Hq, Tq], got strides {view.strides}",
                               argument="lse")
     return view
