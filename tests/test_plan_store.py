@@ -5,9 +5,11 @@ test_torch_gpu.py's."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
-from opfacade._backends.cudnn import graphs, plan_store
+from opfacade._backends.cudnn import graphs, plan_store, runtime
 from opfacade.caches import clear_disk_caches, disk_caches
 from opfacade.cli import main
 from opfacade.ops.sdpa import SdpaDescriptor
@@ -123,3 +125,41 @@ def test_the_cache_command_lists_and_clears(store, capsys):
     assert "removed 1 entries" in capsys.readouterr().out
     assert [cache.size() for cache in disk_caches()][1] == (0, 0)
     assert clear_disk_caches() == 0
+
+
+def test_a_build_binds_the_handle_to_a_stream_that_exists_before_it_deserializes(monkeypatch):
+    """A handle keeps its last run's stream, which the caller may have destroyed since; the
+    frontend's deserialize asked that stream whether it was capturing and failed or segfaulted
+    (H200, forty-fifth session: tests/test_plan_store_gpu.py has the GPU case). So a build binds
+    the handle to runtime.BUILD_STREAM before it loads or builds anything."""
+    events = []
+    monkeypatch.setattr(graphs, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(runtime, "available", lambda: None)
+    monkeypatch.setattr(runtime, "backend_version", lambda: 91900)
+    monkeypatch.setattr(runtime, "not_supported_types", lambda: (NotImplementedError,))
+    monkeypatch.setattr(runtime, "handle_for", lambda device: "handle")
+    monkeypatch.setattr(runtime, "set_stream",
+                        lambda handle, stream: events.append(("bind", handle, stream)))
+
+    def load(key, handle):
+        events.append(("load", handle))
+        return "stored graph"
+
+    monkeypatch.setattr(graphs.plan_store, "load", load)
+
+    class Declared:
+        def adopt(self, stored, how):
+            events.append(("adopt", stored))
+            return "built"
+
+    class Key:
+        device = 0
+        direction = "forward"
+
+        def declare(self, handle):
+            events.append(("declare", handle))
+            return Declared()
+
+    assert graphs._build(Key()) == "built"
+    assert events == [("bind", "handle", runtime.BUILD_STREAM), ("declare", "handle"),
+                      ("load", "handle"), ("adopt", "stored graph")]

@@ -1,6 +1,7 @@
 """cuDNN's plan store on a GPU for the ragged (varlen) and paged (decode) graphs: a new process
 with the cache an earlier one left deserializes the graphs and gives the same bits. (The dense
-SDPA graphs' round trip is test_torch_gpu.py's warm-start test.)"""
+SDPA graphs' round trip is test_torch_gpu.py's warm-start test; here, dense graphs deserialized
+after a run on a stream the caller has destroyed since.)"""
 
 from __future__ import annotations
 
@@ -30,6 +31,26 @@ if sys.argv[1] == "varlen":
                                causal="bottom_right", deterministic=True)
     out.backward(randn(*out.shape))
     results = (out, q.grad, k.grad, v.grad)
+elif sys.argv[1] == "streams":
+    # Each plan runs on a CuPy stream of its own, destroyed after its run (as verify does): the
+    # cuDNN handle then names a dead stream when the next graph is deserialized.
+    import cupy
+    from opfacade import Plan, PlanPreference, SdpaArgs, SdpaDescriptor
+    results = []
+    for element, dtype in (("f16", torch.float16), ("bf16", torch.bfloat16)):
+        desc = SdpaDescriptor(batch=1, heads_q=4, heads_kv=4, seq_q=192, seq_kv=192,
+                              head_dim=64, element=element)
+        plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=0)
+        q, k, v = (torch.randn(1, 4, 192, 64, device="cuda", generator=generator).to(dtype)
+                   for _ in range(3))
+        out = torch.empty_like(q)
+        torch.cuda.synchronize()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        plan.run(SdpaArgs(q, k, v, out), stream=stream.ptr)
+        stream.synchronize()
+        del stream
+        plan.free()
+        results.append(out)
 else:
     from opfacade import (DecodeAttentionArgs, DecodeAttentionDescriptor, Plan,
                           PlanPreference)
@@ -68,4 +89,17 @@ def test_a_new_process_deserializes_the_same_ragged_and_paged_plans(kind, graphs
     warm = _first_result(kind, tmp_path)
     assert cold["loaded"] == 0
     assert warm["loaded"] >= graphs  # the forward (and the deterministic backward)
+    assert warm["bits"] == cold["bits"]
+
+
+def test_a_graph_deserializes_after_a_run_on_a_stream_destroyed_since(tmp_path):
+    """Found by `opfacade verify` on a warm store (H200, forty-fifth session): the handle still
+    named the destroyed stream of the last run, and the frontend's deserialize of the next graph
+    failed on it or segfaulted. Builds now bind the handle to a stream that always exists."""
+    pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    cold = _first_result("streams", tmp_path)
+    warm = _first_result("streams", tmp_path)
+    assert cold["loaded"] == 0
+    assert warm["loaded"] == 2
     assert warm["bits"] == cold["bits"]

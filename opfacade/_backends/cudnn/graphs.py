@@ -355,6 +355,7 @@ def _build(key) -> BuiltGraph | Declined:
     try:
         with on_device(key.device), timed("cuDNN %s", key):  # graphs bind the current device
             handle = runtime.handle_for(key.device)
+            runtime.bind_build_stream(handle)  # not the last run's stream, which may be gone
             declared = key.declare(handle)
             stored = plan_store.load(key, handle)
             if stored is not None:

@@ -21,8 +21,12 @@ from ..._internal.config import with_install_hint
 from ..._internal.device import on_device
 from ..._internal.handles import PerThreadHandles
 
-__all__ = ["HANDLES", "available", "backend_version", "cudnn_module", "handle_for",
-           "not_supported_types", "set_stream", "stream_setter"]
+__all__ = ["BUILD_STREAM", "HANDLES", "available", "backend_version", "bind_build_stream",
+           "cudnn_module", "handle_for", "not_supported_types", "set_stream", "stream_setter"]
+
+# cudaStreamPerThread: a stream that always exists, and that another stream's capture does not
+# make unusable (the legacy stream 0 is, during a capture in global mode).
+BUILD_STREAM = 0x2
 
 
 @functools.cache
@@ -88,6 +92,16 @@ def handle_for(device: int):
 def set_stream(handle, stream: int) -> None:
     """Binds ``handle`` to ``stream`` (the frontend skips the backend call when unchanged)."""
     cudnn_module().set_stream(handle, stream)
+
+
+def bind_build_stream(handle) -> None:
+    """Binds ``handle`` to BUILD_STREAM before a graph is built or deserialized. A handle keeps
+    the stream of its last run, which the caller may have destroyed since (verify runs each
+    problem on a new CuPy stream); the frontend's deserialize asks that stream whether it is
+    capturing, and with cuDNN 9.19 and frontend 1.32 on an H200 a destroyed stream made it
+    fail ("invalid resource handle") or segfault (forty-fifth session,
+    scripts/plan_store_free_probe.py). Every run binds its own stream again."""
+    set_stream(handle, BUILD_STREAM)
 
 
 def stream_setter() -> Callable[[object, int], None]:
