@@ -90,6 +90,7 @@ def frontend(monkeypatch, fresh_graphs):
     fake = Frontend()
     monkeypatch.setattr(graphs, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(runtime, "handle_for", lambda device: None)
+    monkeypatch.setattr(runtime, "bind_build_stream", lambda handle: None)  # no handle to bind
     monkeypatch.setattr(graphs, "declare_forward", lambda desc, handle, variant: fake)
     monkeypatch.setattr(graphs, "declare_backward", lambda desc, handle, variant: fake)
     return fake
