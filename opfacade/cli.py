@@ -9,7 +9,7 @@
     opfacade --version
 
 Exit codes:
-    0  done (explain: a SKU serves the problem; verify: every SKU within its guarantee)
+    0  done (explain: a SKU serves the problem; verify: every SKU it verified within its guarantee)
     1  explain: no SKU serves the problem; verify: a SKU failed its guarantee
     2  bad input: a usage error, an unknown op or field, an invalid problem or argument
     3  needs what is not here: a GPU, a driver for CUDA 13, or the GPU stack
