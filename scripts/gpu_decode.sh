@@ -22,8 +22,9 @@ if wants tests; then
 fi
 if wants verify; then
     stage verify
+    # Each op's run merges into the one record $OUT/verified/<gpu>.json (opfacade verify).
     for op in ${VERIFY_OPS:-decode_attention kv_append}; do
-        timeout 200 python3 -m opfacade verify --op $op --out "$OUT/verified_$op" --runs 3 2>&1 | tail -8
+        timeout 200 python3 -m opfacade verify --op $op --out "$OUT/verified" --runs 3 2>&1 | tail -8
     done
 fi
 if wants sanitize; then

@@ -22,7 +22,7 @@ fi
 if wants verify; then
     stage verify
     for op in ${VERIFY_OPS:-varlen_attention_forward varlen_attention_backward sdpa_forward sdpa_backward}; do
-        timeout 200 python3 -m opfacade verify --op $op --out "$OUT/verified_$op" --runs 3 2>&1 | grep -v "^PASS sdpa_.*cudnn" | tail -8
+        timeout 200 python3 -m opfacade verify --op $op --out "$OUT/verified" --runs 3 2>&1 | grep -v "^PASS sdpa_.*cudnn" | tail -8
     done
 fi
 if wants sanitize; then
