@@ -291,9 +291,14 @@ class LinearCublasLt(SkuImpl[D]):
 
     def settled_views(self, desc: D, args: BoundArgs) -> dict[str, TensorView | None]:
         """The bound views, each of ``fixed_views`` with its extent-1 dimensions' strides the
-        canonical ones (``settled``): what the checks and the recipe read."""
+        canonical ones (``settled``): what the checks and the recipe read. Every run() checks
+        its views, so views without an extent-1 dimension come back as they are, before the
+        canonical strides are worked out."""
+        views = args.views
+        if not any(view is not None and 1 in view.shape for view in views.values()):
+            return views
         canonical = dict(zip(self.fixed_views, self._canonical_strides(desc), strict=True))
-        return {name: settled(view, canonical.get(name)) for name, view in args.views.items()}
+        return {name: settled(view, canonical.get(name)) for name, view in views.items()}
 
     # -- running -------------------------------------------------------------------------------
     def _recipe(self, desc: D, views: dict[str, TensorView | None],
