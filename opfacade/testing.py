@@ -197,11 +197,16 @@ def _spanning_tensor(spec: TensorSpec, device: int, values: np.ndarray | None) -
     return TensorView(flat.data.ptr, shape, strides, spec.element, device, "cupy", flat)
 
 
-def still_holds(view: TensorView, values: np.ndarray, spec: TensorSpec) -> bool:
-    """Whether an input made by _device_tensor from ``values`` still holds the bits uploaded
-    into it, element by element in its logical order (a run wrote nothing there)."""
-    want = np.ascontiguousarray(_to_bits(np.asarray(values).reshape(spec.shape), spec.element))
-    return download_bits(view).tobytes() == want.tobytes()
+def uploaded_bits(values: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """The bits _device_tensor uploads for ``values``, in logical order: what still_holds
+    compares an input with (worked out once per problem, not once per run)."""
+    return np.ascontiguousarray(_to_bits(np.asarray(values).reshape(spec.shape), spec.element))
+
+
+def still_holds(view: TensorView, uploaded: np.ndarray) -> bool:
+    """Whether an input made by _device_tensor still holds the bits uploaded into it
+    (``uploaded_bits``), element by element in its logical order (a run wrote nothing there)."""
+    return download_bits(view).tobytes() == uploaded.tobytes()
 
 
 def download_bits(view: TensorView) -> np.ndarray:
@@ -385,6 +390,8 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
     inputs = verification_problem(op, plan.descriptor, rng, distribution)
     check = reference_check(plan, inputs)
     results: list[dict[str, np.ndarray]] = []
+    uploaded = {name: uploaded_bits(inputs[name], spec) for name, spec in signature.items()
+                if spec.role == "in" and name in inputs}
     changed: set[str] = set()
     with cupy.cuda.Device(device):
         pool = cupy.empty(plan.workspace_size + runs * Workspace.ALIGNMENT + Workspace.ALIGNMENT,
@@ -403,9 +410,8 @@ def verify_plan(plan: Plan, *, runs: int = 3, seed: int | None = None,
             plan.run(op.args(**views), workspace=workspace, stream=stream.ptr)
             stream.synchronize()
             results.append({name: download_bits(views[name]) for name in check.expected})
-            changed.update(name for name, spec in signature.items()
-                           if spec.role == "in" and name in inputs
-                           and not still_holds(views[name], inputs[name], spec))
+            changed.update(name for name, bits in uploaded.items()
+                           if not still_holds(views[name], bits))
     rel_errors = {name: check.relative_error(name, _from_bits(results[0][name],
                                                               signature[name].element))
                   for name in check.expected}

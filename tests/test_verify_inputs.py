@@ -1,7 +1,7 @@
 """verify_plan's check that a run writes nothing into its inputs, on the host: still_holds reads a
 device input back as download_bits does (a buffer in storage order, indexed by the view's
-strides) and compares its bits with the values uploaded, and a result with a changed input
-fails. (verify_plan itself runs on a GPU: test_precision_gpu.py and ``opfacade verify``.)"""
+strides) and compares its bits with those uploaded (uploaded_bits), and a result with a changed
+input fails. (verify_plan itself runs on a GPU: test_precision_gpu.py and ``opfacade verify``.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from opfacade._internal.contract import TensorSpec
 from opfacade._internal.view import TensorView
-from opfacade.testing import VerificationResult, _to_bits, still_holds
+from opfacade.testing import VerificationResult, _to_bits, still_holds, uploaded_bits
 from opfacade.types import ElementKind
 
 
@@ -47,10 +47,10 @@ def test_an_input_holds_its_bits_until_one_element_changes(element, order):
         values[2, 3, 4] = np.nan  # cache content past a length: compared as bits
     spec = TensorSpec((3, 4, 5), element)
     view = _input(values, spec, order)
-    assert still_holds(view, values, spec)
+    assert still_holds(view, uploaded_bits(values, spec))
     flat = view.obj.storage.reshape(-1)
     flat[11] = flat[11] + 1  # one element (not the NaN) written by a run
-    assert not still_holds(view, values, spec)
+    assert not still_holds(view, uploaded_bits(values, spec))
 
 
 def test_a_result_whose_run_wrote_an_input_fails_and_says_which():
