@@ -151,7 +151,8 @@ def verify_all(*, op: str | None = None, runs: int = 3, out_dir: str | Path | No
             if path is not None:
                 _write(path, _merged(earlier, record, update))
     if path is not None:
-        _write(path, _merged(earlier, record, update))
+        if not update["skus"]:  # nothing verified, so nothing written above
+            _write(path, _merged(earlier, record, update))
         echo(f"wrote {path}")
     return record
 
