@@ -11,7 +11,9 @@ op's standard problems and every GPU SKU that serves them:
   32 elements reports row stride N). Wherever a SKU takes the layout the op's signature states,
   it must take that one too, on the standard problems with each extent set to 1 in turn. A
   held-out problem found the cuBLASLt backward refusing a one-row aux of N = 25 this way (seed
-  20261208, H200).
+  20261208, H200). Any other stride there (7, 0) too: Plan settles those strides to the
+  signature's before any SKU reads them (``contract.settled``), and ``_check`` binds as Plan
+  does.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import dataclasses
 import pytest
 
 from opfacade import OpFacadeError
-from opfacade._internal.contract import TensorSpec
+from opfacade._internal.contract import TensorSpec, settled
 from opfacade._internal.view import TensorView
 from opfacade._registry import all_ops
 from opfacade.testing import storage_layout
@@ -47,16 +49,17 @@ def _gpu_skus(op, desc):
             if impl.sku.backend is not BackendKind.reference and impl.unfit(desc) is None]
 
 
-def _views(signature: dict[str, TensorSpec], dense_extent_one: bool = False
+def _views(signature: dict[str, TensorSpec], extent_one: str | int | None = None
            ) -> dict[str, TensorView]:
     """Views of the signature's tensors at distinct 1 GiB-aligned device addresses, laid out as
-    each spec says, or with every extent-1 dimension's stride the dense one."""
+    each spec says, or with every extent-1 dimension's stride the dense one (``extent_one``
+    "dense") or the int given."""
     views = {}
     for i, (name, spec) in enumerate(signature.items()):
         dense = storage_layout(spec)[1]  # what verify's buffers and the frameworks report
         strides = tuple(spec.strides) if spec.strides else dense
-        if dense_extent_one:
-            strides = tuple(d if n == 1 else s
+        if extent_one is not None:
+            strides = tuple((d if extent_one == "dense" else extent_one) if n == 1 else s
                             for n, s, d in zip(spec.shape, strides, dense, strict=True))
         views[name] = TensorView((i + 1) << 30, tuple(spec.shape), strides, spec.element, 0,
                                  "cupy", None)
@@ -64,7 +67,8 @@ def _views(signature: dict[str, TensorSpec], dense_extent_one: bool = False
 
 
 def _check(op, impl, desc, views: dict[str, TensorView]) -> None:
-    impl.check_args(desc, op.bind(desc, op.args(**views)))
+    """The op's bind, the extent-1 strides settled, the SKU's checks: as Plan._bind runs them."""
+    impl.check_args(desc, settled(op.bind(desc, op.args(**views)), op.signature(desc)))
 
 
 def _refusal(op, impl, desc, views: dict[str, TensorView]) -> str | None:
@@ -130,7 +134,7 @@ def _with_an_extent_of_one(op):
 
 
 @pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
-def test_every_sku_takes_dense_strides_on_extent_one_dimensions(op):
+def test_every_sku_takes_any_stride_on_extent_one_dimensions(op):
     checked, refused = 0, []
     for field, desc in _with_an_extent_of_one(op):
         signature = op.signature(desc)
@@ -138,8 +142,9 @@ def test_every_sku_takes_dense_strides_on_extent_one_dimensions(op):
             if _refusal(op, impl, desc, _views(signature)) is not None:
                 continue  # the stated layout is what this SKU refuses: not the question here
             checked += 1
-            error = _refusal(op, impl, desc, _views(signature, dense_extent_one=True))
-            if error is not None:
-                refused.append(f"{impl.sku.id} with {field}=1: {error}")
+            for stride in ("dense", 7, 0):
+                error = _refusal(op, impl, desc, _views(signature, extent_one=stride))
+                if error is not None:
+                    refused.append(f"{impl.sku.id} with {field}=1, stride {stride}: {error}")
     assert not refused, "\n".join(refused[:10])
     assert checked or not _has_gpu_skus(op)

@@ -125,6 +125,26 @@ def test_host_plan_runs_the_reference():
     np.testing.assert_allclose(d_slopes, (dy * distance).sum(axis=(0, 2, 3)), rtol=1e-12)
 
 
+def test_the_sku_sees_the_signatures_stride_on_an_extent_one_dimension(monkeypatch):
+    """A stride of 7 elements on batch 1 (a hand-built view) reaches the SKU's checks and launch
+    as the signature's (contract.settled): such a stride addresses nothing, and SKUs whose
+    rules want multiples of 8 refused it before."""
+    desc = AlibiBackwardDescriptor(batch=1, heads=4, query_len=16, key_len=16, element="f64")
+    rng = np.random.default_rng(2)
+    dense = rng.uniform(-1, 1, (1, 4, 16, 16))
+    odd = np.lib.stride_tricks.as_strided(dense, dense.shape, (7 * 8, *dense.strides[1:]))
+    seen = []
+    with Plan.select(desc, device="cpu") as plan:
+        impl = plan._live_impl()
+        check = impl.check_args
+        monkeypatch.setattr(impl, "check_args",
+                            lambda d, bound: (seen.append(bound["grad_output"]), check(d, bound)))
+        d_in, d_slopes = np.empty_like(dense), np.empty(4)
+        plan.run(AlibiBackwardArgs(odd, d_in, d_slopes))
+    assert seen[0].strides == (4 * 16 * 16, 16 * 16, 16, 1)
+    np.testing.assert_array_equal(d_in, dense)
+
+
 def test_freed_plan_raises_and_free_is_idempotent():
     plan = Plan.select(backward(), device="cpu")
     plan.free()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from pydantic import ConfigDict
@@ -27,8 +27,9 @@ from ..types import (
 )
 from .tensors import TensorView
 from .validation import CheckedModel
+from .view import c_strides
 
-__all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec", "bits_for"]
+__all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec", "bits_for", "settled"]
 
 
 class Descriptor(CheckedModel):
@@ -87,6 +88,35 @@ class TensorSpec:
     element: ElementKind
     role: str = "in"
     strides: tuple[int, ...] | None = None
+
+
+def settled(bound: BoundArgs, signature: dict[str, TensorSpec]) -> BoundArgs:
+    """``bound`` with the stride of each extent-1 dimension set to the one the op's signature
+    states (its ``strides``, else C order; C order of the view's own shape where that differs
+    from the signature's, a batch under a plan's envelope say).
+
+    Such a stride addresses nothing, and callers hand any value there: frameworks report the
+    dense one whatever the buffer, and a hand-built view may hold 7. The SKUs' stride rules
+    (multiples of 8 elements for cuDNN's 16-byte loads and for kv_append's stores), their
+    recipe and graph keys and their launches then read the layout the signature states, where
+    they would refuse, or build again, for a stride that nothing reads. Views without an extent-1
+    dimension, the common case on every checked call, come back as they are."""
+    views = bound.views
+    if not any(view is not None and 1 in view.shape for view in views.values()):
+        return bound
+    changed = {}
+    for name, view in views.items():
+        if view is None or 1 not in view.shape:
+            continue
+        spec = signature.get(name)
+        stated = (spec.strides if spec is not None and spec.strides
+                  and tuple(spec.shape) == view.shape else c_strides(view.shape))
+        strides = tuple(want if extent == 1 else have
+                        for extent, have, want in zip(view.shape, view.strides, stated,
+                                                      strict=True))
+        if strides != view.strides:
+            changed[name] = replace(view, strides=strides)
+    return BoundArgs({**views, **changed}, bound.outputs) if changed else bound
 
 
 @dataclass(frozen=True)
