@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from opfacade._backends.nvrtc import compiler
-from opfacade._backends.nvrtc.decode import DecodeCache, append_shape
+from opfacade._backends.nvrtc.kv_cache import DecodeCache, append_shape
 from opfacade._bench.graph_timing import MAX_REPLAY_ROUNDS, time_in_cuda_graphs
 from opfacade._bench.kv_append import AppendCase, append_problem, cases
 from opfacade.types import ArchSku, ElementKind

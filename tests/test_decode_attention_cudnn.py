@@ -18,7 +18,7 @@ from opfacade import BufferTooSmall, LayoutMismatch, Plan, PlanPreference, Unsup
 from opfacade._backends.cudnn import decode as cudnn_decode
 from opfacade._backends.cudnn import graphs, limits, runtime
 from opfacade._backends.cudnn.sdpa import FORWARD_BOUND
-from opfacade._backends.nvrtc import decode as nvrtc_decode
+from opfacade._backends.nvrtc import kv_cache as nvrtc_kv_cache
 from opfacade._backends.nvrtc import sdpa_edges
 from opfacade._internal.limits import INT32_MAX
 from opfacade._internal.selection import Target
@@ -482,8 +482,8 @@ def test_a_graph_cudnn_declines_at_run_time_is_unsupported(monkeypatch):
 
 
 @pytest.mark.parametrize(("shape", "expected"), [
-    (SHAPE, nvrtc_decode.DecodeCache("paged", False, 144, 2, 128, 128, 16, 9, 39)),
-    (CONTIGUOUS, nvrtc_decode.DecodeCache("contiguous", False, 144, 2, 128, 128, 0, 0, 0))],
+    (SHAPE, nvrtc_kv_cache.DecodeCache("paged", False, 144, 2, 128, 128, 16, 9, 39)),
+    (CONTIGUOUS, nvrtc_kv_cache.DecodeCache("contiguous", False, 144, 2, 128, 128, 0, 0, 0))],
     ids=["paged", "contiguous"])
 def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypatch, shape,
                                                                 expected):
@@ -498,7 +498,7 @@ def test_checked_mode_runs_the_nvrtc_familys_device_check_first(faked, monkeypat
 
         return check_then_run
 
-    monkeypatch.setattr(nvrtc_decode, "check_call", check_call)
+    monkeypatch.setattr(nvrtc_kv_cache, "check_call", check_call)
     desc = DecodeAttentionDescriptor(**shape, checked=True)
     faked.fill = lambda pointers: None
     step = Step(desc, [144, 0, 3, 4])

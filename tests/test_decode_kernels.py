@@ -11,7 +11,7 @@ import re
 import pytest
 from ptx import assert_packed_like_declared, kernel_parameters, kernel_ptx
 
-from opfacade._backends.nvrtc import compiler
+from opfacade._backends.nvrtc import compiler, kv_cache
 from opfacade._backends.nvrtc import decode as kernels
 from opfacade.contracts.decode_attention import DecodeAttentionDescriptor
 from opfacade.contracts.kv_append import KvAppendDescriptor
@@ -29,12 +29,12 @@ ELEMENTS = ("f32", "f16", "bf16")
 @pytest.fixture(scope="module")
 def signatures() -> dict[str, list[str]]:
     """Every kernel of the three sources (their names do not overlap)."""
-    return {**kernel_parameters(kernels.SOURCE), **kernel_parameters(kernels.APPEND_SOURCE),
+    return {**kernel_parameters(kernels.SOURCE), **kernel_parameters(kv_cache.APPEND_SOURCE),
             **kernel_parameters(kernels.WG_SOURCE)}
 
 
 def test_every_kernel_compiles_for_sm90(signatures):
-    for source in (kernels.SOURCE, kernels.APPEND_SOURCE, kernels.WG_SOURCE):
+    for source in (kernels.SOURCE, kv_cache.APPEND_SOURCE, kernels.WG_SOURCE):
         cubin = compiler.compile_cubin(source, ArchSku.sm90, use_cache=False).cubin
         assert cubin[:4] == b"\x7fELF"
     partials = {f"decode_partial_{e}_{d}_{r}" for e in ELEMENTS for d in kernels.DIMS
@@ -52,7 +52,7 @@ def test_every_kernel_compiles_for_sm90(signatures):
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     merges |= {f"decode_merge_{e}_rows" for e in ELEMENTS}
-    appends = {f"kv_append_{e}_{form}_{layout}" for e in ELEMENTS for form in kernels.KINDS
+    appends = {f"kv_append_{e}_{form}_{layout}" for e in ELEMENTS for form in kv_cache.KINDS
                for layout in ("nhd", "hnd")}
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
@@ -90,9 +90,14 @@ def _record(monkeypatch) -> list[tuple]:
     monkeypatch.setattr(kernels, "resident_blocks", lambda function, threads, shared, device: 5)
     monkeypatch.setattr(kernels, "get_kernel", lambda source, name, device: name)
     monkeypatch.setattr(kernels, "allow_shared", lambda kernel, name, device, shared: kernel)
-    monkeypatch.setattr(kernels, "launch", record)
     monkeypatch.setattr(kernels, "launcher", lambda *a, **k: lambda: record(*a, **k))
     monkeypatch.setattr(kernels, "steps", lambda make, stream, device: lambda: [
+        launch() for launch in make(stream)])
+    # kv_append and the checked mode's kernel (kv_cache.py).
+    monkeypatch.setattr(kv_cache, "get_kernel", lambda source, name, device: name)
+    monkeypatch.setattr(kv_cache, "launch", record)
+    monkeypatch.setattr(kv_cache, "PackedLaunch", lambda *a, **k: lambda: record(*a, **k))
+    monkeypatch.setattr(kv_cache, "GraphedLaunches", lambda make, stream, device: lambda: [
         launch() for launch in make(stream)])
     # A split batch's second half runs on stream 0x5ide, between a fork and a join.
     monkeypatch.setattr(kernels, "forked", lambda on, device: (0x51DE, [
@@ -121,11 +126,11 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     desc = DecodeAttentionDescriptor(batch=8, heads_q=32, heads_kv=8, head_dim=128,
                                      element=element, cache="paged", page_size=16,
                                      max_pages=64, q_len=4, save_lse=True)
-    cache = kernels.DecodeCache.of(desc, pages=600)
+    cache = kv_cache.DecodeCache.of(desc, pages=600)
     strides = (4 * 32 * 128, 32 * 128, 128)
     kernels.decode_call(element, 0, cache, 5, 32, 4, 0.088, None, 0x1000, strides, 0x2000,
                         0x3000, 0x4000, 0x5000, 0x6000, strides, 0x7000, 0x100000, 7)()
-    kernels.append_call(element, 0, cache, 5, 4, 0x8000, (4 * 8 * 128, 8 * 128, 128), 0x9000,
+    kv_cache.append_call(element, 0, cache, 5, 4, 0x8000, (4 * 8 * 128, 8 * 128, 128), 0x9000,
                         (4 * 8 * 128, 8 * 128, 128), 0x2000, 0x3000, 0x4000, 0x5000, 7)()
     names = [name for name, *_ in launched]
     # 16 rows (4 heads x 4 tokens): one wgmma tile for the half types (an sm_90 device), two
@@ -169,7 +174,7 @@ def test_a_split_batch_runs_each_half_from_its_own_sequences(monkeypatch, signat
     desc = DecodeAttentionDescriptor(batch=8, heads_q=32, heads_kv=8, head_dim=128,
                                      element="bf16", cache=form, kv_layout=layout, q_len=4,
                                      save_lse=True, **where)
-    cache = kernels.DecodeCache.of(desc, pages=600)
+    cache = kv_cache.DecodeCache.of(desc, pages=600)
     strides = (4 * 32 * 128, 32 * 128, 128)
     workspace = 0x100000
     kernels.decode_call(ElementKind.bf16, 0, cache, 5, 32, 4, 0.088, None, 0x1000, strides,
@@ -238,9 +243,9 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
         "P", (), {"ptr": 0x42})()})())
     desc = DecodeAttentionDescriptor(batch=8, heads_q=8, heads_kv=8, head_dim=64,
                                      element="f16", cache="pointers", max_seq=100)
-    cache = kernels.DecodeCache.of(desc)
+    cache = kv_cache.DecodeCache.of(desc)
     monkeypatch.setattr("cupy.cuda.Device", lambda device: __import__("contextlib").nullcontext())
-    call = kernels.check_call(0, cache, 8, 1, 0x10, 0x20, 0, 0x30, 0, lambda: None)
+    call = kv_cache.check_call(0, cache, 8, 1, 0x10, 0x20, 0, 0x30, 0, lambda: None)
     import ctypes
 
     import numpy as np
@@ -251,7 +256,7 @@ def test_the_check_kernel_gets_its_parameters(monkeypatch, signatures):
     monkeypatch.setattr("cupy.cuda.runtime.streamSynchronize", lambda *a: None)
     call()
     name, grid, block, args, *_ = launched[0]
-    assert (name, grid, block) == ("kv_cache_check", (1,), (kernels.CHECK_THREADS,))
+    assert (name, grid, block) == ("kv_cache_check", (1,), (kv_cache.CHECK_THREADS,))
     assert_packed_like_declared(name, args, signatures)
 
 
@@ -296,14 +301,14 @@ def test_short_caches_merge_in_rows(monkeypatch, capacity, dim, merge, grid):
     desc = DecodeAttentionDescriptor(batch=3, heads_q=24, heads_kv=8, head_dim=dim,
                                      element="bf16", cache="contiguous", max_seq=capacity,
                                      q_len=2)
-    kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 3, 24, 2, 0.1, None,
+    kernels.decode_call(ElementKind.bf16, 0, kv_cache.DecodeCache.of(desc), 3, 24, 2, 0.1, None,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
     name, merge_grid, block, *_ = launched[1]
     assert name == f"decode_merge_bf16_{merge}" and merge_grid == grid
     assert block == ((kernels.ROWS_THREADS,) if merge == "rows" else (int(merge),))
     monkeypatch.setattr(kernels, "MERGE_ROWS", False)  # the 64-thread merge it stands for
-    kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 3, 24, 2, 0.1, None,
+    kernels.decode_call(ElementKind.bf16, 0, kv_cache.DecodeCache.of(desc), 3, 24, 2, 0.1, None,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
     assert launched[3][0] == f"decode_merge_bf16_{'64' if merge == 'rows' else merge}"
@@ -314,7 +319,7 @@ def test_groups_wider_than_a_tile_take_several_tiles(monkeypatch):
     monkeypatch.setattr(kernels, "SPLIT_TILES", ())
     desc = DecodeAttentionDescriptor(batch=2, heads_q=32, heads_kv=1, head_dim=64,
                                      element="bf16", cache="contiguous", max_seq=600, q_len=2)
-    kernels.decode_call(ElementKind.bf16, 0, kernels.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
+    kernels.decode_call(ElementKind.bf16, 0, kv_cache.DecodeCache.of(desc), 2, 32, 2, 0.125, 16,
                         0x1000, (0, 0, 0), 0x2000, 0x3000, 0, 0x5000, 0x6000, (0, 0, 0), None,
                         0x100000, 0)()
     assert launched[0][1] == (1 * 4, 2, 2)  # 64 rows in tiles of 16; 600 tokens in 2 chunks
@@ -327,7 +332,7 @@ def test_the_workspace_holds_every_partial_of_the_envelope():
     assert size >= rows * (128 + 2) * 4 and size % 256 == 0
     append = KvAppendDescriptor(batch=2, heads_kv=2, head_dim=64, element="f16",
                                 cache="pointers", max_seq=100, kv_layout="hnd")
-    cache = kernels.DecodeCache.of(append)
+    cache = kv_cache.DecodeCache.of(append)
     assert (cache.kind, cache.hnd, cache.capacity, cache.page_size) == ("pointers", True, 100, 0)
 
 
@@ -343,7 +348,7 @@ def test_a_verdict_becomes_an_error_naming_the_argument(verdict, argument, text)
 
     desc = DecodeAttentionDescriptor(batch=8, heads_q=8, heads_kv=8, head_dim=64, q_len=2,
                                      element="f16", cache="paged", page_size=16, max_pages=64)
-    error = kernels.verdict_error(np.array(verdict), kernels.DecodeCache.of(desc, 600), 2)
+    error = kv_cache.verdict_error(np.array(verdict), kv_cache.DecodeCache.of(desc, 600), 2)
     assert isinstance(error, InvalidArgument) and error.argument == argument
     with pytest.raises(InvalidArgument, match=text):
         raise error
@@ -534,7 +539,7 @@ def test_a_cuda_core_partial_runs_its_span_of_chunks(monkeypatch, signatures, ba
     launched = _record(monkeypatch)
     desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=64,
                                      element="bf16", cache="contiguous", max_seq=32768)
-    cache = kernels.DecodeCache.of(desc)
+    cache = kv_cache.DecodeCache.of(desc)
     strides = (32 * 64, 32 * 64, 64)
     kernels.decode_call(ElementKind.bf16, 0, cache, batch, 32, 1, 0.125, None, 0x1000, strides,
                         0x2000, 0x3000, 0, 0x5000, 0x6000, strides, None, 0x100000, 7)()
@@ -570,7 +575,7 @@ def test_the_kq_tile_takes_kv_heads_of_up_to_8_rows_in_the_build_for_its_grid(
                                      element=element, cache="contiguous", max_seq=32768,
                                      q_len=q_len)
     strides = (q_len * 32 * 128, 32 * 128, 128)
-    kernels.decode_call(ElementKind(element), 0, kernels.DecodeCache.of(desc), batch, 32, q_len,
+    kernels.decode_call(ElementKind(element), 0, kv_cache.DecodeCache.of(desc), batch, 32, q_len,
                         0.088, None, 0x1000, strides, 0x2000, 0x3000, 0, 0x5000, 0x6000, strides,
                         None, 0x100000, 7)()
     name, grid, _, args, shared, _ = launched[0]

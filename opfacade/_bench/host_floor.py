@@ -15,12 +15,13 @@ __all__ = ["noop_kernel", "replay_floor"]
 
 def noop_kernel(torch) -> tuple[object, tuple, object]:
     """(the kernel, its arguments, the buffer they point at, to keep alive) on device 0."""
-    from .._backends.nvrtc import decode as kernels
+    from .._backends.nvrtc import kv_cache
+    from .._backends.nvrtc.launch import get_kernel
 
     verdict = torch.empty(4, dtype=torch.int32, device="cuda")
-    args = (*kernels.DecodeCache("contiguous", False, 1, 1, 64, 64).args(0, 0, 0),
+    args = (*kv_cache.DecodeCache("contiguous", False, 1, 1, 64, 64).args(0, 0, 0),
             np.uint64(0), np.int32(0), np.int32(1), np.uint64(verdict.data_ptr()))
-    return kernels.get_kernel(kernels.APPEND_SOURCE, "kv_cache_check", 0), args, verdict
+    return get_kernel(kv_cache.APPEND_SOURCE, "kv_cache_check", 0), args, verdict
 
 
 def replay_floor(torch) -> Callable[[], None]:

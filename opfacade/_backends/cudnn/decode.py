@@ -69,7 +69,7 @@ from ...contracts.decode_attention import DECODE_ATTENTION, DecodeAttentionDescr
 from ...contracts.kv_cache import cache_shape, verification_pages
 from ...errors import BufferTooSmall, LaunchFailed, LayoutMismatch, ShapeMismatch, Unsupported
 from ...types import ArchSku, BackendKind, ElementKind, MathPrecision, PrecisionGuarantee
-from ..nvrtc import decode as nvrtc_decode
+from ..nvrtc import kv_cache as nvrtc_kv_cache
 from ..nvrtc import launch as nvrtc_launch
 from ..nvrtc.sdpa_edges import PaddingRows
 from . import graphs, limits, runtime
@@ -373,8 +373,8 @@ class DecodeAttentionCudnn(GraphSelection, SkuImpl[DecodeAttentionDescriptor]):
 
         if not desc.checked:
             return run
-        cache = nvrtc_decode.DecodeCache.of(desc, layout.pages)
-        return nvrtc_decode.check_call(device, cache, batch, desc.q_len, found["k_cache"],
+        cache = nvrtc_kv_cache.DecodeCache.of(desc, layout.pages)
+        return nvrtc_kv_cache.check_call(device, cache, batch, desc.q_len, found["k_cache"],
                                        found["v_cache"], found.get("page_table", 0),
                                        found["seq_lens"], stream, run)
 

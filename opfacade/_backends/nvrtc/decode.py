@@ -1,6 +1,6 @@
 """Launching native/decode_attention.cu (split-KV decode attention; its tiles of more than 8 rows
-at D 128 on sm_90 are native/decode_wg.cu's) and native/kv_append.cu (kv_append and the caches'
-checked mode), issue 13.
+at D 128 on sm_90 are native/decode_wg.cu's), issue 13. The caches' addressing, kv_append and the
+checked mode's kernel are kv_cache.py's.
 
 A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
 sequence), then ``decode_merge`` over (sequence, query head, new token), which on sm_90 launches
@@ -23,19 +23,17 @@ from ..._internal.device import device_arch, device_sm_count
 from ..._internal.graph_replay import GraphedLaunches
 from ..._internal.sku import Workspace
 from ..._internal.stream_fork import forked
-from ...contracts.kv_cache import violation
-from ...errors import InvalidArgument
 from ...types import ElementKind
 from .compiler import ARCH_SPECIFIC
-from .launch import PackedLaunch, allow_shared, get_kernel, launch, resident_blocks
+from .kv_cache import DecodeCache
+from .launch import PackedLaunch, allow_shared, get_kernel, resident_blocks
 
-__all__ = ["APPEND_SOURCE", "CHUNK", "DIMS", "KINDS", "SOURCE", "WG_SOURCE", "DecodeCache", "Tile",
-           "append_call", "check_call", "chunks", "decode_call", "kq_build", "mma_build",
-           "row_tile", "shared_bytes", "span_for", "wgmma_on", "workspace_bytes"]
+__all__ = ["CHUNK", "DIMS", "SOURCE", "WG_SOURCE", "Tile", "chunks", "decode_call",
+           "kq_build", "mma_build", "row_tile", "shared_bytes", "span_for", "wgmma_on",
+           "workspace_bytes"]
 
 SOURCE = "decode_attention.cu"  # decode_partial, decode_merge
 WG_SOURCE = "decode_wg.cu"  # decode_partial_*_128_<16|32>wg (sm_90a)
-APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 # Keys per chunk: kChunk, a constant (batch invariance rests on it, and bit stability on
 # its not following the device). Each chunk costs its CTA a softmax pause and an epilogue,
 # the step a row of f32 partials and its merge; fewer chunks leave fewer CTAs to spread.
@@ -138,39 +136,7 @@ SPLIT_WAVES = 8
 # against one grid: B32 S4096 q_len 4 (7.8 waves) 91.5-91.7% of a copy against 89.1-90.0%,
 # B16 S4096 and B2 S32768 (3.9 waves) alike (docs/DECODE.md, "decode.py's constants").
 SPLIT_WAVES_WG = 0
-CHECK_THREADS = 256
 DEFAULT_SHARED = 48 << 10  # dynamic shared memory a kernel has without opting in
-KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}
-APPEND_THREADS = 1024  # kv_append's __launch_bounds__
-
-
-@dataclass(frozen=True)
-class DecodeCache:
-    """A cache as the kernels address it (native/decode_attention.cu, "Caches")."""
-
-    kind: str
-    hnd: bool
-    capacity: int
-    heads_kv: int
-    dim: int
-    dim_v: int
-    page_size: int = 0
-    max_pages: int = 0
-    pages: int = 0
-
-    @classmethod
-    def of(cls, desc, pages: int = 0) -> DecodeCache:
-        """From a decode_attention or kv_append descriptor; ``pages``: the pool's size."""
-        paged = desc.cache == "paged"
-        return cls(desc.cache, desc.kv_layout == "hnd", desc.capacity, desc.heads_kv,
-                   desc.head_dim, desc.dim_v, desc.page_size if paged else 0,
-                   desc.max_pages if paged else 0, pages)
-
-    def args(self, k: int, v: int, table: int) -> tuple:
-        return (np.uint64(k), np.uint64(v), np.uint64(table), np.int32(KINDS[self.kind]),
-                np.int32(self.hnd), np.int32(self.capacity), np.int32(self.page_size),
-                np.int32(self.max_pages), np.int32(self.pages), np.int32(self.heads_kv),
-                np.int32(self.dim), np.int32(self.dim_v))
 
 
 def launcher(function, grid, block, args, stream: int, device: int, shared: int = 0,
@@ -458,67 +424,3 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
                          overlap_previous=overlap)]
 
     return launches
-
-
-def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences: int,
-                q_len: int, k_new: int, k_strides: tuple[int, int, int], v_new: int,
-                v_strides: tuple[int, int, int], k: int, v: int, table: int, seq_lens: int,
-                stream: int) -> Callable[[], None]:
-    """One launch writing every sequence's new tokens (strides in elements: batch, token,
-    head): a CTA per (sequence, token, group of kv heads), a thread per 16 bytes of a head's
-    key and value (native/kv_append.cu)."""
-    kernel = get_kernel(APPEND_SOURCE, append_kernel(element, cache), device)
-    args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
-            *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
-            np.int32(q_len))
-    return steps(lambda on: [launcher(kernel, *append_shape(cache, element, sequences, q_len),
-                                      args, on, device)], stream, device)
-
-
-def append_kernel(element: ElementKind, cache: DecodeCache) -> str:
-    """kv_append's kernel for this element type and cache: one a form and layout, whose
-    addressing is compiled in (native/kv_append.cu)."""
-    return f"kv_append_{element.value}_{cache.kind}_{'hnd' if cache.hnd else 'nhd'}"
-
-
-def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
-                 ) -> tuple[tuple[int, int, int], tuple[int, int]]:
-    """kv_append's (grid, block): threads (16-byte vectors of one head's key and value, heads),
-    as many heads per CTA as 1024 threads hold."""
-    per_head = (cache.dim + cache.dim_v) * element.itemsize // 16
-    # At the head dims built (DIMS) a head's key and value take at most 128 threads.
-    heads = max(1, min(cache.heads_kv, APPEND_THREADS // per_head))
-    return (sequences, q_len, -(-cache.heads_kv // heads)), (per_head, heads)
-
-
-def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> InvalidArgument:
-    """The typed error for kv_cache_check's verdict (sequence, rule, detail, value)."""
-    s, rule, detail, value = (int(x) for x in verdict)
-    return violation(rule, s, detail, value, cache.capacity, q_len, cache.pages)
-
-
-def check_call(device: int, cache: DecodeCache, sequences: int, q_len: int, k: int, v: int,
-               table: int, seq_lens: int, stream: int, run: Callable[[], None]
-               ) -> Callable[[], None]:
-    """``run`` preceded by kv_cache_check: a call that synchronises the stream, reads the verdict
-    and raises InvalidArgument naming the argument and its first bad index instead of
-    running. Checked mode's price: a host sync per call, so it cannot be captured."""
-    import cupy
-
-    with cupy.cuda.Device(device):
-        verdict = cupy.zeros(4, dtype=cupy.int32)
-    kernel = get_kernel(APPEND_SOURCE, "kv_cache_check", device)
-    args = (*cache.args(k, v, table), np.uint64(seq_lens), np.int32(sequences), np.int32(q_len),
-            np.uint64(verdict.data.ptr))
-    host = np.empty(4, dtype=np.int32)
-
-    def check_then_run() -> None:
-        launch(kernel, (1,), (CHECK_THREADS,), args, stream, device)
-        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, verdict.data.ptr, host.nbytes,
-                                      cupy.cuda.runtime.memcpyDeviceToHost, stream)
-        cupy.cuda.runtime.streamSynchronize(stream)
-        if host[0] >= 0:
-            raise verdict_error(host, cache, q_len)
-        run()
-
-    return check_then_run

@@ -30,6 +30,7 @@ from ...contracts.kv_append import KV_APPEND, KvAppendDescriptor
 from ...errors import LayoutMismatch
 from ...types import ArchSku, BackendKind, ElementKind, MathPrecision, PrecisionGuarantee
 from . import decode as kernels
+from . import kv_cache
 from .launch import available
 
 __all__ = ["APPEND_SKUS", "DECODE_SKUS"]
@@ -158,7 +159,7 @@ class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
     def prepared(self, desc: DecodeAttentionDescriptor, args: BoundArgs, workspace: Workspace,
                  stream: int | None):
         q, out, lse, table = args["q"], args["out"], args["lse"], args["page_table"]
-        cache = kernels.DecodeCache.of(desc, _pool_pages(args, desc))
+        cache = kv_cache.DecodeCache.of(desc, _pool_pages(args, desc))
         sequences = q.shape[0]
         window = None if desc.window is None else desc.window.left
         table_ptr = 0 if table is None else table.ptr
@@ -169,7 +170,7 @@ class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
             None if lse is None else lse.ptr, workspace.ptr, stream)
         if not desc.checked:
             return call
-        return kernels.check_call(q.device, cache, sequences, desc.q_len, args["k_cache"].ptr,
+        return kv_cache.check_call(q.device, cache, sequences, desc.q_len, args["k_cache"].ptr,
                                   args["v_cache"].ptr, table_ptr, args["seq_lens"].ptr, stream,
                                   call)
 
@@ -179,7 +180,7 @@ APPEND_LIMITS: tuple[Limit[KvAppendDescriptor], ...] = (
     # A head's key and value fit one CTA's threads at every head dim built (DIMS): at most
     # (256 + 256) * 4 / 16 = 128 of kv_append's 1024.
     Limit("head_groups", "heads_kv/heads per CTA", "CTAs", "the grid's z extent", 65535,
-          lambda d: kernels.append_shape(kernels.DecodeCache.of(d), d.element, 1, 1)[0][2],
+          lambda d: kv_cache.append_shape(kv_cache.DecodeCache.of(d), d.element, 1, 1)[0][2],
           "native/kv_append.cu: kv_append's grid (sequences, q_len, head groups)"),
 )
 
@@ -211,16 +212,16 @@ class KvAppendNvrtc(_KvCacheSku, SkuImpl[KvAppendDescriptor]):
     def prepared(self, desc: KvAppendDescriptor, args: BoundArgs, workspace: Workspace,
                  stream: int | None):
         k_new, v_new, table = args["k_new"], args["v_new"], args["page_table"]
-        cache = kernels.DecodeCache.of(desc, _pool_pages(args, desc))
+        cache = kv_cache.DecodeCache.of(desc, _pool_pages(args, desc))
         sequences = k_new.shape[0]
         table_ptr = 0 if table is None else table.ptr
-        call = kernels.append_call(
+        call = kv_cache.append_call(
             desc.element, k_new.device, cache, sequences, desc.q_len, k_new.ptr,
             _strides(k_new), v_new.ptr, _strides(v_new), args["k_cache"].ptr,
             args["v_cache"].ptr, table_ptr, args["seq_lens"].ptr, stream)
         if not desc.checked:
             return call
-        return kernels.check_call(k_new.device, cache, sequences, desc.q_len,
+        return kv_cache.check_call(k_new.device, cache, sequences, desc.q_len,
                                   args["k_cache"].ptr, args["v_cache"].ptr, table_ptr,
                                   args["seq_lens"].ptr, stream, call)
 
