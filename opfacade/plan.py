@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 from . import _registry as registry
 from ._internal.call_memo import CallMemo
 from ._internal.checks import self_aliasing
-from ._internal.contract import BoundArgs, Descriptor, TensorSpec, settled
+from ._internal.contract import BoundArgs, Descriptor, settled, stated_strides
 from ._internal.device import device_arch
 from ._internal.log import LOG
 from ._internal.lru import BuildOnceLRU
@@ -232,12 +232,12 @@ class Plan:
             self._live = live._replace(calls=calls)
 
     @functools.cached_property
-    def _signature(self) -> dict[str, TensorSpec]:
-        return self._op.signature(self._descriptor)
+    def _stated_strides(self) -> dict[str, tuple[tuple, tuple]]:
+        return stated_strides(self._op.signature(self._descriptor))
 
     def _bind(self, impl: SkuImpl, args: Any) -> BoundArgs:
         # Extent-1 dimensions' strides settled to the signature's before any SKU reads them.
-        bound = settled(self._op.bind(self._descriptor, args), self._signature)
+        bound = settled(self._op.bind(self._descriptor, args), self._stated_strides)
         self._check_placement(bound)
         impl.check_args(self._descriptor, bound)
         return bound

@@ -23,7 +23,7 @@ import dataclasses
 import pytest
 
 from opfacade import OpFacadeError
-from opfacade._internal.contract import TensorSpec, settled
+from opfacade._internal.contract import TensorSpec, settled, stated_strides
 from opfacade._internal.view import TensorView
 from opfacade._registry import all_ops
 from opfacade.testing import storage_layout
@@ -68,7 +68,8 @@ def _views(signature: dict[str, TensorSpec], extent_one: str | int | None = None
 
 def _check(op, impl, desc, views: dict[str, TensorView]) -> None:
     """The op's bind, the extent-1 strides settled, the SKU's checks: as Plan._bind runs them."""
-    impl.check_args(desc, settled(op.bind(desc, op.args(**views)), op.signature(desc)))
+    impl.check_args(desc, settled(op.bind(desc, op.args(**views)),
+                                  stated_strides(op.signature(desc))))
 
 
 def _refusal(op, impl, desc, views: dict[str, TensorView]) -> str | None:

@@ -9,6 +9,7 @@ one table. Nothing here imports a backend.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -29,7 +30,8 @@ from .tensors import TensorView
 from .validation import CheckedModel
 from .view import c_strides
 
-__all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec", "bits_for", "settled"]
+__all__ = ["BoundArgs", "Descriptor", "OpContract", "TensorSpec", "bits_for", "settled",
+           "stated_strides"]
 
 
 class Descriptor(CheckedModel):
@@ -90,10 +92,22 @@ class TensorSpec:
     strides: tuple[int, ...] | None = None
 
 
-def settled(bound: BoundArgs, signature: dict[str, TensorSpec]) -> BoundArgs:
+# A decode plan's runs take any batch up to its envelope: their shapes repeat.
+_c_strides_of = functools.lru_cache(maxsize=256)(c_strides)
+
+
+def stated_strides(signature: dict[str, TensorSpec]) -> dict[str, tuple[tuple, tuple]]:
+    """Each tensor's (shape, strides) as the op's signature states them (C order unless the
+    spec gives strides): what ``settled`` reads, worked out once per plan."""
+    return {name: (tuple(spec.shape), tuple(spec.strides) if spec.strides
+                   else c_strides(tuple(spec.shape)))
+            for name, spec in signature.items()}
+
+
+def settled(bound: BoundArgs, stated: dict[str, tuple[tuple, tuple]]) -> BoundArgs:
     """``bound`` with the stride of each extent-1 dimension set to the one the op's signature
-    states (its ``strides``, else C order; C order of the view's own shape where that differs
-    from the signature's, a batch under a plan's envelope say).
+    states (``stated_strides``; C order of the view's own shape where that differs from the
+    signature's, a batch under a plan's envelope say).
 
     Such a stride addresses nothing, and callers hand any value there: frameworks report the
     dense one whatever the buffer, and a hand-built view may hold 7. The SKUs' stride rules
@@ -102,19 +116,17 @@ def settled(bound: BoundArgs, signature: dict[str, TensorSpec]) -> BoundArgs:
     they would refuse, or build again, for a stride that nothing reads. Views without an extent-1
     dimension, the common case on every checked call, come back as they are."""
     views = bound.views
-    if not any(view is not None and 1 in view.shape for view in views.values()):
-        return bound
-    changed = {}
+    changed = None
     for name, view in views.items():
         if view is None or 1 not in view.shape:
             continue
-        spec = signature.get(name)
-        stated = (spec.strides if spec is not None and spec.strides
-                  and tuple(spec.shape) == view.shape else c_strides(view.shape))
-        strides = tuple(want if extent == 1 else have
-                        for extent, have, want in zip(view.shape, view.strides, stated,
-                                                      strict=True))
+        shape, want = stated.get(name, (None, None))
+        if shape != view.shape:
+            want = _c_strides_of(view.shape)
+        strides = tuple([w if n == 1 else s for n, s, w in zip(view.shape, view.strides, want,
+                                                                strict=True)])
         if strides != view.strides:
+            changed = changed or {}
             changed[name] = replace(view, strides=strides)
     return BoundArgs({**views, **changed}, bound.outputs) if changed else bound
 
