@@ -145,6 +145,30 @@ def test_the_sku_sees_the_signatures_stride_on_an_extent_one_dimension(monkeypat
     np.testing.assert_array_equal(d_in, dense)
 
 
+def test_settled_takes_c_order_of_a_views_own_shape_under_an_envelope():
+    """A decode plan runs any batch up to its envelope: a view whose shape is not the
+    signature's settles its extent-1 strides to C order of its own shape; other views, and
+    every stride of an extent above 1, are left as they are."""
+    from opfacade._internal.contract import BoundArgs, TensorSpec, settled, stated_strides
+    from opfacade._internal.view import TensorView
+    from opfacade.types import ElementKind
+
+    bf16 = ElementKind.bf16
+    stated = stated_strides({"q": TensorSpec((64, 1, 32, 128), bf16),
+                             "k": TensorSpec((64, 4096, 8, 128), bf16)})
+
+    def view(shape, strides):
+        return TensorView(1 << 30, shape, strides, bf16, 0, "cupy", None)
+
+    k = view((64, 4096, 8, 128), (4194304, 1024, 128, 1))
+    bound = settled(BoundArgs({"q": view((3, 1, 32, 128), (8192, 7, 256, 1)), "k": k}, ()),
+                    stated)
+    assert bound["q"].strides == (8192, 4096, 256, 1)
+    assert bound["k"] is k
+    same = BoundArgs({"q": view((64, 1, 32, 128), (4096, 4096, 128, 1)), "k": k}, ())
+    assert settled(same, stated) is same  # nothing to settle: the same object
+
+
 def test_freed_plan_raises_and_free_is_idempotent():
     plan = Plan.select(backward(), device="cpu")
     plan.free()
