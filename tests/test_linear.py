@@ -37,7 +37,7 @@ from opfacade._backends.reference import ACTIVATIONS as REFERENCE_ACTIVATIONS
 from opfacade._backends.reference import linear_backward, linear_forward
 from opfacade._backends.reference.linear import activation as reference_activation
 from opfacade._backends.reference.linear import activation_grad as reference_activation_grad
-from opfacade._internal.contract import BoundArgs
+from opfacade._internal.contract import BoundArgs, settled, stated_strides
 from opfacade._internal.device import device_count
 from opfacade._internal.tensors import TensorView
 from opfacade.contracts import linear as linear_contract
@@ -882,7 +882,8 @@ def test_bias_gradient_falls_back_to_the_gemv(fake_cublaslt, activation, refused
 def test_a_one_row_aux_takes_any_row_stride(fake_cublaslt, lead, path):
     """An extent-1 dimension's stride addresses nothing, and frameworks give it any value: a
     one-row aux of N = 25 that a framework made contiguous has row (and batch) stride 25, not
-    the padded 32 cuBLASLt's rule asks of rows that exist. Both SKUs take it and compute with
+    the padded 32 cuBLASLt's rule asks of rows that exist. Bound as Plan binds (the extent-1
+    strides settled to the signature's, contract.settled), both SKUs take it and compute with
     it (held-out problem m=1, n=25, batch=1, silu: the backward refused it on an H200)."""
     batch = 1 if lead else None
     forward = LinearDescriptor(m=1, n=25, k=30, batch=batch, weight_batched=bool(lead),
@@ -898,8 +899,10 @@ def test_a_one_row_aux_takes_any_row_stride(fake_cublaslt, lead, path):
     out, aux = np.empty(forward.out_shape, np.float32), np.empty(forward.aux_shape, np.float32)
     assert view(aux).strides[-2] == 25 and forward.aux_strides[-2] == 32
     impl = _serving(linear.SKUS["linear_forward"], forward, False)
-    bound = BoundArgs({"x": view(x), "weight": view(w), "bias": view(b), "residual": None,
-                       "out": view(out), "aux": view(aux)}, outputs=("out", "aux"))
+    bound = settled(BoundArgs({"x": view(x), "weight": view(w), "bias": view(b),
+                               "residual": None, "out": view(out), "aux": view(aux)},
+                              outputs=("out", "aux")),
+                    stated_strides(linear_contract.LINEAR_FORWARD.signature(forward)))
     impl.check_args(forward, bound)
     _launch(impl, path, forward, bound, aligned_workspace(4096))
     want, pre = linear_forward(x, w, weight_layout="kn", bias=b, activation="silu")
@@ -909,10 +912,11 @@ def test_a_one_row_aux_takes_any_row_stride(fake_cublaslt, lead, path):
     dy = rng.uniform(-1, 1, backward.out_shape).astype(np.float32)
     gx, gb = np.full(backward.x_shape, np.nan, np.float32), np.full(25, np.nan, np.float32)
     impl = _serving(linear.SKUS["linear_backward"], backward, False)
-    bound = BoundArgs({"grad_out": view(dy), "x": view(x), "weight": view(w), "aux": view(aux),
-                       "grad_x": view(gx), "grad_weight": None, "grad_bias": view(gb),
-                       "grad_pre": None}, outputs=("grad_x", "grad_weight", "grad_bias",
-                                                   "grad_pre"))
+    bound = settled(BoundArgs({"grad_out": view(dy), "x": view(x), "weight": view(w),
+                               "aux": view(aux), "grad_x": view(gx), "grad_weight": None,
+                               "grad_bias": view(gb), "grad_pre": None},
+                              outputs=("grad_x", "grad_weight", "grad_bias", "grad_pre")),
+                    stated_strides(linear_contract.LINEAR_BACKWARD.signature(backward)))
     impl.check_args(backward, bound)
     _launch(impl, path, backward, bound, aligned_workspace(impl._fixed_bytes(backward) + 4096))
     ref = linear_backward(dy, x, w, aux.astype(np.float64), weight_layout="kn",

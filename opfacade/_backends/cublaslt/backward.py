@@ -192,7 +192,7 @@ class LinearBackwardCublasLt(LinearCublasLt[LinearBackwardDescriptor]):
         return None  # the d_pre kernel takes every activation's derivative
 
     def check_args(self, desc: LinearBackwardDescriptor, args: BoundArgs) -> None:
-        views = self.settled_views(desc, args)
+        views = args.views
         for name in ("grad_out", "x", "weight", "aux"):
             check_matrix(views[name], name, output=False)
         for name in ("grad_x", "grad_weight", "grad_pre"):

@@ -9,7 +9,6 @@ one path, ``prepared``: the recipe for the tensors' layout (recipes.py), bound t
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -109,20 +108,6 @@ def rows_of_view(view: TensorView) -> Rows:
 def rows_of(strides: tuple) -> Rows:
     """Row and batch strides from a recipe key's strides of a 2-D or 3-D tensor."""
     return Rows(strides[-2], strides[0] if len(strides) == 3 else 0)
-
-
-def settled(view: TensorView | None, canonical: tuple | None) -> TensorView | None:
-    """``view`` with the stride of each extent-1 dimension set to ``canonical``'s (the strides the
-    plan was built for). Such a stride addresses nothing, and frameworks hand any value there:
-    a one-row [1, 1, N] aux that a framework made contiguous carries row stride N, though the
-    plan's aux rows are padded to cuBLASLt's multiple of 8. The stride rules below and the
-    recipe's key then read the stride the plan was built for, where they would refuse, or build
-    another recipe, for one that nothing reads."""
-    if view is None or canonical is None or 1 not in view.shape:
-        return view
-    strides = tuple(want if extent == 1 else have
-                    for extent, have, want in zip(view.shape, view.strides, canonical, strict=True))
-    return view if strides == view.strides else dataclasses.replace(view, strides=strides)
 
 
 def check_matrix(view: TensorView | None, name: str, output: bool) -> None:
@@ -289,17 +274,6 @@ class LinearCublasLt(SkuImpl[D]):
         """The recipe key of contiguous, 256-byte aligned tensors (what selection assumes)."""
         return self._canonical_strides(desc), MAX_ALIGNMENT
 
-    def settled_views(self, desc: D, args: BoundArgs) -> dict[str, TensorView | None]:
-        """The bound views, each of ``fixed_views`` with its extent-1 dimensions' strides the
-        canonical ones (``settled``): what the checks and the recipe read. Every run() checks
-        its views, so views without an extent-1 dimension come back as they are, before the
-        canonical strides are worked out."""
-        views = args.views
-        if not any(view is not None and 1 in view.shape for view in views.values()):
-            return views
-        canonical = dict(zip(self.fixed_views, self._canonical_strides(desc), strict=True))
-        return {name: settled(view, canonical.get(name)) for name, view in views.items()}
-
     # -- running -------------------------------------------------------------------------------
     def _recipe(self, desc: D, views: dict[str, TensorView | None],
                 workspace: Workspace) -> Recipe:
@@ -320,7 +294,7 @@ class LinearCublasLt(SkuImpl[D]):
         (``GraphedLaunches``: one cuGraphLaunch, where each cublasLtMatmul costs the host ~7 us
         on an H100 host)."""
         device = args.device
-        recipe = self._recipe(desc, self.settled_views(desc, args), workspace)
+        recipe = self._recipe(desc, args.views, workspace)
         handle = library.handle(device)
         if current_device() == device:
             return library_call(lambda on: [recipe.bind(handle, args.views, workspace, on)],

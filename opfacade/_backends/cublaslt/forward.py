@@ -92,7 +92,7 @@ class LinearForwardCublasLt(LinearCublasLt[LinearDescriptor]):
         return spec.unfused
 
     def check_args(self, desc: LinearDescriptor, args: BoundArgs) -> None:
-        views = self.settled_views(desc, args)
+        views = args.views
         for name in ("x", "weight", "residual"):
             check_matrix(views[name], name, output=False)
         for name in ("out", "aux"):
