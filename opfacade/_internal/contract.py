@@ -9,7 +9,6 @@ one table. Nothing here imports a backend.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -92,10 +91,6 @@ class TensorSpec:
     strides: tuple[int, ...] | None = None
 
 
-# A decode plan's runs take any batch up to its envelope: their shapes repeat.
-_c_strides_of = functools.lru_cache(maxsize=256)(c_strides)
-
-
 def stated_strides(signature: dict[str, TensorSpec]) -> dict[str, tuple[tuple, tuple]]:
     """Each tensor's (shape, strides) as the op's signature states them (C order unless the
     spec gives strides): what ``settled`` reads, worked out once per plan."""
@@ -111,22 +106,22 @@ def settled(bound: BoundArgs, stated: dict[str, tuple[tuple, tuple]]) -> BoundAr
 
     Such a stride addresses nothing, and callers hand any value there: frameworks report the
     dense one whatever the buffer, and a hand-built view may hold 7. The SKUs' stride rules
-    (multiples of 8 elements for cuDNN's 16-byte loads and for kv_append's stores), their
-    recipe and graph keys and their launches then read the layout the signature states, where
+    (multiples of 8 elements for cuDNN's 16-byte loads and kv_append's stores, cuBLASLt's aux
+    rows padded to 8), their recipe and graph keys and their launches then read the layout the
+    signature states (cuBLASLt's canonical strides, where its padded aux rows are one), where
     they would refuse, or build again, for a stride that nothing reads. Views without an extent-1
     dimension, the common case on every checked call, come back as they are."""
     views = bound.views
-    changed = None
+    changed = {}
     for name, view in views.items():
         if view is None or 1 not in view.shape:
             continue
         shape, want = stated.get(name, (None, None))
         if shape != view.shape:
-            want = _c_strides_of(view.shape)
+            want = c_strides(view.shape)
         strides = tuple([w if n == 1 else s for n, s, w in zip(view.shape, view.strides, want,
                                                                 strict=True)])
         if strides != view.strides:
-            changed = changed or {}
             changed[name] = replace(view, strides=strides)
     return BoundArgs({**views, **changed}, bound.outputs) if changed else bound
 
