@@ -20,6 +20,13 @@ is the f16 problem causal, "f16new" one of S320 that the store does not hold):
     keep     from here on, keep every deserialized graph referenced for the process's life
     nofix    from here on, builds leave the handle on its last run's stream (the code before
              bind_build_stream)
+    once     from here on, the store's rule before the forty-seventh session: no entry loaded
+             twice, none this process stored
+Each step prints how many graphs the store has handed back so far ("loads", every one counted) and
+a run step a hash of its output's bytes (inputs drawn from a generator seeded by the problem's
+name), so a graph loaded again can be compared with the one that ran before. The forty-seventh
+session's first call ran the "again" scenarios on the old code with a "lift" step that cleared
+the store's record of what the process had touched (catalog/probes/plan_store_again_H200.json).
 """
 
 from __future__ import annotations
@@ -39,8 +46,17 @@ from opfacade import Plan, PlanPreference, SdpaArgs, SdpaDescriptor
 from opfacade._backends.cudnn import plan_store
 
 PROBLEMS = {"bf16": dict(element="bf16"), "f16": dict(element="f16"),
-            "f16c": dict(element="f16", causal="top_left"), "f16new": dict(element="f16", seq=320)}
-plans, kept = {}, []
+            "f16c": dict(element="f16", causal="top_left"), "f16new": dict(element="f16", seq=320),
+            # Problems no other scenario builds, for this process's own entries.
+            "own1": dict(element="f16", seq=384), "own2": dict(element="bf16", seq=448),
+            "own3": dict(element="f16", seq=512)}
+plans, kept, digest, loads = {}, [], None, [0]
+counted = plan_store.load
+def counting(key, handle, load=counted):
+    graph = load(key, handle)
+    loads[0] += graph is not None
+    return graph
+plan_store.load = counting
 for step in sys.argv[1:]:
     verb, _, name = step.partition(":")
     if verb == "keep":
@@ -51,6 +67,18 @@ for step in sys.argv[1:]:
                 kept.append(graph)
             return graph
         plan_store.load = keeping
+    elif verb == "once":
+        touched, loading, storing = set(), plan_store.load, plan_store.store
+        def load_once(key, handle, load=loading):
+            identity = plan_store._identity(key)
+            if identity in touched:
+                return None
+            touched.add(identity)
+            return load(key, handle)
+        def store_once(key, graph, store=storing):
+            touched.add(plan_store._identity(key))
+            store(key, graph)
+        plan_store.load, plan_store.store = load_once, store_once
     elif verb == "nofix":
         from opfacade._backends.cudnn import runtime
         runtime.bind_build_stream = lambda handle: None
@@ -61,7 +89,9 @@ for step in sys.argv[1:]:
                               **fields)
         plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=0)
         dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[desc.element]
-        q, k, v = (torch.randn(1, 4, seq, 64, device="cuda", dtype=dtype) for _ in range(3))
+        gen = torch.Generator(device="cuda").manual_seed(sum(map(ord, name)))
+        q, k, v = (torch.randn(1, 4, seq, 64, device="cuda", dtype=dtype, generator=gen)
+                   for _ in range(3))
         out = torch.empty_like(q)
         if verb == "gone":
             import cupy
@@ -74,10 +104,14 @@ for step in sys.argv[1:]:
             plan.run(SdpaArgs(q, k, v, out))
         torch.cuda.synchronize()
         assert torch.isfinite(out).all()
+        import hashlib
+        digest = hashlib.sha256(out.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
         plans[name] = plan
     elif verb == "free":
         plans.pop(name).free()
-    print(json.dumps({"done": step, "loaded": plan_store.loaded_count()}), flush=True)
+    print(json.dumps({"done": step, "loaded": plan_store.loaded_count(), "loads": loads[0],
+                      "out": digest}), flush=True)
+    digest = None
 print(json.dumps({"finished": True}), flush=True)
 """
 
@@ -94,6 +128,19 @@ SCENARIOS = {
     "f16 on a stream since destroyed, run bf16": ["gone:f16", "run:bf16"],
     "f16 on a stream since destroyed, free, bf16 likewise, free, run f16c": [
         "gone:f16", "free:f16", "gone:bf16", "free:bf16", "run:f16c"],
+    # Loaded again: what the store's once-per-process rule (before the forty-seventh session)
+    # kept from happening.
+    "again; own1 built, freed, selected again (its own entry)": ["run:own1", "free:own1",
+                                                                "run:own1"],
+    "again; f16 loaded three times, freed between": ["run:f16", "free:f16", "run:f16",
+                                                      "free:f16", "run:f16"],
+    "again; own2 on a stream since destroyed, freed, selected again": [
+        "gone:own2", "free:own2", "gone:own2", "free:own2", "run:own2"],
+    "again; own3 and bf16 interleaved, each freed and selected again twice": [
+        "run:own3", "run:bf16", "free:own3", "free:bf16", "gone:own3", "run:bf16",
+        "free:own3", "free:bf16", "run:own3", "run:bf16"],
+    "once; f16 freed and selected again (the old rule: a build)": ["once", "run:f16",
+                                                                   "free:f16", "run:f16"],
 }
 
 

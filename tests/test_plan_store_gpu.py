@@ -1,7 +1,8 @@
 """cuDNN's plan store on a GPU for the ragged (varlen) and paged (decode) graphs: a new process
 with the cache an earlier one left deserializes the graphs and gives the same bits. (The dense
 SDPA graphs' round trip is test_torch_gpu.py's warm-start test; here, dense graphs deserialized
-after a run on a stream the caller has destroyed since.)"""
+after a run on a stream the caller has destroyed since, and a process loading its own entry
+again after the plan holding it was freed.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ CHILD = r"""
 import hashlib, json, sys
 import torch
 from opfacade._backends.cudnn import plan_store
+loads = [0]
+counted = plan_store.load
+def counting(key, handle):
+    graph = counted(key, handle)
+    loads[0] += graph is not None
+    return graph
+plan_store.load = counting
 generator = torch.Generator(device="cuda").manual_seed(7)
 
 def randn(*shape):
@@ -51,6 +59,29 @@ elif sys.argv[1] == "streams":
         del stream
         plan.free()
         results.append(out)
+elif sys.argv[1] == "again":
+    # One problem selected three times, its plan freed between: each selection after the first
+    # finds the graph in the store, this process's own entry, and must give the first run's bits.
+    import cupy
+    from opfacade import Plan, PlanPreference, SdpaArgs, SdpaDescriptor
+    desc = SdpaDescriptor(batch=2, heads_q=4, heads_kv=2, seq_q=200, seq_kv=328, head_dim=128,
+                          element="bf16", causal="bottom_right")
+    q = torch.randn(2, 4, 200, 128, device="cuda", generator=generator).to(torch.bfloat16)
+    k, v = (torch.randn(2, 2, 328, 128, device="cuda", generator=generator).to(torch.bfloat16)
+            for _ in range(2))
+    outs = []
+    for on_a_stream_of_its_own in (False, True, False):
+        stream = cupy.cuda.Stream(non_blocking=True) if on_a_stream_of_its_own else None
+        plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=0)
+        out = torch.full_like(q, float("nan"))
+        torch.cuda.synchronize()
+        plan.run(SdpaArgs(q, k, v, out), stream=None if stream is None else stream.ptr)
+        torch.cuda.synchronize()
+        del stream  # destroyed after its run, as verify does
+        plan.free()
+        outs.append(out)
+    assert all(torch.equal(out, outs[0]) for out in outs), "a reloaded graph changed the bits"
+    results = outs[:1]
 else:
     from opfacade import (DecodeAttentionArgs, DecodeAttentionDescriptor, Plan,
                           PlanPreference)
@@ -70,7 +101,8 @@ torch.cuda.synchronize()
 digest = hashlib.sha256()
 for t in results:
     digest.update(t.detach().view(torch.int16).cpu().numpy().tobytes())
-print(json.dumps({"loaded": plan_store.loaded_count(), "bits": digest.hexdigest()}))
+print(json.dumps({"loaded": plan_store.loaded_count(), "loads": loads[0],
+                  "bits": digest.hexdigest()}))
 """
 
 
@@ -102,4 +134,18 @@ def test_a_graph_deserializes_after_a_run_on_a_stream_destroyed_since(tmp_path):
     warm = _first_result("streams", tmp_path)
     assert cold["loaded"] == 0
     assert warm["loaded"] == 2
+    assert warm["bits"] == cold["bits"]
+
+
+def test_a_process_loads_its_own_entry_again_after_a_free(tmp_path):
+    """Before the forty-seventh session a process never deserialized an entry it had stored, nor
+    one twice (an H100 segfault after a free, whose likely cause, a handle naming a destroyed
+    stream, was fixed in the forty-fifth). Now a selection after a free loads the graph the
+    process built, and a new process loads it at each selection."""
+    pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    cold = _first_result("again", tmp_path)
+    warm = _first_result("again", tmp_path)
+    assert (cold["loads"], cold["loaded"]) == (2, 1)  # built once, then its own entry twice
+    assert (warm["loads"], warm["loaded"]) == (3, 1)
     assert warm["bits"] == cold["bits"]

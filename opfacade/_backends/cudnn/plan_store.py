@@ -33,8 +33,6 @@ SWITCH_VARIABLE = "OPFACADE_CUDNN_PLAN_CACHE"
 ENTRY_SUFFIX = ".plan"
 _LENGTH = struct.Struct("<I")
 _COMMON_FIELDS = ("direction", "desc", "device", "variant")
-# The identities this process has stored or loaded (see load).
-_TOUCHED: set[bytes] = set()
 # The identities this process has loaded (loaded_count).
 _LOADED: set[bytes] = set()
 
@@ -86,17 +84,20 @@ def _path(identity: bytes) -> Path:
 def load(key, handle):
     """The graph for ``key`` deserialized from disk, or None (a miss, logged at DEBUG).
 
-    Each entry is deserialized at most once per process, and never one this process stored: on
-    an H100 with frontend 1.32 and cuDNN 9.19, deserializing in the process that built the plan,
-    after freeing it, crashed (a segfault inside the frontend's deserialize), while fresh
-    processes deserialized the same blobs correctly (scripts/plan_store_probe.py). A rebuild in
-    the same process builds as before."""
+    Asked on every graph-cache miss: a new process's first selection, or a selection after the
+    plan that held the graph was freed, this process's own entries included. (Until the
+    forty-seventh session a process loaded each entry at most once and never its own, after an
+    H100 segfault in frontend 1.32's deserialize following a free in the building process. An
+    H200 segfault in the same call was later traced to the handle naming a stream the caller
+    had destroyed, which ``runtime.bind_build_stream`` fixed. With the rule lifted, own entries
+    loaded after a free and one entry loaded three times, also after runs on destroyed streams,
+    gave the first build's bits on an H200: scripts/plan_store_free_probe.py's "again"
+    scenarios. The H100 case has not been run again.)"""
     if not _enabled():
         return None
     identity = _identity(key)
-    if identity is None or identity in _TOUCHED:
+    if identity is None:
         return None
-    _TOUCHED.add(identity)
     payload = read_checked(_path(identity))
     if payload is None:
         return None
@@ -123,8 +124,8 @@ def load(key, handle):
 
 
 def loaded_count() -> int:
-    """How many graphs this process has deserialized from the store (the warm-start bench and
-    the GPU tests ask a fresh process)."""
+    """How many distinct graphs this process has deserialized from the store (the warm-start
+    bench and the GPU tests ask a fresh process)."""
     return len(_LOADED)
 
 
@@ -141,5 +142,4 @@ def store(key, graph) -> None:
     identity = _identity(key)
     if identity is None:
         return
-    _TOUCHED.add(identity)
     write_atomically(_path(identity), _LENGTH.pack(len(identity)) + identity + plan)
