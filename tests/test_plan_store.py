@@ -48,6 +48,7 @@ def store(monkeypatch, tmp_path):
     monkeypatch.setattr(plan_store, "device_sm_count", lambda device: 132)
     Graph.refuse = False
     monkeypatch.setattr(plan_store, "_LOADED", set())
+    monkeypatch.setattr(plan_store, "_DEVICE_OF", {})
     return plan_store
 
 
@@ -70,6 +71,17 @@ def test_a_stored_plan_comes_back_for_its_key_only(store):
     other = key(seq=128)
     entry.rename(store._path(store._identity(other)))  # a file under another key's name
     assert store.load(other, None) is None
+
+
+def test_one_process_loads_an_entry_again_only_on_its_first_device(store):
+    """Loads of one process's entry on a second device have not run on GPUs: that selection
+    builds, as it did before a process could load an entry again."""
+    store.store(key(device=0), Graph(plan=b"one"))
+    assert store.load(key(device=1), None) is None
+    assert store.load(key(device=0), None).plan == b"plan:one"
+    store._DEVICE_OF.clear()  # a new process, on device 1 only
+    assert store.load(key(device=1), None).plan == b"plan:one"
+    assert store.load(key(device=0), None) is None
 
 
 def test_torn_refused_and_disabled_entries_are_misses(store, monkeypatch):
