@@ -8,6 +8,9 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPFACADE_CACHE_DIR=/tmp/opfacade-cache
+# pytest sessions start their private caches with the cubins the call carried or compiled
+# (tests/conftest.py), instead of recompiling them in every session.
+export OPFACADE_TEST_CUBIN_SEED=/tmp/opfacade-cache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/verified"
 wants() { [[ " $stages " == *" $1 "* ]]; }
 stage() { echo "=== $1 ($(date +%T))"; }

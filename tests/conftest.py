@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -24,12 +25,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _private_kernel_cache(tmp_path_factory, monkeypatch):
-    """Each test session compiles into its own cache directory, never the user's."""
+# A directory whose nvrtc/ holds cubins compiled ahead (a device call's carried cache): each test
+# session's private cache starts with a copy of them, so a session on a freshly started GPU
+# machine does not spend its first minute recompiling what the call carried. Cubins are keyed by
+# source, options, arch and NVRTC version and checked on load, so a stale one is only a miss;
+# cuDNN plans are never copied (tests count what they build and load).
+CUBIN_SEED_VARIABLE = "OPFACADE_TEST_CUBIN_SEED"
+
+
+@pytest.fixture(scope="session")
+def _session_cache(tmp_path_factory) -> Path:
     cache = tmp_path_factory.getbasetemp() / "opfacade-cache"
-    monkeypatch.setenv("OPFACADE_CACHE_DIR", str(cache))
-    yield cache
+    seed = Path(os.environ.get(CUBIN_SEED_VARIABLE) or "/nonexistent") / "nvrtc"
+    if seed.is_dir():
+        shutil.copytree(seed, cache / "nvrtc", dirs_exist_ok=True)
+    return cache
+
+
+@pytest.fixture(autouse=True)
+def _private_kernel_cache(_session_cache, monkeypatch):
+    """Each test session compiles into its own cache directory, never the user's."""
+    monkeypatch.setenv("OPFACADE_CACHE_DIR", str(_session_cache))
+    yield _session_cache
 
 
 @pytest.fixture(scope="session")
