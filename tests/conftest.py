@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from opfacade._backends.nvrtc import compiler
+from opfacade._internal.config import cache_dir
 from opfacade._internal.device import device_count
 
 HAS_GPU = device_count() > 0
@@ -36,9 +38,10 @@ CUBIN_SEED_VARIABLE = "OPFACADE_TEST_CUBIN_SEED"
 @pytest.fixture(scope="session")
 def _session_cache(tmp_path_factory) -> Path:
     cache = tmp_path_factory.getbasetemp() / "opfacade-cache"
-    seed = Path(os.environ.get(CUBIN_SEED_VARIABLE) or "/nonexistent") / "nvrtc"
-    if seed.is_dir():
-        shutil.copytree(seed, cache / "nvrtc", dirs_exist_ok=True)
+    seed = os.environ.get(CUBIN_SEED_VARIABLE)
+    cubins = compiler.directory().relative_to(cache_dir())  # the compiler's folder in a cache
+    if seed and (Path(seed) / cubins).is_dir():
+        shutil.copytree(Path(seed) / cubins, cache / cubins, dirs_exist_ok=True)
     return cache
 
 
