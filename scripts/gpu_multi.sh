@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on a lent 2-GPU machine (issue 14 §6).
 #   bash scripts/gpu_multi.sh [stages...]   stages: multi ddp suite
-# multi: tests/test_multi_gpu_gpu.py and tests/test_example_ddp_gpu.py (both GPUs, one process
-#        and two ranks);
+# multi: tests/test_multi_gpu_gpu.py, tests/test_example_ddp_gpu.py and
+#        tests/test_plan_store_gpu.py (both GPUs, one process and two ranks; one plan-store entry
+#        loaded on both);
 # ddp:   examples/gpt_ddp.py at the example's full size, 50 steps ($OUT/gpt_ddp.json);
 # suite: the whole test suite, its families split over the GPUs (CUDA_VISIBLE_DEVICES), all
 #        parts at once, so that it fits one call; each family is its own pytest. HALF0 and HALF1
@@ -31,7 +32,7 @@ python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudn
 if wants multi; then
     stage multi
     timeout ${MULTI_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs tests/test_multi_gpu_gpu.py \
-        tests/test_example_ddp_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" | quiet | tail -40
+        tests/test_example_ddp_gpu.py tests/test_plan_store_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" | quiet | tail -40
     exited
 fi
 if wants ddp; then

@@ -35,6 +35,10 @@ def pytest_collection_modifyitems(config, items):
 CUBIN_SEED_VARIABLE = "OPFACADE_TEST_CUBIN_SEED"
 
 
+# The session's cache and the cubins it was seeded with, for the summary line below.
+_SESSION_CUBINS: dict[str, Path | set[str]] = {}
+
+
 @pytest.fixture(scope="session")
 def _session_cache(tmp_path_factory) -> Path:
     cache = tmp_path_factory.getbasetemp() / "opfacade-cache"
@@ -42,7 +46,23 @@ def _session_cache(tmp_path_factory) -> Path:
     cubins = compiler.directory().relative_to(cache_dir())  # the compiler's folder in a cache
     if seed and (Path(seed) / cubins).is_dir():
         shutil.copytree(Path(seed) / cubins, cache / cubins, dirs_exist_ok=True)
+    _SESSION_CUBINS.update(folder=cache / cubins, seeded=_cubin_names(cache / cubins))
     return cache
+
+
+def _cubin_names(folder: Path) -> set[str]:
+    return {path.name for path in folder.glob(f"*{compiler.CUBIN_SUFFIX}")}
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on what the session's NVRTC kernels cost: how many cubins came from the seed
+    and how many the session compiled (a device call's log shows whether the seed served)."""
+    if "folder" not in _SESSION_CUBINS:
+        return
+    seeded = _SESSION_CUBINS["seeded"]
+    compiled = _cubin_names(_SESSION_CUBINS["folder"]) - seeded
+    terminalreporter.write_line(f"opfacade cubins: {len(seeded)} from the seed "
+                                f"({CUBIN_SEED_VARIABLE}), {len(compiled)} compiled here")
 
 
 @pytest.fixture(autouse=True)

@@ -48,7 +48,6 @@ def store(monkeypatch, tmp_path):
     monkeypatch.setattr(plan_store, "device_sm_count", lambda device: 132)
     Graph.refuse = False
     monkeypatch.setattr(plan_store, "_LOADED", set())
-    monkeypatch.setattr(plan_store, "_DEVICE_OF", {})
     return plan_store
 
 
@@ -73,15 +72,16 @@ def test_a_stored_plan_comes_back_for_its_key_only(store):
     assert store.load(other, None) is None
 
 
-def test_one_process_loads_an_entry_again_only_on_its_first_device(store):
-    """Loads of one process's entry on a second device have not run on GPUs: that selection
-    builds, as it did before a process could load an entry again."""
+def test_an_entry_serves_every_device_of_the_model_it_names(store):
+    """The identity holds the device's model and multiprocessor count, not its index: an entry
+    stored for cuda:0 loads for cuda:1 of the same model, in the same process too
+    (tests/test_plan_store_gpu.py runs that on two GPUs), and never for another model."""
     store.store(key(device=0), Graph(plan=b"one"))
+    assert store.load(key(device=1), None).plan == b"plan:one"
+    assert store.load(key(device=0), None).plan == b"plan:one"
+    store.device_name = lambda device: "H100" if device == 0 else "H200"
     assert store.load(key(device=1), None) is None
     assert store.load(key(device=0), None).plan == b"plan:one"
-    store._DEVICE_OF.clear()  # a new process, on device 1 only
-    assert store.load(key(device=1), None).plan == b"plan:one"
-    assert store.load(key(device=0), None) is None
 
 
 def test_torn_refused_and_disabled_entries_are_misses(store, monkeypatch):

@@ -1,8 +1,8 @@
 """cuDNN's plan store on a GPU for the ragged (varlen) and paged (decode) graphs: a new process
 with the cache an earlier one left deserializes the graphs and gives the same bits. (The dense
 SDPA graphs' round trip is test_torch_gpu.py's warm-start test; here, dense graphs deserialized
-after a run on a stream the caller has destroyed since, and a process loading its own entry
-again after the plan holding it was freed.)"""
+after a run on a stream the caller has destroyed since, a process loading its own entry
+again after the plan holding it was freed, and on two GPUs, one entry serving both.)"""
 
 from __future__ import annotations
 
@@ -82,6 +82,27 @@ elif sys.argv[1] == "again":
         outs.append(out)
     assert all(torch.equal(out, outs[0]) for out in outs), "a reloaded graph changed the bits"
     results = outs[:1]
+elif sys.argv[1] == "devices":
+    # One problem on cuda:0, then cuda:1, cuda:1 and cuda:0 (cuda:0 current throughout), its
+    # plan freed after each run: every selection after the first (a cold process) or every one
+    # (a warm process) loads the one entry, whose identity names the model, not the index.
+    from opfacade import Plan, PlanPreference, SdpaArgs, SdpaDescriptor
+    desc = SdpaDescriptor(batch=2, heads_q=4, heads_kv=2, seq_q=136, seq_kv=264, head_dim=128,
+                          element="bf16", causal="bottom_right")
+    tensors = [torch.randn(shape, device="cuda", generator=generator).to(torch.bfloat16)
+               for shape in ((2, 4, 136, 128), (2, 2, 264, 128), (2, 2, 264, 128))]
+    outs = []
+    for device in (0, 1, 1, 0):
+        plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=device)
+        q, k, v = (t.to(f"cuda:{device}") for t in tensors)
+        out = torch.full_like(q, float("nan"))
+        plan.run(SdpaArgs(q, k, v, out))
+        torch.cuda.synchronize(device)
+        plan.free()
+        outs.append(out.cpu())
+    assert torch.cuda.current_device() == 0
+    assert all(torch.equal(out, outs[0]) for out in outs), "the devices' bits differ"
+    results = outs[:1]
 else:
     from opfacade import (DecodeAttentionArgs, DecodeAttentionDescriptor, Plan,
                           PlanPreference)
@@ -148,4 +169,20 @@ def test_a_process_loads_its_own_entry_again_after_a_free(tmp_path):
     warm = _first_result("again", tmp_path)
     assert (cold["loads"], cold["loaded"]) == (2, 1)  # built once, then its own entry twice
     assert (warm["loads"], warm["loaded"]) == (3, 1)
+    assert warm["bits"] == cold["bits"]
+
+
+def test_one_entry_serves_both_gpus_of_one_model(tmp_path):
+    """Two GPUs of one model in one process: the graph built on cuda:0 is loaded for cuda:1 and
+    back, freed between, and every run gives the same bits (forty-eighth session; before it, a
+    process loaded an entry only for the device it first used it on)."""
+    pytest.importorskip("torch")
+    from opfacade._internal.device import device_count, device_name
+
+    if device_count() < 2 or device_name(0) != device_name(1):
+        pytest.skip("needs two GPUs of one model")
+    cold = _first_result("devices", tmp_path)
+    warm = _first_result("devices", tmp_path)
+    assert (cold["loads"], cold["loaded"]) == (3, 1)  # built on cuda:0, then loaded three times
+    assert (warm["loads"], warm["loaded"]) == (4, 1)
     assert warm["bits"] == cold["bits"]

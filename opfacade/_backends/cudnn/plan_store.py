@@ -33,8 +33,6 @@ SWITCH_VARIABLE = "OPFACADE_CUDNN_PLAN_CACHE"
 ENTRY_SUFFIX = ".plan"
 _LENGTH = struct.Struct("<I")
 _COMMON_FIELDS = ("direction", "desc", "device", "variant")
-# The device each identity was first stored or loaded on in this process (see load).
-_DEVICE_OF: dict[bytes, int] = {}
 # The identities this process has loaded (loaded_count).
 _LOADED: set[bytes] = set()
 
@@ -96,13 +94,13 @@ def load(key, handle):
     gave the first build's bits on an H200: scripts/plan_store_free_probe.py's "again"
     scenarios. The H100 case has not been run again.)
 
-    Within one process an entry is loaded again only for the device it was first stored or
-    loaded for: a second device's selection of the same problem builds its own graph, as before
-    the rule was lifted, since no GPU run has loaded one process's entry on two devices."""
+    The identity names the device's model, not its index, so one process's entry also serves
+    the same problem on its other devices of that model (2x H200, forty-eighth session:
+    tests/test_plan_store_gpu.py's "devices" child, the same bits on both)."""
     if not _enabled():
         return None
     identity = _identity(key)
-    if identity is None or _DEVICE_OF.setdefault(identity, key.device) != key.device:
+    if identity is None:
         return None
     payload = read_checked(_path(identity))
     if payload is None:
@@ -148,5 +146,4 @@ def store(key, graph) -> None:
     identity = _identity(key)
     if identity is None:
         return
-    _DEVICE_OF.setdefault(identity, key.device)
     write_atomically(_path(identity), _LENGTH.pack(len(identity)) + identity + plan)
