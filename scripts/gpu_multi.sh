@@ -58,8 +58,10 @@ if wants suite; then
             echo "--- cuda:$gpu $family ($left s left)"
             (( left > 10 )) || continue
             # -rfE: the failures' and errors' names reach the summary, which the tail keeps
-            # (-rs alone had replaced pytest's default fE); the whole log goes back too.
-            CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m pytest -q -p no:cacheprovider \
+            # (-rs alone had replaced pytest's default fE); the whole log goes back too. Not -q:
+            # each file's name heads its progress line, so a part the call's limit cuts off
+            # shows where it stopped (the forty-eighth session counted tests to find it).
+            CUDA_VISIBLE_DEVICES=$gpu timeout $left python3 -m pytest -p no:cacheprovider \
                 -p no:warnings -rfE $files 2>&1 | tee -a "$OUT/suite_gpu${gpu}_full.log" \
                 | quiet | tail -${SUITE_TAIL:-8}
             exited
