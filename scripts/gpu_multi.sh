@@ -31,8 +31,9 @@ nvidia-smi topo -m 2>/dev/null | head -4
 python3 -c "import torch, cudnn; print('torch', torch.__version__, 'cudnn', cudnn.backend_version(), 'gpus', torch.cuda.device_count())"
 if wants multi; then
     stage multi
-    timeout ${MULTI_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs tests/test_multi_gpu_gpu.py \
-        tests/test_example_ddp_gpu.py tests/test_plan_store_gpu.py 2>&1 | tee "$OUT/pytest_multi.log" | quiet | tail -40
+    timeout ${MULTI_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/test_multi_gpu_gpu.py tests/test_example_ddp_gpu.py tests/test_plan_store_gpu.py \
+        2>&1 | tee "$OUT/pytest_multi.log" | quiet | tail -40
     exited
 fi
 if wants ddp; then

@@ -59,49 +59,35 @@ elif sys.argv[1] == "streams":
         del stream
         plan.free()
         results.append(out)
-elif sys.argv[1] == "again":
-    # One problem selected three times, its plan freed between: each selection after the first
-    # finds the graph in the store, this process's own entry, and must give the first run's bits.
+elif sys.argv[1] in ("again", "devices"):
+    # One problem selected again and again, its plan freed after each run: every selection after
+    # the first (a cold process) or every one (a warm process) finds the graph in the store, this
+    # process's own entry, and must give the first run's bits. "again": on cuda:0, the second
+    # run on a CuPy stream destroyed after it (as verify does); "devices": on cuda:0, cuda:1,
+    # cuda:1 and cuda:0 with cuda:0 current throughout (the identity names the model, not the
+    # index).
     import cupy
     from opfacade import Plan, PlanPreference, SdpaArgs, SdpaDescriptor
     desc = SdpaDescriptor(batch=2, heads_q=4, heads_kv=2, seq_q=200, seq_kv=328, head_dim=128,
                           element="bf16", causal="bottom_right")
-    q = torch.randn(2, 4, 200, 128, device="cuda", generator=generator).to(torch.bfloat16)
-    k, v = (torch.randn(2, 2, 328, 128, device="cuda", generator=generator).to(torch.bfloat16)
-            for _ in range(2))
-    outs = []
-    for on_a_stream_of_its_own in (False, True, False):
-        stream = cupy.cuda.Stream(non_blocking=True) if on_a_stream_of_its_own else None
-        plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=0)
-        out = torch.full_like(q, float("nan"))
-        torch.cuda.synchronize()
-        plan.run(SdpaArgs(q, k, v, out), stream=None if stream is None else stream.ptr)
-        torch.cuda.synchronize()
-        del stream  # destroyed after its run, as verify does
-        plan.free()
-        outs.append(out)
-    assert all(torch.equal(out, outs[0]) for out in outs), "a reloaded graph changed the bits"
-    results = outs[:1]
-elif sys.argv[1] == "devices":
-    # One problem on cuda:0, then cuda:1, cuda:1 and cuda:0 (cuda:0 current throughout), its
-    # plan freed after each run: every selection after the first (a cold process) or every one
-    # (a warm process) loads the one entry, whose identity names the model, not the index.
-    from opfacade import Plan, PlanPreference, SdpaArgs, SdpaDescriptor
-    desc = SdpaDescriptor(batch=2, heads_q=4, heads_kv=2, seq_q=136, seq_kv=264, head_dim=128,
-                          element="bf16", causal="bottom_right")
     tensors = [torch.randn(shape, device="cuda", generator=generator).to(torch.bfloat16)
-               for shape in ((2, 4, 136, 128), (2, 2, 264, 128), (2, 2, 264, 128))]
+               for shape in ((2, 4, 200, 128), (2, 2, 328, 128), (2, 2, 328, 128))]
+    steps = ([(0, False), (0, True), (0, False)] if sys.argv[1] == "again"
+             else [(0, False), (1, False), (1, False), (0, False)])
     outs = []
-    for device in (0, 1, 1, 0):
+    for device, on_a_stream_of_its_own in steps:
+        stream = cupy.cuda.Stream(non_blocking=True) if on_a_stream_of_its_own else None
         plan = Plan.select(desc, PlanPreference(backends={"cudnn"}), device=device)
         q, k, v = (t.to(f"cuda:{device}") for t in tensors)
         out = torch.full_like(q, float("nan"))
-        plan.run(SdpaArgs(q, k, v, out))
         torch.cuda.synchronize(device)
+        plan.run(SdpaArgs(q, k, v, out), stream=None if stream is None else stream.ptr)
+        torch.cuda.synchronize(device)
+        del stream
         plan.free()
         outs.append(out.cpu())
     assert torch.cuda.current_device() == 0
-    assert all(torch.equal(out, outs[0]) for out in outs), "the devices' bits differ"
+    assert all(torch.equal(out, outs[0]) for out in outs), "a reloaded graph changed the bits"
     results = outs[:1]
 else:
     from opfacade import (DecodeAttentionArgs, DecodeAttentionDescriptor, Plan,
