@@ -110,6 +110,21 @@ __device__ __forceinline__ void store16(void* p, uint4 v) {
 #endif
 }
 
+// store16 where `write` holds, as one predicated store (p need not be valid where it does not),
+// so that a kernel whose last act is the store has its tests feed `write` instead of returning
+// early at each (kv_append.cu: one straight run of code from its loads to its store).
+__device__ __forceinline__ void store16_where(void* p, uint4 v, bool write) {
+#if OPFACADE_STREAMING
+    asm volatile("{\n\t.reg .pred w;\n\tsetp.ne.b32 w, %5, 0;\n\t"
+                 "@w st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\n\t}"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)write) : "memory");
+#else
+    asm volatile("{\n\t.reg .pred w;\n\tsetp.ne.b32 w, %5, 0;\n\t"
+                 "@w st.global.v4.u32 [%0], {%1, %2, %3, %4};\n\t}"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)write) : "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ void load_pack(Pack<T>& out, const T* row, int j0, int len, bool vec) {
     if (vec && j0 + Pack<T>::N <= len) {

@@ -17,10 +17,29 @@ namespace {
 
 using namespace kv_cache;
 
+// A 16-byte load that ptxas issues where it is written. Its value is needed only by a store that
+// waits on other loads too; a plain load there is one ptxas may move past the tests between them
+// (as it did: the LDG after the length's test and EXIT, forty-ninth session), and a volatile
+// load is not moved past code that may skip it.
+__device__ __forceinline__ uint4 load16_now(const void* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // blockDim = (vectors of one head's key and value, heads per CTA); grid = (sequences, q_len,
 // head groups). Nothing divides to find a thread's place: this kernel is a few microseconds
 // of latency, and on an H100 (scripts/kv_append_variants.py) the former grid-stride loop with
 // 32-bit divisions took 0.3 us more per paged call.
+//
+// Its time is a chain of round trips: the token's bytes and its sequence's length are loaded
+// together, then (paged) the table's entry, then the store. Everything that does not wait on
+// a load is computed before it returns, so that little is left between one load's return and
+// the next load or the store: the destination is a part known from the thread's place, plus the
+// token's position (from the length) times its stride, plus (paged) the page times a page's
+// elements. Key and value lanes share one warp, so what differs between them is selected, not
+// branched on (a branch would run both sides' address arithmetic one after the other).
 template <typename T>
 __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
                        const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh, const Cache& c,
@@ -32,18 +51,40 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
     if (g >= c.heads_kv) return;
     const bool is_key = e < key_vecs;
     const int col = (is_key ? e : e - key_vecs) * kVec;
-    // The token's bytes are loaded before its position is known, so the loads overlap.
-    const uint4 bytes = load16(is_key ? k_new + s * k_sb + t * k_st + g * k_sh + col
-                                      : v_new + s * v_sb + t * v_st + g * v_sh + col);
-    const int pos = OPFACADE_TOKEN_POSITION(seq_lens[s], q_len, t);
+    const T* src = (is_key ? k_new : v_new) + s * (is_key ? k_sb : v_sb) +
+                   t * (is_key ? k_st : v_st) + g * (is_key ? k_sh : v_sh);
+    // The token's bytes are loaded with its length, and every test below feeds the store's
+    // predicate instead of returning early: ptxas moved this load past such a return (SASS: the
+    // LDG after the length's test and EXIT), which made the two loads one round trip after the
+    // other (kv_append_variants.py's floors, forty-ninth session).
+    const uint4 bytes = load16_now(src + col);
+    const int len = seq_lens[s];
+    // pointers: both addresses, loaded with the length whatever it holds
+    const i64 k_at = c.kind == 2 ? static_cast<const i64*>(c.k)[s] : 0;
+    const i64 v_at = c.kind == 2 ? static_cast<const i64*>(c.v)[s] : 0;
+
+    // The destination's parts that need no load (kv_cache.cuh's offset, taken apart).
+    const int dim = is_key ? c.dim : c.dim_v;
+    const int tokens = c.kind == 1 ? c.page_size : c.capacity;  // of a page, or of a sequence
+    const i64 row_elements = (i64)tokens * c.heads_kv * dim;     // a page's, or a sequence's
+    const i64 token_stride = c.hnd ? dim : (i64)c.heads_kv * dim;
+    const i64 fixed = (c.hnd ? (i64)g * tokens * dim : (i64)g * dim) + col +
+                      (c.kind == 0 ? s * row_elements : 0);
+    const T* base = static_cast<const T*>(is_key ? c.k : c.v);
+    if (c.kind == 2) base = reinterpret_cast<const T*>(is_key ? k_at : v_at);
+
+    const int pos = OPFACADE_TOKEN_POSITION(len, q_len, t);
     // Checked mode names these; unchecked runs skip them rather than write elsewhere.
-    if (pos < 0 || pos >= c.capacity) return;
-    if (c.kind == 2 && sequence_length(c, seq_lens, s) == 0) return;
-    int page = -1;
-    if (c.kind == 1 && (page = page_of(c, s, pos)) < 0) return;
-    T* dst = const_cast<T*>(is_key ? row_at<T>(c, c.k, s, pos, g, c.dim, page)
-                                   : row_at<T>(c, c.v, s, pos, g, c.dim_v, page)) + col;
-    store16(dst, bytes);
+    bool write = pos >= 0 && pos < c.capacity;
+    if (c.kind == 2) write = write & usable_address(k_at) & usable_address(v_at);
+    const int at = write ? pos : 0;  // where the table is read, if at all
+    const T* near = base + fixed + (i64)(c.kind == 1 ? page_slot(c, at) : at) * token_stride;
+    if (c.kind == 1) {
+        const int entry = pool_page(c, table_entry(c, s, at));
+        write = write && entry >= 0;
+        near += max(entry, 0) * row_elements;
+    }
+    store16_where(const_cast<T*>(near), bytes, write);
 }
 
 }  // namespace
@@ -54,24 +95,34 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
 // (scripts/kv_append_variants.py, record catalog/probes/kv_append_forms_H200.json) the paged
 // rows went from 0.59-0.64 to 0.66-0.69 of a copy, the contiguous ones from 0.72-0.75 to
 // 0.74-0.78.
-#define OPFACADE_APPEND(NAME, T, KIND, HND)                                                      \
+#define OPFACADE_APPEND(NAME, T, KIND, HND, PAGE)                                                \
     extern "C" __global__ void __launch_bounds__(1024) NAME(                                     \
         const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
         i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int q_len) {                       \
         Cache c = OPFACADE_CACHE_ARGS;                                                           \
         c.kind = KIND;                                                                           \
         c.hnd = HND;                                                                             \
+        if (PAGE > 0) c.page_size = PAGE;                                                        \
         append<T>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, c, seq_lens, q_len);         \
     }
 
-// The forms as kv_cache.cuh numbers them (decode.py's KINDS).
+// The forms as kv_cache.cuh numbers them (decode.py's KINDS), and paged caches again for the
+// usual page sizes (kv_cache.py's APPEND_PAGE_SIZES), each a constant of its kernel: on an H200
+// (scripts/kv_append_variants.py, "specialized pages", forty-ninth session) pages of 16 as a
+// constant took a paged append 0.09-0.16 us less than the same kernel reading the size.
 #define OPFACADE_APPEND_FORMS(SUFFIX, T)                                                         \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_nhd, T, 0, 0)                                \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_hnd, T, 0, 1)                                \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_nhd, T, 1, 0)                                     \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_hnd, T, 1, 1)                                     \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_nhd, T, 2, 0)                                  \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_hnd, T, 2, 1)
+    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_nhd, T, 0, 0, 0)                             \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_hnd, T, 0, 1, 0)                             \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_nhd, T, 1, 0, 0)                                  \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_hnd, T, 1, 1, 0)                                  \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged16_nhd, T, 1, 0, 16)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged16_hnd, T, 1, 1, 16)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged32_nhd, T, 1, 0, 32)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged32_hnd, T, 1, 1, 32)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged64_nhd, T, 1, 0, 64)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged64_hnd, T, 1, 1, 64)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_nhd, T, 2, 0, 0)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_hnd, T, 2, 1, 0)
 
 OPFACADE_APPEND_FORMS(f32, float)
 OPFACADE_APPEND_FORMS(f16, f16_t)

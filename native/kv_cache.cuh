@@ -91,22 +91,6 @@ __device__ __forceinline__ int page_of(const Cache& c, int s, int p) {
     return pool_page(c, c.table[(i64)s * c.max_pages + page_index(c, p)]);
 }
 
-// Where position p of sequence s, kv head g starts; a page outside the pool reads page 0
-// (garbage in, but inside the cache). `page` >= 0: the page, already looked up.
-template <typename T>
-__device__ __forceinline__ const T* row_at(const Cache& c, const void* base, int s, int p, int g,
-                                           int dim, int page = -1) {
-    if (c.kind == 1) {
-        page = page >= 0 ? page : max(page_of(c, s, p), 0);
-        return static_cast<const T*>(base) + offset(c, page, page_slot(c, p), g, c.page_size, dim);
-    }
-    if (c.kind == 2) {
-        const T* own = reinterpret_cast<const T*>(static_cast<const i64*>(base)[s]);
-        return own + offset(c, 0, p, g, c.capacity, dim);
-    }
-    return static_cast<const T*>(base) + offset(c, s, p, g, c.capacity, dim);
-}
-
 __device__ __forceinline__ Cache make_cache(const void* k, const void* v, const int* table,
                                             int kind, int hnd, int capacity, int page_size,
                                             int max_pages, int pages, int heads_kv, int dim,

@@ -12,11 +12,16 @@ Variants:
                  grid-stride loop, one thread per 16 bytes, placed by 32-bit division;
                  catalog/probes/kv_append_variants_H100.json has both.)
   shipped plain  the same with plain (not evict-first) loads and stores.
+  token late     the shipped kernel with its token's load a plain ld.global.lu, which ptxas
+                 moves after the length's test (the form before the forty-ninth session's
+                 volatile load): what loading the token after the length costs.
+  any page size  paged cases: the shipped kernel that reads the page size (the shipped one for
+                 pages of 16, 32 and 64 has it compiled in, since the forty-ninth session).
   before         with --before=DIR: DIR's kv_append.cu and kv_cache.cuh (a baseline tree's
                  native/, e.g. from `git archive`), compiled as the shipped one is.
   specialized    the same with more of the cache description made constant (8 kv heads, and
                  for paged cases pages of 16 tokens): what the rest of the runtime description
-                 costs.
+                 costs. Paged cases also each alone: "specialized heads", "specialized pages".
 Floors (one thread per 16 bytes, a CTA per 4 KB, the same bytes; no cache addressing):
   floor copy     load, store: a copy kernel of our own.
   floor 1 dep    load the data and seq_lens[s], store only if the length is non-negative: the
@@ -50,18 +55,28 @@ from opfacade._bench.kv_append import AppendCase, append_problem, cases
 from opfacade.types import ArchSku, ElementKind
 
 FLOOR_SOURCE = r"""
+// The store as one predicated instruction: a store behind an early return lets ptxas move the
+// data's load past the return, after the loads the return tests (seen in this file's first
+// form, whose floors thus waited on their loads one after the other).
+__device__ __forceinline__ void store_where(uint4* p, uint4 v, bool write) {
+    asm volatile("{\n\t.reg .pred w;\n\tsetp.ne.b32 w, %5, 0;\n\t"
+                 "@w st.global.v4.u32 [%0], {%1, %2, %3, %4};\n\t}"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)write) : "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(256) floor_copy(
         const uint4* __restrict__ src, uint4* __restrict__ dst, const int* __restrict__ lens,
         const int* __restrict__ table, int sequences, int deps) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const uint4 v = src[i];
+    bool write = true;
     if (deps >= 1) {
         const int s = blockIdx.x % sequences;
         const int len = lens[s];
-        if (len < 0) return;
-        if (deps >= 2 && table[s * 257 + len / 16] < 0) return;
+        write = len >= 0;
+        if (deps >= 2) write = write & (table[s * 257 + max(len, 0) / 16] >= 0);
     }
-    dst[i] = v;
+    store_where(dst + i, v, write);
 }
 
 // blockDim 256: threads 0-127 the token's key (2 KiB: 8 kv heads of d 128 in bf16), 128-255 its
@@ -76,17 +91,19 @@ extern "C" __global__ void __launch_bounds__(256) floor_scatter(
     const long long token = (long long)s * q_len + t;
     const uint4 v = (key ? k_new : v_new)[token * 128 + i];
     long long row;
+    bool write = true;
     if (deps == 0) {
         const unsigned hash = (unsigned)(s * q_len + t) * 2654435761u;
         row = paged ? (long long)(hash % (unsigned)rows) * tokens + (hash >> 7) % tokens
                     : (long long)s * capacity + hash % (unsigned)capacity;
     } else {
         const int pos = lens[s] - q_len + t;
-        if (pos < 0) return;
-        row = paged ? (long long)table[s * max_pages + pos / tokens] * tokens + pos % tokens
-                    : (long long)s * capacity + pos;
+        write = pos >= 0;
+        const int at = max(pos, 0);
+        row = paged ? (long long)table[s * max_pages + at / tokens] * tokens + at % tokens
+                    : (long long)s * capacity + at;
     }
-    (key ? k_cache : v_cache)[row * 128 + i] = v;
+    store_where((key ? k_cache : v_cache) + row * 128 + i, v, write);
 }
 """
 
@@ -142,23 +159,30 @@ def interleaved_us(calls: dict, reps: int = 20) -> dict[str, float]:
     return {name: ms * 1e3 for name, ms in times.items()}
 
 
-def specialized_module(page16: bool):
-    """native/kv_append.cu with its cache header inlined and specialised: 8 kv heads (the
-    kernels already hold the form and layout as constants), and with ``page16`` pages of 16
-    tokens: how much of the kernel's time above the floors the rest of the runtime cache
-    description costs. Every replacement must take (asserted), so a header that moves on
+def specialized_module(heads8: bool, page16: bool):
+    """native/kv_append.cu with its cache header inlined and specialised: with ``heads8`` 8 kv
+    heads (the kernels already hold the form and layout as constants), with ``page16`` pages of
+    16 tokens: how much of the kernel's time above the floors the rest of the runtime cache
+    description costs. Every replacement must take (asserted), so a source that moves on
     fails here instead of timing the shipped kernel under this name."""
-    header = compiler.read_native("kv_cache.cuh")
-    swaps = [("* (i64)c.heads_kv", "* (i64)8"), ("row * c.heads_kv", "row * 8")]
-    if page16:
-        swaps += [("const int size = c.page_size;", "const int size = 16;"),
-                  ("g, c.page_size, dim)", "g, 16, dim)")]
+    header = compiler.read_native("kv_cache.cuh").replace("#pragma once", "")
+    text = compiler.read_native("kv_append.cu").replace('#include "kv_cache.cuh"', header)
+    # (the kernels that set their own page size set it to what the swap makes it)
+    swaps = ([("c.heads_kv", "8")] if heads8 else []) + ([
+        ("if (PAGE > 0) c.page_size = PAGE;", ""), ("c.page_size", "16")] if page16 else [])
     for old, new in swaps:
-        assert old in header, old
-        header = header.replace(old, new)
-    text = compiler.read_native("kv_append.cu").replace(
-        '#include "kv_cache.cuh"', header.replace("#pragma once", ""))
-    return module("kv_append_specialized.cu", text, True)
+        assert old in text, old
+        text = text.replace(old, new)
+    return module(f"kv_append_specialized_{int(heads8)}{int(page16)}.cu", text, True)
+
+
+def token_late_module():
+    """native/kv_append.cu with the token's load plain (ptxas then issues it after the length's
+    test, as it did before load16_now)."""
+    text = compiler.read_native("kv_append.cu")
+    old = "ld.volatile.global.v4.u32"
+    assert old in text, old
+    return module("kv_append_token_late.cu", text.replace(old, "ld.global.lu.v4.u32"), True)
 
 
 def before_module(root: Path):
@@ -171,19 +195,26 @@ def before_module(root: Path):
 
 def kernel_of(loaded, case: AppendCase):
     """``loaded``'s bf16 kv_append kernel for ``case``'s cache (nhd): a kernel a cache form
-    since the thirty-sixth session, one for every form before (a --before tree's)."""
+    since the thirty-sixth session (and since the forty-ninth one a usual page size, whose kernel
+    this takes), one for every form before (a --before tree's)."""
     import cupy
 
-    try:
-        return loaded.get_function(f"kv_append_bf16_{'paged' if case.paged else 'contiguous'}_nhd")
-    except cupy.cuda.driver.CUDADriverError:
-        return loaded.get_function("kv_append_bf16")
+    names = [f"kv_append_bf16_paged{case.page_size}_nhd", "kv_append_bf16_paged_nhd"
+             ] if case.paged else ["kv_append_bf16_contiguous_nhd"]
+    for name in [*names, "kv_append_bf16"]:
+        try:
+            return loaded.get_function(name)
+        except cupy.cuda.driver.CUDADriverError:
+            continue
+    raise LookupError(names)
 
 
 def main(out_path: str | None, before: Path | None) -> int:
     shipped = {streaming: module("kv_append.cu", None, streaming) for streaming in (True, False)}
     baseline = before_module(before) if before else None
-    specialized = {page16: specialized_module(page16) for page16 in (False, True)}
+    specialized = {(heads8, page16): specialized_module(heads8, page16)
+                   for heads8, page16 in ((True, False), (True, True), (False, True))}
+    token_late = token_late_module()
     floors = module("floor.cu", FLOOR_SOURCE, False)
     floor, scatter = floors.get_function("floor_copy"), floors.get_function("floor_scatter")
     results = []
@@ -196,8 +227,17 @@ def main(out_path: str | None, before: Path | None) -> int:
         calls = {name: launcher(kernel_of(shipped[streaming], case), grid, block,
                                 args)
                  for name, streaming in (("shipped", True), ("shipped plain", False))}
-        calls["specialized"] = launcher(kernel_of(specialized[case.paged], case),
+        calls["specialized"] = launcher(kernel_of(specialized[True, case.paged], case),
                                         grid, block, args)
+        if case.paged:
+            calls["specialized heads"] = launcher(kernel_of(specialized[True, False], case),
+                                                  grid, block, args)
+            calls["specialized pages"] = launcher(kernel_of(specialized[False, True], case),
+                                                  grid, block, args)
+        calls["token late"] = launcher(kernel_of(token_late, case), grid, block, args)
+        if case.paged:
+            calls["any page size"] = launcher(shipped[True].get_function(
+                "kv_append_bf16_paged_nhd"), grid, block, args)
         if baseline is not None:
             calls["before"] = launcher(kernel_of(baseline, case), grid, block, args)
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -224,7 +264,8 @@ def main(out_path: str | None, before: Path | None) -> int:
         copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
         reference = None
-        for name in ("shipped", "shipped plain", "specialized", "before",
+        for name in ("shipped", "shipped plain", "specialized", "specialized heads",
+                     "specialized pages", "token late", "any page size", "before",
                      "scatter 1 dep", "scatter 2 deps"):
             if name not in calls:
                 continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from ptx import assert_packed_like_declared, kernel_parameters, kernel_ptx
+from ptx import assert_packed_like_declared, kernel_parameters, kernel_ptx, kernel_sass, nvdisasm
 
 from opfacade._backends.nvrtc import compiler, kv_cache
 from opfacade._backends.nvrtc import decode as kernels
@@ -52,8 +52,7 @@ def test_every_kernel_compiles_for_sm90(signatures):
     merges = {f"decode_merge_{e}_{threads}" for e in ELEMENTS
               for _, threads in kernels.MERGE_THREADS}
     merges |= {f"decode_merge_{e}_rows" for e in ELEMENTS}
-    appends = {f"kv_append_{e}_{form}_{layout}" for e in ELEMENTS for form in kv_cache.KINDS
-               for layout in ("nhd", "hnd")}
+    appends = set(kv_cache.append_kernel_names())
     assert set(signatures) == partials | merges | appends | {"kv_cache_check"}
     for element in (ElementKind.f32, ElementKind.bf16):
         for dim in kernels.DIMS:
@@ -119,6 +118,36 @@ def test_no_merge_reads_a_partial_on_the_non_coherent_path():
         assert not re.findall(r"ld\.global\.nc\S*\.f32", body), name
 
 
+@pytest.mark.parametrize(("page_size", "form"), [(16, "paged16"), (32, "paged32"),
+                                               (64, "paged64"), (24, "paged"), (1, "paged"),
+                                               (256, "paged")])
+def test_kv_append_takes_the_kernel_with_its_page_size_compiled_in(page_size, form):
+    cache = kv_cache.DecodeCache("paged", True, 4096, 8, 128, 128, page_size,
+                                 4096 // page_size + 1, 100)
+    assert kv_cache.append_kernel(ElementKind.f16, cache) == f"kv_append_f16_{form}_hnd"
+    contiguous = kv_cache.DecodeCache("contiguous", False, 4096, 8, 128, 128)
+    assert kv_cache.append_kernel(ElementKind.bf16, contiguous) == "kv_append_bf16_contiguous_nhd"
+    assert {kv_cache.append_kernel(ElementKind.f32, cache)} < set(kv_cache.append_kernel_names())
+
+
+@pytest.mark.skipif(nvdisasm() is None, reason="needs nvdisasm (nvidia-cuda-nvdisasm)")
+def test_kv_append_loads_the_token_before_testing_its_length():
+    """kv_append's store waits on the token's 16 bytes and on its position (from the length, and
+    for a paged cache the table): the token's load must be in flight while the length's is, not
+    issued after a test of the length. Written with early returns, ptxas placed it after the
+    test's EXIT (nvdisasm, forty-ninth session), so the kernel waited on the two loads one after
+    the other; the store is now predicated. No EXIT may lie between the kernel's first global
+    load and the token's (the 128-bit one)."""
+    appends = {name: sass for name, sass in kernel_sass(kv_cache.APPEND_SOURCE).items()
+               if name.startswith("kv_append_")}
+    assert sorted(appends) == sorted(kv_cache.append_kernel_names())
+    for name, sass in appends.items():
+        loads = [i for i, op in enumerate(sass) if re.match(r"LDG\b", op)]
+        token = next(i for i in loads if re.match(r"LDG\S*\.128\b", sass[i]))
+        between = sass[loads[0]:token]
+        assert not [op for op in between if re.search(r"\bEXIT\b|\bBRA\b", op)], (name, between)
+
+
 @pytest.mark.parametrize("element", [ElementKind.f32, ElementKind.f16, ElementKind.bf16])
 def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, element):
     launched = _record(monkeypatch)
@@ -138,7 +167,7 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     tile = kernels.Tile(8) if element == ElementKind.f32 else kernels.Tile(16, "wg")
     assert names == [tile.kernel(element, 128),
                      f"decode_merge_{element.value}_rows",
-                     f"kv_append_{element.value}_paged_nhd"]
+                     f"kv_append_{element.value}_paged16_nhd"]
     per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
     blocks = {"merge": (kernels.ROWS_THREADS,), "partial": (kernels.THREADS,),
               "kv_append": (per_head, min(8, 1024 // per_head))}

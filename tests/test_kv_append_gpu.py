@@ -18,10 +18,12 @@ torch = pytest.importorskip("torch")
 
 # Every cache form in both layouts: kv_append has a kernel for each (native/kv_append.cu).
 # Pages of 24 tokens take kv_cache.cuh's division (not a power of two, and straddling decode's
-# chunks); 256 is the largest page the contract allows.
+# chunks); 256 is the largest page the contract allows. Pages of 16, 32 and 64 run kv_append's
+# kernels with the page size compiled in (kv_cache.APPEND_PAGE_SIZES), in both layouts here.
 CACHES = [Cache("contiguous"), Cache("contiguous", "hnd"), Cache("paged", "nhd", 16),
-          Cache("paged", "hnd", 64), Cache("paged", "hnd", 24), Cache("paged", "nhd", 256),
-          Cache("pointers"), Cache("pointers", "hnd")]
+          Cache("paged", "hnd", 16), Cache("paged", "nhd", 32), Cache("paged", "hnd", 32),
+          Cache("paged", "nhd", 64), Cache("paged", "hnd", 64), Cache("paged", "hnd", 24),
+          Cache("paged", "nhd", 256), Cache("pointers"), Cache("pointers", "hnd")]
 
 
 def _append_descriptor(decode, q_len: int) -> KvAppendDescriptor:

@@ -18,12 +18,16 @@ from ...errors import InvalidArgument
 from ...types import ElementKind
 from .launch import PackedLaunch, get_kernel, launch
 
-__all__ = ["APPEND_SOURCE", "KINDS", "DecodeCache", "append_call", "append_shape", "check_call"]
+__all__ = ["APPEND_PAGE_SIZES", "APPEND_SOURCE", "KINDS", "DecodeCache", "append_call",
+           "append_kernel_names", "append_shape", "check_call"]
 
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}  # native/kv_cache.cuh's Cache::kind
+# Page sizes whose paged kv_append kernels hold the size as a constant (native/kv_append.cu's
+# OPFACADE_APPEND_FORMS); other sizes take the kernel that reads it.
+APPEND_PAGE_SIZES = (16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,20 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
 
 def append_kernel(element: ElementKind, cache: DecodeCache) -> str:
     """kv_append's kernel for this element type and cache: one a form and layout, whose
-    addressing is compiled in (native/kv_append.cu)."""
-    return f"kv_append_{element.value}_{cache.kind}_{'hnd' if cache.hnd else 'nhd'}"
+    addressing is compiled in, and for the usual page sizes one with the size compiled in too
+    (native/kv_append.cu)."""
+    form = cache.kind
+    if form == "paged" and cache.page_size in APPEND_PAGE_SIZES:
+        form = f"paged{cache.page_size}"
+    return f"kv_append_{element.value}_{form}_{'hnd' if cache.hnd else 'nhd'}"
+
+
+def append_kernel_names() -> list[str]:
+    """Every kernel append_kernel may name."""
+    forms = [*KINDS, *(f"paged{size}" for size in APPEND_PAGE_SIZES)]
+    return [f"kv_append_{element.value}_{form}_{layout}" for element in ElementKind
+            if element.value in ("f32", "f16", "bf16") for form in forms
+            for layout in ("nhd", "hnd")]
 
 
 def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
