@@ -309,3 +309,21 @@ def test_kv_append_tokens_land_at_seq_len_minus_q_len_plus_t(case):
     assert append.wrote_every_token(torch, p)
     p.k_cache[p.index[0][0, 0], p.index[1][0, 0]] += 1
     assert not append.wrote_every_token(torch, p)
+
+
+def test_kv_append_rows_take_their_copy_out_of_the_contestants():
+    """The copy each kv_append row divides by is timed among the contestants (the same rounds and
+    graph replays), then leaves the row: not a peer, and its time is the figure's yardstick."""
+    timings = Timings({"ours": 2.0e-3, "torch index_put": 7.0e-3, append.COPY: 1.3e-3},
+                      {"ours": 9e-3, "torch index_put": 2e-2, append.COPY: 8e-3},
+                      {"ours": 1.5e-3, "torch index_put": 6.9e-3, append.COPY: 1.2e-3},
+                      ["ours", append.COPY, "torch index_put"], "", "ours")
+    rest, copy_ms, how = append.take_out_copy(timings)
+    assert (copy_ms, how) == (1.2e-3, "from a CUDA graph")
+    assert append.COPY not in {*rest.gpu_ms, *rest.host_ms, *rest.graph_ms, *rest.host_bound}
+    row = rest.row("kv_append", "c", lambda ms: f"{copy_ms / ms:.1%} of copy")
+    assert row.figure == "80.0% of copy" and set(row.peers_ms) == {"torch index_put"}
+    assert row.host_bound == ["ours", "torch index_put"]
+    bursts = Timings({"ours": 2.0e-3, append.COPY: 1.6e-3}, {"ours": 1e-4, append.COPY: 1e-4},
+                     {}, [], "", "ours")
+    assert append.take_out_copy(bursts)[1:] == (1.6e-3, "in bursts")
