@@ -187,3 +187,38 @@ def test_a_paged_append_writes_the_page_its_table_entry_names(page_size, capacit
         before_k[page, slot], before_v[page, slot] = k_new[s, 0], v_new[s, 0]
     assert torch.equal(k_cache.view(torch.uint8), before_k.view(torch.uint8))
     assert torch.equal(v_cache.view(torch.uint8), before_v.view(torch.uint8))
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_an_unusable_cache_address_skips_its_sequence_unchecked(layout):
+    """A per-sequence cache address that is null or not 16-byte aligned makes its sequence
+    empty: unchecked, kv_append writes neither that sequence's key nor its value (a store
+    through the null one would fault at the synchronize), and the other sequences get their
+    tokens. Checked mode names the first such address."""
+    decode = _descriptor(Cache("pointers", layout), "f16", 64, 4)
+    problem = make_problem(decode, [5, 6, 7, 8], seed=24)
+    problem.k_cache[1] = 0  # null
+    problem.v_cache[2] += 4  # no longer 16-byte aligned
+    before = [(k.clone(), v.clone()) for k, v in problem.keep]
+    problem.seq_lens.copy_(torch.tensor([6, 7, 8, 9], dtype=torch.int32))
+    k_new, v_new = _fused_qkv(4, 1, decode.heads_q, decode.heads_kv, decode.head_dim,
+                              torch.float16, seed=5)
+    args = KvAppendArgs(k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens)
+    KvAppendPlan.select(_append_descriptor(decode, 1), device=0).run(args)
+    torch.cuda.synchronize()
+
+    def same_bits(a, b) -> bool:  # the caches hold NaN past each length
+        return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+    for s, ((k, v), (k0, v0)) in enumerate(zip(problem.keep, before, strict=True)):
+        if s in (1, 2):
+            assert same_bits(k, k0) and same_bits(v, v0), s
+            continue
+        token = (slice(None), s + 5) if layout == "hnd" else (s + 5,)
+        assert torch.equal(k[token], k_new[s, 0]) and torch.equal(v[token], v_new[s, 0]), s
+        k[token], v[token] = k0[token], v0[token]
+        assert same_bits(k, k0) and same_bits(v, v0), s  # nothing else changed
+    checked = _append_descriptor(decode.model_copy(update={"checked": True}), 1)
+    with pytest.raises(InvalidArgument, match=r"k_cache\[1\]") as raised:
+        KvAppendPlan.select(checked, device=0).run(args)
+    assert raised.value.argument == "k_cache"
