@@ -110,8 +110,8 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
 
 // The forms as kv_cache.cuh numbers them (decode.py's KINDS), and paged caches again for the
 // usual page sizes (kv_cache.py's APPEND_PAGE_SIZES), each a constant of its kernel: on an H200
-// (scripts/kv_append_variants.py, "specialized pages", forty-ninth session) pages of 16 as a
-// constant took a paged append 0.09-0.16 us less than the same kernel reading the size.
+// (scripts/kv_append_variants.py, forty-ninth session, two machines) the kernel with pages of
+// 16 compiled in took 0.04-0.12 us less a call than the one reading the size.
 #define OPFACADE_APPEND_FORMS(SUFFIX, T)                                                         \
     OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_nhd, T, 0, 0, 0)                             \
     OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_hnd, T, 0, 1, 0)                             \

@@ -7,7 +7,7 @@ new seq_lens and page tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,12 +84,11 @@ def append_kernel(element: ElementKind, cache: DecodeCache) -> str:
     return f"kv_append_{element.value}_{form}_{'hnd' if cache.hnd else 'nhd'}"
 
 
-def append_kernel_names() -> list[str]:
-    """Every kernel append_kernel may name."""
+def append_kernel_names(elements: Iterable[ElementKind]) -> list[str]:
+    """Every kernel append_kernel may name for these element types."""
     forms = [*KINDS, *(f"paged{size}" for size in APPEND_PAGE_SIZES)]
-    return [f"kv_append_{element.value}_{form}_{layout}" for element in ElementKind
-            if element.value in ("f32", "f16", "bf16") for form in forms
-            for layout in ("nhd", "hnd")]
+    return [f"kv_append_{element.value}_{form}_{layout}" for element in elements
+            for form in forms for layout in ("nhd", "hnd")]
 
 
 def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
