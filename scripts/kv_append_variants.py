@@ -55,14 +55,11 @@ from opfacade._bench.kv_append import AppendCase, append_problem, cases
 from opfacade.types import ArchSku, ElementKind
 
 FLOOR_SOURCE = r"""
-// The store as one predicated instruction: a store behind an early return lets ptxas move the
-// data's load past the return, after the loads the return tests (seen in this file's first
-// form, whose floors thus waited on their loads one after the other).
-__device__ __forceinline__ void store_where(uint4* p, uint4 v, bool write) {
-    asm volatile("{\n\t.reg .pred w;\n\tsetp.ne.b32 w, %5, 0;\n\t"
-                 "@w st.global.v4.u32 [%0], {%1, %2, %3, %4};\n\t}"
-                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)write) : "memory");
-}
+// Each store is one predicated instruction (common.cuh's store16_where, plain without
+// OPFACADE_STREAMING): a store behind an early return lets ptxas move the data's load past the
+// return, after the loads the return tests (seen in this file's first form, whose floors thus
+// waited on their loads one after the other).
+#include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256) floor_copy(
         const uint4* __restrict__ src, uint4* __restrict__ dst, const int* __restrict__ lens,
@@ -76,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) floor_copy(
         write = len >= 0;
         if (deps >= 2) write = write & (table[s * 257 + max(len, 0) / 16] >= 0);
     }
-    store_where(dst + i, v, write);
+    store16_where(dst + i, v, write);
 }
 
 // blockDim 256: threads 0-127 the token's key (2 KiB: 8 kv heads of d 128 in bf16), 128-255 its
@@ -103,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(256) floor_scatter(
         row = paged ? (long long)table[s * max_pages + at / tokens] * tokens + at % tokens
                     : (long long)s * capacity + at;
     }
-    store_where((key ? k_cache : v_cache) + row * 128 + i, v, write);
+    store16_where((key ? k_cache : v_cache) + row * 128 + i, v, write);
 }
 """
 
@@ -229,13 +226,12 @@ def main(out_path: str | None, before: Path | None) -> int:
                  for name, streaming in (("shipped", True), ("shipped plain", False))}
         calls["specialized"] = launcher(kernel_of(specialized[True, case.paged], case),
                                         grid, block, args)
+        calls["token late"] = launcher(kernel_of(token_late, case), grid, block, args)
         if case.paged:
             calls["specialized heads"] = launcher(kernel_of(specialized[True, False], case),
                                                   grid, block, args)
             calls["specialized pages"] = launcher(kernel_of(specialized[False, True], case),
                                                   grid, block, args)
-        calls["token late"] = launcher(kernel_of(token_late, case), grid, block, args)
-        if case.paged:
             calls["any page size"] = launcher(shipped[True].get_function(
                 "kv_append_bf16_paged_nhd"), grid, block, args)
         if baseline is not None:

@@ -199,14 +199,13 @@ def _row(torch, case: AppendCase, reps: int) -> BenchRow:
     except Exception as error:  # a failing peer is a note, never a crash
         notes.append(f"torch index_put: {first_line(error)}")
     written = case.written_bytes()
-    copy = _copy_call(torch, written)
     if ours is None:
         return peers_only_row(OP, case.label, fns, reps,
                               lambda ms: f"{written / ms / 1e6:.0f} GB/s written", notes)
     run_call, step = ours
     notes.append(step_host_note(run_call, step, replay_floor(torch)))
-    timings, copy_ms, how = take_out_copy(
-        time_contestants({"ours": run_call, **fns, COPY: copy}, reps))
+    timings, copy_ms, how = take_out_copy(time_contestants(
+        {"ours": run_call, **fns, COPY: _copy_call(torch, written)}, reps))
     notes.append(f"copy of {written} B: {copy_ms * 1e3:.2f} us per call {how}, timed beside "
                  "the contestants")
 
