@@ -2,10 +2,11 @@
 // check of checked mode, which decode_attention and kv_append share.
 //
 //   kv_append_<T>_<form>_<layout>
-//                    one CTA per (sequence, new token, group of kv heads), one thread per 16
-//                    bytes of a head's new key and value: threads (vector, head). The token's
-//                    position (OPFACADE_TOKEN_POSITION) and page are one broadcast load each per
-//                    CTA; positions outside the capacity and pages outside the pool are skipped.
+//                    one CTA per (sequence, new token, group of kv heads, key or value), one
+//                    thread per 16 bytes of a head's new key or value: threads (vector, head).
+//                    The token's position (OPFACADE_TOKEN_POSITION) and page are one broadcast
+//                    load each per CTA; positions outside the capacity and pages outside the
+//                    pool are skipped.
 //                    A kernel per cache form (contiguous, paged, pointers) and layout (nhd, hnd),
 //                    and paged again with pages of 16, 32 or 64 tokens compiled in.
 //   kv_cache_check   checked mode: the first sequence whose length, pages or cache addresses
@@ -30,63 +31,72 @@ __device__ __forceinline__ uint4 load16_now(const void* p) {
     return v;
 }
 
-// blockDim = (vectors of one head's key and value, heads per CTA); grid = (sequences, q_len,
-// head groups). Nothing divides to find a thread's place: this kernel is a few microseconds
-// of latency, and on an H100 (scripts/kv_append_variants.py) the former grid-stride loop with
-// 32-bit divisions took 0.3 us more per paged call.
+// blockDim = (16-byte vectors of one head's key or value, heads per CTA); grid = (sequences,
+// q_len, 2 x head groups): even z the keys of a group of heads, odd z their values. Nothing
+// divides to find a thread's place: this kernel is a few microseconds of latency, and on an
+// H100 (scripts/kv_append_variants.py) the former grid-stride loop with 32-bit divisions took
+// 0.3 us more per paged call.
+//
+// Keys and values in CTAs of their own (since the fiftieth session; before, a head's key and
+// value lanes shared each warp) make the side a CTA writes uniform over it, so that ptxas
+// selects its tensors and strides on the uniform datapath. On an H200
+// (scripts/kv_append_variants.py, calls 5-8; record catalog/probes/kv_append_kv_split_H200.json)
+// the 1 MB cases went from 1.83-1.97 us to 1.61-1.82 (B256 and B64 q_len 4, both forms), B64
+// contiguous stayed (1.48-1.51 against 1.50-1.51) and B64 pages of 16 lost 0.03-0.05 us.
 //
 // Its time is a chain of round trips: the token's bytes and its sequence's length are loaded
-// together, then (paged) the table's entry, then the store. Everything that does not wait on
-// a load is computed before it returns, so that little is left between one load's return and
-// the next load or the store: the destination is a part known from the thread's place, plus the
-// token's position (from the length) times its stride, plus (paged) the page times a page's
-// elements. Key and value lanes share one warp, so what differs between them is selected, not
-// branched on (a branch would run both sides' address arithmetic one after the other).
+// together, then (paged) the table's entry, then the store. Everything that does not wait on a
+// load is computed before it returns: the destination is a part known from the thread's place,
+// plus the token's position (from the length) times a token's bytes, plus (paged) the page
+// times a page's bytes. Offsets within the new tokens' tensors are 32-bit byte counts (the host
+// holds their strides below 2^31 bytes); a sequence's or page's place in a cache is 64-bit.
 template <typename T>
 __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
                        const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh, const Cache& c,
                        const int* __restrict__ seq_lens, int q_len) {
-    constexpr int kVec = 16 / sizeof(T);
-    const int key_vecs = c.dim / kVec;
-    const int e = threadIdx.x, g = blockIdx.z * blockDim.y + threadIdx.y;
+    constexpr int kVec = 16 / sizeof(T), kSize = sizeof(T);
+    const bool is_key = (blockIdx.z & 1) == 0;
+    const int e = threadIdx.x, g = (blockIdx.z >> 1) * blockDim.y + threadIdx.y;
     const int s = blockIdx.x, t = blockIdx.y;
-    if (g >= c.heads_kv) return;
-    const bool is_key = e < key_vecs;
-    const int col = (is_key ? e : e - key_vecs) * kVec;
-    const T* src = (is_key ? k_new : v_new) + s * (is_key ? k_sb : v_sb) +
-                   t * (is_key ? k_st : v_st) + g * (is_key ? k_sh : v_sh);
+    const int dim = is_key ? c.dim : c.dim_v;
+    if (g >= c.heads_kv || e * kVec >= dim) return;
+    const int len = seq_lens[s];
+    const int col = e * kVec;
+    const int sb = static_cast<int>(is_key ? k_sb : v_sb) * kSize;
+    const int st = static_cast<int>(is_key ? k_st : v_st) * kSize;
+    const int sh = static_cast<int>(is_key ? k_sh : v_sh) * kSize;
+    const char* src = reinterpret_cast<const char*>(is_key ? k_new : v_new) + col * kSize;
     // The token's bytes are loaded with its length, and every test below feeds the store's
     // predicate instead of returning early: ptxas moved this load past such a return (SASS: the
     // LDG after the length's test and EXIT), which made the two loads one round trip after the
     // other (kv_append_variants.py's floors, forty-ninth session).
-    const uint4 bytes = load16_now(src + col);
-    const int len = seq_lens[s];
+    const uint4 bytes = load16_now(src + (i64)s * sb + (i64)t * st + (i64)g * sh);
     // pointers: both addresses, loaded with the length whatever it holds
     const i64 k_at = c.kind == 2 ? static_cast<const i64*>(c.k)[s] : 0;
     const i64 v_at = c.kind == 2 ? static_cast<const i64*>(c.v)[s] : 0;
 
     // The destination's parts that need no load (kv_cache.cuh's offset, taken apart).
-    const int dim = is_key ? c.dim : c.dim_v;
     const int tokens = c.kind == 1 ? c.page_size : c.capacity;  // of a page, or of a sequence
-    const i64 row_elements = (i64)tokens * c.heads_kv * dim;     // a page's, or a sequence's
-    const i64 token_stride = c.hnd ? dim : (i64)c.heads_kv * dim;
-    const i64 fixed = (c.hnd ? (i64)g * tokens * dim : (i64)g * dim) + col +
-                      (c.kind == 0 ? s * row_elements : 0);
-    const T* base = static_cast<const T*>(is_key ? c.k : c.v);
-    if (c.kind == 2) base = reinterpret_cast<const T*>(is_key ? k_at : v_at);
+    const int token_bytes = (c.hnd ? dim : c.heads_kv * dim) * kSize;
+    const i64 fixed_bytes = ((c.hnd ? (i64)g * tokens * dim : g * dim) + col) * kSize;
+    const char* near = static_cast<const char*>(is_key ? c.k : c.v);
+    if (c.kind == 2) near = reinterpret_cast<const char*>(is_key ? k_at : v_at);
+    if (c.kind == 0) near += (i64)s * tokens * c.heads_kv * dim * kSize;
+    near += fixed_bytes;
 
     const int pos = OPFACADE_TOKEN_POSITION(len, q_len, t);
     // Checked mode names these; unchecked runs skip them rather than write elsewhere.
     bool write = pos >= 0 && pos < c.capacity;
     if (c.kind == 2) write = write & usable_address(k_at) & usable_address(v_at);
-    const int at = write ? pos : 0;  // where the table is read, if at all
-    const T* near = base + fixed + (i64)(c.kind == 1 ? page_slot(c, at) : at) * token_stride;
     if (c.kind == 1) {
-        const int entry = pool_page(c, table_entry(c, s, at));
+        const int entry = pool_page(c, table_entry(c, s, write ? pos : 0));
         write = write && entry >= 0;
-        near += max(entry, 0) * row_elements;
+        near += (i64)page_slot(c, pos) * token_bytes;
+        near += (i64)max(entry, 0) * (tokens * c.heads_kv * dim * kSize);
+    } else {
+        near += (i64)pos * token_bytes;
     }
-    store16_where(const_cast<T*>(near), bytes, write);
+    store16_where(const_cast<char*>(near), bytes, write);
 }
 
 }  // namespace

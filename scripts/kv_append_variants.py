@@ -3,7 +3,7 @@ graph (the bench's way: both are a few microseconds of latency), on the bench's 
 beside floor kernels that show what the dependent loads cost. Every variant's caches are
 compared bitwise with the shipped kernel's, and the shipped kernel's with torch's index_put.
 
-    python3 scripts/kv_append_variants.py [--before=DIR] [out.json]
+    python3 scripts/kv_append_variants.py [--before=DIR] [--tree=NAME=DIR ...] [out.json]
 
 Variants:
   shipped        native/kv_append.cu: a CTA per (sequence, token, head group), threads (16-byte
@@ -18,7 +18,9 @@ Variants:
   any page size  paged cases: the shipped kernel that reads the page size (the shipped one for
                  pages of 16, 32 and 64 has it compiled in, since the forty-ninth session).
   before         with --before=DIR: DIR's kv_append.cu and kv_cache.cuh (a baseline tree's
-                 native/, e.g. from `git archive`), compiled as the shipped one is.
+                 native/, e.g. from `git archive`), compiled as the shipped one is. --tree=NAME=DIR
+                 adds another such tree under NAME (a candidate's native/, say), DIR:H launches
+                 it with H kv heads a CTA.
   specialized    the same with more of the cache description made constant (8 kv heads, and
                  for paged cases pages of 16 tokens): what the rest of the runtime description
                  costs. Paged cases also each alone: "specialized heads", "specialized pages".
@@ -182,12 +184,30 @@ def token_late_module():
     return module("kv_append_token_late.cu", text.replace(old, "ld.global.lu.v4.u32"), True)
 
 
-def before_module(root: Path):
+def tree_module(root: Path, name: str = "before"):
     """``root``'s kv_append.cu with ``root``'s cache header inlined (the shipped header would be
     found by the include otherwise)."""
     header = (root / "kv_cache.cuh").read_text().replace("#pragma once", "")
     text = (root / "kv_append.cu").read_text().replace('#include "kv_cache.cuh"', header)
-    return module("kv_append_before.cu", text.replace("#define OPFACADE_STREAMING 1", ""), True)
+    return module(f"kv_append_{name.replace(' ', '_')}.cu",
+                  text.replace("#define OPFACADE_STREAMING 1", ""), True)
+
+
+def tree_shape(grid, block, shared_warps: bool, heads: int | None):
+    """A tree's launch shape from the shipped one (append_shape's: keys and values in CTAs of
+    their own since the fiftieth session): with ``heads`` kv heads a CTA, and for a tree of the
+    design before, whose warps held a head's key and value lanes together, grid.z halved and
+    twice the threads a head. (8 kv heads of equal key and value dims, as the bench's cases.)"""
+    per_cta = heads or block[1]
+    sides = 1 if shared_warps else 2
+    return ((grid[0], grid[1], sides * -(-8 // per_cta)),
+            (block[0] * (2 if shared_warps else 1), per_cta))
+
+
+def shares_warps(source: str) -> bool:
+    """Whether a kv_append.cu is of the design before the fiftieth session (a thread's side,
+    key or value, from its lane: ``e < key_vecs``)."""
+    return "is_key = e < key_vecs" in source
 
 
 def kernel_of(loaded, case: AppendCase):
@@ -206,9 +226,14 @@ def kernel_of(loaded, case: AppendCase):
     raise LookupError(names)
 
 
-def main(out_path: str | None, before: Path | None) -> int:
+def main(out_path: str | None, trees: dict[str, Path]) -> int:
     shipped = {streaming: module("kv_append.cu", None, streaming) for streaming in (True, False)}
-    baseline = before_module(before) if before else None
+    heads = {name: int(root.name.split(":")[1]) for name, root in trees.items()
+             if ":" in root.name}
+    trees = {name: root.with_name(root.name.split(":")[0]) for name, root in trees.items()}
+    loaded_trees = {name: tree_module(root, name) for name, root in trees.items()}
+    shared = {name for name, root in trees.items()
+              if shares_warps((root / "kv_append.cu").read_text())}
     specialized = {(heads8, page16): specialized_module(heads8, page16)
                    for heads8, page16 in ((True, False), (True, True), (False, True))}
     token_late = token_late_module()
@@ -234,8 +259,9 @@ def main(out_path: str | None, before: Path | None) -> int:
                                                   grid, block, args)
             calls["any page size"] = launcher(shipped[True].get_function(
                 "kv_append_bf16_paged_nhd"), grid, block, args)
-        if baseline is not None:
-            calls["before"] = launcher(kernel_of(baseline, case), grid, block, args)
+        for name, loaded in loaded_trees.items():
+            shape = tree_shape(grid, block, name in shared, heads.get(name))
+            calls[name] = launcher(kernel_of(loaded, case), *shape, args)
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
         table = torch.zeros(case.batch * 257, dtype=torch.int32, device="cuda")
@@ -261,7 +287,7 @@ def main(out_path: str | None, before: Path | None) -> int:
         row = {"case": case.label, "bytes": nbytes}
         reference = None
         for name in ("shipped", "shipped plain", "specialized", "specialized heads",
-                     "specialized pages", "token late", "any page size", "before",
+                     "specialized pages", "token late", "any page size", *loaded_trees,
                      "scatter 1 dep", "scatter 2 deps"):
             if name not in calls:
                 continue
@@ -295,7 +321,12 @@ def main(out_path: str | None, before: Path | None) -> int:
 
 
 if __name__ == "__main__":
-    flags = [a for a in sys.argv[1:] if a.startswith("--before=")]
+    trees = {}
+    for arg in sys.argv[1:]:
+        if arg.startswith("--before="):
+            trees["before"] = Path(arg.split("=", 1)[1])
+        elif arg.startswith("--tree="):
+            name, root = arg.split("=", 1)[1].split("=", 1)
+            trees[name] = Path(root)
     paths = [a for a in sys.argv[1:] if not a.startswith("--")]
-    sys.exit(main(paths[0] if paths else None,
-                  Path(flags[0].split("=", 1)[1]) if flags else None))
+    sys.exit(main(paths[0] if paths else None, trees))

@@ -47,6 +47,39 @@ def test_kv_append_refuses_more_new_tokens_than_its_cache_holds():
                               cache="contiguous", max_seq=7).capacity == 7
 
 
+@pytest.mark.parametrize("batch_stride, refused", [(2**30 - 64, False), (2**30, True)])
+def test_kv_append_refuses_new_tokens_strided_2_gib_apart_naming_the_argument(batch_stride,
+                                                                              refused):
+    """native/kv_append.cu finds a thread's bytes in k_new and v_new with 32-bit byte offsets:
+    an f16 batch stride of 2^30 elements (2^31 bytes) is refused, one just below is not. The
+    views are numpy's over a small buffer (nothing is read), wrapped here: bind would first
+    refuse k_new's 2 GiB span for overlapping the caches, which numpy places anywhere."""
+    from numpy.lib.stride_tricks import as_strided
+
+    from opfacade._backends.nvrtc.decode_attention import KvAppendNvrtc
+    from opfacade._internal.contract import BoundArgs
+    from opfacade._internal.tensors import wrap
+    from opfacade.errors import LayoutMismatch
+    from opfacade.types import ElementKind
+
+    desc = KvAppendDescriptor(batch=2, heads_kv=2, head_dim=64, element="f16",
+                              cache="contiguous", max_seq=16)
+    buffer = np.zeros(4096, np.float16)
+    k_new = as_strided(buffer, (2, 1, 2, 64), (batch_stride * 2, 256, 128, 2), writeable=False)
+    cache = np.zeros(cache_shape(desc, 64, 2), np.float16)
+    arrays = dict(k_new=k_new, v_new=buffer[:256].reshape(2, 1, 2, 64), k_cache=cache,
+                  v_cache=cache.copy(), seq_lens=np.full(2, 3, np.int32))
+    bound = BoundArgs({**{name: wrap(a, name) for name, a in arrays.items()},
+                       "page_table": None}, ("k_cache", "v_cache"))
+    check = lambda: KvAppendNvrtc(ElementKind.f16).check_args(desc, bound)  # noqa: E731
+    if not refused:
+        check()
+        return
+    with pytest.raises(LayoutMismatch, match="below 2147483648 bytes") as raised:
+        check()
+    assert raised.value.argument == "k_new"
+
+
 def test_a_paged_envelope_derives_its_capacity():
     desc = DecodeAttentionDescriptor(**BASE, cache="paged", page_size=16, max_pages=5)
     assert desc.capacity == 80
@@ -206,10 +239,11 @@ def test_kv_append_binds_the_caches_as_its_outputs():
                                           np.full(3, 2, np.int32), np.zeros((3, 3), np.int32)))
 
 
-@pytest.mark.parametrize("heads_kv, viable", [(65535 * 64, True), (65535 * 64 + 1, False)])
+@pytest.mark.parametrize("heads_kv, viable", [(32767 * 128, True), (32767 * 128 + 1, False)])
 def test_kv_append_refuses_more_head_groups_than_the_grid_holds(heads_kv, viable):
-    """kv_append's grid is (sequences, q_len, groups of kv heads); bf16 d64 puts 64 heads in a
-    CTA of 1024 threads, and the grid's z extent is at most 65535."""
+    """kv_append's grid is (sequences, q_len, 2 x groups of kv heads: keys and values in CTAs of
+    their own); bf16 d64 puts 128 heads' keys (or values) in a CTA of 1024 threads, and the
+    grid's z extent is at most 65535."""
     from opfacade.plan import Plan
 
     desc = KvAppendDescriptor(batch=2, heads_kv=heads_kv, head_dim=64, element="bf16",
@@ -218,5 +252,5 @@ def test_kv_append_refuses_more_head_groups_than_the_grid_holds(heads_kv, viable
                    if v.sku.id == "kv_append.nvrtc.bf16")
     assert verdict.viable is viable, verdict.detail
     if not viable:
-        assert verdict.detail.startswith("heads_kv/heads per CTA = 65536 CTAs exceeds"), \
+        assert verdict.detail.startswith("2 x heads_kv/heads per CTA = 65536 CTAs exceeds"), \
             verdict.detail

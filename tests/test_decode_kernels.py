@@ -169,7 +169,7 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     assert names == [tile.kernel(element, 128),
                      f"decode_merge_{element.value}_rows",
                      f"kv_append_{element.value}_paged16_nhd"]
-    per_head = 256 * element.itemsize // 16  # 16 bytes a thread of a head's key and value
+    per_head = 128 * element.itemsize // 16  # 16 bytes a thread of a head's key (or value)
     blocks = {"merge": (kernels.ROWS_THREADS,), "partial": (kernels.THREADS,),
               "kv_append": (per_head, min(8, 1024 // per_head))}
     for name, _, block, args, *_ in launched:
@@ -183,8 +183,9 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     assert launched[1][1] == (5 * 32 * 4 // 4, 1, 1)
     # Only the merge launches while the kernel before it (the partial) ends.
     assert [overlaps for *_, overlaps in launched] == [False, True, False]
-    # A CTA per (sequence, new token, group of kv heads): 8 heads fit 1024 threads at d 128.
-    assert launched[2][1] == (5, 4, 1)
+    # A CTA per (sequence, new token, group of kv heads, key or value): 8 heads fit 1024
+    # threads at d 128.
+    assert launched[2][1] == (5, 4, 2)
 
 
 @pytest.mark.parametrize(("form", "layout"), [("contiguous", "nhd"), ("contiguous", "hnd"),

@@ -175,13 +175,15 @@ class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
                                   call)
 
 
+APPEND_STRIDE_BYTES = 2**31  # k_new's and v_new's strides, in bytes (a 32-bit signed offset)
+
 APPEND_LIMITS: tuple[Limit[KvAppendDescriptor], ...] = (
     CAPACITY_LIMIT,
-    # A head's key and value fit one CTA's threads at every head dim built (DIMS): at most
-    # (256 + 256) * 4 / 16 = 128 of kv_append's 1024.
-    Limit("head_groups", "heads_kv/heads per CTA", "CTAs", "the grid's z extent", 65535,
+    # A head's key (or value) fits one CTA's threads at every head dim built (DIMS): at most
+    # 256 * 4 / 16 = 64 of kv_append's 1024.
+    Limit("head_groups", "2 x heads_kv/heads per CTA", "CTAs", "the grid's z extent", 65535,
           lambda d: kv_cache.append_shape(kv_cache.DecodeCache.of(d), d.element, 1, 1)[0][2],
-          "native/kv_append.cu: kv_append's grid (sequences, q_len, head groups)"),
+          "native/kv_append.cu: kv_append's grid (sequences, q_len, 2 x head groups)"),
 )
 
 
@@ -208,6 +210,12 @@ class KvAppendNvrtc(_KvCacheSku, SkuImpl[KvAppendDescriptor]):
                 raise LayoutMismatch(f"{name} must have batch, token and head strides that are "
                                      f"multiples of {vec} elements (16 bytes), got "
                                      f"{view.strides}", argument=name)
+            # native/kv_append.cu finds a thread's 16 bytes with 32-bit byte strides.
+            widest = max(abs(stride) for stride in _strides(view)) * desc.element.itemsize
+            if widest >= APPEND_STRIDE_BYTES:
+                raise LayoutMismatch(f"{name} must have batch, token and head strides below "
+                                     f"{APPEND_STRIDE_BYTES} bytes, got {view.strides} "
+                                     f"({widest} bytes)", argument=name)
 
     def prepared(self, desc: KvAppendDescriptor, args: BoundArgs, workspace: Workspace,
                  stream: int | None):

@@ -64,8 +64,8 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
                 v_strides: tuple[int, int, int], k: int, v: int, table: int, seq_lens: int,
                 stream: int) -> Callable[[], None]:
     """One launch writing every sequence's new tokens (strides in elements: batch, token,
-    head): a CTA per (sequence, token, group of kv heads), a thread per 16 bytes of a head's
-    key and value (native/kv_append.cu)."""
+    head, each below 2^31 bytes): a CTA per (sequence, token, group of kv heads, key or value),
+    a thread per 16 bytes of a head's key or value (native/kv_append.cu)."""
     kernel = get_kernel(APPEND_SOURCE, append_kernel(element, cache), device)
     args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
             *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
@@ -93,12 +93,13 @@ def append_kernel_names(elements: Iterable[ElementKind]) -> list[str]:
 
 def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
                  ) -> tuple[tuple[int, int, int], tuple[int, int]]:
-    """kv_append's (grid, block): threads (16-byte vectors of one head's key and value, heads),
-    as many heads per CTA as 1024 threads hold."""
-    per_head = (cache.dim + cache.dim_v) * element.itemsize // 16
-    # At the head dims built (DIMS) a head's key and value take at most 128 threads.
+    """kv_append's (grid, block): threads (16-byte vectors of one head's key or value, heads),
+    as many heads per CTA as 1024 threads hold; grid (sequences, q_len, 2 x head groups), the
+    keys of a group in even z and its values in odd z (native/kv_append.cu)."""
+    per_head = max(cache.dim, cache.dim_v) * element.itemsize // 16
+    # At the head dims built (DIMS) a head's key (or value) takes at most 64 threads.
     heads = max(1, min(cache.heads_kv, APPEND_THREADS // per_head))
-    return (sequences, q_len, -(-cache.heads_kv // heads)), (per_head, heads)
+    return (sequences, q_len, 2 * -(-cache.heads_kv // heads)), (per_head, heads)
 
 
 def verdict_error(verdict: np.ndarray, cache: DecodeCache, q_len: int) -> InvalidArgument:
