@@ -40,9 +40,10 @@ __device__ __forceinline__ uint4 load16_now(const void* p) {
 // Keys and values in CTAs of their own (since the fiftieth session; before, a head's key and
 // value lanes shared each warp) make the side a CTA writes uniform over it, so that ptxas
 // selects its tensors and strides on the uniform datapath. On an H200
-// (scripts/kv_append_variants.py, calls 5-8; record catalog/probes/kv_append_kv_split_H200.json)
-// the 1 MB cases went from 1.83-1.97 us to 1.61-1.82 (B256 and B64 q_len 4, both forms), B64
-// contiguous stayed (1.48-1.51 against 1.50-1.51) and B64 pages of 16 lost 0.03-0.05 us.
+// (scripts/kv_append_variants.py --before=<3a4df4e's native/>, call 9; record
+// catalog/probes/kv_append_kv_split_H200.json) the 1 MB cases (B256, and B64 q_len 4, both
+// forms) went from 1.856-1.949 us to 1.672-1.773, B64 contiguous from 1.499 to 1.467, and B64
+// pages of 16 lost 0.037 us (1.630 to 1.667; 0.02-0.06 in the candidates' calls 5-8).
 //
 // Its time is a chain of round trips: the token's bytes and its sequence's length are loaded
 // together, then (paged) the table's entry, then the store. Everything that does not wait on a
