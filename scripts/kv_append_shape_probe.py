@@ -27,7 +27,6 @@ the grid's size but what each thread ran before its loads (see kv_append_variant
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kv_append_variants import interleaved_us, launcher, module  # noqa: E402
+from kv_append_variants import add_times, launcher, module, write_rows  # noqa: E402
 
 VECTORS = (1, 2, 4)
 THREADS = (128, 256, 512, 1024)
@@ -99,17 +98,8 @@ def main(out_path: str | None) -> int:
             torch.cuda.synchronize()
             if not torch.equal(dst, src):
                 row[f"{name} wrong"] = True
-        times = interleaved_us({"copy": functools.partial(dst.copy_, src), **calls})
-        copy_us = times.pop("copy")
-        row["copy us"] = round(copy_us, 3)
-        for name, us in sorted(times.items(), key=lambda item: item[1]):
-            row[f"{name} us"] = round(us, 3)
-            row[f"{name} of copy"] = round(copy_us / us, 3)
-        print(json.dumps(row), flush=True)
-        results.append(row)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": results}, f, indent=1)
+        results.append(add_times(row, functools.partial(dst.copy_, src), calls))
+    write_rows(out_path, results)
     return 0
 
 

@@ -45,7 +45,6 @@ followed, in docs/DECODE.md).
 from __future__ import annotations
 
 import functools
-import json
 import sys
 
 import numpy as np
@@ -56,7 +55,7 @@ from opfacade._bench.kv_append import AppendCase, append_problem, cases
 from opfacade.types import ElementKind
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from kv_append_variants import case_args, interleaved_us, launcher, module  # noqa: E402
+from kv_append_variants import add_times, case_args, launcher, module, write_rows  # noqa: E402
 
 TOUCHES = {"prefetch": 1, "priority": 2}
 
@@ -158,19 +157,10 @@ def main(out_path: str | None) -> int:
         del written
         src = torch.empty(case.written_bytes(), dtype=torch.uint8, device="cuda")
         dst = torch.empty_like(src)
-        times = interleaved_us({"copy": functools.partial(dst.copy_, src), **calls})
-        copy_us = times.pop("copy")
-        row["copy us"] = round(copy_us, 3)
-        for name, us in times.items():
-            row[f"{name} us"] = round(us, 3)
-            row[f"{name} of copy"] = round(copy_us / us, 3)
-        print(json.dumps(row), flush=True)
-        results.append(row)
+        results.append(add_times(row, functools.partial(dst.copy_, src), calls))
         p = None
         torch.cuda.empty_cache()
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": results}, f, indent=1)
+    write_rows(out_path, results)
     return 0
 
 

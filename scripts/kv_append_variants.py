@@ -158,6 +158,26 @@ def interleaved_us(calls: dict, reps: int = 20) -> dict[str, float]:
     return {name: ms * 1e3 for name, ms in times.items()}
 
 
+def add_times(row: dict, copy, calls: dict) -> dict:
+    """``row`` with each of ``calls`` timed beside ``copy`` (interleaved_us): its us a call and
+    its fraction of the copy's (copy us / its us); printed as a JSON line."""
+    times = interleaved_us({"copy": copy, **calls})
+    copy_us = times.pop("copy")
+    row["copy us"] = round(copy_us, 3)
+    for name, us in times.items():
+        row[f"{name} us"] = round(us, 3)
+        row[f"{name} of copy"] = round(copy_us / us, 3)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def write_rows(out_path: str | None, rows: list[dict]) -> None:
+    """The rows and the GPU's name as JSON at ``out_path``, if given."""
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
 def specialized_module(heads8: bool, page16: bool):
     """native/kv_append.cu with its cache header inlined and specialised: with ``heads8`` 8 kv
     heads (the kernels already hold the form and layout as constants), with ``page16`` pages of
@@ -306,17 +326,8 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
             else:
                 row[f"{name} equals shipped"] = bool(torch.equal(reference[0], written[0])
                                                      and torch.equal(reference[1], written[1]))
-        times = interleaved_us({"copy": copy, **calls})
-        copy_us = times.pop("copy")
-        row["copy us"] = round(copy_us, 3)
-        for name, us in times.items():
-            row[f"{name} us"] = round(us, 3)
-            row[f"{name} of copy"] = round(copy_us / us, 3)
-        print(json.dumps(row))
-        results.append(row)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "rows": results}, f, indent=1)
+        results.append(add_times(row, copy, calls))
+    write_rows(out_path, results)
     return 0
 
 
