@@ -2,7 +2,8 @@
 the KV caches (contracts/kv_cache.py: the cache forms, the envelope, seq_lens, checked mode).
 
     k_new    [b, q_len, Hkv, D], v_new [b, q_len, Hkv, Dv]   the step's tokens (strided views,
-             such as slices of a fused QKV projection, are fine)
+             such as slices of a fused QKV projection, are fine; the NVRTC SKUs take strides
+             below 2 GiB)
     seq_lens int32 [b]              tokens each sequence holds, the new ones counted
 
 New token t of sequence s is written at position ``seq_lens[s] - q_len + t``: the caller counts

@@ -193,8 +193,8 @@ class KvAppendNvrtc(_KvCacheSku, SkuImpl[KvAppendDescriptor]):
     def __init__(self, element: ElementKind):
         self.element = element
         self.sku = KV_APPEND.sku(
-            BackendKind.nvrtc, element, layout="k_new, v_new [b,T,Hkv,D] strided, 16-byte "
-            "vectors; caches dense nhd|hnd, 16-byte aligned", arch=ARCH,
+            BackendKind.nvrtc, element, layout="k_new, v_new [b,T,Hkv,D] strided (strides "
+            "< 2 GiB), 16-byte vectors; caches dense nhd|hnd, 16-byte aligned", arch=ARCH,
             guarantee=_guarantee(COPY_BOUND),
             description="One launch writes every sequence's new keys and values at their "
                         "positions, 16 bytes a thread; positions outside a sequence's capacity "
