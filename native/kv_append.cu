@@ -49,8 +49,9 @@ __device__ __forceinline__ uint4 load16_now(const void* p) {
 // together, then (paged) the table's entry, then the store. Everything that does not wait on a
 // load is computed before it returns: the destination is a part known from the thread's place,
 // plus the token's position (from the length) times a token's bytes, plus (paged) the page
-// times a page's bytes. Offsets within the new tokens' tensors are 32-bit byte counts (the host
-// holds their strides below 2^31 bytes); a sequence's or page's place in a cache is 64-bit.
+// times a page's bytes. The new tokens' strides are 32-bit byte counts (the host holds them
+// below 2^31 bytes), each product widened to 64 bits as it is added (IMAD.WIDE); a sequence's
+// or page's place in a cache is 64-bit.
 template <typename T>
 __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
                        const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh, const Cache& c,
