@@ -35,6 +35,8 @@ caches, as kv_append stores them; no cache description):
                    page and slot): the caches' spread, without a load before the store.
   scatter 1 dep    the position from seq_lens, as a contiguous cache's append (contiguous).
   scatter 2 deps   then the page from the table, as a paged cache's append (paged).
+  split scatter ...  the same in kv_append's shape since the fiftieth session: a CTA of 128
+                   threads per new token and side (grid.z 2, keys then values).
   What the dense floors leave out: kv_append's stores land all over caches of 0.5-2 GiB (one
   sequence's slot every 8 MiB, or pages spread over the pool), where a copy writes one dense
   buffer.
@@ -78,15 +80,14 @@ extern "C" __global__ void __launch_bounds__(256) floor_copy(
     store16_where(dst + i, v, write);
 }
 
-// blockDim 256: threads 0-127 the token's key (2 KiB: 8 kv heads of d 128 in bf16), 128-255 its
-// value; grid (sequences, q_len). Caches nhd, rows of `tokens` tokens (a sequence's capacity,
-// or a page's size).
-extern "C" __global__ void __launch_bounds__(256) floor_scatter(
-        const uint4* __restrict__ k_new, const uint4* __restrict__ v_new, uint4* k_cache,
-        uint4* v_cache, const int* __restrict__ lens, const int* __restrict__ table, int q_len,
-        int capacity, int tokens, int max_pages, int rows, int paged, int deps) {
-    const int s = blockIdx.x, t = blockIdx.y, i = threadIdx.x & 127;
-    const bool key = threadIdx.x < 128;
+// Thread i of a token's key (key) or value row (2 KiB: 8 kv heads of d 128 in bf16), stored into
+// caches nhd of rows of `tokens` tokens (a sequence's capacity, or a page's size).
+__device__ __forceinline__ void scatter_row(
+        bool key, int i, const uint4* __restrict__ k_new, const uint4* __restrict__ v_new,
+        uint4* k_cache, uint4* v_cache, const int* __restrict__ lens,
+        const int* __restrict__ table, int q_len, int capacity, int tokens, int max_pages,
+        int rows, int paged, int deps) {
+    const int s = blockIdx.x, t = blockIdx.y;
     const long long token = (long long)s * q_len + t;
     const uint4 v = (key ? k_new : v_new)[token * 128 + i];
     long long row;
@@ -103,6 +104,25 @@ extern "C" __global__ void __launch_bounds__(256) floor_scatter(
                     : (long long)s * capacity + at;
     }
     store16_where((key ? k_cache : v_cache) + row * 128 + i, v, write);
+}
+
+#define OPFACADE_SCATTER_PARAMS                                                                 \
+    const uint4 *__restrict__ k_new, const uint4 *__restrict__ v_new, uint4 *k_cache,          \
+        uint4 *v_cache, const int *__restrict__ lens, const int *__restrict__ table, int q_len, \
+        int capacity, int tokens, int max_pages, int rows, int paged, int deps
+#define OPFACADE_SCATTER_ARGS                                                                   \
+    k_new, v_new, k_cache, v_cache, lens, table, q_len, capacity, tokens, max_pages, rows,     \
+        paged, deps
+
+// kv_append's shape before the fiftieth session: blockDim 256, threads 0-127 the token's key,
+// 128-255 its value; grid (sequences, q_len).
+extern "C" __global__ void __launch_bounds__(256) floor_scatter(OPFACADE_SCATTER_PARAMS) {
+    scatter_row(threadIdx.x < 128, threadIdx.x & 127, OPFACADE_SCATTER_ARGS);
+}
+
+// Its shape since: blockDim 128, grid (sequences, q_len, 2), z 0 the keys and z 1 the values.
+extern "C" __global__ void __launch_bounds__(128) floor_scatter_split(OPFACADE_SCATTER_PARAMS) {
+    scatter_row(blockIdx.z == 0, threadIdx.x, OPFACADE_SCATTER_ARGS);
 }
 """
 
@@ -259,6 +279,7 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
     token_late = token_late_module()
     floors = module("floor.cu", FLOOR_SOURCE, False)
     floor, scatter = floors.get_function("floor_copy"), floors.get_function("floor_scatter")
+    scatter_split = floors.get_function("floor_scatter_split")
     results = []
     for case in cases():
         p = append_problem(torch, case)
@@ -296,19 +317,23 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
         kinds = ((0, "scatter 0 deps"), (2, "scatter 2 deps")) if case.paged else (
             (0, "scatter 0 deps"), (1, "scatter 1 dep"))
         for deps, name in kinds:
-            calls[name] = launcher(scatter, (case.batch, case.q_len), (256,), (
+            scatter_args = (
                 np.uint64(k_src.data_ptr()), np.uint64(v_src.data_ptr()),
                 np.uint64(p.k_cache.data_ptr()), np.uint64(p.v_cache.data_ptr()),
                 np.uint64(p.seq_lens.data_ptr()), np.uint64(table_ptr), np.int32(case.q_len),
                 np.int32(case.capacity), np.int32(p.k_cache.shape[1]),
                 np.int32(case.max_pages if case.paged else 0), np.int32(rows),
-                np.int32(case.paged), np.int32(deps)))
+                np.int32(case.paged), np.int32(deps))
+            calls[name] = launcher(scatter, (case.batch, case.q_len), (256,), scatter_args)
+            calls[f"split {name}"] = launcher(scatter_split, (case.batch, case.q_len, 2),
+                                              (128,), scatter_args)
         copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
         reference = None
         for name in ("shipped", "shipped plain", "specialized", "specialized heads",
                      "specialized pages", "token late", "any page size", *loaded_trees,
-                     "scatter 1 dep", "scatter 2 deps"):
+                     "scatter 1 dep", "scatter 2 deps", "split scatter 1 dep",
+                     "split scatter 2 deps"):
             if name not in calls:
                 continue
             p.k_cache.zero_()
