@@ -6,8 +6,9 @@ compared bitwise with the shipped kernel's, and the shipped kernel's with torch'
     python3 scripts/kv_append_variants.py [--before=DIR] [--tree=NAME=DIR ...] [out.json]
 
 Variants:
-  shipped        native/kv_append.cu: a CTA per (sequence, token, head group), threads (16-byte
-                 vector, kv head), a kernel per cache form and layout (since 2026-11-29; its
+  shipped        native/kv_append.cu: a CTA per (sequence, token, head group, key or value),
+                 threads (16-byte vector, kv head; keys and values in CTAs of their own since
+                 the fiftieth session), a kernel per cache form and layout (since 2026-11-29; its
                  record catalog/probes/kv_append_forms_H200.json). (Before 2026-11-25: a
                  grid-stride loop, one thread per 16 bytes, placed by 32-bit division;
                  catalog/probes/kv_append_variants_H100.json has both.)

@@ -175,8 +175,6 @@ class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
                                   call)
 
 
-APPEND_STRIDE_BYTES = 2**31  # k_new's and v_new's strides, in bytes (a 32-bit signed offset)
-
 APPEND_LIMITS: tuple[Limit[KvAppendDescriptor], ...] = (
     CAPACITY_LIMIT,
     # A head's key (or value) fits one CTA's threads at every head dim built (DIMS): at most
@@ -206,15 +204,15 @@ class KvAppendNvrtc(_KvCacheSku, SkuImpl[KvAppendDescriptor]):
         for name in ("k_new", "v_new"):
             view = args[name]
             expect_aligned(view, name, 16)
-            if any(stride % vec for stride in _strides(view)):
+            strides = _strides(view)
+            if any(stride % vec for stride in strides):
                 raise LayoutMismatch(f"{name} must have batch, token and head strides that are "
                                      f"multiples of {vec} elements (16 bytes), got "
                                      f"{view.strides}", argument=name)
-            # native/kv_append.cu finds a thread's 16 bytes with 32-bit byte strides.
-            widest = max(abs(stride) for stride in _strides(view)) * desc.element.itemsize
-            if widest >= APPEND_STRIDE_BYTES:
+            widest = max(abs(stride) for stride in strides) * desc.element.itemsize
+            if widest >= kv_cache.APPEND_STRIDE_BYTES:
                 raise LayoutMismatch(f"{name} must have batch, token and head strides below "
-                                     f"{APPEND_STRIDE_BYTES} bytes, got {view.strides} "
+                                     f"{kv_cache.APPEND_STRIDE_BYTES} bytes, got {view.strides} "
                                      f"({widest} bytes)", argument=name)
 
     def prepared(self, desc: KvAppendDescriptor, args: BoundArgs, workspace: Workspace,

@@ -18,11 +18,14 @@ from ...errors import InvalidArgument
 from ...types import ElementKind
 from .launch import PackedLaunch, get_kernel, launch
 
-__all__ = ["APPEND_PAGE_SIZES", "APPEND_SOURCE", "KINDS", "DecodeCache", "append_call",
-           "append_kernel_names", "append_shape", "check_call"]
+__all__ = ["APPEND_PAGE_SIZES", "APPEND_SOURCE", "APPEND_STRIDE_BYTES", "KINDS", "DecodeCache",
+           "append_call", "append_kernel_names", "append_shape", "check_call"]
 
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
+# k_new's and v_new's strides, in bytes: kv_append finds a thread's 16 bytes with 32-bit byte
+# strides (native/kv_append.cu).
+APPEND_STRIDE_BYTES = 2**31
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}  # native/kv_cache.cuh's Cache::kind
 # Page sizes whose paged kv_append kernels hold the size as a constant (native/kv_append.cu's
