@@ -115,14 +115,14 @@ __device__ __forceinline__ void store16(void* p, uint4 v) {
 // early at each (kv_append.cu: one straight run of code from its loads to its store).
 __device__ __forceinline__ void store16_where(void* p, uint4 v, bool write) {
 #if OPFACADE_STREAMING
-    asm volatile("{\n\t.reg .pred w;\n\tsetp.ne.b32 w, %5, 0;\n\t"
-                 "@w st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\n\t}"
-                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)write) : "memory");
+#define OPFACADE_STORE16_WHERE "st.global.cs.v4.u32"  // evict-first, as store16
 #else
-    asm volatile("{\n\t.reg .pred w;\n\tsetp.ne.b32 w, %5, 0;\n\t"
-                 "@w st.global.v4.u32 [%0], {%1, %2, %3, %4};\n\t}"
-                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)write) : "memory");
+#define OPFACADE_STORE16_WHERE "st.global.v4.u32"
 #endif
+    asm volatile("{\n\t.reg .pred w;\n\tsetp.ne.b32 w, %5, 0;\n\t"
+                 "@w " OPFACADE_STORE16_WHERE " [%0], {%1, %2, %3, %4};\n\t}"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)write) : "memory");
+#undef OPFACADE_STORE16_WHERE
 }
 
 template <typename T>

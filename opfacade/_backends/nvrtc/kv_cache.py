@@ -84,14 +84,19 @@ def append_kernel(element: ElementKind, cache: DecodeCache) -> str:
     form = cache.kind
     if form == "paged" and cache.page_size in APPEND_PAGE_SIZES:
         form = f"paged{cache.page_size}"
-    return f"kv_append_{element.value}_{form}_{'hnd' if cache.hnd else 'nhd'}"
+    return _append_name(element, form, cache.hnd)
 
 
 def append_kernel_names(elements: Iterable[ElementKind]) -> list[str]:
     """Every kernel append_kernel may name for these element types."""
     forms = [*KINDS, *(f"paged{size}" for size in APPEND_PAGE_SIZES)]
-    return [f"kv_append_{element.value}_{form}_{layout}" for element in elements
-            for form in forms for layout in ("nhd", "hnd")]
+    return [_append_name(element, form, hnd) for element in elements for form in forms
+            for hnd in (False, True)]
+
+
+def _append_name(element: ElementKind, form: str, hnd: bool) -> str:
+    # native/kv_append.cu's OPFACADE_APPEND_FORMS: kv_append_<T>_<form>_<layout>
+    return f"kv_append_{element.value}_{form}_{'hnd' if hnd else 'nhd'}"
 
 
 def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
