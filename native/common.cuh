@@ -5,6 +5,32 @@
 typedef long long i64;
 typedef unsigned short u16;
 
+// Programmatic dependent launch (sm_90 and newer; launch.py's PackedLaunch(overlap_previous)). A
+// kernel launched so may start while the stream's previous kernel still runs: it must wait for
+// that grid (griddepcontrol.wait: complete, its writes visible) before it reads or writes memory
+// the previous kernel may touch. let_dependents_launch lets the stream's next kernel, if it was
+// launched so, start before this one ends (it waits for this grid in turn). Both are no-ops in a
+// kernel launched plainly.
+__device__ __forceinline__ void let_dependents_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// The first statement of a kernel that may launch as a programmatic dependent: it waits for the
+// previous grid before anything else, then lets the next launch. In that order a dependent that
+// reads before its own wait (decode's merge reads seq_lens) still reads after the previous grid.
+__device__ __forceinline__ void follow_previous_grid() {
+    wait_for_prerequisite_grid();
+    let_dependents_launch();
+}
+
 // Half-precision storage types as plain 16-bit payloads; arithmetic happens in float.
 struct f16_t { u16 bits; };
 struct bf16_t { u16 bits; };

@@ -36,7 +36,11 @@
 // The merge is launched as a programmatic dependent of the partial kernel (sm_90, decode.py):
 // the partial's CTAs let it launch as soon as they start, so the merge's CTAs are resident when
 // the last partial ends, and each waits (griddepcontrol.wait: the partial grid complete, its
-// writes visible) before it reads a partial. Without the launch attribute both are no-ops.
+// writes visible) before it reads a partial. The merge reads seq_lens before that wait, which is
+// sound because the partial kernel launches plainly, after every kernel before it has completed:
+// it is not itself a programmatic dependent. The merge lets the stream's next kernel launch as it
+// starts (kv_append, or a caller's kernel launched so, waits for it). Without the launch
+// attribute these are no-ops (common.cuh).
 //
 // K and V are read once per step: their 16-byte loads carry a streaming cache hint
 // (common.cuh's load16). The evict-first hint read at 95% of a device copy on an H100 against
@@ -454,6 +458,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_MERGE(SUFFIX, T, THREADS)                                                       \
     extern "C" __global__ void __launch_bounds__(THREADS)                                        \
         decode_merge_##SUFFIX##_##THREADS(OPFACADE_MERGE_PARAMS(T)) {                            \
+        let_dependents_launch();  /* the next kernel may launch */                               \
         merge<T, THREADS>(OPFACADE_MERGE_OUTPUTS(T), ws_acc, ws_ml, OPFACADE_CACHE_ARGS,         \
                           seq_lens, group, q_len, chunks);                                       \
     }
@@ -461,6 +466,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_MERGE_ROWS(SUFFIX, T)                                                           \
     extern "C" __global__ void __launch_bounds__(kRowsThreads)                                   \
         decode_merge_##SUFFIX##_rows(OPFACADE_MERGE_PARAMS(T), int sequences) {                  \
+        let_dependents_launch();  /* the next kernel may launch */                               \
         merge_rows<T>(OPFACADE_MERGE_OUTPUTS(T), ws_acc, ws_ml, OPFACADE_CACHE_ARGS, seq_lens,   \
                       group, q_len, chunks, sequences);                                          \
     }

@@ -1,6 +1,6 @@
 // What decode_attention.cu's partial kernels (its CUDA-core tiles and decode_mma.cuh's tensor-core
 // tile) and its merge (decode_merge.cuh) share: the chunk, the workspace's layout, positions, the
-// chunks no row sees, each key's row offset, and the programmatic launch of the merge. The
+// chunks no row sees, and each key's row offset. The
 // includer defines OPFACADE_STREAMING before this file (kv_cache.cuh's evict-first loads).
 #pragma once
 #include "kv_cache.cuh"
@@ -8,18 +8,6 @@
 namespace {
 
 using namespace kv_cache;
-
-__device__ __forceinline__ void let_dependents_launch() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // Keys per chunk: fixed, never chosen from the batch (decode.py's CHUNK, where the figures that
 // chose it are). OPFACADE_DECODE_CHUNK overrides it for the variants script.

@@ -113,6 +113,7 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
     extern "C" __global__ void __launch_bounds__(1024) NAME(                                     \
         const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
         i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int q_len) {                       \
+        follow_previous_grid(); /* a programmatic dependent */                                   \
         Cache c = OPFACADE_CACHE_ARGS;                                                           \
         c.kind = KIND;                                                                           \
         c.hnd = HND;                                                                             \

@@ -13,6 +13,9 @@ Variants:
                  grid-stride loop, one thread per 16 bytes, placed by 32-bit division;
                  catalog/probes/kv_append_variants_H100.json has both.)
   shipped plain  the same with plain (not evict-first) loads and stores.
+  shipped programmatic  the shipped kernel launched as the product launches it on sm_90 (since
+                 the fifty-second session): a programmatic dependent of the stream's previous
+                 kernel, which in a graph of its calls is the call before it.
   token late     the shipped kernel with its token's load a plain ld.global.lu, which ptxas
                  moves after the length's test (the form before the forty-ninth session's
                  volatile load): what loading the token after the length costs.
@@ -30,6 +33,9 @@ Floors (one thread per 16 bytes, a CTA per 4 KB, the same bytes; no cache addres
   floor 1 dep    load the data and seq_lens[s], store only if the length is non-negative: the
                  store waits for one dependent load, as a contiguous cache's does.
   floor 2 deps   also a page-table entry indexed by that length: two, as a paged cache's.
+  floor ... programmatic  each floor waiting first for the previous kernel, as kv_append does,
+                 and launched as its programmatic dependent: the like-for-like yardstick of
+                 "shipped programmatic" (the device copy cannot launch so).
 Scattered floors (a CTA per new token, its 2 KiB key and 2 KiB value stored into the case's own
 caches, as kv_append stores them; no cache description):
   scatter 0 deps   each token's row from arithmetic alone (a fixed pseudo-random position, or
@@ -55,6 +61,7 @@ import torch
 
 from opfacade._backends.nvrtc import compiler
 from opfacade._backends.nvrtc.kv_cache import DecodeCache, append_shape
+from opfacade._backends.nvrtc.launch import PackedLaunch
 from opfacade._bench.graph_timing import MAX_REPLAY_ROUNDS, time_in_cuda_graphs
 from opfacade._bench.kv_append import AppendCase, append_problem, cases
 from opfacade.types import ArchSku, ElementKind
@@ -66,9 +73,11 @@ FLOOR_SOURCE = r"""
 // waited on their loads one after the other).
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) floor_copy(
-        const uint4* __restrict__ src, uint4* __restrict__ dst, const int* __restrict__ lens,
-        const int* __restrict__ table, int sequences, int deps) {
+#define OPFACADE_FLOOR_PARAMS                                                                   \
+    const uint4 *__restrict__ src, uint4 *__restrict__ dst, const int *__restrict__ lens,      \
+        const int *__restrict__ table, int sequences, int deps
+
+__device__ __forceinline__ void floor_body(OPFACADE_FLOOR_PARAMS) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const uint4 v = src[i];
     bool write = true;
@@ -79,6 +88,17 @@ extern "C" __global__ void __launch_bounds__(256) floor_copy(
         if (deps >= 2) write = write & (table[s * 257 + max(len, 0) / 16] >= 0);
     }
     store16_where(dst + i, v, write);
+}
+
+extern "C" __global__ void __launch_bounds__(256) floor_copy(OPFACADE_FLOOR_PARAMS) {
+    floor_body(src, dst, lens, table, sequences, deps);
+}
+
+// The same, first waiting for the stream's previous kernel as kv_append does (common.cuh's
+// follow_previous_grid), to be launched as its programmatic dependent.
+extern "C" __global__ void __launch_bounds__(256) floor_copy_follows(OPFACADE_FLOOR_PARAMS) {
+    follow_previous_grid();
+    floor_body(src, dst, lens, table, sequences, deps);
 }
 
 // Thread i of a token's key (key) or value row (2 KiB: 8 kv heads of d 128 in bf16), stored into
@@ -163,6 +183,22 @@ def launcher(function, grid, block, args):
     def call() -> None:
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         function(grid, block, args, stream=stream)
+
+    return call
+
+
+def programmatic_launcher(function, grid, block, args):
+    """A launch as the product makes kv_append's on sm_90: a programmatic dependent of the
+    stream's previous kernel (PackedLaunch's overlap_previous), on torch's current stream (one
+    PackedLaunch a stream, made at its first call there)."""
+    made = {}
+
+    def call() -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        if stream not in made:
+            made[stream] = PackedLaunch(function, grid, block, args, stream,
+                                        torch.cuda.current_device(), overlap_previous=True)
+        made[stream]()
 
     return call
 
@@ -280,6 +316,7 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
     token_late = token_late_module()
     floors = module("floor.cu", FLOOR_SOURCE, False)
     floor, scatter = floors.get_function("floor_copy"), floors.get_function("floor_scatter")
+    floor_follows = floors.get_function("floor_copy_follows")
     scatter_split = floors.get_function("floor_scatter_split")
     results = []
     for case in cases():
@@ -291,6 +328,8 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
         calls = {name: launcher(kernel_of(shipped[streaming], case), grid, block,
                                 args)
                  for name, streaming in (("shipped", True), ("shipped plain", False))}
+        calls["shipped programmatic"] = programmatic_launcher(
+            kernel_of(shipped[True], case), grid, block, args)
         calls["specialized"] = launcher(kernel_of(specialized[True, case.paged], case),
                                         grid, block, args)
         calls["token late"] = launcher(kernel_of(token_late, case), grid, block, args)
@@ -308,10 +347,12 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
         dst = torch.empty_like(src)
         table = torch.zeros(case.batch * 257, dtype=torch.int32, device="cuda")
         for deps, name in enumerate(("floor copy", "floor 1 dep", "floor 2 deps")):
-            calls[name] = launcher(floor, (nbytes // 16 // 256,), (256,), (
-                np.uint64(src.data_ptr()), np.uint64(dst.data_ptr()),
-                np.uint64(p.seq_lens.data_ptr()), np.uint64(table.data_ptr()),
-                np.int32(case.batch), np.int32(deps)))
+            floor_args = (np.uint64(src.data_ptr()), np.uint64(dst.data_ptr()),
+                          np.uint64(p.seq_lens.data_ptr()), np.uint64(table.data_ptr()),
+                          np.int32(case.batch), np.int32(deps))
+            calls[name] = launcher(floor, (nbytes // 16 // 256,), (256,), floor_args)
+            calls[f"{name} programmatic"] = programmatic_launcher(
+                floor_follows, (nbytes // 16 // 256,), (256,), floor_args)
         k_src, v_src = p.k_new.contiguous(), p.v_new.contiguous()
         table_ptr = 0 if p.table is None else p.table.data_ptr()
         rows = p.k_cache.shape[0]
@@ -331,9 +372,9 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
         copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
         reference = None
-        for name in ("shipped", "shipped plain", "specialized", "specialized heads",
-                     "specialized pages", "token late", "any page size", *loaded_trees,
-                     "scatter 1 dep", "scatter 2 deps", "split scatter 1 dep",
+        for name in ("shipped", "shipped plain", "shipped programmatic", "specialized",
+                     "specialized heads", "specialized pages", "token late", "any page size",
+                     *loaded_trees, "scatter 1 dep", "scatter 2 deps", "split scatter 1 dep",
                      "split scatter 2 deps"):
             if name not in calls:
                 continue

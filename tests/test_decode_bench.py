@@ -318,7 +318,7 @@ def test_kv_append_rows_take_their_copy_out_of_the_contestants():
                       {"ours": 9e-3, "torch index_put": 2e-2, append.COPY: 8e-3},
                       {"ours": 1.5e-3, "torch index_put": 6.9e-3, append.COPY: 1.2e-3},
                       ["ours", append.COPY, "torch index_put"], "", "ours")
-    rest, copy_ms, how = append.take_out_copy(timings)
+    rest, copy_ms, how = append.take_out(timings, append.COPY)
     assert (copy_ms, how) == (1.2e-3, "from a CUDA graph")
     assert append.COPY not in {*rest.gpu_ms, *rest.host_ms, *rest.graph_ms, *rest.host_bound}
     row = rest.row("kv_append", "c", lambda ms: f"{copy_ms / ms:.1%} of copy")
@@ -326,4 +326,4 @@ def test_kv_append_rows_take_their_copy_out_of_the_contestants():
     assert row.host_bound == ["ours", "torch index_put"]
     bursts = Timings({"ours": 2.0e-3, append.COPY: 1.6e-3}, {"ours": 1e-4, append.COPY: 1e-4},
                      {}, [], "", "ours")
-    assert append.take_out_copy(bursts)[1:] == (1.6e-3, "in bursts")
+    assert append.take_out(bursts, append.COPY)[1:] == (1.6e-3, "in bursts")

@@ -13,6 +13,7 @@ from ptx import assert_packed_like_declared, kernel_parameters, kernel_ptx, kern
 
 from opfacade._backends.nvrtc import compiler, kv_cache
 from opfacade._backends.nvrtc import decode as kernels
+from opfacade._backends.nvrtc import launch as launching
 from opfacade.contracts.decode_attention import DecodeAttentionDescriptor
 from opfacade.contracts.kv_append import KvAppendDescriptor
 from opfacade.errors import InvalidArgument
@@ -84,6 +85,7 @@ def _record(monkeypatch) -> list[tuple]:
         launched.append((kernel, grid, block, args, shared, overlap_previous))
 
     monkeypatch.setattr(kernels, "device_arch", lambda device: ArchSku.sm90)
+    monkeypatch.setattr(launching, "device_arch", lambda device: ArchSku.sm90)  # programmatic
     # An H100's 132 multiprocessors, five partial CTAs each.
     monkeypatch.setattr(kernels, "device_sm_count", lambda device: 132)
     monkeypatch.setattr(kernels, "resident_blocks", lambda function, threads, shared, device: 5)
@@ -149,6 +151,24 @@ def test_kv_append_loads_the_token_before_testing_its_length():
         assert not [op for op in between if re.search(r"\bEXIT\b|\bBRA\b", op)], (name, between)
 
 
+@pytest.mark.skipif(nvdisasm() is None, reason="needs nvdisasm (nvidia-cuda-nvdisasm)")
+def test_kv_append_waits_for_the_previous_kernel_before_touching_memory():
+    """kv_append launches as a programmatic dependent of the stream's previous kernel, which may
+    still be writing its inputs (k_new, seq_lens, the table) or reading the caches: no global
+    load or store may come before its griddepcontrol.wait (SASS ACQBULK). ptxas has hoisted
+    non-coherent loads above that wait before (test_no_merge_reads_a_partial_...), and
+    kv_append's inputs are const __restrict__. Its next kernel may launch once it has waited
+    (PREEXIT, griddepcontrol.launch_dependents, after ACQBULK)."""
+    appends = {name: sass for name, sass in kernel_sass(kv_cache.APPEND_SOURCE).items()
+               if name.startswith("kv_append_")}
+    assert sorted(appends) == sorted(kv_cache.append_kernel_names(map(ElementKind, ELEMENTS)))
+    for name, sass in appends.items():
+        [wait] = [i for i, op in enumerate(sass) if op.startswith("ACQBULK")]
+        [let_go] = [i for i, op in enumerate(sass) if op.startswith("PREEXIT")]
+        memory = [i for i, op in enumerate(sass) if re.match(r"(LDG|STG|ATOM|RED|LD|ST)\b", op)]
+        assert wait < let_go < memory[0], (name, sass[:memory[0] + 1])
+
+
 @pytest.mark.parametrize("element", [ElementKind.f32, ElementKind.f16, ElementKind.bf16])
 def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, element):
     launched = _record(monkeypatch)
@@ -181,8 +201,9 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     # The rows merge (in place of the 64-thread one, up to 16 chunks): 5 x 32 x 4 rows, 4 a CTA
     # at Dv 128.
     assert launched[1][1] == (5 * 32 * 4 // 4, 1, 1)
-    # Only the merge launches while the kernel before it (the partial) ends.
-    assert [overlaps for *_, overlaps in launched] == [False, True, False]
+    # The merge launches while the partial ends, and kv_append while the kernel before it (here
+    # the merge) ends; the partial launches plainly (the merge reads seq_lens before its wait).
+    assert [overlaps for *_, overlaps in launched] == [False, True, True]
     # A CTA per (sequence, new token, group of kv heads, key or value): 8 heads fit 1024
     # threads at d 128.
     assert launched[2][1] == (5, 4, 2)
@@ -525,14 +546,29 @@ def test_an_overlapping_launch_passes_the_programmatic_serialization_attribute(m
 
 
 def test_the_merge_overlaps_the_partial_kernel_from_sm90_only(monkeypatch):
-    from opfacade.types import ArchSku
-
     for arch, overlaps in ((ArchSku.sm80, False), (ArchSku.sm89, False), (ArchSku.sm90, True),
                            (ArchSku.sm100, True)):
-        monkeypatch.setattr(kernels, "device_arch", lambda device, arch=arch: arch)
+        monkeypatch.setattr(launching, "device_arch", lambda device, arch=arch: arch)
         assert kernels.overlaps_merge(0) is overlaps
     monkeypatch.setattr(kernels, "OVERLAP_MERGE", False)
     assert kernels.overlaps_merge(0) is False
+
+
+@pytest.mark.parametrize(("arch", "switch", "follows"), [
+    (ArchSku.sm80, True, False), (ArchSku.sm89, True, False), (ArchSku.sm90, True, True),
+    (ArchSku.sm100, True, True), (ArchSku.sm90, False, False)])
+def test_kv_append_follows_the_previous_kernel_from_sm90_only(monkeypatch, arch, switch,
+                                                               follows):
+    """On sm_90 and newer kv_append launches as a programmatic dependent of the stream's previous
+    kernel (its launch may overlap that kernel's end), unless APPEND_FOLLOWS_PREVIOUS is off."""
+    launched = _record(monkeypatch)
+    monkeypatch.setattr(launching, "device_arch", lambda device: arch)
+    monkeypatch.setattr(kv_cache, "APPEND_FOLLOWS_PREVIOUS", switch)
+    cache = kv_cache.DecodeCache("paged", False, 4096, 8, 128, 128, 16, 256, 512)
+    kv_cache.append_call(ElementKind.bf16, 0, cache, 4, 1, 0x1000, (8192, 1024, 128), 0x2000,
+                         (8192, 1024, 128), 0x3000, 0x4000, 0x5000, 0x6000, 0x7)()
+    [(kernel, grid, block, args, shared, overlap)] = launched
+    assert kernel == "kv_append_bf16_paged16_nhd" and overlap is follows
 
 
 def test_a_capacity_past_the_kernels_int_positions_is_unfit():

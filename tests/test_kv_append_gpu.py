@@ -222,3 +222,77 @@ def test_an_unusable_cache_address_skips_its_sequence_unchecked(layout):
     with pytest.raises(InvalidArgument, match=r"k_cache\[1\]") as raised:
         KvAppendPlan.select(checked, device=0).run(args)
     assert raised.value.argument == "k_cache"
+
+
+@pytest.mark.parametrize("second", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
+                         ids=lambda c: c.id)
+def test_an_append_reading_the_previous_appends_tokens_waits_for_them(second):
+    """kv_append launches as a programmatic dependent of the stream's previous kernel (sm_90 and
+    newer): it may start before that kernel ends, and must wait for it before its first load.
+    Here the second of two chained appends reads its new tokens out of the cache the first just
+    wrote (a strided view of it), in a CUDA graph that also holds the kernel making the first's
+    tokens and a copy of its seq_lens (a memcpy node before a programmatic launch). Had the
+    second read before the first's stores landed, the tokens it wrote would be the previous
+    replay's. 24 replays, each with new tokens and new positions for the second."""
+    b, cap, position = 8, 64, 37
+    first_desc = _descriptor(Cache("contiguous"), "bf16", cap, b)
+    first = make_problem(first_desc, [position] * b, seed=30)
+    second_desc = _descriptor(second, "bf16", cap, b)
+    target = make_problem(second_desc, np.full(b, 10), seed=31)
+    source = torch.empty((b, 1, first_desc.heads_kv, first_desc.head_dim), device="cuda")
+    k_made, v_made = (torch.empty(source.shape, dtype=torch.bfloat16, device="cuda")
+                      for _ in range(2))
+    lengths = torch.full((b,), position + 1, dtype=torch.int32, device="cuda")
+    # The second append's new tokens: the first cache's slots at `position`.
+    read = slice(position, position + 1)
+    k_read, v_read = first.k_cache[:, read], first.v_cache[:, read]
+    assert not k_read.is_contiguous()
+    plans = [KvAppendPlan.select(_append_descriptor(d, 1), device=0)
+             for d in (first_desc, second_desc)]
+    arguments = [KvAppendArgs(k_made, v_made, first.k_cache, first.v_cache, first.seq_lens),
+                 KvAppendArgs(k_read, v_read, target.k_cache, target.v_cache, target.seq_lens,
+                              target.page_table)]
+    rng = np.random.default_rng(32)
+
+    def chain() -> None:
+        k_made.copy_(source)  # a conversion kernel (f32 to bf16)
+        v_made.copy_(-source)
+        first.seq_lens.copy_(lengths)  # a device-to-device memcpy
+        for step in steps:
+            step()
+
+    def check(positions: np.ndarray) -> None:
+        torch.cuda.synchronize()
+        for s, at in enumerate(positions):
+            k_at, v_at = _slot(target, second_desc, s, int(at) - 1)
+            assert torch.equal(k_at, k_made[s, 0]) and torch.equal(v_at, v_made[s, 0]), s
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        steps = [plan.prepare(args) for plan, args in zip(plans, arguments, strict=True)]
+        source.uniform_(-1, 1)
+        positions = rng.integers(1, cap, b, endpoint=True)
+        target.seq_lens.copy_(torch.tensor(positions, dtype=torch.int32))
+        chain()  # direct launches: each step's first call
+        check(positions)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            chain()
+    for _ in range(24):
+        source.uniform_(-1, 1)
+        positions = rng.integers(1, cap, b, endpoint=True)
+        target.seq_lens.copy_(torch.tensor(positions, dtype=torch.int32))
+        graph.replay()
+        check(positions)
+
+
+def _slot(problem, desc, s: int, position: int):
+    """Sequence s's key and value [Hkv, D] at ``position`` in ``problem``'s caches."""
+    if desc.cache == "paged":
+        page = int(problem.page_table[s, position // desc.page_size])
+        row, slot = page, position % desc.page_size
+    else:
+        row, slot = s, position
+    if desc.kv_layout == "hnd":
+        return problem.k_cache[row, :, slot], problem.v_cache[row, :, slot]
+    return problem.k_cache[row, slot], problem.v_cache[row, slot]

@@ -26,7 +26,7 @@ from ..._internal.stream_fork import forked
 from ...types import ElementKind
 from .compiler import ARCH_SPECIFIC
 from .kv_cache import DecodeCache
-from .launch import PackedLaunch, allow_shared, get_kernel, resident_blocks
+from .launch import PackedLaunch, allow_shared, get_kernel, programmatic, resident_blocks
 
 __all__ = ["CHUNK", "DIMS", "SOURCE", "WG_SOURCE", "Tile", "chunks", "decode_call",
            "kq_build", "mma_build", "row_tile", "shared_bytes", "span_for", "wgmma_on",
@@ -149,7 +149,7 @@ def launcher(function, grid, block, args, stream: int, device: int, shared: int 
 def overlaps_merge(device: int) -> bool:
     """Whether the merge launches as a programmatic dependent of the partial kernel: sm_90 and
     newer (griddepcontrol), unless OVERLAP_MERGE is off (the variants script's baseline)."""
-    return OVERLAP_MERGE and device_arch(device).compute_capability >= (9, 0)
+    return OVERLAP_MERGE and programmatic(device)
 
 
 def steps(launches: Callable[[int], list[Callable[[], None]]], stream: int, device: int

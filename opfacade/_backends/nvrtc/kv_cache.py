@@ -16,10 +16,11 @@ from ..._internal.graph_replay import GraphedLaunches
 from ...contracts.kv_cache import violation
 from ...errors import InvalidArgument
 from ...types import ElementKind
-from .launch import PackedLaunch, get_kernel, launch
+from .launch import PackedLaunch, get_kernel, launch, programmatic
 
-__all__ = ["APPEND_PAGE_SIZES", "APPEND_SOURCE", "APPEND_STRIDE_BYTES", "KINDS", "DecodeCache",
-           "append_call", "append_kernel_names", "append_shape", "check_call"]
+__all__ = ["APPEND_FOLLOWS_PREVIOUS", "APPEND_PAGE_SIZES", "APPEND_SOURCE", "APPEND_STRIDE_BYTES",
+           "KINDS", "DecodeCache", "append_call", "append_kernel_names", "append_shape",
+           "check_call"]
 
 APPEND_SOURCE = "kv_append.cu"  # kv_append, kv_cache_check
 APPEND_THREADS = 1024  # kv_append's __launch_bounds__
@@ -28,6 +29,11 @@ APPEND_THREADS = 1024  # kv_append's __launch_bounds__
 APPEND_STRIDE_BYTES = 2**31
 CHECK_THREADS = 256
 KINDS = {"contiguous": 0, "paged": 1, "pointers": 2}  # native/kv_cache.cuh's Cache::kind
+# kv_append launches as a programmatic dependent of the stream's previous kernel where the device
+# can (launch.programmatic): its CTAs may start while that kernel ends, and wait for it before
+# their first load (native/kv_append.cu's follow_previous_grid). Off: plain launches (the
+# bench's and the variants script's baseline).
+APPEND_FOLLOWS_PREVIOUS = True
 # Page sizes whose paged kv_append kernels hold the size as a constant (native/kv_append.cu's
 # OPFACADE_APPEND_FORMS); other sizes take the kernel that reads it.
 APPEND_PAGE_SIZES = (16, 32, 64)
@@ -73,8 +79,10 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
             *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
             np.int32(q_len))
+    follows = APPEND_FOLLOWS_PREVIOUS and programmatic(device)
     return GraphedLaunches(lambda on: [PackedLaunch(
-        kernel, *append_shape(cache, element, sequences, q_len), args, on, device)], stream, device)
+        kernel, *append_shape(cache, element, sequences, q_len), args, on, device,
+        overlap_previous=follows)], stream, device)
 
 
 def append_kernel(element: ElementKind, cache: DecodeCache) -> str:

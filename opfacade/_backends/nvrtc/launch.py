@@ -21,8 +21,8 @@ from ...errors import BackendUnavailable, LaunchFailed
 from ...types import ElementKind
 from .compiler import compile_cubin
 
-__all__ = ["KERNELS", "KernelCache", "PackedLaunch", "available",
-           "element_suffix", "get_kernel", "launch", "pointer", "resident_blocks"]
+__all__ = ["KERNELS", "KernelCache", "PackedLaunch", "available", "element_suffix", "get_kernel",
+           "launch", "pointer", "programmatic", "resident_blocks"]
 
 
 @functools.cache
@@ -222,6 +222,12 @@ def _driver_launch():
     arguments made once (_made_once), or None where libcuda cannot be opened by name
     (cuda.bindings' wrapper then launches, several µs slower)."""
     return bare_function("cuLaunchKernel")
+
+
+def programmatic(device: int) -> bool:
+    """Whether kernels on ``device`` may launch as programmatic dependents (sm_90 and newer,
+    where griddepcontrol exists: common.cuh's follow_previous_grid)."""
+    return device_arch(device).compute_capability >= (9, 0)
 
 
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h): the kernel may launch before the
