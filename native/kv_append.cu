@@ -103,6 +103,14 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
 
 }  // namespace
 
+// Every kernel begins with follow_previous_grid (common.cuh): kv_cache.py launches kv_append as a
+// programmatic dependent of the stream's previous kernel on sm_90, so its CTAs may be resident
+// before that kernel ends, and each waits for it (SASS ACQBULK, before any load or store: a CPU
+// test reads that) before touching k_new, seq_lens, the table or the caches. On an H200 inside
+// CUDA graphs of 20 appends (scripts/kv_append_variants.py, fifty-second session, record
+// catalog/probes/kv_append_programmatic_H200.json) that took 0.45-0.54 us off each call; launched
+// plainly the two instructions cost nothing measurable (-0.02 to +0.04 us against d2e0e1b's).
+//
 // The cache's form and layout are the kernel's constants, the rest of its description is read
 // at run time (the kind and hnd parameters are then unused): the branches on them, and the
 // addressing of the forms not taken, leave the store's dependent chain. On an H200

@@ -196,7 +196,9 @@ class KvAppendNvrtc(_KvCacheSku, SkuImpl[KvAppendDescriptor]):
             guarantee=_guarantee(COPY_BOUND),
             description="One launch writes every sequence's new keys and values at their "
                         "positions, 16 bytes a thread; positions outside a sequence's capacity "
-                        "or pages outside the pool are skipped.")
+                        "or pages outside the pool are skipped. On sm_90 it launches as a "
+                        "programmatic dependent of the stream's previous kernel: it may start "
+                        "while that kernel ends and waits for it before its first load.")
 
     def check_args(self, desc: KvAppendDescriptor, args: BoundArgs) -> None:
         _expect_dense_cache(desc, args)
