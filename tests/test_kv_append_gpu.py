@@ -224,66 +224,88 @@ def test_an_unusable_cache_address_skips_its_sequence_unchecked(layout):
     assert raised.value.argument == "k_cache"
 
 
-@pytest.mark.parametrize("second", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
+# A kernel that lets its programmatic dependents launch at once, spins for spin_ns, then writes
+# k_new, v_new and seq_lens: a kernel after it that read them before waiting for it (as a
+# programmatic dependent that skipped griddepcontrol.wait would) reads them unwritten.
+LATE_WRITER = r"""
+extern "C" __global__ void write_late(const int4* k_src, int4* k_dst, const int4* v_src,
+                                      int4* v_dst, int vectors, const int* len_src, int* len_dst,
+                                      int sequences, unsigned long long spin_ns) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < spin_ns);
+    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+        k_dst[i] = k_src[i];
+        v_dst[i] = v_src[i];
+    }
+    for (int i = threadIdx.x; i < sequences; i += blockDim.x) len_dst[i] = len_src[i];
+}
+"""
+
+
+@pytest.mark.parametrize("cache", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
                          ids=lambda c: c.id)
-def test_an_append_reading_the_previous_appends_tokens_waits_for_them(second):
+def test_an_append_waits_for_the_kernel_before_it(cache):
     """kv_append launches as a programmatic dependent of the stream's previous kernel (sm_90 and
-    newer): it may start before that kernel ends, and must wait for it before its first load.
-    Here the second of two chained appends reads its new tokens out of the cache the first just
-    wrote (a strided view of it), in a CUDA graph that also holds the kernel making the first's
-    tokens and a copy of its seq_lens (a memcpy node before a programmatic launch). Had the
-    second read before the first's stores landed, the tokens it wrote would be the previous
-    replay's. 24 replays, each with new tokens and new positions for the second."""
-    b, cap, position = 8, 64, 37
-    first_desc = _descriptor(Cache("contiguous"), "bf16", cap, b)
-    first = make_problem(first_desc, [position] * b, seed=30)
-    second_desc = _descriptor(second, "bf16", cap, b)
-    target = make_problem(second_desc, np.full(b, 10), seed=31)
-    source = torch.empty((b, 1, first_desc.heads_kv, first_desc.head_dim), device="cuda")
-    k_made, v_made = (torch.empty(source.shape, dtype=torch.bfloat16, device="cuda")
-                      for _ in range(2))
-    lengths = torch.full((b,), position + 1, dtype=torch.int32, device="cuda")
-    # The second append's new tokens: the first cache's slots at `position`.
-    read = slice(position, position + 1)
-    k_read, v_read = first.k_cache[:, read], first.v_cache[:, read]
-    assert not k_read.is_contiguous()
-    plans = [KvAppendPlan.select(_append_descriptor(d, 1), device=0)
-             for d in (first_desc, second_desc)]
-    arguments = [KvAppendArgs(k_made, v_made, first.k_cache, first.v_cache, first.seq_lens),
-                 KvAppendArgs(k_read, v_read, target.k_cache, target.v_cache, target.seq_lens,
-                              target.page_table)]
+    newer) and must wait for it before its first load. The kernel before it here lets it launch
+    at once, then spends 20 us before writing k_new, v_new and seq_lens: an append that read
+    them early would write the previous round's tokens at the previous round's positions. Its
+    first call launches directly, then the pair is captured in a CUDA graph and replayed 8
+    times, each round with new tokens and new positions."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90 (kv_append launches plainly)")
+    import cupy
+
+    b, cap = 8, 64
+    desc = _descriptor(cache, "bf16", cap, b)
+    problem = make_problem(desc, np.full(b, 10), seed=30)
+    shape = (b, 1, desc.heads_kv, desc.head_dim)
+    k_new, v_new, k_src, v_src = (torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+                                  for _ in range(4))
+    positions = torch.empty(b, dtype=torch.int32, device="cuda")
+    writer = cupy.RawModule(code=LATE_WRITER, options=("-arch=sm_90",)).get_function("write_late")
+    plan = KvAppendPlan.select(_append_descriptor(desc, 1), device=0)
+    args = KvAppendArgs(k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens,
+                        problem.page_table)
     rng = np.random.default_rng(32)
 
-    def chain() -> None:
-        k_made.copy_(source)  # a conversion kernel (f32 to bf16)
-        v_made.copy_(-source)
-        first.seq_lens.copy_(lengths)  # a device-to-device memcpy
-        for step in steps:
-            step()
+    def write_then_append(step) -> None:
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        pointers = [np.uint64(t.data_ptr()) for t in (k_src, k_new, v_src, v_new, positions,
+                                                       problem.seq_lens)]
+        writer((1,), (256,), (*pointers[:4], np.int32(k_new.nbytes // 16), *pointers[4:],
+                              np.int32(b), np.uint64(20_000)), stream=stream)
+        step()
 
-    def check(positions: np.ndarray) -> None:
+    def new_round() -> np.ndarray:
+        lengths = rng.integers(1, cap, b, endpoint=True)
+        positions.copy_(torch.tensor(lengths, dtype=torch.int32))
+        k_src.uniform_(-1, 1)
+        v_src.uniform_(-1, 1)
+        return lengths
+
+    def check(lengths: np.ndarray) -> None:
         torch.cuda.synchronize()
-        for s, at in enumerate(positions):
-            k_at, v_at = _slot(target, second_desc, s, int(at) - 1)
-            assert torch.equal(k_at, k_made[s, 0]) and torch.equal(v_at, v_made[s, 0]), s
+        for s, length in enumerate(lengths):
+            k_at, v_at = _slot(problem, desc, s, int(length) - 1)
+            assert torch.equal(k_at, k_src[s, 0]) and torch.equal(v_at, v_src[s, 0]), s
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        steps = [plan.prepare(args) for plan, args in zip(plans, arguments, strict=True)]
-        source.uniform_(-1, 1)
-        positions = rng.integers(1, cap, b, endpoint=True)
-        target.seq_lens.copy_(torch.tensor(positions, dtype=torch.int32))
-        chain()  # direct launches: each step's first call
-        check(positions)
+        step = plan.prepare(args)
+        lengths = new_round()
+        write_then_append(step)  # the step's first call: a direct launch
+        check(lengths)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            chain()
-    for _ in range(24):
-        source.uniform_(-1, 1)
-        positions = rng.integers(1, cap, b, endpoint=True)
-        target.seq_lens.copy_(torch.tensor(positions, dtype=torch.int32))
+            write_then_append(step)
+    for _ in range(8):
+        lengths = new_round()
         graph.replay()
-        check(positions)
+        check(lengths)
 
 
 def _slot(problem, desc, s: int, position: int):
