@@ -71,14 +71,6 @@ __device__ __forceinline__ int load_volatile(const int* p) {
     return v;
 }
 
-// 0, from x: a population count (at most 32) shifted out, in asm, so that the test it joins is
-// made once x is in.
-__device__ __forceinline__ int zero_after(unsigned x) {
-    int zero;
-    asm("{ .reg .b32 n; popc.b32 n, %1; shr.b32 %0, n, 6; }" : "=r"(zero) : "r"(x));
-    return zero;
-}
-
 // The table's entry for position p of sequence s, loaded as the token's bytes are (a volatile
 // load, which ptxas keeps after the token's): for a wrong guess, rare. A plain load there was
 // issued ahead of the token's, after the length's round trip, so the token's came a round trip
@@ -132,7 +124,7 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
     // LDG after the length's test and EXIT), which made the two loads one round trip after the
     // other (kv_append_variants.py's floors, forty-ninth session).
     const uint4 bytes = load16_now(src + (i64)s * sb + (i64)t * st + (i64)g * sh);
-    if (kGuess) len = seq_lens[s];
+    if (kGuess) len = load_volatile(seq_lens + s);
     // pointers: both addresses, loaded with the length whatever it holds
     const i64 k_at = c.kind == 2 ? static_cast<const i64*>(c.k)[s] : 0;
     const i64 v_at = c.kind == 2 ? static_cast<const i64*>(c.v)[s] : 0;
@@ -155,8 +147,7 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
         if (kGuess) {
             // The same position gives the same entry: a right guess's entry is the one to use.
             raw = guess.entry;
-            if ((guess.length ^ len) | zero_after(bytes.x))
-                raw = table_entry_after_token(c, s, write ? pos : 0);
+            if (guess.length != len) raw = table_entry_after_token(c, s, write ? pos : 0);
         } else {
             raw = table_entry(c, s, write ? pos : 0);
         }
