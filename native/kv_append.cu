@@ -31,54 +31,6 @@ __device__ __forceinline__ uint4 load16_now(const void* p) {
     return v;
 }
 
-// A 32-bit load at L2 (ld.global.cg), where the compiler writes it. The guess below is loaded
-// before the wait on the previous kernel, so it must leave no line in L1 that a load after the
-// wait could hit; its check after the wait reads L2 likewise.
-__device__ __forceinline__ int load_at_l2(const int* p) {
-    int v;
-    asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
-// The paged kernels' *_guess builds, which kv_cache.py launches as programmatic dependents of
-// the stream's previous kernel, guess the sequence's length before they wait for that kernel
-// (which may be writing seq_lens: the guess only ever names an address). Their first load after
-// the wait is the table's entry for the guessed position, issued with the length's and the
-// token's, so the store waits on one round trip instead of two; where the length turns out to
-// differ from the guess, the entry is loaded again. Launched plainly, the guess would be a
-// round trip more: the plain builds, which the launches replayed from our own graph take,
-// guess nothing.
-struct Guess {
-    int length;  // the guessed length (any int: garbage lengths are guessed as read)
-    int entry;   // the table's entry at the guessed position, loaded after the wait
-};
-
-__device__ __forceinline__ int guess_length(const int* seq_lens) {
-    return load_at_l2(seq_lens + blockIdx.x);
-}
-
-__device__ __forceinline__ Guess entry_at_guess(const Cache& c, int guessed, int q_len) {
-    const int at = OPFACADE_TOKEN_POSITION(guessed, q_len, (int)blockIdx.y);
-    const bool inside = at >= 0 && at < c.capacity;
-    const i64 row = (i64)blockIdx.x * c.max_pages;
-    return {guessed, load_at_l2(c.table + row + page_index(c, inside ? at : 0))};
-}
-
-// A 32-bit volatile load: kept after the volatile loads written before it.
-__device__ __forceinline__ int load_volatile(const int* p) {
-    int v;
-    asm volatile("ld.volatile.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
-// The table's entry for position p of sequence s, loaded as the token's bytes are (a volatile
-// load, which ptxas keeps after the token's): for a wrong guess, rare. A plain load there was
-// issued ahead of the token's, after the length's round trip, so the token's came a round trip
-// late on every call.
-__device__ __forceinline__ int table_entry_after_token(const Cache& c, int s, int p) {
-    return load_volatile(c.table + ((i64)s * c.max_pages + page_index(c, p)));
-}
-
 // blockDim = (16-byte vectors of one head's key or value, heads per CTA); grid = (sequences,
 // q_len, 2 x head groups): even z the keys of a group of heads, odd z their values. Nothing
 // divides to find a thread's place: this kernel is a few microseconds of latency, and on an
@@ -100,20 +52,17 @@ __device__ __forceinline__ int table_entry_after_token(const Cache& c, int s, in
 // times a page's bytes. The new tokens' strides are 32-bit byte counts (the host holds them
 // below 2^31 bytes), each product widened to 64 bits as it is added (IMAD.WIDE); a sequence's
 // or page's place in a cache is 64-bit.
-template <typename T, bool kGuess>
+template <typename T>
 __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh,
                        const T* __restrict__ v_new, i64 v_sb, i64 v_st, i64 v_sh, const Cache& c,
-                       const int* __restrict__ seq_lens, int q_len, const Guess& guess) {
+                       const int* __restrict__ seq_lens, int q_len) {
     constexpr int kVec = 16 / sizeof(T), kSize = sizeof(T);
     const bool is_key = (blockIdx.z & 1) == 0;
     const int e = threadIdx.x, g = (blockIdx.z >> 1) * blockDim.y + threadIdx.y;
     const int s = blockIdx.x, t = blockIdx.y;
     const int dim = is_key ? c.dim : c.dim_v;
     if (g >= c.heads_kv || e * kVec >= dim) return;
-    // The guess builds load the length at L2 after the token (both in asm, issued as written):
-    // with the plain load first, ptxas put the guess's test on the length ahead of the token's
-    // load, a round trip late.
-    int len = kGuess ? 0 : seq_lens[s];
+    const int len = seq_lens[s];
     const int col = e * kVec;
     const int sb = static_cast<int>(is_key ? k_sb : v_sb) * kSize;
     const int st = static_cast<int>(is_key ? k_st : v_st) * kSize;
@@ -124,7 +73,6 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
     // LDG after the length's test and EXIT), which made the two loads one round trip after the
     // other (kv_append_variants.py's floors, forty-ninth session).
     const uint4 bytes = load16_now(src + (i64)s * sb + (i64)t * st + (i64)g * sh);
-    if (kGuess) len = load_volatile(seq_lens + s);
     // pointers: both addresses, loaded with the length whatever it holds
     const i64 k_at = c.kind == 2 ? static_cast<const i64*>(c.k)[s] : 0;
     const i64 v_at = c.kind == 2 ? static_cast<const i64*>(c.v)[s] : 0;
@@ -143,15 +91,7 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
     bool write = pos >= 0 && pos < c.capacity;
     if (c.kind == 2) write = write & usable_address(k_at) & usable_address(v_at);
     if (c.kind == 1) {
-        int raw;
-        if (kGuess) {
-            // The same position gives the same entry: a right guess's entry is the one to use.
-            raw = guess.entry;
-            if (guess.length != len) raw = table_entry_after_token(c, s, write ? pos : 0);
-        } else {
-            raw = table_entry(c, s, write ? pos : 0);
-        }
-        const int entry = pool_page(c, raw);
+        const int entry = pool_page(c, table_entry(c, s, write ? pos : 0));
         write = write && entry >= 0;
         near += (i64)page_slot(c, pos) * token_bytes;
         near += (i64)max(entry, 0) * (tokens * c.heads_kv * dim * kSize);
@@ -177,43 +117,35 @@ __device__ void append(const T* __restrict__ k_new, i64 k_sb, i64 k_st, i64 k_sh
 // (scripts/kv_append_variants.py, record catalog/probes/kv_append_forms_H200.json) the paged
 // rows went from 0.59-0.64 to 0.66-0.69 of a copy, the contiguous ones from 0.72-0.75 to
 // 0.74-0.78.
-#define OPFACADE_APPEND(NAME, T, KIND, HND, PAGE, GUESS)                                         \
+#define OPFACADE_APPEND(NAME, T, KIND, HND, PAGE)                                                \
     extern "C" __global__ void __launch_bounds__(1024) NAME(                                     \
         const T* k_new, i64 k_sb, i64 k_st, i64 k_sh, const T* v_new, i64 v_sb, i64 v_st,        \
         i64 v_sh, OPFACADE_CACHE_PARAMS, const int* seq_lens, int q_len) {                       \
+        follow_previous_grid(); /* a programmatic dependent */                                   \
         Cache c = OPFACADE_CACHE_ARGS;                                                           \
         c.kind = KIND;                                                                           \
         c.hnd = HND;                                                                             \
         if (PAGE > 0) c.page_size = PAGE;                                                        \
-        const int guessed = GUESS ? guess_length(seq_lens) : 0; /* before the wait */            \
-        follow_previous_grid(); /* a programmatic dependent */                                   \
-        const Guess guess = GUESS ? entry_at_guess(c, guessed, q_len) : Guess{0, 0};             \
-        append<T, GUESS>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, c, seq_lens, q_len,   \
-                         guess);                                                                 \
+        append<T>(k_new, k_sb, k_st, k_sh, v_new, v_sb, v_st, v_sh, c, seq_lens, q_len);         \
     }
-
-// A paged form: its plain build and its *_guess build.
-#define OPFACADE_APPEND_PAGED(NAME, T, HND, PAGE)                                                \
-    OPFACADE_APPEND(NAME, T, 1, HND, PAGE, false)                                                \
-    OPFACADE_APPEND(NAME##_guess, T, 1, HND, PAGE, true)
 
 // The forms as kv_cache.cuh numbers them (decode.py's KINDS), and paged caches again for the
 // usual page sizes (kv_cache.py's APPEND_PAGE_SIZES), each a constant of its kernel: on an H200
 // (scripts/kv_append_variants.py, forty-ninth session, two machines) the kernel with pages of
 // 16 compiled in took 0.04-0.12 us less a call than the one reading the size.
 #define OPFACADE_APPEND_FORMS(SUFFIX, T)                                                         \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_nhd, T, 0, 0, 0, false)                      \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_hnd, T, 0, 1, 0, false)                      \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged_nhd, T, 0, 0)                               \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged_hnd, T, 1, 0)                               \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged16_nhd, T, 0, 16)                            \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged16_hnd, T, 1, 16)                            \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged32_nhd, T, 0, 32)                            \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged32_hnd, T, 1, 32)                            \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged64_nhd, T, 0, 64)                            \
-    OPFACADE_APPEND_PAGED(kv_append_##SUFFIX##_paged64_hnd, T, 1, 64)                            \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_nhd, T, 2, 0, 0, false)                        \
-    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_hnd, T, 2, 1, 0, false)
+    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_nhd, T, 0, 0, 0)                             \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_contiguous_hnd, T, 0, 1, 0)                             \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_nhd, T, 1, 0, 0)                                  \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged_hnd, T, 1, 1, 0)                                  \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged16_nhd, T, 1, 0, 16)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged16_hnd, T, 1, 1, 16)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged32_nhd, T, 1, 0, 32)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged32_hnd, T, 1, 1, 32)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged64_nhd, T, 1, 0, 64)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_paged64_hnd, T, 1, 1, 64)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_nhd, T, 2, 0, 0)                               \
+    OPFACADE_APPEND(kv_append_##SUFFIX##_pointers_hnd, T, 2, 1, 0)
 
 OPFACADE_APPEND_FORMS(f32, float)
 OPFACADE_APPEND_FORMS(f16, f16_t)

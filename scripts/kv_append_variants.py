@@ -15,8 +15,7 @@ Variants:
   shipped plain  the same with plain (not evict-first) loads and stores.
   shipped programmatic  the shipped kernel launched as the product launches it on sm_90 (since
                  the fifty-second session): a programmatic dependent of the stream's previous
-                 kernel, which in a graph of its calls is the call before it; a paged one
-                 guessing its length before the wait. "... no guess": paged, without the guess.
+                 kernel, which in a graph of its calls is the call before it.
   token late     the shipped kernel with its token's load a plain ld.global.lu, which ptxas
                  moves after the length's test (the form before the forty-ninth session's
                  volatile load): what loading the token after the length costs.
@@ -288,17 +287,14 @@ def shares_warps(source: str) -> bool:
     return "is_key = e < key_vecs" in source
 
 
-def kernel_of(loaded, case: AppendCase, guess: bool = False):
+def kernel_of(loaded, case: AppendCase):
     """``loaded``'s bf16 kv_append kernel for ``case``'s cache (nhd): a kernel a cache form
     since the thirty-sixth session (and since the forty-ninth one a usual page size, whose kernel
-    this takes), one for every form before (a --before tree's); ``guess``: a paged cache's build
-    that guesses its length before the wait (fifty-second session)."""
+    this takes), one for every form before (a --before tree's)."""
     import cupy
 
     names = [f"kv_append_bf16_paged{case.page_size}_nhd", "kv_append_bf16_paged_nhd"
              ] if case.paged else ["kv_append_bf16_contiguous_nhd"]
-    if guess and case.paged:
-        names = [f"{names[0]}_guess"]
     for name in [*names, "kv_append_bf16"]:
         try:
             return loaded.get_function(name)
@@ -333,10 +329,7 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
                                 args)
                  for name, streaming in (("shipped", True), ("shipped plain", False))}
         calls["shipped programmatic"] = programmatic_launcher(
-            kernel_of(shipped[True], case, guess=True), grid, block, args)
-        if case.paged:
-            calls["shipped programmatic no guess"] = programmatic_launcher(
-                kernel_of(shipped[True], case), grid, block, args)
+            kernel_of(shipped[True], case), grid, block, args)
         calls["specialized"] = launcher(kernel_of(specialized[True, case.paged], case),
                                         grid, block, args)
         calls["token late"] = launcher(kernel_of(token_late, case), grid, block, args)
@@ -379,8 +372,7 @@ def main(out_path: str | None, trees: dict[str, Path]) -> int:
         copy = functools.partial(dst.copy_, src)
         row = {"case": case.label, "bytes": nbytes}
         reference = None
-        for name in ("shipped", "shipped plain", "shipped programmatic",
-                     "shipped programmatic no guess", "specialized",
+        for name in ("shipped", "shipped plain", "shipped programmatic", "specialized",
                      "specialized heads", "specialized pages", "token late", "any page size",
                      *loaded_trees, "scatter 1 dep", "scatter 2 deps", "split scatter 1 dep",
                      "split scatter 2 deps"):

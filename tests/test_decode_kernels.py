@@ -139,38 +139,26 @@ def test_kv_append_loads_the_token_before_testing_its_length():
     for a paged cache the table): the token's load must be in flight while the length's is, not
     issued after a test of the length. Written with early returns, ptxas placed it after the
     test's EXIT (nvdisasm, forty-ninth session), so the kernel waited on the two loads one after
-    the other; the store is now predicated. No EXIT may lie between the length's load (the first
-    after the wait) and the token's (the 128-bit one). The *_guess builds load their entry at the
-    guessed position first, then the token, then the length: in a form of the fifty-second
-    session whose length came first, ptxas put the test on the length ahead of the token's load,
-    a round trip late."""
+    the other; the store is now predicated. No EXIT may lie between the kernel's first global
+    load and the token's (the 128-bit one)."""
     appends = {name: sass for name, sass in kernel_sass(kv_cache.APPEND_SOURCE).items()
                if name.startswith("kv_append_")}
     assert sorted(appends) == sorted(kv_cache.append_kernel_names(map(ElementKind, ELEMENTS)))
     for name, sass in appends.items():
-        wait = next(i for i, op in enumerate(sass) if op.startswith("ACQBULK"))
-        loads = [i for i, op in enumerate(sass) if re.match(r"LDG\b", op) and i > wait]
+        loads = [i for i, op in enumerate(sass) if re.match(r"LDG\b", op)]
         token = next(i for i in loads if re.match(r"LDG\S*\.128\b", sass[i]))
-        if not name.endswith("_guess"):
-            between = sass[loads[0]:token]
-            assert not [op for op in between if re.search(r"\bEXIT\b|\bBRA\b", op)], (name, between)
-            continue
-        # Issued after the token's, the length cannot be read before the token's load is out.
-        entry, length = loads[0], loads[loads.index(token) + 1]
-        assert entry < token < length, (name, entry, token, length)
-        assert not [op for op in sass[token:length] if re.search(r"\bEXIT\b|\bBRA\b", op)], name
+        between = sass[loads[0]:token]
+        assert not [op for op in between if re.search(r"\bEXIT\b|\bBRA\b", op)], (name, between)
 
 
 @pytest.mark.skipif(nvdisasm() is None, reason="needs nvdisasm (nvidia-cuda-nvdisasm)")
 def test_kv_append_waits_for_the_previous_kernel_before_touching_memory():
     """kv_append launches as a programmatic dependent of the stream's previous kernel, which may
     still be writing its inputs (k_new, seq_lens, the table) or reading the caches: no global
-    load or store may come before its griddepcontrol.wait (SASS ACQBULK), but the guess of the
-    *_guess builds (one 32-bit load at L2, ld.global.cg: SASS LDG.E.STRONG.GPU), which names
-    only an address. ptxas has hoisted non-coherent loads above that wait before
-    (test_no_merge_reads_a_partial_...), and kv_append's inputs are const __restrict__. Its next
-    kernel may launch once it has waited (PREEXIT, griddepcontrol.launch_dependents, after
-    ACQBULK)."""
+    load or store may come before its griddepcontrol.wait (SASS ACQBULK). ptxas has hoisted
+    non-coherent loads above that wait before (test_no_merge_reads_a_partial_...), and
+    kv_append's inputs are const __restrict__. Its next kernel may launch once it has waited
+    (PREEXIT, griddepcontrol.launch_dependents, after ACQBULK)."""
     appends = {name: sass for name, sass in kernel_sass(kv_cache.APPEND_SOURCE).items()
                if name.startswith("kv_append_")}
     assert sorted(appends) == sorted(kv_cache.append_kernel_names(map(ElementKind, ELEMENTS)))
@@ -178,10 +166,7 @@ def test_kv_append_waits_for_the_previous_kernel_before_touching_memory():
         [wait] = [i for i, op in enumerate(sass) if op.startswith("ACQBULK")]
         [let_go] = [i for i, op in enumerate(sass) if op.startswith("PREEXIT")]
         memory = [i for i, op in enumerate(sass) if re.match(r"(LDG|STG|ATOM|RED|LD|ST)\b", op)]
-        before = [sass[i] for i in memory if i < wait]
-        guesses = ["LDG.E.STRONG.GPU"] if name.endswith("_guess") else []
-        assert [op.split(" ")[0] for op in before] == guesses, (name, before)
-        assert wait < let_go < memory[len(before)], (name, sass[:memory[len(before)] + 1])
+        assert wait < let_go < memory[0], (name, sass[:memory[0] + 1])
 
 
 @pytest.mark.parametrize("element", [ElementKind.f32, ElementKind.f16, ElementKind.bf16])
@@ -203,7 +188,7 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     tile = kernels.Tile(8) if element == ElementKind.f32 else kernels.Tile(16, "wg")
     assert names == [tile.kernel(element, 128),
                      f"decode_merge_{element.value}_rows",
-                     f"kv_append_{element.value}_paged16_nhd_guess"]
+                     f"kv_append_{element.value}_paged16_nhd"]
     per_head = 128 * element.itemsize // 16  # 16 bytes a thread of a head's key (or value)
     blocks = {"merge": (kernels.ROWS_THREADS,), "partial": (kernels.THREADS,),
               "kv_append": (per_head, min(8, 1024 // per_head))}
@@ -575,8 +560,7 @@ def test_the_merge_overlaps_the_partial_kernel_from_sm90_only(monkeypatch):
 def test_kv_append_follows_the_previous_kernel_from_sm90_only(monkeypatch, arch, switch,
                                                                follows):
     """On sm_90 and newer kv_append launches as a programmatic dependent of the stream's previous
-    kernel (its launch may overlap that kernel's end), a paged cache's in its *_guess build,
-    unless APPEND_FOLLOWS_PREVIOUS is off."""
+    kernel (its launch may overlap that kernel's end), unless APPEND_FOLLOWS_PREVIOUS is off."""
     launched = _record(monkeypatch)
     monkeypatch.setattr(launching, "device_arch", lambda device: arch)
     monkeypatch.setattr(kv_cache, "APPEND_FOLLOWS_PREVIOUS", switch)
@@ -584,8 +568,7 @@ def test_kv_append_follows_the_previous_kernel_from_sm90_only(monkeypatch, arch,
     kv_cache.append_call(ElementKind.bf16, 0, cache, 4, 1, 0x1000, (8192, 1024, 128), 0x2000,
                          (8192, 1024, 128), 0x3000, 0x4000, 0x5000, 0x6000, 0x7)()
     [(kernel, grid, block, args, shared, overlap)] = launched
-    guess = "_guess" if follows else ""  # the build that guesses its length before the wait
-    assert kernel == f"kv_append_bf16_paged16_nhd{guess}" and overlap is follows
+    assert kernel == "kv_append_bf16_paged16_nhd" and overlap is follows
 
 
 def test_a_capacity_past_the_kernels_int_positions_is_unfit():

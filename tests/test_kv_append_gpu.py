@@ -246,18 +246,15 @@ extern "C" __global__ void write_late(const int4* k_src, int4* k_dst, const int4
 """
 
 
-@pytest.mark.parametrize("late_lengths", [True, False], ids=["lengths_late", "lengths_before"])
 @pytest.mark.parametrize("cache", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
                          ids=lambda c: c.id)
-def test_an_append_waits_for_the_kernel_before_it(cache, late_lengths):
+def test_an_append_waits_for_the_kernel_before_it(cache):
     """kv_append launches as a programmatic dependent of the stream's previous kernel (sm_90 and
     newer) and must wait for it before its first load. The kernel before it here lets it launch
-    at once, then spends 20 us before writing k_new and v_new, and seq_lens too where
-    ``late_lengths``: an append that read them early would write the previous round's tokens at
-    the previous round's positions. A paged append guesses its length before that wait: wrong
-    where the lengths come late, right where a copy wrote them before the kernel. Its first
-    call launches directly, then the pair is captured in a CUDA graph and replayed 8 times,
-    each round with new tokens and new positions."""
+    at once, then spends 20 us before writing k_new, v_new and seq_lens: an append that read
+    them early would write the previous round's tokens at the previous round's positions. Its
+    first call launches directly, then the pair is captured in a CUDA graph and replayed 8
+    times, each round with new tokens and new positions."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90 (kv_append launches plainly)")
     import cupy
@@ -279,11 +276,8 @@ def test_an_append_waits_for_the_kernel_before_it(cache, late_lengths):
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         pointers = [np.uint64(t.data_ptr()) for t in (k_src, k_new, v_src, v_new, positions,
                                                        problem.seq_lens)]
-        if not late_lengths:
-            problem.seq_lens.copy_(positions)
         writer((1,), (256,), (*pointers[:4], np.int32(k_new.nbytes // 16), *pointers[4:],
-                              np.int32(b if late_lengths else 0), np.uint64(20_000)),
-               stream=stream)
+                              np.int32(b), np.uint64(20_000)), stream=stream)
         step()
 
     def new_round() -> np.ndarray:

@@ -75,47 +75,36 @@ def append_call(element: ElementKind, device: int, cache: DecodeCache, sequences
     """One launch writing every sequence's new tokens (strides in elements: batch, token,
     head, each below 2^31 bytes): a CTA per (sequence, token, group of kv heads, key or value),
     a thread per 16 bytes of a head's key or value (native/kv_append.cu)."""
+    kernel = get_kernel(APPEND_SOURCE, append_kernel(element, cache), device)
     args = (np.uint64(k_new), *(np.int64(x) for x in k_strides), np.uint64(v_new),
             *(np.int64(x) for x in v_strides), *cache.args(k, v, table), np.uint64(seq_lens),
             np.int32(q_len))
     follows = APPEND_FOLLOWS_PREVIOUS and programmatic(device)
-    shape = append_shape(cache, element, sequences, q_len)
-
-    def launches(on: int) -> list[Callable[[], None]]:
-        # A launch on the caller's stream follows its previous kernel, a paged one in the build
-        # that guesses its length before waiting for that kernel (native/kv_append.cu). The
-        # launch replayed from our own graph is that graph's first node, with nothing before it
-        # to follow: the plain build, launched plainly.
-        direct = follows and on == stream
-        kernel = get_kernel(APPEND_SOURCE, append_kernel(element, cache, guess=direct), device)
-        return [PackedLaunch(kernel, *shape, args, on, device, overlap_previous=direct)]
-
-    return GraphedLaunches(launches, stream, device)
+    return GraphedLaunches(lambda on: [PackedLaunch(
+        kernel, *append_shape(cache, element, sequences, q_len), args, on, device,
+        overlap_previous=follows)], stream, device)
 
 
-def append_kernel(element: ElementKind, cache: DecodeCache, guess: bool = False) -> str:
+def append_kernel(element: ElementKind, cache: DecodeCache) -> str:
     """kv_append's kernel for this element type and cache: one a form and layout, whose
-    addressing is compiled in, and for the usual page sizes one with the size compiled in too;
-    ``guess``: for a paged cache, the build that guesses its length before waiting for the
-    previous kernel, for programmatic launches (native/kv_append.cu)."""
+    addressing is compiled in, and for the usual page sizes one with the size compiled in too
+    (native/kv_append.cu)."""
     form = cache.kind
     if form == "paged" and cache.page_size in APPEND_PAGE_SIZES:
         form = f"paged{cache.page_size}"
-    return _append_name(element, form, cache.hnd, guess and cache.kind == "paged")
+    return _append_name(element, form, cache.hnd)
 
 
 def append_kernel_names(elements: Iterable[ElementKind]) -> list[str]:
     """Every kernel append_kernel may name for these element types."""
     forms = [*KINDS, *(f"paged{size}" for size in APPEND_PAGE_SIZES)]
-    return [_append_name(element, form, hnd, guess) for element in elements for form in forms
-            for hnd in (False, True) for guess in (False, True)
-            if form.startswith("paged") or not guess]
+    return [_append_name(element, form, hnd) for element in elements for form in forms
+            for hnd in (False, True)]
 
 
-def _append_name(element: ElementKind, form: str, hnd: bool, guess: bool) -> str:
-    # native/kv_append.cu's OPFACADE_APPEND_FORMS: kv_append_<T>_<form>_<layout>[_guess]
-    layout = "hnd" if hnd else "nhd"
-    return f"kv_append_{element.value}_{form}_{layout}{'_guess' if guess else ''}"
+def _append_name(element: ElementKind, form: str, hnd: bool) -> str:
+    # native/kv_append.cu's OPFACADE_APPEND_FORMS: kv_append_<T>_<form>_<layout>
+    return f"kv_append_{element.value}_{form}_{'hnd' if hnd else 'nhd'}"
 
 
 def append_shape(cache: DecodeCache, element: ElementKind, sequences: int, q_len: int
