@@ -1,8 +1,9 @@
 """Whether tests/test_kv_append_gpu.py's test of kv_append's programmatic launch can fail: runs
-``test_an_append_waits_for_the_kernel_before_it`` on both of its caches ``N`` times, with
-kv_append.cu as shipped or (``--mutant``) compiled with its ``follow_previous_grid`` taken out
-while still launched as a programmatic dependent. Each form runs in a process of its own (the
-kernels are cached per process). The shipped kernel must pass every time, the mutant fail.
+``test_an_append_waits_for_the_kernel_before_it`` on both of its caches ``N`` times (the writer
+on the append's own stream), with kv_append.cu as shipped or (``--mutant``) compiled with its
+``follow_previous_grid`` taken out while still launched as a programmatic dependent. Each form
+runs in a process of its own (the kernels are cached per process). The shipped kernel must pass
+every time, the mutant fail.
 
     python3 scripts/kv_append_wait_mutant.py N [--mutant]
 """
@@ -38,7 +39,7 @@ def main(trials: int) -> int:
     for _ in range(trials):
         for cache in (Cache("paged", "nhd", 16), Cache("contiguous", "hnd")):
             try:
-                tests.test_an_append_waits_for_the_kernel_before_it(cache)
+                tests.test_an_append_waits_for_the_kernel_before_it(cache, "same")
             except AssertionError as error:
                 failures += 1
                 print("failed", cache.id, str(error)[:120].replace("\n", " "))

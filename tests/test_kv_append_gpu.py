@@ -246,15 +246,19 @@ extern "C" __global__ void write_late(const int4* k_src, int4* k_dst, const int4
 """
 
 
+@pytest.mark.parametrize("writer_stream", ["same", "side"])
 @pytest.mark.parametrize("cache", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
                          ids=lambda c: c.id)
-def test_an_append_waits_for_the_kernel_before_it(cache):
+def test_an_append_waits_for_the_kernel_before_it(cache, writer_stream):
     """kv_append launches as a programmatic dependent of the stream's previous kernel (sm_90 and
     newer) and must wait for it before its first load. The kernel before it here lets it launch
     at once, then spends 20 us before writing k_new, v_new and seq_lens: an append that read
-    them early would write the previous round's tokens at the previous round's positions. Its
-    first call launches directly, then the pair is captured in a CUDA graph and replayed 8
-    times, each round with new tokens and new positions."""
+    them early would write the previous round's tokens at the previous round's positions. With
+    ``writer_stream`` "side" that kernel runs on another stream, which the append's stream
+    waits for (an event): the programmatic launch relaxes the order after a kernel of its own
+    stream only, and a multi-stream caller's join must still hold. Its first call launches
+    directly, then the whole is captured in a CUDA graph and replayed 8 times, each round with
+    new tokens and new positions."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90 (kv_append launches plainly)")
     import cupy
@@ -272,12 +276,23 @@ def test_an_append_waits_for_the_kernel_before_it(cache):
                         problem.page_table)
     rng = np.random.default_rng(32)
 
-    def write_then_append(step) -> None:
+    side = torch.cuda.Stream()
+
+    def write_late() -> None:
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         pointers = [np.uint64(t.data_ptr()) for t in (k_src, k_new, v_src, v_new, positions,
                                                        problem.seq_lens)]
         writer((1,), (256,), (*pointers[:4], np.int32(k_new.nbytes // 16), *pointers[4:],
                               np.int32(b), np.uint64(20_000)), stream=stream)
+
+    def write_then_append(step) -> None:
+        if writer_stream == "same":
+            write_late()
+        else:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                write_late()
+            torch.cuda.current_stream().wait_stream(side)
         step()
 
     def new_round() -> np.ndarray:
