@@ -64,6 +64,7 @@ from opfacade._backends.nvrtc.kv_cache import DecodeCache, append_shape
 from opfacade._backends.nvrtc.launch import PackedLaunch
 from opfacade._bench.graph_timing import MAX_REPLAY_ROUNDS, time_in_cuda_graphs
 from opfacade._bench.kv_append import AppendCase, append_problem, cases
+from opfacade._internal.streams import cupy_stream
 from opfacade.types import ArchSku, ElementKind
 
 FLOOR_SOURCE = r"""
@@ -178,10 +179,8 @@ def case_args(case: AppendCase, p) -> tuple:
 
 
 def launcher(function, grid, block, args):
-    import cupy
-
     def call() -> None:
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        stream = cupy_stream(torch.cuda.current_stream().cuda_stream, torch.cuda.current_device())
         function(grid, block, args, stream=stream)
 
     return call

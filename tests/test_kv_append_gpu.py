@@ -263,6 +263,8 @@ def test_an_append_waits_for_the_kernel_before_it(cache, writer_stream):
         pytest.skip("programmatic dependent launch needs sm_90 (kv_append launches plainly)")
     import cupy
 
+    from opfacade._internal.streams import cupy_stream
+
     b, cap = 8, 64
     desc = _descriptor(cache, "bf16", cap, b)
     problem = make_problem(desc, np.full(b, 10), seed=30)
@@ -279,7 +281,7 @@ def test_an_append_waits_for_the_kernel_before_it(cache, writer_stream):
     side = torch.cuda.Stream()
 
     def write_late() -> None:
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        stream = cupy_stream(torch.cuda.current_stream().cuda_stream, 0)
         pointers = [np.uint64(t.data_ptr()) for t in (k_src, k_new, v_src, v_new, positions,
                                                        problem.seq_lens)]
         writer((1,), (256,), (*pointers[:4], np.int32(k_new.nbytes // 16), *pointers[4:],
