@@ -1,7 +1,8 @@
 // What decode_attention.cu's partial kernels (its CUDA-core tiles and decode_mma.cuh's tensor-core
 // tile) and its merge (decode_merge.cuh) share: the chunk, the workspace's layout, positions, the
-// chunks no row sees, and each key's row offset. The
-// includer defines OPFACADE_STREAMING before this file (kv_cache.cuh's evict-first loads).
+// chunks no row sees, and each key's row offset (the programmatic launch's helpers are
+// common.cuh's). The includer defines OPFACADE_STREAMING before this file (kv_cache.cuh's
+// evict-first loads).
 #pragma once
 #include "kv_cache.cuh"
 

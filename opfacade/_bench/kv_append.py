@@ -237,12 +237,12 @@ def _row(torch, case: AppendCase, reps: int) -> BenchRow:
     notes.append(step_host_note(run_call, step, replay_floor(torch)))
     timings, copy_ms, how = take_out(time_contestants(
         {"ours": run_call, **fns, COPY: _copy_call(torch, written)}, reps), COPY)
-    timings, plain_ms, _ = take_out(timings, PLAIN)
+    timings, plain_ms, plain_how = take_out(timings, PLAIN)
     notes.append(f"copy of {written} B: {copy_ms * 1e3:.2f} us per call {how}, timed beside "
                  "the contestants")
     notes.append(f"ours launches as a programmatic dependent of the stream's previous kernel, "
                  f"which a CUDA graph of our calls overlaps (the copy's calls never): launched "
-                 f"plainly, {plain_ms * 1e3:.2f} us per call {how}")
+                 f"plainly, {plain_ms * 1e3:.2f} us per call {plain_how}")
 
     def figure(ms: float) -> str:
         return (f"{written / ms / 1e6:.0f} GB/s written, {copy_ms / ms:.1%} of copy "
