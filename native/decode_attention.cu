@@ -33,14 +33,15 @@
 // [0, capacity]). It sees keys p with p <= pos and, with a window, p >= pos - left; pos < 0
 // sees none (out 0, lse -inf).
 //
-// The merge is launched as a programmatic dependent of the partial kernel (sm_90, decode.py):
-// the partial's CTAs let it launch as soon as they start, so the merge's CTAs are resident when
-// the last partial ends, and each waits (griddepcontrol.wait: the partial grid complete, its
-// writes visible) before it reads a partial. The merge reads seq_lens before that wait, which is
-// sound because the partial kernel launches plainly, after every kernel before it has completed:
-// it is not itself a programmatic dependent. The merge lets the stream's next kernel launch as it
-// starts (kv_append, or a caller's kernel launched so, waits for it). Without the launch
-// attribute these are no-ops (common.cuh).
+// Both kernels launch as programmatic dependents (sm_90, decode.py). The partial kernel follows
+// the stream's previous kernel (kv_append, the step before's merge, a caller's kernel): each CTA
+// first waits for that grid (follow_previous_grid: griddepcontrol.wait, complete and its writes
+// visible), then lets the merge launch. So the merge's CTAs are resident when the last partial
+// ends, and each waits for the partial grid before it reads a partial. The merge reads seq_lens
+// before that wait: sound, because it launches only once every partial CTA has let it, which
+// each does after its own wait, so the kernel before the step has completed by then. The merge
+// lets the stream's next kernel launch as it starts (kv_append, or a caller's kernel launched
+// so, waits for it). Without the launch attribute these are no-ops (common.cuh).
 //
 // K and V are read once per step: their 16-byte loads carry a streaming cache hint
 // (common.cuh's load16). The evict-first hint read at 95% of a device copy on an H100 against
@@ -412,7 +413,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
         kThreads, OPFACADE_MIN_BLOCKS(R, (Row<T, D>::kPerLane)))                                 \
         decode_partial_##SUFFIX##_##D##_##R(                                                     \
         OPFACADE_PARTIAL_PARAMS(T)) {                                                            \
-        let_dependents_launch();                                                                 \
+        follow_previous_grid();  /* a programmatic dependent */                                  \
         partial<T, D, R, false>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,      \
                                 ws_ml, q_len, group, tiles, chunks, scale, left, 1);             \
     }
@@ -422,7 +423,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     extern "C" __global__ void __launch_bounds__(                                                \
         kThreads, OPFACADE_MIN_BLOCKS(4, (Row<T, D>::kPerLane)))                                 \
         decode_partial_##SUFFIX##_##D##_4_spans(OPFACADE_PARTIAL_PARAMS(T), int span) {          \
-        let_dependents_launch();                                                                 \
+        follow_previous_grid();  /* a programmatic dependent */                                  \
         partial<T, D, 4, true>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,       \
                                ws_ml, q_len, group, tiles, chunks, scale, left, span);           \
     }
@@ -432,7 +433,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_PARTIAL_MMA(SUFFIX, T, D, STAGES, BUILD)                                        \
     extern "C" __global__ void __launch_bounds__(kThreads, OPFACADE_MMA_MIN_BLOCKS)              \
         decode_partial_##SUFFIX##_##D##_16##BUILD(OPFACADE_PARTIAL_PARAMS(T)) {                  \
-        let_dependents_launch();                                                                 \
+        follow_previous_grid();  /* a programmatic dependent */                                  \
         partial_mma<T, D, STAGES>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,    \
                                   ws_ml, q_len, group, tiles, chunks, scale, left);              \
     }
@@ -444,7 +445,7 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 #define OPFACADE_PARTIAL_KQ(SUFFIX, T, D, R, BLOCKS)                                             \
     extern "C" __global__ void __launch_bounds__(kThreads, BLOCKS)                               \
         decode_partial_##SUFFIX##_##D##_##R##kq_b##BLOCKS(OPFACADE_PARTIAL_PARAMS(T)) {          \
-        let_dependents_launch();                                                                 \
+        follow_previous_grid();  /* a programmatic dependent */                                  \
         partial_kq<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,   \
                             q_len, group, tiles, chunks, scale, left);                           \
     }

@@ -488,14 +488,14 @@ __device__ void partial_wg(const T*, i64, i64, i64, const Cache&, const int*, fl
 #define OPFACADE_PARTIAL_WG(SUFFIX, T, R)                                                        \
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                    \
         decode_partial_##SUFFIX##_128_##R##wg(OPFACADE_PARTIAL_PARAMS(T)) {                      \
-        let_dependents_launch();                                                                 \
+        follow_previous_grid();  /* a programmatic dependent */                                  \
         partial_wg<T, kWgDim, R, false>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens,      \
                                         ws_acc, ws_ml, q_len, group, tiles, chunks, scale, left, \
                                         1);                                                      \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(kThreads, 2)                                    \
         decode_partial_##SUFFIX##_128_##R##wg_spans(OPFACADE_PARTIAL_PARAMS(T), int span) {      \
-        let_dependents_launch();                                                                 \
+        follow_previous_grid();  /* a programmatic dependent */                                  \
         partial_wg<T, kWgDim, R, true>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens,       \
                                        ws_acc, ws_ml, q_len, group, tiles, chunks, scale, left,  \
                                        span);                                                    \

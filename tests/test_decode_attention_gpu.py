@@ -601,6 +601,118 @@ def test_split_steps_share_their_callers_side_stream_and_keep_their_bits(monkeyp
     assert stream_fork.SIDE_STREAMS.peek((0, other.cuda_stream)) not in (None, side)
 
 
+# A kernel that lets its programmatic dependents launch at once, spins for spin_ns, then copies
+# each source buffer into its destination (int4 vectors; a pair with no vectors is skipped): a
+# kernel after it that read a destination before waiting for it (as a programmatic dependent
+# that skipped griddepcontrol.wait would) reads it unwritten.
+LATE_WRITER = r"""
+extern "C" __global__ void write_late(const int4* a_src, int4* a_dst, long long a_vectors,
+                                      const int4* b_src, int4* b_dst, long long b_vectors,
+                                      const int4* c_src, int4* c_dst, long long c_vectors,
+                                      unsigned long long spin_ns) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < spin_ns);
+    for (long long i = threadIdx.x; i < a_vectors; i += blockDim.x) a_dst[i] = a_src[i];
+    for (long long i = threadIdx.x; i < b_vectors; i += blockDim.x) b_dst[i] = b_src[i];
+    for (long long i = threadIdx.x; i < c_vectors; i += blockDim.x) c_dst[i] = c_src[i];
+}
+"""
+
+
+def write_late(pairs, side=None, spin_ns: int = 20_000) -> None:
+    """Launches LATE_WRITER for up to three (source, destination) tensor pairs of whole 16-byte
+    vectors on the current stream, or with ``side`` on that stream, joined to the current one
+    both ways (events): a multi-stream caller's order."""
+    import cupy
+
+    from opfacade._internal.streams import cupy_stream
+
+    writer = cupy.RawModule(code=LATE_WRITER, options=("-arch=sm_90",)).get_function("write_late")
+    args = []
+    for source, destination in [*pairs, *[(None, None)] * (3 - len(pairs))]:
+        if source is None:
+            args += [np.uint64(0), np.uint64(0), np.int64(0)]
+            continue
+        assert source.nbytes == destination.nbytes and source.nbytes % 16 == 0
+        args += [np.uint64(source.data_ptr()), np.uint64(destination.data_ptr()),
+                 np.int64(source.nbytes // 16)]
+    caller = torch.cuda.current_stream()
+    if side is not None:
+        side.wait_stream(caller)
+    on = side or caller
+    writer((1,), (256,), (*args, np.uint64(spin_ns)), stream=cupy_stream(on.cuda_stream, 0))
+    if side is not None:
+        caller.wait_stream(side)
+
+
+@pytest.mark.parametrize("writer_stream", ["same", "side"])
+@pytest.mark.parametrize("q_len", [1, 4])  # 4 heads a kv head: the kq tile; 16 rows: wgmma's
+@pytest.mark.parametrize("cache", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
+                         ids=lambda c: c.id)
+def test_a_decode_step_waits_for_the_kernel_before_it(cache, q_len, writer_stream):
+    """The partial kernel launches as a programmatic dependent of the stream's previous kernel
+    (sm_90 and newer), and the merge reads seq_lens before its own wait: both must read after
+    that kernel. The kernel before the step here lets it launch at once, then spends 20 us
+    before writing q, the seq_lens (new lengths every round) and the page table: a step that
+    read any of them early would attend with last round's query over last round's keys. The
+    writer runs on the step's stream or on a side stream joined by events. The step's first
+    call launches directly; then the writer and the step are captured in a CUDA graph and
+    replayed 8 times. Each round's output must be bitwise what the same plan gives when run
+    alone after a synchronize."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90 (decode launches plainly)")
+    b, cap = 8, 3 * CHUNK + 40
+    desc = _descriptor(cache, "bf16", cap, b, heads_q=32, heads_kv=8, head_dim=128, q_len=q_len)
+    plan = DecodeAttentionPlan.select(desc, INVARIANT, device=0)
+    problem = make_problem(desc, [cap] * b, seed=40)
+    args = problem.args()
+    q_src, len_src = torch.empty_like(problem.q), torch.empty_like(problem.seq_lens)
+    table_src = None if problem.page_table is None else torch.empty_like(problem.page_table)
+    pairs = [(q_src, problem.q), (len_src, problem.seq_lens)]
+    if table_src is not None:
+        pairs.append((table_src, problem.page_table))
+    side = torch.cuda.Stream()
+    rng = np.random.default_rng(41)
+
+    def new_round() -> None:
+        lengths = rng.integers(0, cap, b, endpoint=True)
+        lengths[rng.integers(b)] = cap  # one full sequence: every chunk of the cache
+        len_src.copy_(torch.tensor(lengths, dtype=torch.int32))
+        q_src.uniform_(-1, 1)
+        if table_src is not None:  # the sequences' rows, in another order
+            table_src.copy_(problem.page_table[torch.tensor(rng.permutation(b), device="cuda")])
+
+    def write_then_step(step) -> None:
+        write_late(pairs, side if writer_stream == "side" else None)
+        step()
+
+    def check() -> None:
+        torch.cuda.synchronize()
+        out, lse = args.out.clone(), args.lse.clone()
+        args.out.fill_(float("nan"))
+        plan.run(args)  # q, seq_lens and the table now hold this round's values
+        torch.cuda.synchronize()
+        assert torch.equal(out, args.out) and torch.equal(lse, args.lse)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        step = plan.prepare(args)
+        new_round()
+        write_then_step(step)  # the step's first call: a direct launch
+        check()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            write_then_step(step)
+    for _ in range(8):
+        new_round()
+        graph.replay()
+        check()
+
+
 @pytest.mark.parametrize(("cache", "lengths", "table_fix", "argument", "message"), [
     (Cache("contiguous"), [5, 9000, 3], None, "seq_lens", r"seq_lens\[1\] = 9000"),
     (Cache("contiguous"), [5, -2, 3], None, "seq_lens", r"seq_lens\[1\] = -2"),

@@ -151,21 +151,35 @@ def test_kv_append_loads_the_token_before_testing_its_length():
         assert not [op for op in between if re.search(r"\bEXIT\b|\bBRA\b", op)], (name, between)
 
 
+def _followers() -> dict[str, set[str]]:
+    """The kernels that launch as programmatic dependents of the stream's previous kernel, by
+    their source: kv_append and every decode partial kernel."""
+    partials = {name for source in (kernels.SOURCE, kernels.WG_SOURCE)
+                for name in kernel_parameters(source) if name.startswith("decode_partial_")}
+    return {kv_cache.APPEND_SOURCE: set(kv_cache.append_kernel_names(map(ElementKind, ELEMENTS))),
+            kernels.SOURCE: {n for n in partials if not n.endswith(("wg", "wg_spans"))},
+            kernels.WG_SOURCE: {n for n in partials if n.endswith(("wg", "wg_spans"))}}
+
+
 @pytest.mark.skipif(nvdisasm() is None, reason="needs nvdisasm (nvidia-cuda-nvdisasm)")
-def test_kv_append_waits_for_the_previous_kernel_before_touching_memory():
-    """kv_append launches as a programmatic dependent of the stream's previous kernel, which may
-    still be writing its inputs (k_new, seq_lens, the table) or reading the caches: no global
-    load or store may come before its griddepcontrol.wait (SASS ACQBULK). ptxas has hoisted
-    non-coherent loads above that wait before (test_no_merge_reads_a_partial_...), and
-    kv_append's inputs are const __restrict__. Its next kernel may launch once it has waited
-    (PREEXIT, griddepcontrol.launch_dependents, after ACQBULK)."""
-    appends = {name: sass for name, sass in kernel_sass(kv_cache.APPEND_SOURCE).items()
-               if name.startswith("kv_append_")}
-    assert sorted(appends) == sorted(kv_cache.append_kernel_names(map(ElementKind, ELEMENTS)))
-    for name, sass in appends.items():
+@pytest.mark.parametrize("source", [kv_cache.APPEND_SOURCE, kernels.SOURCE, kernels.WG_SOURCE])
+def test_a_follower_waits_for_the_previous_kernel_before_touching_memory(source):
+    """kv_append and the decode partial kernels launch as programmatic dependents of the
+    stream's previous kernel, which may still be writing their inputs (q, k_new, seq_lens, the
+    table, the caches) or reading what they write: no global load, copy or store may come
+    before the kernel's griddepcontrol.wait (SASS ACQBULK). ptxas has hoisted non-coherent
+    loads above that wait before (test_no_merge_reads_a_partial_...), and these kernels' inputs
+    are const __restrict__. The next kernel (the merge, or whatever follows kv_append) may
+    launch once the kernel has waited (PREEXIT, griddepcontrol.launch_dependents, after
+    ACQBULK): the merge reads seq_lens before its own wait, sound only in that order."""
+    expected = _followers()[source]
+    followers = {name: sass for name, sass in kernel_sass(source).items() if name in expected}
+    assert sorted(followers) == sorted(expected)
+    for name, sass in followers.items():
         [wait] = [i for i, op in enumerate(sass) if op.startswith("ACQBULK")]
         [let_go] = [i for i, op in enumerate(sass) if op.startswith("PREEXIT")]
-        memory = [i for i, op in enumerate(sass) if re.match(r"(LDG|STG|ATOM|RED|LD|ST)\b", op)]
+        memory = [i for i, op in enumerate(sass)
+                  if re.match(r"(LDG|LDGSTS|STG|ATOM|RED|LD|ST|UTMALDG|UBLKCP)\b", op)]
         assert wait < let_go < memory[0], (name, sass[:memory[0] + 1])
 
 
@@ -201,9 +215,9 @@ def test_a_paged_step_packs_each_kernels_parameters(monkeypatch, signatures, ele
     # The rows merge (in place of the 64-thread one, up to 16 chunks): 5 x 32 x 4 rows, 4 a CTA
     # at Dv 128.
     assert launched[1][1] == (5 * 32 * 4 // 4, 1, 1)
-    # The merge launches while the partial ends, and kv_append while the kernel before it (here
-    # the merge) ends; the partial launches plainly (the merge reads seq_lens before its wait).
-    assert [overlaps for *_, overlaps in launched] == [False, True, True]
+    # Each launches while the kernel before it ends: the partial kernel the stream's previous
+    # one, the merge the partial kernel, kv_append the merge.
+    assert [overlaps for *_, overlaps in launched] == [True, True, True]
     # A CTA per (sequence, new token, group of kv heads, key or value): 8 heads fit 1024
     # threads at d 128.
     assert launched[2][1] == (5, 4, 2)
@@ -550,8 +564,11 @@ def test_the_merge_overlaps_the_partial_kernel_from_sm90_only(monkeypatch):
                            (ArchSku.sm100, True)):
         monkeypatch.setattr(launching, "device_arch", lambda device, arch=arch: arch)
         assert kernels.overlaps_merge(0) is overlaps
+        assert kernels.partial_follows_previous(0) is overlaps
     monkeypatch.setattr(kernels, "OVERLAP_MERGE", False)
     assert kernels.overlaps_merge(0) is False
+    monkeypatch.setattr(kernels, "PARTIAL_FOLLOWS_PREVIOUS", False)
+    assert kernels.partial_follows_previous(0) is False
 
 
 @pytest.mark.parametrize(("arch", "switch", "follows"), [

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_decode_attention_gpu import DTYPES, Cache, _descriptor, captured_step, make_problem
+from test_decode_attention_gpu import (
+    DTYPES,
+    Cache,
+    _descriptor,
+    captured_step,
+    make_problem,
+    write_late,
+)
 
 from opfacade import KvAppendArgs, KvAppendDescriptor, KvAppendPlan
 from opfacade.errors import InvalidArgument, LayoutMismatch
@@ -224,28 +231,6 @@ def test_an_unusable_cache_address_skips_its_sequence_unchecked(layout):
     assert raised.value.argument == "k_cache"
 
 
-# A kernel that lets its programmatic dependents launch at once, spins for spin_ns, then writes
-# k_new, v_new and seq_lens: a kernel after it that read them before waiting for it (as a
-# programmatic dependent that skipped griddepcontrol.wait would) reads them unwritten.
-LATE_WRITER = r"""
-extern "C" __global__ void write_late(const int4* k_src, int4* k_dst, const int4* v_src,
-                                      int4* v_dst, int vectors, const int* len_src, int* len_dst,
-                                      int sequences, unsigned long long spin_ns) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while (now - start < spin_ns);
-    for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
-        k_dst[i] = k_src[i];
-        v_dst[i] = v_src[i];
-    }
-    for (int i = threadIdx.x; i < sequences; i += blockDim.x) len_dst[i] = len_src[i];
-}
-"""
-
-
 @pytest.mark.parametrize("writer_stream", ["same", "side"])
 @pytest.mark.parametrize("cache", [Cache("paged", "nhd", 16), Cache("contiguous", "hnd")],
                          ids=lambda c: c.id)
@@ -261,10 +246,6 @@ def test_an_append_waits_for_the_kernel_before_it(cache, writer_stream):
     new tokens and new positions."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90 (kv_append launches plainly)")
-    import cupy
-
-    from opfacade._internal.streams import cupy_stream
-
     b, cap = 8, 64
     desc = _descriptor(cache, "bf16", cap, b)
     problem = make_problem(desc, np.full(b, 10), seed=30)
@@ -272,7 +253,6 @@ def test_an_append_waits_for_the_kernel_before_it(cache, writer_stream):
     k_new, v_new, k_src, v_src = (torch.empty(shape, dtype=torch.bfloat16, device="cuda")
                                   for _ in range(4))
     positions = torch.empty(b, dtype=torch.int32, device="cuda")
-    writer = cupy.RawModule(code=LATE_WRITER, options=("-arch=sm_90",)).get_function("write_late")
     plan = KvAppendPlan.select(_append_descriptor(desc, 1), device=0)
     args = KvAppendArgs(k_new, v_new, problem.k_cache, problem.v_cache, problem.seq_lens,
                         problem.page_table)
@@ -280,21 +260,9 @@ def test_an_append_waits_for_the_kernel_before_it(cache, writer_stream):
 
     side = torch.cuda.Stream()
 
-    def write_late() -> None:
-        stream = cupy_stream(torch.cuda.current_stream().cuda_stream, 0)
-        pointers = [np.uint64(t.data_ptr()) for t in (k_src, k_new, v_src, v_new, positions,
-                                                       problem.seq_lens)]
-        writer((1,), (256,), (*pointers[:4], np.int32(k_new.nbytes // 16), *pointers[4:],
-                              np.int32(b), np.uint64(20_000)), stream=stream)
-
     def write_then_append(step) -> None:
-        if writer_stream == "same":
-            write_late()
-        else:
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                write_late()
-            torch.cuda.current_stream().wait_stream(side)
+        write_late([(k_src, k_new), (v_src, v_new), (positions, problem.seq_lens)],
+                   side if writer_stream == "side" else None)
         step()
 
     def new_round() -> np.ndarray:

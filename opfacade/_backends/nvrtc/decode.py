@@ -3,8 +3,8 @@ at D 128 on sm_90 are native/decode_wg.cu's), issue 13. The caches' addressing, 
 checked mode's kernel are kv_cache.py's.
 
 A decode call is two launches on one stream: ``decode_partial`` over (kv head x row tile, chunk,
-sequence), then ``decode_merge`` over (sequence, query head, new token), which on sm_90 launches
-while the partial kernel ends and waits in the kernel for its writes. A batch of the 16-row
+sequence), then ``decode_merge`` over (sequence, query head, new token). On sm_90 each launches
+while the kernel before it ends and waits in the kernel for its writes. A batch of the 16-row
 tile on a grid of many waves runs as two halves, each those two launches, the second half on a
 stream forked from the call's and joined back (``splits_batch``). The partials live in
 the workspace, sized for the descriptor's envelope (``workspace_bytes``). Everything the kernels
@@ -57,6 +57,12 @@ GRID_X_MAX = (1 << 31) - 1
 # The merge's CTAs launch while the partial kernel's last CTAs run and wait in the kernel for
 # its writes (programmatic dependent launch, sm_90), rather than after it on the stream.
 OVERLAP_MERGE = True
+# The partial kernel in turn launches as a programmatic dependent of the stream's previous
+# kernel (sm_90): its CTAs may start while that kernel ends (kv_append, the merge of the step
+# before, a caller's kernel), and wait for it (follow_previous_grid) before touching memory.
+# Where it pays: a caller's CUDA graph of steps, or direct launches; a prepared step's own
+# graph replay waits for the stream's earlier work whatever its first node says.
+PARTIAL_FOLLOWS_PREVIOUS = True
 DIMS = (64, 128, 256)  # head dims the partial kernel is built for (K and V alike)
 TILES = (4, 8)  # query rows per CTA tile of the CUDA-core partial kernel
 # The tensor-core tile (decode_partial_*_16, mma.sync): 16 rows, built for the half types at
@@ -150,6 +156,12 @@ def overlaps_merge(device: int) -> bool:
     """Whether the merge launches as a programmatic dependent of the partial kernel: sm_90 and
     newer (griddepcontrol), unless OVERLAP_MERGE is off (the variants script's baseline)."""
     return OVERLAP_MERGE and programmatic(device)
+
+
+def partial_follows_previous(device: int) -> bool:
+    """Whether the partial kernel launches as a programmatic dependent of the stream's previous
+    kernel: sm_90 and newer, unless PARTIAL_FOLLOWS_PREVIOUS is off (a probe's baseline)."""
+    return PARTIAL_FOLLOWS_PREVIOUS and programmatic(device)
 
 
 def steps(launches: Callable[[int], list[Callable[[], None]]], stream: int, device: int
@@ -416,10 +428,11 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
                   np.uint64(ws_acc), np.uint64(ws_ml), *cache_args, np.uint64(seq_lens),
                   np.int32(group), np.int32(q_len), np.int32(n_chunks), *merge_extra)
     partial_grid = (cache.heads_kv * tiles, -(-n_chunks // span), sequences)
-    overlap = overlaps_merge(device)
+    follows, overlap = partial_follows_previous(device), overlaps_merge(device)
 
     def launches(on: int) -> list[Callable[[], None]]:
-        return [launcher(partial, partial_grid, (THREADS,), partial_args, on, device, shared),
+        return [launcher(partial, partial_grid, (THREADS,), partial_args, on, device, shared,
+                         overlap_previous=follows),
                 launcher(merge, merge_grid, (merge_block,), merge_args, on, device,
                          overlap_previous=overlap)]
 
