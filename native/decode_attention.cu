@@ -10,9 +10,9 @@
 //                        The CUDA-core tiles (R 4 or 8) are this file's.
 //   decode_partial_<T>_<D>_16  The same CTA over a tile of 16 rows on tensor cores (f16, bf16;
 //                        D 64, 128), for kv heads of more than 4 rows: decode_mma.cuh.
-//   decode_partial_<T>_128_<4|8>kq_b<n>  The same CTA over up to 4 or 8 rows on tensor cores
-//                        with K and V as mma's A operand (f16, bf16; D 128), for every kv head
-//                        of up to 8 rows there: decode_kq.cuh.
+//   decode_partial_<T>_128_<4|8>kq_<b3|b4|d3|d4>  The same CTA over up to 4 or 8 rows on
+//                        tensor cores with K and V as mma's A operand (f16, bf16; D 128), for
+//                        every kv head of up to 8 rows there: decode_kq.cuh.
 //   (decode_partial_<T>_128_<16|32>wg, the same CTA on Hopper's wgmma for kv heads of more
 //                        than 8 rows at D 128 on sm_90 devices, is decode_wg.cu's: an sm_90a
 //                        program of its own, whose partials this file's merge reads.)
@@ -442,13 +442,19 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
 // whole lines), built for 3 CTAs an SM (grids of many waves) and for 4 (grids of a few:
 // decode.py's KQ_FEW_WAVES). The builds differ in registers only; their arithmetic, and so
 // their bits, are the same.
-#define OPFACADE_PARTIAL_KQ(SUFFIX, T, D, R, BLOCKS)                                             \
+#define OPFACADE_PARTIAL_KQ_AS(NAME, T, D, R, AHEAD, BLOCKS)                                     \
     extern "C" __global__ void __launch_bounds__(kThreads, BLOCKS)                               \
-        decode_partial_##SUFFIX##_##D##_##R##kq_b##BLOCKS(OPFACADE_PARTIAL_PARAMS(T)) {          \
+        NAME(OPFACADE_PARTIAL_PARAMS(T)) {                                                       \
         follow_previous_grid();  /* a programmatic dependent */                                  \
-        partial_kq<T, D, R>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc, ws_ml,   \
-                            q_len, group, tiles, chunks, scale, left);                           \
+        partial_kq<T, D, R, AHEAD>(q, q_sb, q_st, q_sh, OPFACADE_CACHE_ARGS, seq_lens, ws_acc,   \
+                                   ws_ml, q_len, group, tiles, chunks, scale, left);             \
     }
+#define OPFACADE_PARTIAL_KQ(SUFFIX, T, D, R, BLOCKS)                                             \
+    OPFACADE_PARTIAL_KQ_AS(decode_partial_##SUFFIX##_##D##_##R##kq_b##BLOCKS, T, D, R, 2, BLOCKS)
+// The one-wave builds (decode_kq.cuh's kAhead > 2): AHEAD groups in a warp's ring, the
+// registers of CTAS CTAs an SM.
+#define OPFACADE_PARTIAL_KQ_DEEP(SUFFIX, T, D, R, AHEAD, CTAS)                                   \
+    OPFACADE_PARTIAL_KQ_AS(decode_partial_##SUFFIX##_##D##_##R##kq_d##AHEAD, T, D, R, AHEAD, CTAS)
 
 // The merge kernels' parameters, and their Outputs.
 #define OPFACADE_MERGE_PARAMS(T)                                                                 \
@@ -508,4 +514,12 @@ OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 4, 3)
 OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 4, 4)
 OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 8, 3)
 OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 8, 4)
+OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 4, 3, 2)
+OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 4, 4, 1)
+OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 8, 3, 2)
+OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 8, 4, 1)
+OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 4, 3, 2)
+OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 4, 4, 1)
+OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 8, 3, 2)
+OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 8, 4, 1)
 

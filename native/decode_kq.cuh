@@ -43,8 +43,10 @@ __device__ __forceinline__ void pair_scores(const float (&c)[4], bool upper, flo
     }
 }
 
-// R: the tile's query rows, 8 (B's columns) or 4 (K in whole lines, above).
-template <typename T, int D, int R>
+// R: the tile's query rows, 8 (B's columns) or 4 (K in whole lines, above). kAhead: groups of
+// 16 keys a warp has loaded or in flight as it consumes one; 2 in the builds for 3 and 4 CTAs
+// an SM, more in the one-wave builds (_d<kAhead>), below.
+template <typename T, int D, int R, int kAhead>
 __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                            const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
                            float* __restrict__ ws_ml, int q_len, int group, int tiles, int chunks,
@@ -150,6 +152,20 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             consume(b, gi + 1);
         }
     };
+    // The one-wave builds: on a grid of at most one CTA an SM each CTA streams its chunk alone,
+    // at what its warps' loads in flight allow (256 KiB in about 9 us on an H200, where the
+    // device streams 4.3 TB/s: docs/DECODE.md, "Small grids"), and registers are not needed
+    // for a second CTA. The groups then stream through a ring of kAhead buffers, kAhead - 1 of
+    // them in flight while one is consumed: the same loads, consumed in the same order, so the
+    // bits are the other builds'.
+    auto ring = [&](auto& buffers, auto&& load, auto&& consume) {
+#pragma unroll
+        for (int gi = 0; gi < kGroups; ++gi) {
+            const int ahead = gi + kAhead - 1;
+            if (ahead < kGroups) load(buffers[ahead % kAhead], ahead);
+            consume(buffers[gi % kAhead], gi);
+        }
+    };
     float sc[kGroups][4];
     auto score = [&](const uint4 (&raw)[2][kP], int gi) {
         if constexpr (kPaired) {
@@ -180,10 +196,15 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             }
         }
     };
-    {
+    if constexpr (kAhead == 2) {
         uint4 raw_a[2][kP], raw_b[2][kP];
         load_k(raw_a, 0);
         pipeline(raw_a, raw_b, load_k, score);
+    } else {
+        uint4 raw[kAhead][2][kP];
+#pragma unroll
+        for (int gi = 0; gi < kAhead - 1; ++gi) load_k(raw[gi], gi);
+        ring(raw, load_k, score);
     }
 
     // V: group gi's keys 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (of warp_key0 + 16 gi), vectors
@@ -200,7 +221,13 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         }
     };
     uint4 v_a[4][2], v_b[4][2];
-    load_v(v_a, 0);
+    uint4 v_ring[kAhead][4][2];  // the one-wave builds' (kAhead - 1 groups fly through it)
+    if constexpr (kAhead == 2) {
+        load_v(v_a, 0);
+    } else {
+#pragma unroll
+        for (int gi = 0; gi < kAhead - 1; ++gi) load_v(v_ring[gi], gi);
+    }
 
     // Scale and mask; each row's max over the warp's keys (the 8 lanes of one tig), then over
     // the warps.
@@ -277,7 +304,11 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             Mma<T>::run(acc[mt], a[0], a[1], a[2], a[3], p_lo[gi][0], p_lo[gi][1]);
         }
     };
-    pipeline(v_a, v_b, load_v, accumulate);
+    if constexpr (kAhead == 2) {
+        pipeline(v_a, v_b, load_v, accumulate);
+    } else {
+        ring(v_ring, load_v, accumulate);
+    }
 
     // The warps' accumulators [warp][row][d], then their sum in warp order.
 #pragma unroll

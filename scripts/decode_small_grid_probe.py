@@ -2,12 +2,13 @@
 16 sequences over contiguous caches of 1024 to 8192 tokens, and a few over pages of 16 (bf16,
 Hq 32, Hkv 8, d 128, q_len 1, every sequence full), shapes outside the bench's. Per case, each a
 CUDA graph of STEPS calls timed in rotated rounds (median per call, us): our prepared step in
-each of FORMS (decode.py's attributes set while it is prepared; as shipped, {}), the shipped
-step's partial kernel alone (its first launch, captured by itself), and "torch sdpa" (the
-bench's peer, contiguous caches). The partial grid's CTA count says how much of the device a
-fixed 512-key chunk leaves busy. The forms' outputs are compared bitwise. (The fifty-third
-session's run added forms of a one-wave kq build: docs/experiments/
-decode-kq-one-wave-prefetch.patch.)
+each of FORMS (decode.py's attributes set while it is prepared: as shipped, without the kq
+tile's one-wave build, with it up to two CTAs an SM, and with the partial kernel launched
+plainly), the shipped step's partial kernel alone (its first launch, captured by itself), and
+"torch sdpa" (the bench's peer, contiguous caches). The partial grid's CTA count says how much
+of the device a fixed 512-key chunk leaves busy. The forms' outputs are compared bitwise. (An
+earlier run compared a build that prefetched its chunk into L2:
+docs/experiments/decode-kq-one-wave-prefetch.patch.)
 
     python3 scripts/decode_small_grid_probe.py [out.json]
 """
@@ -28,7 +29,13 @@ from opfacade._bench.decode_peers import torch_sdpa
 
 BATCHES, LENGTHS, ROUNDS = (1, 2, 4, 8, 16), (1024, 2048, 4096, 8192), 5
 PAGED = ((1, 1024), (1, 4096), (4, 2048), (8, 4096), (16, 2048))  # pages of 16
-FORMS: dict[str, dict] = {"ours": {}}  # contestant: decode.py attributes while it is prepared
+# contestant: decode.py attributes while it is prepared
+FORMS: dict[str, dict] = {
+    "ours": {}, "ours, no one-wave build": {"KQ_DEEP_WAVES": 0},
+    "ours, d4 to 2 waves": {"KQ_DEEP_WAVES": 2.0},
+    "ours, d4 to 2 waves, partial plain": {"KQ_DEEP_WAVES": 2.0,
+                                           "PARTIAL_FOLLOWS_PREVIOUS": False},
+    "ours, partial plain": {"PARTIAL_FOLLOWS_PREVIOUS": False}}
 
 
 def case_row(batch: int, seq: int, cache: str = "contiguous") -> dict:

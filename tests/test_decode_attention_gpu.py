@@ -298,23 +298,26 @@ def test_spans_of_chunks_give_the_one_chunk_kernels_bits(monkeypatch, span, cach
 @pytest.mark.parametrize("window", [None, (300, None)], ids=["full", "window"])
 @pytest.mark.parametrize(("element", "q_len", "heads_q"), [("bf16", 1, 8), ("f16", 2, 8),
                                                          ("f16", 1, 6)])
-def test_the_kq_tiles_two_builds_give_the_same_bits(monkeypatch, cache, window, element, q_len,
-                                                    heads_q):
+def test_the_kq_tiles_builds_give_the_same_bits(monkeypatch, cache, window, element, q_len,
+                                                 heads_q):
     """The kq tile (kv heads of up to 8 rows at D 128; 4, 8 and 3 here: the 4-row build, which
-    reads K in whole lines, up to 4) is built for 3 and 4 CTAs an SM, and decode.py picks one
-    by the grid and the device: each forced gives the same bits and the reference's values,
-    across lengths that end inside a chunk, empty sequences, sequences shorter than q_len, and
-    windows that leave whole chunks unseen."""
+    reads K in whole lines, up to 4) is built for 3 and 4 CTAs an SM and for grids of one wave
+    (3 or 4 groups of keys in each warp's ring), and decode.py picks one by the grid and the
+    device: each forced gives the same bits and the reference's values, across lengths that end
+    inside a chunk, empty sequences, sequences shorter than q_len, and windows that leave whole
+    chunks unseen."""
     desc = _descriptor(cache, element, 2100, 5, heads_q=heads_q, heads_kv=2, head_dim=128,
                        window=window, q_len=q_len)
-    problem, plan, ((at_3, build_3), (at_4, build_4)) = _runs_under(
+    problem, plan, runs = _runs_under(
         monkeypatch, desc, [2100, 0, 1, 1000, 257], 8,
-        [("KQ_FEW_WAVES", 0), ("KQ_FEW_WAVES", 1e9)])
+        [("KQ_DEEP_WAVES", 0), ("KQ_FEW_WAVES", 0), ("KQ_DEEP_WAVES", 1e9),
+         ("KQ_DEEP", "_d3")])
     kernel = f"decode_partial_{element}_128_{4 if heads_q // 2 * q_len <= 4 else 8}kq"
-    assert (build_3, build_4) == (kernel + "_b3", kernel + "_b4")
-    for args in (at_3, at_4):
+    assert [build for _, build in runs] == [kernel + b for b in ("_b4", "_b3", "_d4", "_d3")]
+    first = runs[0][0]
+    for args, _ in runs:
         _check(problem, args, plan.precision_guarantee.max_rel_error)
-    assert torch.equal(at_3.out, at_4.out) and torch.equal(at_3.lse, at_4.lse)
+        assert torch.equal(args.out, first.out) and torch.equal(args.lse, first.lse)
 
 
 @pytest.mark.parametrize("cache", CACHES, ids=[c.id for c in CACHES])

@@ -44,9 +44,9 @@ def test_every_kernel_compiles_for_sm90(signatures):
                  for d in kernels.MMA_DIMS for build in ("", "_staged")}
     partials |= {f"decode_partial_{e}_{d}_{kernels.TILES[0]}_spans" for e in ELEMENTS
                  for d in kernels.DIMS}
-    partials |= {f"decode_partial_{e}_{d}_{rows}kq_b{blocks}" for e in ("f16", "bf16")
+    partials |= {f"decode_partial_{e}_{d}_{rows}kq_{build}" for e in ("f16", "bf16")
                  for d in kernels.KQ_DIMS for rows in (kernels.KQ_LINE_ROWS, kernels.KQ_ROWS)
-                 for blocks in (3, 4)}
+                 for build in ("b3", "b4", "d3", "d4")}
     partials |= {f"decode_partial_{e}_{d}_{rows}wg{build}" for e in ("f16", "bf16")
                  for d in kernels.WG_DIMS for rows in kernels.WG_STAGES
                  for build in ("", "_spans")}
@@ -646,17 +646,20 @@ def test_the_launchers_chunk_and_threads_are_the_kernels():
     assert (int(chunk.group(1)), int(threads.group(1))) == (kernels.CHUNK, kernels.THREADS)
 
 
-@pytest.mark.parametrize(("q_len", "element", "batch", "build"), [
-    (1, "bf16", 1, "_b4"), (2, "f16", 2, "_b4"), (1, "bf16", 3, "_b3"), (2, "f16", 64, "_b3")])
+@pytest.mark.parametrize(("q_len", "element", "batch", "max_seq", "build"), [
+    (1, "bf16", 1, 32768, "_b4"), (2, "f16", 2, 32768, "_b4"), (1, "bf16", 3, 32768, "_b3"),
+    (2, "f16", 64, 32768, "_b3"), (1, "bf16", 4, 1024, kernels.KQ_DEEP),
+    (2, "f16", 8, 512, kernels.KQ_DEEP), (1, "bf16", 9, 512, "_b4")])
 def test_the_kq_tile_takes_kv_heads_of_up_to_8_rows_in_the_build_for_its_grid(
-        monkeypatch, signatures, q_len, element, batch, build):
-    """A kv head of 4 rows at D 128 runs decode_partial_*_128_4kq_b* (K in whole lines), one
-    of 8 rows decode_partial_*_128_8kq_b*: one tile a kv head, no spans, its own shared memory;
-    the 4-CTA build while the grid is at most KQ_FEW_WAVES of its waves (here 132 SMs x 5 CTAs:
-    1320 CTAs), the 3-CTA build above."""
+        monkeypatch, signatures, q_len, element, batch, max_seq, build):
+    """A kv head of 4 rows at D 128 runs decode_partial_*_128_4kq_* (K in whole lines), one
+    of 8 rows decode_partial_*_128_8kq_*: one tile a kv head, no spans, its own shared memory;
+    the one-wave build on grids of at most half a CTA an SM (66), the 4-CTA build while the grid is
+    at most KQ_FEW_WAVES of its waves (here 132 SMs x 5 CTAs: 1320 CTAs), the 3-CTA build
+    above."""
     launched = _record(monkeypatch)
     desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
-                                     element=element, cache="contiguous", max_seq=32768,
+                                     element=element, cache="contiguous", max_seq=max_seq,
                                      q_len=q_len)
     strides = (q_len * 32 * 128, 32 * 128, 128)
     kernels.decode_call(ElementKind(element), 0, kv_cache.DecodeCache.of(desc), batch, 32, q_len,
@@ -666,15 +669,19 @@ def test_the_kq_tile_takes_kv_heads_of_up_to_8_rows_in_the_build_for_its_grid(
     rows = 4 * q_len
     assert name == f"decode_partial_{element}_128_{rows}kq{build}"
     assert_packed_like_declared(name, args, signatures)
-    assert grid == (8, kernels.chunks(32768), batch)
+    assert grid == (8, kernels.chunks(max_seq), batch)
     assert shared == 8 * kernels.CHUNK + 4 * kernels.MMA_WARPS * rows * (2 + 128)
 
 
 def test_the_kq_build_follows_the_waves_of_its_4_cta_build():
-    assert kernels.kq_build(512, 528) == "_b4"  # B1 S32768 H32/8 on 132 SMs: one wave
-    assert kernels.kq_build(1056, 528) == "_b4"
-    assert kernels.kq_build(1057, 528) == "_b3"
-    assert kernels.kq_build(4096, 528) == "_b3"  # B64 S4096: many waves
+    assert kernels.kq_build(16, 528, 132) == kernels.KQ_DEEP  # B1 S1024 H32/8
+    assert kernels.kq_build(66, 528, 132) == kernels.KQ_DEEP  # half a CTA an SM
+    assert kernels.kq_build(67, 528, 132) == "_b4"
+    assert kernels.kq_build(128, 528, 132) == "_b4"
+    assert kernels.kq_build(512, 528, 132) == "_b4"  # B1 S32768 H32/8 on 132 SMs: one wave
+    assert kernels.kq_build(1056, 528, 132) == "_b4"
+    assert kernels.kq_build(1057, 528, 132) == "_b3"
+    assert kernels.kq_build(4096, 528, 132) == "_b3"  # B64 S4096: many waves
 
 
 def test_the_16_row_tile_is_staged_on_grids_of_many_waves():

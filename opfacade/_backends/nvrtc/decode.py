@@ -87,6 +87,14 @@ MAX_SPAN = 4
 KQ_ROWS = 8
 KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
+# Grids of at most KQ_DEEP_WAVES CTAs an SM take the kq tile's one-wave build KQ_DEEP
+# (``_d<n>``: n groups of keys in each warp's ring, where the others hold 2): there each CTA
+# streams its chunk alone, at what its loads in flight allow. Its arithmetic is the other
+# builds', so the choice changes no bit. On an H200 it took 10-18% off every step of 16-64
+# CTAs measured (B1 S1024 9.04 against 10.33 us), but made three of four steps of 128 CTAs
+# slower (docs/DECODE.md, "Small grids"), hence half a CTA an SM.
+KQ_DEEP = "_d4"
+KQ_DEEP_WAVES = 0.5
 # Kv heads of up to KQ_LINE_ROWS rows (GQA 4 at one new token) take the kq tile's 4-row build
 # (decode_partial_*_128_4kq_b*), whose lanes read K in whole 128-byte lines: its scores' free
 # B columns hold the rows again over other quarters of D, so each load instruction reads 4
@@ -195,8 +203,8 @@ class Tile:
     kind: str = "cuda"
 
     def kernel(self, element: ElementKind, dim: int) -> str:
-        """The partial kernel's name; decode_call appends the kq tile's build (``_b3``, ``_b4``)
-        and the spans kernels' ``_spans``."""
+        """The partial kernel's name; decode_call appends the kq tile's build (``_b3``, ``_b4``,
+        ``_d3``, ``_d4``) and the spans kernels' ``_spans``."""
         return f"decode_partial_{element.value}_{dim}_{self.rows}" + (
             self.kind if self.kind in ("kq", "wg") else "")
 
@@ -260,10 +268,13 @@ def span_for(ctas: int, resident: int) -> int:
     return waves if waves <= MAX_SPAN else 1
 
 
-def kq_build(ctas: int, resident_at_4: int) -> str:
-    """The kq tile's build for a grid of ``ctas`` on a device holding ``resident_at_4`` CTAs of
-    the 4-an-SM build at once: that build for at most KQ_FEW_WAVES of its waves, else the
+def kq_build(ctas: int, resident_at_4: int, sms: int) -> str:
+    """The kq tile's build for a grid of ``ctas`` on a device of ``sms`` multiprocessors holding
+    ``resident_at_4`` CTAs of the 4-an-SM build at once: the one-wave build KQ_DEEP for at most
+    KQ_DEEP_WAVES CTAs an SM, the 4-an-SM build for at most KQ_FEW_WAVES of its waves, else the
     3-an-SM one."""
+    if ctas <= KQ_DEEP_WAVES * sms:
+        return KQ_DEEP
     return "_b4" if ctas <= KQ_FEW_WAVES * resident_at_4 else "_b3"
 
 
@@ -409,7 +420,7 @@ def part_launches(element: ElementKind, device: int, cache: DecodeCache, tile: T
 
     span, build = 1, ""
     if tile.kind == "kq":
-        build = kq_build(ctas, resident(name + "_b4"))
+        build = kq_build(ctas, resident(name + "_b4"), device_sm_count(device))
     elif tile.kind == "mma":
         build = mma_build(ctas, resident(name))
     elif tile == Tile(TILES[0]):  # the 4-row tiles may run spans (their *_spans kernels)
