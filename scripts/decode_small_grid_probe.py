@@ -31,9 +31,9 @@ BATCHES, LENGTHS, ROUNDS = (1, 2, 4, 8, 16), (1024, 2048, 4096, 8192), 5
 PAGED = ((1, 1024), (1, 4096), (4, 2048), (8, 4096), (16, 2048))  # pages of 16
 # contestant: decode.py attributes while it is prepared
 FORMS: dict[str, dict] = {
-    "ours": {}, "ours, no one-wave build": {"KQ_DEEP_WAVES": 0},
-    "ours, d4 to 2 waves": {"KQ_DEEP_WAVES": 2.0},
-    "ours, d4 to 2 waves, partial plain": {"KQ_DEEP_WAVES": 2.0,
+    "ours": {}, "ours, no one-wave build": {"KQ_DEEP_GRIDS": ()},
+    "ours, d4 to 2 waves": {"KQ_DEEP_GRIDS": ((0, 2.0),)},
+    "ours, d4 to 2 waves, partial plain": {"KQ_DEEP_GRIDS": ((0, 2.0),),
                                            "PARTIAL_FOLLOWS_PREVIOUS": False},
     "ours, partial plain": {"PARTIAL_FOLLOWS_PREVIOUS": False}}
 

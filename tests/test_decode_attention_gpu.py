@@ -310,7 +310,7 @@ def test_the_kq_tiles_builds_give_the_same_bits(monkeypatch, cache, window, elem
                        window=window, q_len=q_len)
     problem, plan, runs = _runs_under(
         monkeypatch, desc, [2100, 0, 1, 1000, 257], 8,
-        [("KQ_DEEP_WAVES", 0), ("KQ_FEW_WAVES", 0), ("KQ_DEEP_WAVES", 1e9),
+        [("KQ_DEEP_GRIDS", ()), ("KQ_FEW_WAVES", 0), ("KQ_DEEP_GRIDS", ((0, 1e9),)),
          ("KQ_DEEP", "_d3")])
     kernel = f"decode_partial_{element}_128_{4 if heads_q // 2 * q_len <= 4 else 8}kq"
     assert [build for _, build in runs] == [kernel + b for b in ("_b4", "_b3", "_d4", "_d3")]

@@ -649,14 +649,15 @@ def test_the_launchers_chunk_and_threads_are_the_kernels():
 @pytest.mark.parametrize(("q_len", "element", "batch", "max_seq", "build"), [
     (1, "bf16", 1, 32768, "_b4"), (2, "f16", 2, 32768, "_b4"), (1, "bf16", 3, 32768, "_b3"),
     (2, "f16", 64, 32768, "_b3"), (1, "bf16", 4, 1024, kernels.KQ_DEEP),
-    (2, "f16", 8, 512, kernels.KQ_DEEP), (1, "bf16", 9, 512, "_b4")])
+    (2, "f16", 8, 512, kernels.KQ_DEEP), (1, "bf16", 9, 512, "_b4"),
+    (1, "bf16", 16, 1024, kernels.KQ_DEEP), (1, "bf16", 16, 2048, "_b4")])
 def test_the_kq_tile_takes_kv_heads_of_up_to_8_rows_in_the_build_for_its_grid(
         monkeypatch, signatures, q_len, element, batch, max_seq, build):
     """A kv head of 4 rows at D 128 runs decode_partial_*_128_4kq_* (K in whole lines), one
     of 8 rows decode_partial_*_128_8kq_*: one tile a kv head, no spans, its own shared memory;
-    the one-wave build on grids of at most half a CTA an SM (66), the 4-CTA build while the grid is
-    at most KQ_FEW_WAVES of its waves (here 132 SMs x 5 CTAs: 1320 CTAs), the 3-CTA build
-    above."""
+    the one-wave build on grids of at most half a CTA an SM (66) and of more than one up to two
+    (133-264), the 4-CTA build on others of at most KQ_FEW_WAVES of its waves (here 132 SMs x 5
+    CTAs: 1320 CTAs), the 3-CTA build above."""
     launched = _record(monkeypatch)
     desc = DecodeAttentionDescriptor(batch=batch, heads_q=32, heads_kv=8, head_dim=128,
                                      element=element, cache="contiguous", max_seq=max_seq,
@@ -677,7 +678,10 @@ def test_the_kq_build_follows_the_waves_of_its_4_cta_build():
     assert kernels.kq_build(16, 528, 132) == kernels.KQ_DEEP  # B1 S1024 H32/8
     assert kernels.kq_build(66, 528, 132) == kernels.KQ_DEEP  # half a CTA an SM
     assert kernels.kq_build(67, 528, 132) == "_b4"
-    assert kernels.kq_build(128, 528, 132) == "_b4"
+    assert kernels.kq_build(132, 528, 132) == "_b4"
+    assert kernels.kq_build(133, 528, 132) == kernels.KQ_DEEP  # more than one, up to two
+    assert kernels.kq_build(264, 528, 132) == kernels.KQ_DEEP
+    assert kernels.kq_build(265, 528, 132) == "_b4"
     assert kernels.kq_build(512, 528, 132) == "_b4"  # B1 S32768 H32/8 on 132 SMs: one wave
     assert kernels.kq_build(1056, 528, 132) == "_b4"
     assert kernels.kq_build(1057, 528, 132) == "_b3"

@@ -87,14 +87,16 @@ MAX_SPAN = 4
 KQ_ROWS = 8
 KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
-# Grids of at most KQ_DEEP_WAVES CTAs an SM take the kq tile's one-wave build KQ_DEEP
-# (``_d<n>``: n groups of keys in each warp's ring, where the others hold 2): there each CTA
-# streams its chunk alone, at what its loads in flight allow. Its arithmetic is the other
-# builds', so the choice changes no bit. On an H200 it took 10-18% off every step of 16-64
-# CTAs measured (B1 S1024 9.04 against 10.33 us), but made three of four steps of 128 CTAs
-# slower (docs/DECODE.md, "Small grids"), hence half a CTA an SM.
+# The kq tile's one-wave build KQ_DEEP (``_d<n>``: n groups of keys in each warp's ring, where
+# the 3- and 4-an-SM builds hold 2) takes the grids of KQ_DEEP_GRIDS: (more than, up to) CTAs
+# an SM. On grids of few CTAs an SM each CTA streams its chunk alone, at what its loads in
+# flight allow. Its arithmetic is the other builds', so the choice changes no bit. Two H200s,
+# from CUDA graphs of steps (docs/DECODE.md, "Small grids"): 12-18% off every step of 16-64
+# CTAs (B1 S1024 9.02 against 10.34 us) and 11-23% off every one of 256 CTAs (B8 S2048 21.1
+# against 27.2-27.4 us), where three of four steps of 128 CTAs were slower (with the partial
+# kernel a programmatic dependent; launched plainly, all faster), hence the gap between.
 KQ_DEEP = "_d4"
-KQ_DEEP_WAVES = 0.5
+KQ_DEEP_GRIDS = ((0.0, 0.5), (1.0, 2.0))
 # Kv heads of up to KQ_LINE_ROWS rows (GQA 4 at one new token) take the kq tile's 4-row build
 # (decode_partial_*_128_4kq_b*), whose lanes read K in whole 128-byte lines: its scores' free
 # B columns hold the rows again over other quarters of D, so each load instruction reads 4
@@ -270,10 +272,10 @@ def span_for(ctas: int, resident: int) -> int:
 
 def kq_build(ctas: int, resident_at_4: int, sms: int) -> str:
     """The kq tile's build for a grid of ``ctas`` on a device of ``sms`` multiprocessors holding
-    ``resident_at_4`` CTAs of the 4-an-SM build at once: the one-wave build KQ_DEEP for at most
-    KQ_DEEP_WAVES CTAs an SM, the 4-an-SM build for at most KQ_FEW_WAVES of its waves, else the
+    ``resident_at_4`` CTAs of the 4-an-SM build at once: the one-wave build KQ_DEEP on the grids
+    of KQ_DEEP_GRIDS, else the 4-an-SM build for at most KQ_FEW_WAVES of its waves, else the
     3-an-SM one."""
-    if ctas <= KQ_DEEP_WAVES * sms:
+    if any(above * sms < ctas <= most * sms for above, most in KQ_DEEP_GRIDS):
         return KQ_DEEP
     return "_b4" if ctas <= KQ_FEW_WAVES * resident_at_4 else "_b3"
 
