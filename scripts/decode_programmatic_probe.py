@@ -59,6 +59,32 @@ def timed_us(run, stream) -> float:
     return start.elapsed_time(end) * 1e3 / STEPS
 
 
+def rotated_medians(contestants: dict, stream, rounds: int) -> tuple[dict, dict]:
+    """Each contestant timed once a round (timed_us), the order rotating from round to round:
+    ({name: median us}, {name: every round's us})."""
+    names = list(contestants)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timed_us(contestants[name], stream))
+    torch.cuda.synchronize()
+    return {name: float(np.median(samples)) for name, samples in times.items()}, times
+
+
+def run_cases(out_path: str | None, cases: list[tuple], row_of, rounds: int) -> int:
+    """``row_of(*case)`` for every case, each printed as a JSON line as it comes, and all as
+    JSON at ``out_path`` if one was given."""
+    rows = []
+    for case in cases:
+        rows.append(row_of(*case))
+        print(json.dumps(rows[-1]), flush=True)
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "steps": STEPS, "rounds": rounds,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
 def bursts(step):
     def run() -> None:
         for _ in range(STEPS):
@@ -106,15 +132,9 @@ def case_rows(case) -> dict:
                           args.seq_lens)
         alive.append(peer)
         contestants["torch sdpa"] = graph_of([peer.call], stream).replay
-    times = {name: [] for name in contestants}
-    names = list(contestants)
-    for r in range(ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated order
-            times[name].append(timed_us(contestants[name], stream))
-    torch.cuda.synchronize()
+    us, times = rotated_medians(contestants, stream, ROUNDS)
     same = torch.equal(outs["follows"], outs["plain"])
     del alive, contestants  # the graphs first, then what they replay
-    us = {name: float(np.median(samples)) for name, samples in times.items()}
     row = {"case": case_key(case), "kv_bytes": kv_bytes, "bits_equal": same, "us": us,
            "spread_us": {n: [float(min(s)), float(max(s))] for n, s in times.items()}}
     for kind in ("steps", "append+steps", "bursts"):
@@ -128,16 +148,7 @@ def case_rows(case) -> dict:
 
 
 def main(out_path: str | None) -> int:
-    rows = []
-    for case in CASES:
-        row = case_rows(case)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "steps": STEPS, "rounds": ROUNDS,
-                       "rows": rows}, f, indent=1)
-    return 0
+    return run_cases(out_path, [(case,) for case in CASES], case_rows, ROUNDS)
 
 
 if __name__ == "__main__":

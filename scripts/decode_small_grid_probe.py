@@ -15,12 +15,14 @@ docs/experiments/decode-kq-one-wave-prefetch.patch.)
 
 from __future__ import annotations
 
-import json
 import sys
 
-import numpy as np
 import torch
-from decode_programmatic_probe import STEPS, graph_of, timed_us  # this directory is on sys.path
+from decode_programmatic_probe import (  # this directory is on sys.path
+    graph_of,
+    rotated_medians,
+    run_cases,
+)
 from decode_variants import case_tensors
 
 from opfacade import DecodeAttentionPlan
@@ -65,13 +67,7 @@ def case_row(batch: int, seq: int, cache: str = "contiguous") -> dict:
                           args.seq_lens)
         alive.append(peer)
         contestants["torch sdpa"] = graph_of([peer.call], stream).replay
-    names = list(contestants)
-    times = {name: [] for name in names}
-    for r in range(ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(timed_us(contestants[name], stream))
-    torch.cuda.synchronize()
-    us = {name: float(np.median(samples)) for name, samples in times.items()}
+    us, _ = rotated_medians(contestants, stream, ROUNDS)
     ctas = batch * desc.heads_kv * kernels.chunks(seq)  # one 4-row tile a kv head at q_len 1
     row = {"case": f"B{batch} S{seq} {cache}", "kv_bytes": kv_bytes, "partial_ctas": ctas,
            "sms": torch.cuda.get_device_properties(0).multi_processor_count, "us": us,
@@ -84,17 +80,8 @@ def case_row(batch: int, seq: int, cache: str = "contiguous") -> dict:
 
 
 def main(out_path: str | None) -> int:
-    rows = []
     cases = [(b, s, "contiguous") for b in BATCHES for s in LENGTHS]
-    for batch, seq, cache in cases + [(b, s, "paged") for b, s in PAGED]:
-        row = case_row(batch, seq, cache)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    if out_path:
-        with open(out_path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "steps": STEPS, "rounds": ROUNDS,
-                       "rows": rows}, f, indent=1)
-    return 0
+    return run_cases(out_path, cases + [(b, s, "paged") for b, s in PAGED], case_row, ROUNDS)
 
 
 if __name__ == "__main__":
