@@ -10,7 +10,7 @@
 //                        The CUDA-core tiles (R 4 or 8) are this file's.
 //   decode_partial_<T>_<D>_16  The same CTA over a tile of 16 rows on tensor cores (f16, bf16;
 //                        D 64, 128), for kv heads of more than 4 rows: decode_mma.cuh.
-//   decode_partial_<T>_128_<4|8>kq_<b3|b4|d3|d4>  The same CTA over up to 4 or 8 rows on
+//   decode_partial_<T>_128_<4|8>kq_<b3|b4|d4>  The same CTA over up to 4 or 8 rows on
 //                        tensor cores with K and V as mma's A operand (f16, bf16; D 128), for
 //                        every kv head of up to 8 rows there: decode_kq.cuh.
 //   (decode_partial_<T>_128_<16|32>wg, the same CTA on Hopper's wgmma for kv heads of more
@@ -451,8 +451,9 @@ __device__ void partial(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, c
     }
 #define OPFACADE_PARTIAL_KQ(SUFFIX, T, D, R, BLOCKS)                                             \
     OPFACADE_PARTIAL_KQ_AS(decode_partial_##SUFFIX##_##D##_##R##kq_b##BLOCKS, T, D, R, 2, BLOCKS)
-// The one-wave builds (decode_kq.cuh's kAhead > 2): AHEAD groups in a warp's ring, the
-// registers of CTAS CTAs an SM.
+// The one-wave build (decode_kq.cuh's kAhead > 2): AHEAD groups in a warp's ring, the
+// registers of CTAS CTAs an SM. A ring of 3 (two CTAs an SM) read -2.8% to +3.1% against the
+// ring of 4 on grids of 16-128 CTAs, slower on 12 of 13 (H200, docs/DECODE.md): not built.
 #define OPFACADE_PARTIAL_KQ_DEEP(SUFFIX, T, D, R, AHEAD, CTAS)                                   \
     OPFACADE_PARTIAL_KQ_AS(decode_partial_##SUFFIX##_##D##_##R##kq_d##AHEAD, T, D, R, AHEAD, CTAS)
 
@@ -514,12 +515,8 @@ OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 4, 3)
 OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 4, 4)
 OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 8, 3)
 OPFACADE_PARTIAL_KQ(bf16, bf16_t, 128, 8, 4)
-OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 4, 3, 2)
 OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 4, 4, 1)
-OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 8, 3, 2)
 OPFACADE_PARTIAL_KQ_DEEP(f16, f16_t, 128, 8, 4, 1)
-OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 4, 3, 2)
 OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 4, 4, 1)
-OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 8, 3, 2)
 OPFACADE_PARTIAL_KQ_DEEP(bf16, bf16_t, 128, 8, 4, 1)
 

@@ -87,7 +87,7 @@ MAX_SPAN = 4
 KQ_ROWS = 8
 KQ_DIMS = (128,)
 KQ_FEW_WAVES = 2
-# The kq tile's one-wave build KQ_DEEP (``_d<n>``: n groups of keys in each warp's ring, where
+# The kq tile's one-wave build KQ_DEEP (``_d4``: 4 groups of keys in each warp's ring, where
 # the 3- and 4-an-SM builds hold 2) takes the grids of KQ_DEEP_GRIDS: (more than, up to) CTAs
 # an SM. On grids of few CTAs an SM each CTA streams its chunk alone, at what its loads in
 # flight allow. Its arithmetic is the other builds', so the choice changes no bit. Two H200s,
@@ -206,7 +206,7 @@ class Tile:
 
     def kernel(self, element: ElementKind, dim: int) -> str:
         """The partial kernel's name; decode_call appends the kq tile's build (``_b3``, ``_b4``,
-        ``_d3``, ``_d4``) and the spans kernels' ``_spans``."""
+        ``_d4``) and the spans kernels' ``_spans``."""
         return f"decode_partial_{element.value}_{dim}_{self.rows}" + (
             self.kind if self.kind in ("kq", "wg") else "")
 
