@@ -45,7 +45,7 @@ __device__ __forceinline__ void pair_scores(const float (&c)[4], bool upper, flo
 
 // R: the tile's query rows, 8 (B's columns) or 4 (K in whole lines, above). kAhead: groups of
 // 16 keys a warp has loaded or in flight as it consumes one; 2 in the builds for 3 and 4 CTAs
-// an SM, more in the one-wave builds (_d<kAhead>), below.
+// an SM, 4 in the one-wave build (_d4), below.
 template <typename T, int D, int R, int kAhead>
 __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh, const Cache& c,
                            const int* __restrict__ seq_lens, float* __restrict__ ws_acc,
@@ -152,12 +152,12 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
             consume(b, gi + 1);
         }
     };
-    // The one-wave builds: on a grid of at most one CTA an SM each CTA streams its chunk alone,
-    // at what its warps' loads in flight allow (256 KiB in about 9 us on an H200, where the
-    // device streams 4.3 TB/s: docs/DECODE.md, "Small grids"), and registers are not needed
-    // for a second CTA. The groups then stream through a ring of kAhead buffers, kAhead - 1 of
-    // them in flight while one is consumed: the same loads, consumed in the same order, so the
-    // bits are the other builds'.
+    // The one-wave build: on a grid of few CTAs an SM (decode.py's KQ_DEEP_GRIDS) each CTA
+    // streams its chunk nearly alone, at what its warps' loads in flight allow (256 KiB in
+    // about 9 us on an H200, where the device streams 4.3 TB/s: docs/DECODE.md, "Small
+    // grids"), and its registers need not leave room for more CTAs. The groups then stream
+    // through a ring of kAhead buffers, kAhead - 1 of them in flight while one is consumed: the
+    // same loads, consumed in the same order, so the bits are the other builds'.
     auto ring = [&](auto& buffers, auto&& load, auto&& consume) {
 #pragma unroll
         for (int gi = 0; gi < kGroups; ++gi) {
@@ -221,7 +221,7 @@ __device__ void partial_kq(const T* __restrict__ q, i64 q_sb, i64 q_st, i64 q_sh
         }
     };
     uint4 v_a[4][2], v_b[4][2];
-    uint4 v_ring[kAhead][4][2];  // the one-wave builds' (kAhead - 1 groups fly through it)
+    uint4 v_ring[kAhead][4][2];  // the one-wave build's (kAhead - 1 groups fly through it)
     if constexpr (kAhead == 2) {
         load_v(v_a, 0);
     } else {
