@@ -144,7 +144,9 @@ class DecodeAttentionNvrtc(_KvCacheSku, SkuImpl[DecodeAttentionDescriptor]):
             guarantee=_guarantee(DECODE_BOUNDS[element]),
             description="Split-KV decode: fixed 512-key chunks merged in order (deterministic, "
                         "batch-invariant), a kv head's query rows together; contiguous, paged "
-                        "or per-sequence caches; GQA, q_len 1-8, window; f32 math.")
+                        "or per-sequence caches; GQA, q_len 1-8, window; f32 math. On sm_90 its "
+                        "kernels launch as programmatic dependents of the stream's previous "
+                        "kernel and wait for it before touching memory.")
 
     def workspace_size(self, desc: DecodeAttentionDescriptor) -> int:
         return _decode_workspace(desc)
