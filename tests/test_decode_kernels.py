@@ -151,14 +151,12 @@ def test_kv_append_loads_the_token_before_testing_its_length():
         assert not [op for op in between if re.search(r"\bEXIT\b|\bBRA\b", op)], (name, between)
 
 
-def _followers() -> dict[str, set[str]]:
-    """The kernels that launch as programmatic dependents of the stream's previous kernel, by
-    their source: kv_append and every decode partial kernel."""
-    partials = {name for source in (kernels.SOURCE, kernels.WG_SOURCE)
-                for name in kernel_parameters(source) if name.startswith("decode_partial_")}
-    return {kv_cache.APPEND_SOURCE: set(kv_cache.append_kernel_names(map(ElementKind, ELEMENTS))),
-            kernels.SOURCE: {n for n in partials if not n.endswith(("wg", "wg_spans"))},
-            kernels.WG_SOURCE: {n for n in partials if n.endswith(("wg", "wg_spans"))}}
+def _followers(source: str) -> set[str]:
+    """The kernels of ``source`` that launch as programmatic dependents of the stream's previous
+    kernel: kv_append's, and every decode partial kernel."""
+    if source == kv_cache.APPEND_SOURCE:
+        return set(kv_cache.append_kernel_names(map(ElementKind, ELEMENTS)))
+    return {name for name in kernel_parameters(source) if name.startswith("decode_partial_")}
 
 
 @pytest.mark.skipif(nvdisasm() is None, reason="needs nvdisasm (nvidia-cuda-nvdisasm)")
@@ -172,7 +170,7 @@ def test_a_follower_waits_for_the_previous_kernel_before_touching_memory(source)
     are const __restrict__. The next kernel (the merge, or whatever follows kv_append) may
     launch once the kernel has waited (PREEXIT, griddepcontrol.launch_dependents, after
     ACQBULK): the merge reads seq_lens before its own wait, sound only in that order."""
-    expected = _followers()[source]
+    expected = _followers(source)
     followers = {name: sass for name, sass in kernel_sass(source).items() if name in expected}
     assert sorted(followers) == sorted(expected)
     for name, sass in followers.items():
